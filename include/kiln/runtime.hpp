@@ -1,0 +1,191 @@
+// kiln::Runtime: spec -> cached, compiled, loaded kernel; warm-up; statistics.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kiln/spec.hpp"
+
+namespace kiln {
+
+enum class JitMode {
+  on,      // compile on a miss
+  strict,  // a miss on the hot path (Runtime::kernel) is an error; warm-up still compiles
+  off,     // never compile; only memory and disk hits
+};
+
+enum class LogLevel { error, warn, info, debug };
+
+// Everything here overrides the matching KILN_* environment variable (README, "Knobs").
+struct Options {
+  std::optional<std::string> backend;  // "cuda" or "hip"; default: what is installed
+  std::optional<std::string> target;   // "sm_90a", "gfx90a"; default: the device's
+  std::optional<std::filesystem::path> kernels_dir;
+  std::optional<std::filesystem::path> cache_dir;
+  std::optional<std::vector<std::filesystem::path>> cache_ro_dirs;
+  std::optional<std::uint64_t> cache_max_bytes;  // 0: no cap
+  std::optional<JitMode> jit;
+  std::optional<LogLevel> log_level;
+  std::optional<std::filesystem::path> dump_dir;
+  int device = 0;
+};
+
+struct Dim3 {
+  std::uint32_t x = 1, y = 1, z = 1;
+};
+
+struct LaunchConfig {
+  Dim3 grid;
+  Dim3 block;
+  std::uint32_t shared_bytes = 0;  // dynamic shared memory; above 48 KB the limit is raised
+  void* stream = nullptr;          // CUstream or hipStream_t; null: the default stream
+};
+
+// What the compiler said about one kernel. -1 where the backend does not report it.
+struct KernelInfo {
+  std::string key;           // 32 hex digits
+  std::string spec;          // canonical spec
+  std::string target;        // sm_90a, gfx90a
+  std::string compiler;      // "nvrtc 13.0"
+  std::string lowered_name;  // the symbol in the binary
+  int registers = -1;
+  int spill_bytes = -1;   // spill stores + spill loads
+  int shared_bytes = -1;  // static shared memory
+  int stack_bytes = -1;
+  double compile_ms = 0;
+  std::string log;
+};
+
+namespace detail {
+struct LoadedKernel;
+}
+
+// A loaded kernel: cheap to copy, valid for the life of the Runtime that made it.
+class Kernel {
+ public:
+  Kernel() = default;
+
+  // `params` is the family's Params struct; its size is checked against the compiled one.
+  template <class Params>
+  void launch(const LaunchConfig& config, const Params& params) const {
+    launch_raw(config, &params, sizeof(Params));
+  }
+  void launch_raw(const LaunchConfig& config, const void* params, std::size_t size) const;
+
+  const KernelInfo& info() const;
+  explicit operator bool() const noexcept { return loaded_ != nullptr; }
+
+ private:
+  friend class Runtime;
+  explicit Kernel(std::shared_ptr<detail::LoadedKernel> loaded) : loaded_(std::move(loaded)) {}
+  std::shared_ptr<detail::LoadedKernel> loaded_;
+};
+
+enum class WarmupStatus { memory_hit, disk_hit, compiled, failed };
+std::string_view to_string(WarmupStatus status) noexcept;
+
+struct WarmupItem {
+  std::string spec;  // canonical
+  std::string key;
+  WarmupStatus status = WarmupStatus::failed;
+  double ms = 0;      // wall time for this item: lookup, compile and load
+  std::string error;  // the failure's message, when status is failed
+};
+
+struct WarmupProgress {
+  std::size_t done = 0;
+  std::size_t total = 0;
+  const WarmupItem* last = nullptr;  // the item that just finished
+};
+
+struct WarmupOptions {
+  int threads = 0;  // 0: one per hardware thread
+  // Load each kernel on the runtime's device as well, when the spec targets it and a device is
+  // present, so the hot path then finds it in memory.
+  bool load = true;
+  std::function<void(const WarmupProgress&)> on_progress;  // called under a lock, in order
+};
+
+struct WarmupReport {
+  std::vector<WarmupItem> items;  // in the order of the specs given
+  double wall_ms = 0;
+  std::size_t count(WarmupStatus status) const;
+  bool ok() const { return count(WarmupStatus::failed) == 0; }
+};
+
+struct Stats {
+  std::uint64_t memory_hits = 0;
+  std::uint64_t disk_hits = 0;
+  std::uint64_t compiles = 0;
+  std::uint64_t compile_failures = 0;
+  std::uint64_t loads = 0;
+  double compile_ms = 0;
+  double load_ms = 0;
+};
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  std::string target;  // sm_90a, gfx90a
+  int multiprocessors = 0;
+  std::uint64_t memory_bytes = 0;
+};
+
+struct BackendInfo {
+  std::string name;      // "cuda", "hip"
+  std::string compiler;  // "nvrtc 13.0", or why it is missing
+  bool compiler_found = false;
+  std::string driver;  // "cuda driver 13.0", or why it is missing
+  bool driver_found = false;
+  std::vector<DeviceInfo> devices;
+};
+
+struct RuntimeInfo {
+  std::string backend;  // the one that loads and launches
+  std::string target;   // default target, empty when none can be chosen
+  std::vector<BackendInfo> backends;
+  std::filesystem::path kernels_dir;  // empty: the copy embedded in the library
+  std::filesystem::path cache_dir;    // empty: memory-only
+  std::vector<std::filesystem::path> cache_ro_dirs;
+  JitMode jit = JitMode::on;
+};
+
+class Runtime {
+ public:
+  explicit Runtime(Options options = {});
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // The hot path: a memory hit, else a disk hit, else a compile (as KILN_JIT allows); then
+  // loaded on the runtime's device. Thread-safe; one compile per key however many threads ask.
+  Kernel kernel(const KernelSpec& spec);
+
+  // Compiles (or finds on disk) without loading: works with no device, for any target whose
+  // compiler is installed.
+  KernelInfo compile(const KernelSpec& spec);
+
+  WarmupReport warmup(std::span<const KernelSpec> specs, const WarmupOptions& options = {});
+
+  std::string key(const KernelSpec& spec);                // 32 hex digits
+  std::string generated_source(const KernelSpec& spec);  // the unit handed to the compiler
+
+  RuntimeInfo info() const;
+  Stats stats() const;
+  std::string target() const;  // default target; throws when none can be chosen
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// The process-wide runtime the ops use, built from the environment on first use.
+Runtime& default_runtime();
+
+}  // namespace kiln

@@ -1,0 +1,53 @@
+// KernelSpec: what one compiled kernel is, in a canonical and printable form.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+namespace kiln {
+
+enum class DType : std::uint8_t { f16, bf16, f32, f64, i32, i64 };
+
+std::string_view to_string(DType dtype) noexcept;
+std::size_t size_of(DType dtype) noexcept;
+
+// A named compile-time constant of the generated unit: `static constexpr` int or bool, or a
+// `using` alias for a dtype.
+struct Constant {
+  std::string name;
+  std::variant<std::int64_t, bool, DType> value;
+
+  friend bool operator==(const Constant&, const Constant&) = default;
+};
+
+// What one kernel is: the source that defines it, the templated entry it instantiates and the
+// constants it is instantiated with. Sizes, strides and scales are never constants: they belong
+// in the family's Params struct, so one binary serves every size.
+struct KernelSpec {
+  std::string source;  // path under kernels_src, e.g. "elementwise/unary.cuh"
+  std::string entry;   // qualified kernel template, e.g. "kiln::unary"
+  std::string params;  // the family's Params header, e.g. "elementwise" (see lib/params/)
+  std::vector<Constant> constants;
+  std::vector<std::string> options;  // extra compiler options, e.g. "-DKILN_TRACE=1"
+  std::string target;                // "sm_90a", "gfx90a"; empty: the runtime's device
+
+  KernelSpec& set(std::string name, std::int64_t value);
+  KernelSpec& set(std::string name, int value) { return set(std::move(name), std::int64_t{value}); }
+  KernelSpec& set(std::string name, bool value);
+  KernelSpec& set(std::string name, DType value);
+
+  friend bool operator==(const KernelSpec&, const KernelSpec&) = default;
+};
+
+// One line that names the spec completely, with constants sorted by name, so two specs that
+// compile the same code print the same:
+//   elementwise/unary.cuh kiln::unary<block_size=256,dtype=bf16,op=3> [-DX] @sm_90a
+std::string to_string(const KernelSpec& spec);
+
+// Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part.
+KernelSpec parse_spec(std::string_view text);
+
+}  // namespace kiln

@@ -1,0 +1,58 @@
+// The device-side vendor layer: every CUDA/HIP difference in kernel code lives here.
+#pragma once
+
+#if defined(__HIPCC_RTC__) || defined(__HIP__)
+#define KILN_HIP 1
+// hipRTC pre-includes the HIP runtime and fp16 headers; bf16 is kiln's own below.
+#define KILN_GRID_CONSTANT
+#define KILN_WARP_SIZE 64
+#else
+#define KILN_CUDA 1
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#define KILN_GRID_CONSTANT __grid_constant__
+#define KILN_WARP_SIZE 32
+#endif
+
+namespace kiln {
+
+using f16 = __half;
+using f32 = float;
+using f64 = double;
+
+#if KILN_CUDA
+using bf16 = __nv_bfloat16;
+__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+#else
+// hipRTC of ROCm 5.x has no bf16 type of its own: the bits of the upper half of a float.
+struct bf16 {
+  unsigned short bits;
+};
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __uint_as_float(static_cast<unsigned int>(x.bits) << 16);
+}
+__device__ __forceinline__ bf16 to_bf16(float x) {
+  unsigned int u = __float_as_uint(x);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{static_cast<unsigned short>((u >> 16) | 0x40u)};
+  u += 0x7fffu + ((u >> 16) & 1u);  // round to nearest, ties to even
+  return bf16{static_cast<unsigned short>(u >> 16)};
+}
+#endif
+
+__device__ __forceinline__ float to_float(f16 x) { return __half2float(x); }
+__device__ __forceinline__ float to_float(float x) { return x; }
+__device__ __forceinline__ double to_float(double x) { return x; }
+
+// Converts from the compute type (float, or double for f64 data) to the storage type T.
+template <class T>
+__device__ __forceinline__ T from_float(float x);
+template <>
+__device__ __forceinline__ f16 from_float<f16>(float x) { return __float2half_rn(x); }
+template <>
+__device__ __forceinline__ bf16 from_float<bf16>(float x) { return to_bf16(x); }
+template <>
+__device__ __forceinline__ float from_float<float>(float x) { return x; }
+__device__ __forceinline__ double from_double(double x) { return x; }
+
+}  // namespace kiln

@@ -1,0 +1,95 @@
+// The two halves of a GPU stack that kiln needs: a run-time compiler and a driver that loads
+// and launches. CUDA (NVRTC + driver API) and HIP (hipRTC + module API) implement them; both
+// are opened with dlopen, so the library works on machines that have neither.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "kiln/runtime.hpp"
+
+namespace kiln::detail {
+
+struct Header {
+  std::string name;  // as written in #include "..."
+  std::string content;
+};
+
+struct CompileRequest {
+  std::string name;    // file name for diagnostics, e.g. "kiln_<key>.cu"
+  std::string source;  // the generated unit
+  std::vector<Header> headers;
+  std::vector<std::string> options;  // canonical options (these go into the key)
+  std::string target;                // "sm_90a", "gfx90a"
+  std::string name_expression;       // e.g. "kiln::unary<kiln_spec>", lowered after compile
+};
+
+struct ResourceUsage {
+  int registers = -1;
+  int spill_bytes = -1;
+  int shared_bytes = -1;
+  int stack_bytes = -1;
+};
+
+struct CompileResult {
+  bool ok = false;
+  std::string log;
+  std::vector<std::byte> binary;  // cubin or code object
+  std::string intermediate;       // PTX (CUDA) where available, for dumps; may be empty
+  std::string lowered_name;
+  ResourceUsage usage;
+  double ms = 0;
+};
+
+class Compiler {
+ public:
+  virtual ~Compiler() = default;
+  virtual std::string_view vendor() const = 0;  // "cuda" or "hip"
+  // Name and version, e.g. "nvrtc 13.0": part of every key.
+  virtual std::string identity() const = 0;
+  // Options that change code generation for `target`; part of the key. Options that only say
+  // where to find toolkit headers are added inside compile() and are not part of the key.
+  virtual std::vector<std::string> canonical_options(std::string_view target) const = 0;
+  // Whether `target` names an architecture this compiler can build for.
+  virtual bool accepts(std::string_view target) const = 0;
+  // A failed compile is returned with ok == false and the log; Error is for a broken compiler.
+  virtual CompileResult compile(const CompileRequest& request) const = 0;
+};
+
+// One function of a loaded module, ready to launch.
+class Function {
+ public:
+  virtual ~Function() = default;
+  // `params` points at the kernel's single by-value argument.
+  virtual void launch(const LaunchConfig& config, const void* params) = 0;
+};
+
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  virtual std::string_view vendor() const = 0;
+  virtual std::string version() const = 0;  // "cuda driver 13.0"
+  virtual int device_count() const = 0;
+  virtual DeviceInfo device(int ordinal) const = 0;
+  // Loads `binary` on `ordinal` and finds `lowered_name` in it. Throws kiln::Error (driver) if
+  // the binary cannot be loaded: the runtime treats that as a bad cache entry.
+  virtual std::unique_ptr<Function> load(int ordinal, std::span<const std::byte> binary,
+                                         const std::string& lowered_name) = 0;
+};
+
+// Each throws kiln::Error (not_found) naming the library it looked for and how to point kiln at
+// it when the piece is missing.
+std::unique_ptr<Compiler> open_nvrtc();
+std::unique_ptr<Compiler> open_hiprtc();
+std::unique_ptr<Driver> open_cuda_driver();
+std::unique_ptr<Driver> open_hip_driver();
+
+// "cuda" for sm_*/compute_*, "hip" for gfx*; empty for anything else.
+std::string_view vendor_of_target(std::string_view target) noexcept;
+
+}  // namespace kiln::detail

@@ -1,0 +1,103 @@
+// The disk cache: one writable tier and any number of read-only tiers of verified entries.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/key.hpp"
+
+namespace kiln::detail {
+
+// Everything kept beside the binary. Stored as JSON inside the entry.
+struct EntryMeta {
+  std::string spec;  // canonical
+  std::string target;
+  std::string compiler;
+  std::string lowered_name;
+  double compile_ms = 0;
+  int registers = -1;
+  int spill_bytes = -1;
+  int shared_bytes = -1;
+  int stack_bytes = -1;
+  std::string log;
+};
+
+struct Entry {
+  Key key;
+  EntryMeta meta;
+  std::vector<std::byte> binary;
+};
+
+struct EntryStatus {
+  std::filesystem::path path;
+  std::optional<Key> key;       // from the file name
+  std::uint64_t size = 0;       // bytes on disk
+  std::int64_t last_used = 0;   // seconds since the epoch
+  bool valid = false;           // header, checksum and key echo all agree
+  std::string problem;          // why not, when not valid
+  std::optional<EntryMeta> meta;  // when valid
+};
+
+struct DiskCacheConfig {
+  std::optional<std::filesystem::path> root;  // writable tier; nullopt: memory-only
+  std::vector<std::filesystem::path> ro_roots;
+  std::uint64_t max_bytes = 0;  // 0: no cap
+};
+
+class DiskCache {
+ public:
+  explicit DiskCache(DiskCacheConfig config);
+  ~DiskCache();
+  DiskCache(const DiskCache&) = delete;
+  DiskCache& operator=(const DiskCache&) = delete;
+
+  // A verified entry from the writable tier, then the read-only tiers in order. Anything
+  // unreadable, truncated, of another format version or whose key echo differs is a miss (with
+  // one warning per path). A hit in the writable tier refreshes its last-used stamp.
+  std::optional<Entry> load(const Key& key);
+
+  // Publishes atomically (unique temp file in the same directory, fsync, rename), replacing any
+  // entry with that key, then evicts least recently used entries over max_bytes. Failures to
+  // write are warnings: the cache is an optimisation, never a reason to fail a call.
+  void store(const Entry& entry);
+
+  // Drops the writable tier's entry for `key` (after its binary failed to load, say).
+  void remove(const Key& key);
+
+  // Held while compiling `key`, so that other processes wait instead of compiling it again.
+  // Purely an optimisation: correctness rests on the atomic rename.
+  class Lock {
+   public:
+    Lock() = default;
+    explicit Lock(int fd) : fd_(fd) {}
+    Lock(Lock&& other) noexcept;
+    Lock& operator=(Lock&& other) noexcept;
+    ~Lock();
+
+   private:
+    int fd_ = -1;
+  };
+  Lock lock(const Key& key);  // an empty Lock when memory-only or the lock cannot be taken
+
+  bool writable() const;  // false: memory-only (the root was unusable, or none was given)
+  const std::optional<std::filesystem::path>& root() const;
+  const std::vector<std::filesystem::path>& ro_roots() const;
+
+  // Maintenance, for `kiln cache`.
+  std::vector<EntryStatus> list(bool verify) const;  // writable tier only
+  std::uint64_t size_bytes() const;
+  std::size_t prune(std::uint64_t max_bytes);  // evicts LRU until under max_bytes; returns count
+  std::size_t remove_invalid();                // returns count
+  std::size_t clear();                         // returns count
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::detail

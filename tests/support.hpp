@@ -1,0 +1,51 @@
+// Helpers shared by the tests: scratch directories, GPU detection, environment overrides.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+namespace kiln::test {
+
+// Why the [gpu] tests cannot run here, or nullopt when a device is usable.
+std::optional<std::string> gpu_unavailable_reason();
+
+// Skips the current test case (with a printed reason) when no GPU is usable.
+#define KILN_REQUIRE_GPU()                                                  \
+  do {                                                                      \
+    if (auto kiln_reason_ = ::kiln::test::gpu_unavailable_reason()) {       \
+      WARN("skipped: needs a GPU: " << *kiln_reason_);                      \
+      return;                                                               \
+    }                                                                       \
+  } while (false)
+
+// A fresh directory, removed with everything in it when the object goes.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// Sets an environment variable for the life of the object, then restores it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value);  // value nullptr: unset
+  ~ScopedEnv();
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  std::string name_;
+  std::optional<std::string> old_;
+};
+
+std::string read_file(const std::filesystem::path& path);
+void write_file(const std::filesystem::path& path, const std::string& content);
+
+}  // namespace kiln::test
