@@ -8,19 +8,19 @@ namespace kiln {
 
 template <int Op, class C>
 __device__ __forceinline__ C apply_unary(C x) {
-  static_assert(Op >= 0 && Op < unary_op_count, "op must be one of kiln::UnaryOp.");
-  if constexpr (Op == unary_neg) return -x;
-  if constexpr (Op == unary_abs) return fabs(x);
-  if constexpr (Op == unary_exp) return exp(x);
-  if constexpr (Op == unary_log) return log(x);
-  if constexpr (Op == unary_sin) return sin(x);
-  if constexpr (Op == unary_cos) return cos(x);
-  if constexpr (Op == unary_tanh) return tanh(x);
-  if constexpr (Op == unary_sigmoid) return C(1) / (C(1) + exp(-x));
-  if constexpr (Op == unary_relu) return x > C(0) ? x : C(0);
-  if constexpr (Op == unary_gelu) return C(0.5) * x * (C(1) + erf(x * C(0.70710678118654752440)));
-  if constexpr (Op == unary_silu) return x / (C(1) + exp(-x));
-  if constexpr (Op == unary_sqrt) return sqrt(x);
+  static_assert(Op >= 0 && Op < unary_op::count, "op must be one of kiln::unary_op.");
+  if constexpr (Op == unary_op::neg) return -x;
+  if constexpr (Op == unary_op::abs) return fabs(x);
+  if constexpr (Op == unary_op::exp) return exp(x);
+  if constexpr (Op == unary_op::log) return log(x);
+  if constexpr (Op == unary_op::sin) return sin(x);
+  if constexpr (Op == unary_op::cos) return cos(x);
+  if constexpr (Op == unary_op::tanh) return tanh(x);
+  if constexpr (Op == unary_op::sigmoid) return C(1) / (C(1) + exp(-x));
+  if constexpr (Op == unary_op::relu) return x > C(0) ? x : C(0);
+  if constexpr (Op == unary_op::gelu) return C(0.5) * x * (C(1) + erf(x * C(0.70710678118654752440)));
+  if constexpr (Op == unary_op::silu) return x / (C(1) + exp(-x));
+  if constexpr (Op == unary_op::sqrt) return sqrt(x);
 }
 
 template <class T>
@@ -32,7 +32,7 @@ __device__ __forceinline__ T store_as(compute_t<T> y) {
   }
 }
 
-// Spec: block_size (threads), items_per_thread, op (UnaryOp), dtype.
+// Spec: block_size (threads), items_per_thread, op (kiln::unary_op), dtype.
 // Item i of a block is element block * block_size * items_per_thread + i * block_size + thread,
 // so each thread's loads are coalesced across the block for every i.
 template <class Spec>

@@ -5,21 +5,23 @@
 namespace kiln {
 
 // The op of a unary kernel, a compile-time constant ("op") of its spec.
-enum UnaryOp : int {
-  unary_neg = 0,
-  unary_abs = 1,
-  unary_exp = 2,
-  unary_log = 3,
-  unary_sin = 4,
-  unary_cos = 5,
-  unary_tanh = 6,
-  unary_sigmoid = 7,
-  unary_relu = 8,
-  unary_gelu = 9,  // exact: x * Phi(x), through erf
-  unary_silu = 10,
-  unary_sqrt = 11,
-  unary_op_count = 12,
+namespace unary_op {
+enum : int {
+  neg = 0,
+  abs = 1,
+  exp = 2,
+  log = 3,
+  sin = 4,
+  cos = 5,
+  tanh = 6,
+  sigmoid = 7,
+  relu = 8,
+  gelu = 9,  // exact: x * Phi(x), through erf
+  silu = 10,
+  sqrt = 11,
+  count = 12,
 };
+}  // namespace unary_op
 
 struct UnaryParams {
   const void* in;

@@ -1,0 +1,130 @@
+// Reads KILN_* environment variables (README, "Knobs") and merges them with Options.
+#include "config.hpp"
+
+#include <charconv>
+#include <cstdlib>
+
+#include <fmt/format.h>
+
+#include "kiln/error.hpp"
+
+namespace kiln::detail {
+namespace {
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+std::vector<std::filesystem::path> split_paths(const std::string& text) {
+  std::vector<std::filesystem::path> paths;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    const std::size_t end = std::min(text.find(':', start), text.size());
+    if (end > start) paths.emplace_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return paths;
+}
+
+std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
+  std::uint64_t value = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, value);
+  std::uint64_t scale = 1;
+  if (ec == std::errc() && ptr != end) {
+    const std::string_view suffix(ptr, static_cast<std::size_t>(end - ptr));
+    if (suffix == "K" || suffix == "KB") scale = 1ull << 10;
+    else if (suffix == "M" || suffix == "MB") scale = 1ull << 20;
+    else if (suffix == "G" || suffix == "GB") scale = 1ull << 30;
+    else ec = std::errc::invalid_argument;
+  }
+  if (ec != std::errc()) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} is '{}': expected a byte count such as 1073741824, 512M or 8G",
+                            what, text));
+  }
+  return value * scale;
+}
+
+std::optional<std::filesystem::path> default_cache_dir() {
+  if (auto xdg = env("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "kiln";
+  if (auto home = env("HOME")) return std::filesystem::path(*home) / ".cache" / "kiln";
+  return std::nullopt;
+}
+
+}  // namespace
+
+JitMode parse_jit_mode(std::string_view text, std::string_view what) {
+  if (text == "on") return JitMode::on;
+  if (text == "strict") return JitMode::strict;
+  if (text == "off") return JitMode::off;
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} is '{}': expected on, strict or off", what, text));
+}
+
+LogLevel parse_log_level(std::string_view text, std::string_view what) {
+  if (text == "error") return LogLevel::error;
+  if (text == "warn") return LogLevel::warn;
+  if (text == "info") return LogLevel::info;
+  if (text == "debug") return LogLevel::debug;
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} is '{}': expected error, warn, info or debug", what, text));
+}
+
+Config resolve_config(const Options& options) {
+  Config config;
+  config.backend = options.backend ? options.backend : env("KILN_BACKEND");
+  if (config.backend && *config.backend != "cuda" && *config.backend != "hip") {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("backend is '{}' (Options::backend or KILN_BACKEND): expected cuda or "
+                            "hip",
+                            *config.backend));
+  }
+  config.target = options.target ? options.target : env("KILN_TARGET");
+  config.kernels_dir = options.kernels_dir;
+  if (!config.kernels_dir) {
+    if (auto dir = env("KILN_KERNELS_DIR")) config.kernels_dir = *dir;
+  }
+  config.cache_dir = options.cache_dir;
+  if (!config.cache_dir) {
+    if (auto dir = env("KILN_CACHE_DIR")) {
+      config.cache_dir = *dir;
+    } else {
+      config.cache_dir = default_cache_dir();
+    }
+  }
+  if (options.cache_ro_dirs) {
+    config.cache_ro_dirs = *options.cache_ro_dirs;
+  } else if (auto dirs = env("KILN_CACHE_RO_DIRS")) {
+    config.cache_ro_dirs = split_paths(*dirs);
+  }
+  if (options.cache_max_bytes) {
+    config.cache_max_bytes = *options.cache_max_bytes;
+  } else if (auto bytes = env("KILN_CACHE_MAX_BYTES")) {
+    config.cache_max_bytes = parse_bytes(*bytes, "KILN_CACHE_MAX_BYTES");
+  }
+  if (options.jit) {
+    config.jit = *options.jit;
+  } else if (auto mode = env("KILN_JIT")) {
+    config.jit = parse_jit_mode(*mode, "KILN_JIT");
+  }
+  if (options.log_level) {
+    config.log_level = *options.log_level;
+  } else if (auto level = env("KILN_LOG")) {
+    config.log_level = parse_log_level(*level, "KILN_LOG");
+  }
+  config.dump_dir = options.dump_dir;
+  if (!config.dump_dir) {
+    if (auto dir = env("KILN_DUMP_DIR")) config.dump_dir = *dir;
+  }
+  if (options.device < 0) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("Options::device is {}: device ordinals start at 0", options.device));
+  }
+  config.device = options.device;
+  return config;
+}
+
+}  // namespace kiln::detail

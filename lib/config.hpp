@@ -1,0 +1,34 @@
+// The one place that reads KILN_* environment variables and merges them with Options.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/runtime.hpp"
+
+namespace kiln::detail {
+
+struct Config {
+  std::optional<std::string> backend;  // "cuda" or "hip"
+  std::optional<std::string> target;
+  std::optional<std::filesystem::path> kernels_dir;  // from Options or KILN_KERNELS_DIR
+  std::optional<std::filesystem::path> cache_dir;    // nullopt: no usable default (no HOME)
+  std::vector<std::filesystem::path> cache_ro_dirs;
+  std::uint64_t cache_max_bytes = 0;
+  JitMode jit = JitMode::on;
+  LogLevel log_level = LogLevel::warn;
+  std::optional<std::filesystem::path> dump_dir;
+  int device = 0;
+};
+
+// Options win over the environment, the environment over defaults. A malformed variable is a
+// kiln::Error (invalid_argument) naming the variable, its value and what it accepts.
+Config resolve_config(const Options& options);
+
+JitMode parse_jit_mode(std::string_view text, std::string_view what);
+LogLevel parse_log_level(std::string_view text, std::string_view what);
+
+}  // namespace kiln::detail

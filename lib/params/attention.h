@@ -1,0 +1,86 @@
+// Params of the attention family: compiled into the host library and injected into each JIT
+// compile as "kiln/params/attention.h", so host and kernel always agree on the layout.
+#pragma once
+
+namespace kiln {
+
+// The forward kernel's only argument. Layouts follow FlashAttention: q (batch, seqlen_q, heads,
+// head_dim), k and v (batch, seqlen_k, heads_kv, head_dim / head_dim_v), out like q with
+// head_dim_v; varlen folds batch and seqlen into one token dim indexed through cu_seqlens.
+// Strides are in elements; the last dim is contiguous (stride 1) for every tensor except bias.
+// q, k, v, out and every batch/seq/head stride of them must be 16-byte aligned (strides a
+// multiple of 8 elements): tiles move in 16-byte copies.
+struct AttentionParams {
+  const void* q;
+  const void* k;
+  const void* v;
+  void* out;
+
+  // Batch strides are ignored by varlen kernels (the token dim is the seq dim).
+  long long q_batch_stride, q_seq_stride, q_head_stride;
+  long long k_batch_stride, k_seq_stride, k_head_stride;
+  long long v_batch_stride, v_seq_stride, v_head_stride;
+  long long out_batch_stride, out_seq_stride, out_head_stride;
+
+  int batch;
+  int heads;     // query heads
+  int heads_kv;  // divides heads: query head h reads kv head h / (heads / heads_kv)
+  int seqlen_q;  // varlen: the longest sequence (sizes the grid)
+  int seqlen_k;  // varlen: unused (lengths come from cu_seqlens_k or seqused_k)
+
+  float softmax_scale;  // multiplies q.k before softmax, usually 1/sqrt(head_dim)
+
+  // The one mask model: query i attends key j when
+  //   i + offset - window_left <= j <= i + offset + window_right,
+  // with offset = seqlen_k - seqlen_q (bottom-right, FlashAttention's default) or 0 when
+  // top_left is set. A window of -1 is unbounded; causal is (-1, 0). Only read by kernels whose
+  // spec has band = true.
+  int window_left;
+  int window_right;
+  int top_left;  // 0 or 1
+
+  // softcap > 0: logits become softcap * tanh(logits / softcap) (spec has_softcap).
+  float softcap;
+
+  // fp32 slopes: logit(i, j) -= slope * |i + offset - j|, slope at
+  // maybe_alibi_slopes[b * alibi_batch_stride + h] (0 = one slope per head; spec has_alibi).
+  const float* maybe_alibi_slopes;
+  long long alibi_batch_stride;
+
+  // Additive bias of the input dtype, element (b, h, i, j) at
+  // b * bias_batch_stride + h * bias_head_stride + i * bias_row_stride + j * bias_col_stride;
+  // a stride of 0 broadcasts (spec has_bias). Varlen: i and j count within the sequence.
+  const void* maybe_bias;
+  long long bias_batch_stride, bias_head_stride, bias_row_stride, bias_col_stride;
+
+  // fp32 natural-log sum of exp of each query row, element (b, h, i) at
+  // b * lse_batch_stride + h * lse_head_stride + i; varlen: at h * lse_head_stride +
+  // cu_seqlens_q[b] + i (so (heads, total_q) has lse_head_stride = total_q). Null: not written.
+  float* maybe_lse;
+  long long lse_batch_stride, lse_head_stride;
+
+  // Varlen (spec varlen): sequence b is tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q/out
+  // and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k/v; int32, batch + 1 entries, on the device.
+  const int* maybe_cu_seqlens_q;
+  const int* maybe_cu_seqlens_k;
+  // When set, sequence b uses only its first seqused_k[b] keys (varlen or not).
+  const int* maybe_seqused_k;
+};
+
+// Dynamic shared memory of attention_forward for a spec, in bytes; host and kernel share it.
+// Rows are padded to the mma k-granularity (16) plus 8 elements (16 bytes) so that ldmatrix
+// and cp.async hit distinct banks:
+//   qk_pitch = round_up(head_dim, 16) + 8, v_pitch = round_up(head_dim_v, 16) + 8
+//   bytes = 2 * max(block_m * qk_pitch + stages * block_n * (qk_pitch + v_pitch),
+//                   block_m * v_pitch)          (the second term: the output staging tile)
+constexpr long long attention_forward_smem_bytes(long long head_dim, long long head_dim_v,
+                                                 long long block_m, long long block_n,
+                                                 long long stages) {
+  const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
+  const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
+  const long long tiles = block_m * qk_pitch + stages * block_n * (qk_pitch + v_pitch);
+  const long long staging = block_m * v_pitch;
+  return 2 * (tiles > staging ? tiles : staging);
+}
+
+}  // namespace kiln

@@ -1,0 +1,561 @@
+// kiln::Runtime: spec -> unit -> memory, disk or compile -> loaded kernel.
+#include "kiln/runtime.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <shared_mutex>
+#include <thread>
+
+#include <fmt/format.h>
+
+#include "backend/backend.hpp"
+#include "cache/disk.hpp"
+#include "cache/single_flight.hpp"
+#include "config.hpp"
+#include "jit/sources.hpp"
+#include "jit/unit.hpp"
+#include "kiln/error.hpp"
+#include "log.hpp"
+
+namespace kiln {
+namespace detail {
+
+struct LoadedKernel {
+  KernelInfo info;
+  std::unique_ptr<Function> function;
+  std::size_t params_size = 0;
+};
+
+}  // namespace detail
+
+using detail::Compiler;
+using detail::Config;
+using detail::Driver;
+using detail::Entry;
+using detail::Key;
+using detail::LoadedKernel;
+using detail::Unit;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+KernelInfo info_of(const Entry& entry) {
+  KernelInfo info;
+  info.key = entry.key.hex();
+  info.spec = entry.meta.spec;
+  info.target = entry.meta.target;
+  info.compiler = entry.meta.compiler;
+  info.lowered_name = entry.meta.lowered_name;
+  info.registers = entry.meta.registers;
+  info.spill_bytes = entry.meta.spill_bytes;
+  info.shared_bytes = entry.meta.shared_bytes;
+  info.stack_bytes = entry.meta.stack_bytes;
+  info.compile_ms = entry.meta.compile_ms;
+  info.log = entry.meta.log;
+  return info;
+}
+
+std::string join(const std::vector<std::string>& words) {
+  std::string text;
+  for (const std::string& word : words) text += (text.empty() ? "" : " ") + word;
+  return text;
+}
+
+void write_text(const std::filesystem::path& path, std::string_view text) {
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(text.data(), static_cast<std::streamsize>(text.size()));
+  if (!out) detail::warn_once(path.string(), fmt::format("cannot write {}", path.string()));
+}
+
+// An entry found on disk or compiled, and how it was obtained.
+struct Obtained {
+  Entry entry;
+  WarmupStatus status;
+};
+
+}  // namespace
+
+struct Runtime::Impl {
+  explicit Impl(const Options& options)
+      : config(detail::resolve_config(options)),
+        sources(detail::SourceTree::locate(config.kernels_dir)),
+        disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs,
+                                     config.cache_max_bytes}) {
+    detail::set_log_level(config.log_level);
+    backend = choose_backend();
+    detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}", backend,
+                sources.describe(),
+                disk.writable() ? disk.root()->string() : std::string("memory-only"));
+  }
+
+  // --- backends ---------------------------------------------------------------------------
+
+  // The compiler for a vendor, opened once; the failure to open it is remembered and rethrown.
+  const Compiler& compiler(std::string_view vendor) {
+    std::lock_guard lock(backend_mutex);
+    auto& slot = compilers[std::string(vendor)];
+    if (!slot.compiler && !slot.error) {
+      try {
+        slot.compiler = vendor == "hip" ? detail::open_hiprtc() : detail::open_nvrtc();
+      } catch (...) {
+        slot.error = std::current_exception();
+      }
+    }
+    if (slot.error) std::rethrow_exception(slot.error);
+    return *slot.compiler;
+  }
+
+  // The driver of the runtime's backend, or null (with the reason in `why`) when absent.
+  Driver* driver(std::string* why = nullptr) { return driver_for(backend, why); }
+
+  Driver* driver_for(std::string_view vendor, std::string* why = nullptr) {
+    std::lock_guard lock(backend_mutex);
+    auto& slot = drivers[std::string(vendor)];
+    if (!slot.tried) {
+      slot.tried = true;
+      try {
+        slot.driver = vendor == "hip" ? detail::open_hip_driver() : detail::open_cuda_driver();
+      } catch (const std::exception& e) {
+        slot.error = e.what();
+      }
+    }
+    if (why) *why = slot.error;
+    return slot.driver.get();
+  }
+
+  std::string choose_backend() {
+    if (config.backend) return *config.backend;
+    if (config.target) {
+      const std::string_view vendor = detail::vendor_of_target(*config.target);
+      if (!vendor.empty()) return std::string(vendor);
+    }
+    for (std::string_view vendor : {"cuda", "hip"}) {
+      if (Driver* d = driver_for(vendor); d && d->device_count() > config.device) {
+        return std::string(vendor);
+      }
+    }
+    for (std::string_view vendor : {"cuda", "hip"}) {
+      try {
+        compiler(vendor);
+        return std::string(vendor);
+      } catch (const Error&) {
+      }
+    }
+    return "cuda";
+  }
+
+  // The device's target, when the runtime's backend has the configured device.
+  std::optional<std::string> device_target() {
+    Driver* d = driver();
+    if (!d || d->device_count() <= config.device) return std::nullopt;
+    std::string target = d->device(config.device).target;
+    if (target.empty()) return std::nullopt;
+    return target;
+  }
+
+  std::string default_target() {
+    if (config.target) return *config.target;
+    if (auto target = device_target()) return *target;
+    throw Error(ErrorCategory::not_found,
+                fmt::format("no {} device {} and no target given: pass Options::target or set "
+                            "KILN_TARGET (e.g. sm_90a, gfx90a) to compile without a GPU",
+                            backend, config.device));
+  }
+
+  // --- spec -> unit -> entry ----------------------------------------------------------------
+
+  Unit unit_of(KernelSpec spec) {
+    if (spec.target.empty()) spec.target = default_target();
+    const std::string_view vendor = detail::vendor_of_target(spec.target);
+    if (vendor.empty()) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("target '{}' of {} is neither CUDA (sm_XY) nor HIP (gfxN): use "
+                              "e.g. sm_90a or gfx90a",
+                              spec.target, to_string(spec)));
+    }
+    return detail::make_unit(spec, sources, compiler(vendor));
+  }
+
+  Entry compile_unit(const Unit& unit) {
+    if (config.jit == JitMode::off) {
+      throw Error(ErrorCategory::not_found,
+                  fmt::format("{} (key {}) is not cached and KILN_JIT=off forbids compiling: "
+                              "warm the cache where compiling is allowed, or set KILN_JIT=on",
+                              unit.spec, unit.key.hex()));
+    }
+    const Compiler& c = compiler(detail::vendor_of_target(unit.target));
+    const detail::CompileResult result = c.compile({
+        .name = fmt::format("kiln_{}.cu", unit.key.hex()),
+        .source = unit.source,
+        .headers = unit.headers,
+        .options = unit.options,
+        .target = unit.target,
+        .name_expression = unit.name_expression,
+    });
+    stats_compiles.fetch_add(1);
+    add(stats_compile_us, result.ms);
+    const std::string dumped = dump(unit, result);
+    if (!result.ok) {
+      stats_compile_failures.fetch_add(1);
+      throw CompileError({result.log, unit.spec, join(unit.options), unit.key.hex(),
+                          dumped.empty() ? dump_failure(unit) : dumped});
+    }
+    detail::log(LogLevel::info, "compiled {} (key {}) in {:.0f} ms: {} registers, {} spill bytes",
+                unit.spec, unit.key.hex(), result.ms, result.usage.registers,
+                result.usage.spill_bytes);
+    Entry entry;
+    entry.key = unit.key;
+    entry.binary = result.binary;
+    entry.meta = {unit.spec,
+                  unit.target,
+                  unit.compiler,
+                  result.lowered_name,
+                  result.ms,
+                  result.usage.registers,
+                  result.usage.spill_bytes,
+                  result.usage.shared_bytes,
+                  result.usage.stack_bytes,
+                  result.log};
+    return entry;
+  }
+
+  // KILN_DUMP_DIR: the generated unit, log, intermediate and binary of each compile.
+  std::string dump(const Unit& unit, const detail::CompileResult& result) {
+    if (!config.dump_dir) return {};
+    std::error_code ec;
+    std::filesystem::create_directories(*config.dump_dir, ec);
+    const auto base = *config.dump_dir / unit.key.hex();
+    const auto source = base.string() + ".cu";
+    write_text(source, unit.source);
+    write_text(base.string() + ".log", result.log);
+    if (!result.intermediate.empty()) write_text(base.string() + ".ptx", result.intermediate);
+    if (!result.binary.empty()) {
+      write_text(base.string() + (unit.target.starts_with("gfx") ? ".co" : ".cubin"),
+                 {reinterpret_cast<const char*>(result.binary.data()), result.binary.size()});
+    }
+    return source;
+  }
+
+  // With no dump directory, a failed compile still leaves its unit where a person can read it.
+  static std::string dump_failure(const Unit& unit) {
+    std::error_code ec;
+    const auto path =
+        std::filesystem::temp_directory_path(ec) / fmt::format("kiln_{}.cu", unit.key.hex());
+    if (ec) return {};
+    write_text(path, unit.source);
+    return path.string();
+  }
+
+  Obtained obtain(const Unit& unit, bool hot_path) {
+    if (auto entry = disk.load(unit.key)) {
+      stats_disk_hits.fetch_add(1);
+      return {std::move(*entry), WarmupStatus::disk_hit};
+    }
+    if (hot_path && config.jit == JitMode::strict) {
+      throw Error(ErrorCategory::not_found,
+                  fmt::format("{} (key {}) is not cached and KILN_JIT=strict forbids compiling on "
+                              "the hot path: warm it first (Runtime::warmup or `kiln warm`), or "
+                              "set KILN_JIT=on",
+                              unit.spec, unit.key.hex()));
+    }
+    // Another process may be compiling the same key: wait for it, then look again.
+    const auto lock = disk.lock(unit.key);
+    if (auto entry = disk.load(unit.key)) {
+      stats_disk_hits.fetch_add(1);
+      return {std::move(*entry), WarmupStatus::disk_hit};
+    }
+    Entry entry = compile_unit(unit);
+    disk.store(entry);
+    return {std::move(entry), WarmupStatus::compiled};
+  }
+
+  std::shared_ptr<LoadedKernel> load_entry(const Unit& unit, const Entry& entry) {
+    Driver* d = driver();
+    const auto start = Clock::now();
+    auto loaded = std::make_shared<LoadedKernel>();
+    loaded->function = d->load(config.device, entry.binary, entry.meta.lowered_name);
+    loaded->info = info_of(entry);
+    loaded->params_size = unit.params->size;
+    stats_loads.fetch_add(1);
+    add(stats_load_us, ms_since(start));
+    return loaded;
+  }
+
+  // Memory, then disk, then compile; a disk entry the driver rejects is rebuilt, never trusted.
+  std::pair<std::shared_ptr<LoadedKernel>, WarmupStatus> loaded(const Unit& unit, bool hot_path) {
+    require_device(unit);
+    bool computed = false;
+    WarmupStatus status = WarmupStatus::memory_hit;
+    auto kernel = memory.get(
+        unit.key,
+        [&] {
+          Obtained found = obtain(unit, hot_path);
+          status = found.status;
+          try {
+            return load_entry(unit, found.entry);
+          } catch (const Error& e) {
+            if (found.status != WarmupStatus::disk_hit) throw;
+            detail::warn_once(unit.key.hex(),
+                              fmt::format("cached {} (key {}) did not load ({}); recompiling",
+                                          unit.spec, unit.key.hex(), e.what()));
+            disk.remove(unit.key);
+            Entry rebuilt = compile_unit(unit);
+            disk.store(rebuilt);
+            status = WarmupStatus::compiled;
+            return load_entry(unit, rebuilt);
+          }
+        },
+        &computed);
+    if (!computed) stats_memory_hits.fetch_add(1);
+    return {kernel, computed ? status : WarmupStatus::memory_hit};
+  }
+
+  void require_device(const Unit& unit) {
+    std::string why;
+    Driver* d = driver(&why);
+    if (!d) {
+      throw Error(ErrorCategory::not_found,
+                  fmt::format("cannot load {}: the {} driver is unavailable ({}); compile-only "
+                              "use needs an explicit target (Runtime::compile, `kiln warm "
+                              "--target`)",
+                              unit.spec, backend, why));
+    }
+    const auto target = device_target();
+    if (!target) {
+      throw Error(ErrorCategory::not_found,
+                  fmt::format("cannot load {}: there is no {} device {}; compile-only use needs "
+                              "an explicit target (Runtime::compile, `kiln warm --target`)",
+                              unit.spec, backend, config.device));
+    }
+    if (*target != unit.target) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
+                              "target empty, or use Runtime::compile for other targets",
+                              unit.spec, config.device, *target));
+    }
+  }
+
+  bool loads_on_device(const Unit& unit) {
+    const auto target = device_target();
+    return target && *target == unit.target;
+  }
+
+  std::pair<KernelInfo, WarmupStatus> compiled(const Unit& unit) {
+    if (auto kernel = memory.find(unit.key)) return {(*kernel)->info, WarmupStatus::memory_hit};
+    bool computed = false;
+    WarmupStatus status = WarmupStatus::disk_hit;
+    KernelInfo info = on_disk.get(
+        unit.key,
+        [&] {
+          Obtained found = obtain(unit, false);
+          status = found.status;
+          return info_of(found.entry);
+        },
+        &computed);
+    return {info, computed ? status : WarmupStatus::memory_hit};
+  }
+
+  static void add(std::atomic<std::uint64_t>& total_us, double ms) {
+    total_us.fetch_add(static_cast<std::uint64_t>(ms * 1000.0));
+  }
+
+  Config config;
+  detail::SourceTree sources;
+  detail::DiskCache disk;
+  std::string backend;
+
+  struct CompilerSlot {
+    std::unique_ptr<Compiler> compiler;
+    std::exception_ptr error;
+  };
+  struct DriverSlot {
+    bool tried = false;
+    std::unique_ptr<Driver> driver;
+    std::string error;
+  };
+  std::mutex backend_mutex;
+  std::map<std::string, CompilerSlot, std::less<>> compilers;
+  std::map<std::string, DriverSlot, std::less<>> drivers;
+
+  detail::SingleFlight<std::shared_ptr<LoadedKernel>> memory;
+  detail::SingleFlight<KernelInfo> on_disk;
+  // The hot path's shortcut: canonical spec as the caller wrote it -> loaded kernel.
+  std::shared_mutex by_spec_mutex;
+  std::unordered_map<std::string, std::shared_ptr<LoadedKernel>> by_spec;
+
+  std::atomic<std::uint64_t> stats_memory_hits{0}, stats_disk_hits{0}, stats_compiles{0},
+      stats_compile_failures{0}, stats_loads{0}, stats_compile_us{0}, stats_load_us{0};
+};
+
+Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(options)) {}
+Runtime::~Runtime() = default;
+
+Kernel Runtime::kernel(const KernelSpec& spec) {
+  const std::string canonical = to_string(spec);
+  {
+    std::shared_lock lock(impl_->by_spec_mutex);
+    if (auto it = impl_->by_spec.find(canonical); it != impl_->by_spec.end()) {
+      impl_->stats_memory_hits.fetch_add(1, std::memory_order_relaxed);
+      return Kernel(it->second);
+    }
+  }
+  auto kernel = impl_->loaded(impl_->unit_of(spec), true).first;
+  std::unique_lock lock(impl_->by_spec_mutex);
+  impl_->by_spec.emplace(canonical, kernel);
+  return Kernel(std::move(kernel));
+}
+
+KernelInfo Runtime::compile(const KernelSpec& spec) {
+  return impl_->compiled(impl_->unit_of(spec)).first;
+}
+
+WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOptions& options) {
+  const auto start = Clock::now();
+  WarmupReport report;
+  report.items.resize(specs.size());
+  std::atomic<std::size_t> next{0};
+  std::size_t done = 0;
+  std::mutex progress_mutex;
+  auto work = [&] {
+    for (std::size_t i = next.fetch_add(1); i < specs.size(); i = next.fetch_add(1)) {
+      WarmupItem& item = report.items[i];
+      const auto item_start = Clock::now();
+      item.spec = to_string(specs[i]);
+      try {
+        const Unit unit = impl_->unit_of(specs[i]);
+        item.spec = unit.spec;
+        item.key = unit.key.hex();
+        if (options.load && impl_->loads_on_device(unit)) {
+          item.status = impl_->loaded(unit, false).second;
+        } else {
+          item.status = impl_->compiled(unit).second;
+        }
+      } catch (const std::exception& e) {
+        item.status = WarmupStatus::failed;
+        item.error = e.what();
+      }
+      item.ms = ms_since(item_start);
+      std::lock_guard lock(progress_mutex);
+      ++done;
+      if (options.on_progress) options.on_progress({done, specs.size(), &item});
+    }
+  };
+  const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
+  const std::size_t threads =
+      std::min<std::size_t>(options.threads > 0 ? static_cast<std::size_t>(options.threads)
+                                                : hardware,
+                            std::max<std::size_t>(1, specs.size()));
+  std::vector<std::jthread> pool;
+  for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  pool.clear();
+  report.wall_ms = ms_since(start);
+  return report;
+}
+
+std::string Runtime::key(const KernelSpec& spec) { return impl_->unit_of(spec).key.hex(); }
+
+std::string Runtime::generated_source(const KernelSpec& spec) {
+  return impl_->unit_of(spec).source;
+}
+
+std::string Runtime::target() const { return impl_->default_target(); }
+
+RuntimeInfo Runtime::info() const {
+  RuntimeInfo info;
+  info.backend = impl_->backend;
+  try {
+    info.target = impl_->default_target();
+  } catch (const Error&) {
+  }
+  for (std::string_view vendor : {"cuda", "hip"}) {
+    BackendInfo backend;
+    backend.name = std::string(vendor);
+    try {
+      backend.compiler = impl_->compiler(vendor).identity();
+      backend.compiler_found = true;
+    } catch (const std::exception& e) {
+      backend.compiler = e.what();
+    }
+    std::string why;
+    if (Driver* d = impl_->driver_for(vendor, &why)) {
+      backend.driver_found = true;
+      backend.driver = d->version();
+      for (int i = 0; i < d->device_count(); ++i) backend.devices.push_back(d->device(i));
+    } else {
+      backend.driver = why;
+    }
+    info.backends.push_back(std::move(backend));
+  }
+  info.kernels_dir = impl_->sources.root();
+  if (impl_->disk.writable()) info.cache_dir = *impl_->disk.root();
+  info.cache_ro_dirs = impl_->disk.ro_roots();
+  info.jit = impl_->config.jit;
+  return info;
+}
+
+Stats Runtime::stats() const {
+  Stats s;
+  s.memory_hits = impl_->stats_memory_hits.load();
+  s.disk_hits = impl_->stats_disk_hits.load();
+  s.compiles = impl_->stats_compiles.load();
+  s.compile_failures = impl_->stats_compile_failures.load();
+  s.loads = impl_->stats_loads.load();
+  s.compile_ms = static_cast<double>(impl_->stats_compile_us.load()) / 1000.0;
+  s.load_ms = static_cast<double>(impl_->stats_load_us.load()) / 1000.0;
+  return s;
+}
+
+void Kernel::launch_raw(const LaunchConfig& config, const void* params, std::size_t size) const {
+  if (!loaded_) {
+    throw Error(ErrorCategory::invalid_argument,
+                "launch of an empty kiln::Kernel: get one from Runtime::kernel first");
+  }
+  if (size != loaded_->params_size) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} takes a {}-byte Params struct but launch got {} bytes: pass the "
+                            "family's Params struct from lib/params",
+                            loaded_->info.spec, loaded_->params_size, size));
+  }
+  loaded_->function->launch(config, params);
+}
+
+const KernelInfo& Kernel::info() const {
+  if (!loaded_) {
+    throw Error(ErrorCategory::invalid_argument, "info() of an empty kiln::Kernel");
+  }
+  return loaded_->info;
+}
+
+std::string_view to_string(WarmupStatus status) noexcept {
+  switch (status) {
+    case WarmupStatus::memory_hit: return "memory";
+    case WarmupStatus::disk_hit: return "disk";
+    case WarmupStatus::compiled: return "compiled";
+    case WarmupStatus::failed: return "failed";
+  }
+  return "?";
+}
+
+std::size_t WarmupReport::count(WarmupStatus status) const {
+  return static_cast<std::size_t>(std::count_if(
+      items.begin(), items.end(), [&](const WarmupItem& item) { return item.status == status; }));
+}
+
+Runtime& default_runtime() {
+  // Never destroyed: kernels may still be launched from other static destructors, and the
+  // driver may already be gone at exit.
+  static Runtime* runtime = new Runtime();
+  return *runtime;
+}
+
+}  // namespace kiln

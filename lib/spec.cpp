@@ -1,0 +1,164 @@
+// KernelSpec: setters, the canonical one-line form and its parser.
+#include "kiln/spec.hpp"
+
+#include <algorithm>
+#include <charconv>
+
+#include <fmt/format.h>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+namespace {
+
+constexpr DType kAllDTypes[] = {DType::f16, DType::bf16, DType::f32,
+                                DType::f64, DType::i32,  DType::i64};
+
+KernelSpec& set_constant(KernelSpec& spec, std::string name,
+                         std::variant<std::int64_t, bool, DType> value) {
+  auto it = std::find_if(spec.constants.begin(), spec.constants.end(),
+                         [&](const Constant& c) { return c.name == name; });
+  if (it != spec.constants.end()) {
+    it->value = value;
+  } else {
+    spec.constants.push_back({std::move(name), value});
+  }
+  return spec;
+}
+
+std::string value_text(const Constant& constant) {
+  if (const auto* b = std::get_if<bool>(&constant.value)) return *b ? "true" : "false";
+  if (const auto* d = std::get_if<DType>(&constant.value)) return std::string(to_string(*d));
+  return std::to_string(std::get<std::int64_t>(constant.value));
+}
+
+[[noreturn]] void bad_spec(std::string_view text, std::string_view why) {
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("cannot parse kernel spec '{}': {}; expected the form "
+                          "'source.cuh:ns::entry<name=value,...>(ns::Params) [options] @target'",
+                          text, why));
+}
+
+std::variant<std::int64_t, bool, DType> parse_value(std::string_view text, std::string_view value) {
+  if (value == "true") return true;
+  if (value == "false") return false;
+  for (DType d : kAllDTypes) {
+    if (value == to_string(d)) return d;
+  }
+  std::int64_t number = 0;
+  auto [ptr, ec] = std::from_chars(value.data(), value.data() + value.size(), number);
+  if (ec != std::errc() || ptr != value.data() + value.size()) {
+    bad_spec(text, fmt::format("value '{}' is not an integer, true, false or a dtype", value));
+  }
+  return number;
+}
+
+}  // namespace
+
+std::string_view to_string(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f16: return "f16";
+    case DType::bf16: return "bf16";
+    case DType::f32: return "f32";
+    case DType::f64: return "f64";
+    case DType::i32: return "i32";
+    case DType::i64: return "i64";
+  }
+  return "?";
+}
+
+std::size_t size_of(DType dtype) noexcept {
+  switch (dtype) {
+    case DType::f16:
+    case DType::bf16: return 2;
+    case DType::f32:
+    case DType::i32: return 4;
+    case DType::f64:
+    case DType::i64: return 8;
+  }
+  return 0;
+}
+
+KernelSpec& KernelSpec::set(std::string name, std::int64_t value) {
+  return set_constant(*this, std::move(name), value);
+}
+KernelSpec& KernelSpec::set(std::string name, bool value) {
+  return set_constant(*this, std::move(name), value);
+}
+KernelSpec& KernelSpec::set(std::string name, DType value) {
+  return set_constant(*this, std::move(name), value);
+}
+
+std::string to_string(const KernelSpec& spec) {
+  std::vector<const Constant*> sorted;
+  sorted.reserve(spec.constants.size());
+  for (const Constant& c : spec.constants) sorted.push_back(&c);
+  std::sort(sorted.begin(), sorted.end(),
+            [](const Constant* a, const Constant* b) { return a->name < b->name; });
+  std::string text = spec.source + ":" + spec.entry + "<";
+  for (std::size_t i = 0; i < sorted.size(); ++i) {
+    if (i) text += ',';
+    text += sorted[i]->name + "=" + value_text(*sorted[i]);
+  }
+  text += ">(" + spec.params + ")";
+  if (!spec.options.empty()) {
+    text += " [";
+    for (std::size_t i = 0; i < spec.options.size(); ++i) {
+      if (i) text += ' ';
+      text += spec.options[i];
+    }
+    text += "]";
+  }
+  if (!spec.target.empty()) text += " @" + spec.target;
+  return text;
+}
+
+KernelSpec parse_spec(std::string_view text) {
+  KernelSpec spec;
+  std::string_view rest = text;
+  while (!rest.empty() && rest.back() == ' ') rest.remove_suffix(1);
+  if (const std::size_t at = rest.rfind(" @"); at != std::string_view::npos) {
+    spec.target = std::string(rest.substr(at + 2));
+    rest = rest.substr(0, at);
+  }
+  if (!rest.empty() && rest.back() == ']') {
+    const std::size_t open = rest.rfind(" [");
+    if (open == std::string_view::npos) bad_spec(text, "']' without ' ['");
+    std::string_view options = rest.substr(open + 2, rest.size() - open - 3);
+    rest = rest.substr(0, open);
+    while (!options.empty()) {
+      const std::size_t space = std::min(options.find(' '), options.size());
+      if (space > 0) spec.options.emplace_back(options.substr(0, space));
+      options.remove_prefix(std::min(space + 1, options.size()));
+    }
+  }
+  const std::size_t colon = rest.find(':');
+  const std::size_t open = rest.find('<');
+  const std::size_t close = rest.rfind(">(");
+  if (colon == std::string_view::npos || open == std::string_view::npos ||
+      close == std::string_view::npos || open < colon || close < open || rest.back() != ')') {
+    bad_spec(text, "missing ':', '<', '>(' or the closing ')'");
+  }
+  spec.source = std::string(rest.substr(0, colon));
+  spec.entry = std::string(rest.substr(colon + 1, open - colon - 1));
+  spec.params = std::string(rest.substr(close + 2, rest.size() - close - 3));
+  std::string_view constants = rest.substr(open + 1, close - open - 1);
+  while (!constants.empty()) {
+    const std::size_t comma = std::min(constants.find(','), constants.size());
+    const std::string_view item = constants.substr(0, comma);
+    const std::size_t eq = item.find('=');
+    if (eq == std::string_view::npos || eq == 0) {
+      bad_spec(text, fmt::format("constant '{}' is not name=value", item));
+    }
+    const std::string name(item.substr(0, eq));
+    if (std::any_of(spec.constants.begin(), spec.constants.end(),
+                    [&](const Constant& c) { return c.name == name; })) {
+      bad_spec(text, fmt::format("constant '{}' appears twice", name));
+    }
+    spec.constants.push_back({name, parse_value(text, item.substr(eq + 1))});
+    constants.remove_prefix(std::min(comma + 1, constants.size()));
+  }
+  return spec;
+}
+
+}  // namespace kiln

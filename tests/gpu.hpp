@@ -1,0 +1,63 @@
+// Device memory for the [gpu] tests, through the CUDA runtime, every call checked.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstddef>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace kiln::test {
+
+inline void cuda_check(cudaError_t status, const char* call) {
+  if (status != cudaSuccess) {
+    throw std::runtime_error(std::string(call) + " failed: " + cudaGetErrorName(status) + ": " +
+                             cudaGetErrorString(status));
+  }
+}
+#define KILN_CUDA_CHECK(call) ::kiln::test::cuda_check((call), #call)
+
+// Synchronises and checks both the launch error and any asynchronous fault.
+inline void sync_and_check() {
+  KILN_CUDA_CHECK(cudaGetLastError());
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+class DeviceBuffer {
+ public:
+  explicit DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+    if (bytes_) KILN_CUDA_CHECK(cudaMalloc(&data_, bytes_));
+  }
+  ~DeviceBuffer() {
+    if (data_) cudaFree(data_);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* get() const { return data_; }
+  std::size_t bytes() const { return bytes_; }
+
+  template <class T>
+  void upload(const std::vector<T>& host) {
+    if (host.size() * sizeof(T) != bytes_) throw std::runtime_error("upload size mismatch");
+    if (bytes_) KILN_CUDA_CHECK(cudaMemcpy(data_, host.data(), bytes_, cudaMemcpyHostToDevice));
+  }
+  template <class T>
+  std::vector<T> download() const {
+    std::vector<T> host(bytes_ / sizeof(T));
+    if (bytes_) KILN_CUDA_CHECK(cudaMemcpy(host.data(), data_, bytes_, cudaMemcpyDeviceToHost));
+    return host;
+  }
+  // Fills with a byte pattern no kernel writes by accident (0xFF: NaN in every float format).
+  void poison() {
+    if (bytes_) KILN_CUDA_CHECK(cudaMemset(data_, 0xFF, bytes_));
+  }
+
+ private:
+  void* data_ = nullptr;
+  std::size_t bytes_;
+};
+
+}  // namespace kiln::test

@@ -1,0 +1,178 @@
+// The cache key: stable for equal inputs, different when anything that decides the binary does.
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "jit/sources.hpp"
+#include "jit/unit.hpp"
+#include "kiln/error.hpp"
+#include "support.hpp"
+
+namespace {
+
+using kiln::detail::CompileRequest;
+using kiln::detail::CompileResult;
+
+// A compiler that compiles nothing: the key needs only its identity and options.
+class FakeCompiler : public kiln::detail::Compiler {
+ public:
+  explicit FakeCompiler(std::string identity = "fake 1.0") : identity_(std::move(identity)) {}
+  std::string_view vendor() const override { return "cuda"; }
+  std::string identity() const override { return identity_; }
+  std::vector<std::string> canonical_options(std::string_view target) const override {
+    return {"--arch=" + std::string(target)};
+  }
+  bool accepts(std::string_view target) const override { return target.starts_with("sm_"); }
+  CompileResult compile(const CompileRequest&) const override { return {}; }
+
+ private:
+  std::string identity_;
+};
+
+kiln::KernelSpec sample() {
+  kiln::KernelSpec spec{.source = "elementwise/unary.cuh",
+                        .entry = "kiln::unary",
+                        .params = "kiln::UnaryParams",
+                        .target = "sm_90a"};
+  spec.set("block_size", 256).set("items_per_thread", 4).set("op", 4);
+  spec.set("dtype", kiln::DType::f32);
+  return spec;
+}
+
+std::filesystem::path source_tree() { return std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src"; }
+
+std::string key_of(const kiln::KernelSpec& spec, const std::filesystem::path& tree = source_tree(),
+                   const FakeCompiler& compiler = FakeCompiler()) {
+  const auto sources = kiln::detail::SourceTree::locate(tree);
+  return kiln::detail::make_unit(spec, sources, compiler).key.hex();
+}
+
+}  // namespace
+
+TEST_CASE("equal inputs give equal keys of 32 hex digits", "[jit][key]") {
+  const std::string key = key_of(sample());
+  CHECK(key.size() == 32);
+  CHECK(key.find_first_not_of("0123456789abcdef") == std::string::npos);
+  CHECK(key_of(sample()) == key);
+}
+
+TEST_CASE("each field of the spec changes the key", "[jit][key]") {
+  const std::string base = key_of(sample());
+  auto changed = [&](auto&& edit) {
+    kiln::KernelSpec spec = sample();
+    edit(spec);
+    return key_of(spec);
+  };
+  CHECK(changed([](auto& s) { s.set("block_size", 512); }) != base);
+  CHECK(changed([](auto& s) { s.set("op", 5); }) != base);
+  CHECK(changed([](auto& s) { s.set("dtype", kiln::DType::f64); }) != base);
+  CHECK(changed([](auto& s) { s.set("extra", true); }) != base);
+  CHECK(changed([](auto& s) { s.options.push_back("-DX=1"); }) != base);
+  CHECK(changed([](auto& s) { s.target = "sm_80"; }) != base);
+}
+
+TEST_CASE("the compiler's identity changes the key", "[jit][key]") {
+  CHECK(key_of(sample(), source_tree(), FakeCompiler("fake 1.0")) !=
+        key_of(sample(), source_tree(), FakeCompiler("fake 1.1")));
+}
+
+TEST_CASE("the key depends on file content, not on where the tree is", "[jit][key]") {
+  kiln::test::TempDir a, b;
+  std::filesystem::copy(source_tree(), a.path() / "k", std::filesystem::copy_options::recursive);
+  std::filesystem::copy(source_tree(), b.path() / "other",
+                        std::filesystem::copy_options::recursive);
+  const std::string key = key_of(sample(), a.path() / "k");
+  CHECK(key_of(sample(), b.path() / "other") == key);
+
+  SECTION("an edit to an included header changes it") {
+    const auto prelude = b.path() / "other" / "common" / "prelude.cuh";
+    kiln::test::write_file(prelude, kiln::test::read_file(prelude) + "\n// edited\n");
+    CHECK(key_of(sample(), b.path() / "other") != key);
+  }
+  SECTION("an edit to a file the kernel does not include leaves it") {
+    kiln::test::write_file(b.path() / "other" / "unrelated.cuh", "// not included\n");
+    CHECK(key_of(sample(), b.path() / "other") == key);
+  }
+  SECTION("a tree cannot replace the Params header the library injects") {
+    std::filesystem::create_directories(b.path() / "other" / "kiln" / "params");
+    kiln::test::write_file(b.path() / "other" / "kiln" / "params" / "elementwise.h",
+                           "struct Evil {};\n");
+    CHECK(key_of(sample(), b.path() / "other") == key);
+  }
+}
+
+TEST_CASE("equal inputs give equal keys across processes", "[jit][key]") {
+  const std::string key = key_of(sample());
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    const std::string child = key_of(sample());
+    const ssize_t written = write(fds[1], child.data(), child.size());
+    _exit(written == static_cast<ssize_t>(child.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  char buffer[64] = {};
+  const ssize_t got = read(fds[0], buffer, sizeof buffer);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(std::string(buffer, static_cast<std::size_t>(std::max<ssize_t>(got, 0))) == key);
+}
+
+TEST_CASE("the include closure holds the source, its includes and the Params header",
+          "[jit][key]") {
+  const auto sources = kiln::detail::SourceTree::locate(source_tree());
+  const auto unit = kiln::detail::make_unit(sample(), sources, FakeCompiler());
+  std::vector<std::string> names;
+  for (const auto& header : unit.headers) names.push_back(header.name);
+  CHECK(names == std::vector<std::string>{"kiln/params/elementwise.h", "elementwise/unary.cuh",
+                                          "common/prelude.cuh", "common/vendor.cuh"});
+}
+
+TEST_CASE("bad specs are refused before compiling", "[jit][key]") {
+  const auto category = [](auto&& edit) {
+    kiln::KernelSpec spec = sample();
+    edit(spec);
+    try {
+      key_of(spec);
+    } catch (const kiln::Error& e) {
+      return e.category();
+    }
+    FAIL("no error");
+    return kiln::ErrorCategory::cache;
+  };
+  using kiln::ErrorCategory;
+  CHECK(category([](auto& s) { s.source = "missing/kernel.cuh"; }) == ErrorCategory::not_found);
+  CHECK(category([](auto& s) { s.source = "../etc/passwd"; }) == ErrorCategory::invalid_argument);
+  CHECK(category([](auto& s) { s.entry = "kiln::unary<int>"; }) ==
+        ErrorCategory::invalid_argument);
+  CHECK(category([](auto& s) { s.set("bad-name", 1); }) == ErrorCategory::invalid_argument);
+  CHECK(category([](auto& s) { s.options.push_back("two words"); }) ==
+        ErrorCategory::invalid_argument);
+  CHECK(category([](auto& s) { s.target = "gfx90a"; }) == ErrorCategory::unsupported);
+  CHECK(category([](auto& s) { s.params = "kiln::Nope"; }) == ErrorCategory::invalid_argument);
+}
+
+TEST_CASE("quoted_includes finds quoted includes only", "[jit][key]") {
+  CHECK(kiln::detail::quoted_includes("#include \"a.cuh\"\n  #  include \"b/c.h\"\n"
+                                      "#include <cuda_fp16.h>\n// #include \"d.h\"\n") ==
+        std::vector<std::string>{"a.cuh", "b/c.h"});
+}
+
+TEST_CASE("a kernels dir that does not exist is an error naming it", "[jit][key]") {
+  try {
+    kiln::detail::SourceTree::locate(std::filesystem::path("/nonexistent/kernels"));
+    FAIL("no error");
+  } catch (const kiln::Error& e) {
+    CHECK(e.category() == kiln::ErrorCategory::not_found);
+    CHECK_THAT(e.what(), Catch::Contains("/nonexistent/kernels"));
+  }
+}
