@@ -1,0 +1,265 @@
+// The CUDA driver API, opened with dlopen: devices, module loading and kernel launches.
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <utility>
+
+#include "backend/backend.hpp"
+#include "backend/dynlib.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail {
+
+namespace {
+
+// Declared here rather than taken from cuda.h, so kiln builds without the toolkit. Where the ABI
+// has versions these are the _v2 entry points cuda.h maps the plain names to.
+using CUresult = int;
+using CUdevice = int;
+using CUcontext = struct CUctx_st*;
+using CUmodule = struct CUmod_st*;
+using CUfunction = struct CUfunc_st*;
+using CUstream = struct CUstream_st*;
+
+constexpr CUresult CUDA_SUCCESS = 0;
+constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
+constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
+constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
+constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+
+// Dynamic shared memory a launch may use before the function has to opt in to more.
+constexpr std::uint32_t kDefaultSharedLimit = 48 * 1024;
+
+struct CudaApi {
+  explicit CudaApi(DynLib library) : lib(std::move(library)) {
+    lib.bind(cuInit, "cuInit");
+    lib.bind(cuDriverGetVersion, "cuDriverGetVersion");
+    lib.bind(cuDeviceGetCount, "cuDeviceGetCount");
+    lib.bind(cuDeviceGet, "cuDeviceGet");
+    lib.bind(cuDeviceGetName, "cuDeviceGetName");
+    lib.bind(cuDeviceTotalMem, "cuDeviceTotalMem_v2");
+    lib.bind(cuDeviceGetAttribute, "cuDeviceGetAttribute");
+    lib.bind(cuDevicePrimaryCtxRetain, "cuDevicePrimaryCtxRetain");
+    lib.bind(cuDevicePrimaryCtxRelease, "cuDevicePrimaryCtxRelease_v2");
+    lib.bind(cuCtxGetCurrent, "cuCtxGetCurrent");
+    lib.bind(cuCtxSetCurrent, "cuCtxSetCurrent");
+    lib.bind(cuModuleLoadData, "cuModuleLoadData");
+    lib.bind(cuModuleUnload, "cuModuleUnload");
+    lib.bind(cuModuleGetFunction, "cuModuleGetFunction");
+    lib.bind(cuFuncGetAttribute, "cuFuncGetAttribute");
+    lib.bind(cuFuncSetAttribute, "cuFuncSetAttribute");
+    lib.bind(cuLaunchKernel, "cuLaunchKernel");
+    lib.bind(cuGetErrorName, "cuGetErrorName");
+    lib.bind(cuGetErrorString, "cuGetErrorString");
+  }
+
+  DynLib lib;
+  CUresult (*cuInit)(unsigned flags) = nullptr;
+  CUresult (*cuDriverGetVersion)(int*) = nullptr;
+  CUresult (*cuDeviceGetCount)(int*) = nullptr;
+  CUresult (*cuDeviceGet)(CUdevice*, int) = nullptr;
+  CUresult (*cuDeviceGetName)(char*, int, CUdevice) = nullptr;
+  CUresult (*cuDeviceTotalMem)(std::size_t*, CUdevice) = nullptr;
+  CUresult (*cuDeviceGetAttribute)(int*, int, CUdevice) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRetain)(CUcontext*, CUdevice) = nullptr;
+  CUresult (*cuDevicePrimaryCtxRelease)(CUdevice) = nullptr;
+  CUresult (*cuCtxGetCurrent)(CUcontext*) = nullptr;
+  CUresult (*cuCtxSetCurrent)(CUcontext) = nullptr;
+  CUresult (*cuModuleLoadData)(CUmodule*, const void*) = nullptr;
+  CUresult (*cuModuleUnload)(CUmodule) = nullptr;
+  CUresult (*cuModuleGetFunction)(CUfunction*, CUmodule, const char*) = nullptr;
+  CUresult (*cuFuncGetAttribute)(int*, int, CUfunction) = nullptr;
+  CUresult (*cuFuncSetAttribute)(CUfunction, int, int) = nullptr;
+  CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
+                             unsigned shared_bytes, CUstream, void** params,
+                             void** extra) = nullptr;
+  CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
+  CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
+
+  // Throws kiln::Error (driver) naming `call`, the error and, when given, what it was doing.
+  void check(CUresult result, std::string_view call, std::string_view doing = {}) const {
+    if (result == CUDA_SUCCESS) return;
+    const char* name = "unknown CUresult";
+    const char* text = "";
+    cuGetErrorName(result, &name);
+    cuGetErrorString(result, &text);
+    std::string message = std::string(call) + " failed with " + name + " (" + text + ")";
+    if (!doing.empty()) message += " " + std::string(doing);
+    throw Error(ErrorCategory::driver, message);
+  }
+
+  int attribute(int which, CUdevice device) const {
+    int value = 0;
+    check(cuDeviceGetAttribute(&value, which, device), "cuDeviceGetAttribute");
+    return value;
+  }
+};
+
+class CudaFunction final : public Function {
+ public:
+  // Holds the device's primary context for as long as the function lives.
+  CudaFunction(std::shared_ptr<const CudaApi> api, CUdevice device)
+      : api_(std::move(api)),
+        device_(device),
+        shared_optin_(
+            api_->attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)) {
+    api_->check(api_->cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
+  }
+
+  // NOTE: errors are ignored here: at process exit the driver may already have shut down. The
+  // module is unloaded in its own context, and the thread's context is put back afterwards.
+  ~CudaFunction() override {
+    CUcontext previous = nullptr;
+    if (module_ != nullptr && api_->cuCtxGetCurrent(&previous) == CUDA_SUCCESS &&
+        api_->cuCtxSetCurrent(context_) == CUDA_SUCCESS) {
+      api_->cuModuleUnload(module_);
+      api_->cuCtxSetCurrent(previous);
+    }
+    api_->cuDevicePrimaryCtxRelease(device_);
+  }
+
+  CudaFunction(const CudaFunction&) = delete;
+  CudaFunction& operator=(const CudaFunction&) = delete;
+
+  void load(std::span<const std::byte> binary, const std::string& lowered_name) {
+    const std::string doing = "loading " + lowered_name + " on CUDA device " +
+                              std::to_string(device_) + " (a bad binary or a wrong target)";
+    api_->check(api_->cuCtxSetCurrent(context_), "cuCtxSetCurrent", doing);
+    api_->check(api_->cuModuleLoadData(&module_, binary.data()), "cuModuleLoadData", doing);
+    api_->check(api_->cuModuleGetFunction(&function_, module_, lowered_name.c_str()),
+                "cuModuleGetFunction", doing);
+  }
+
+  void launch(const LaunchConfig& config, const void* params) override {
+    CUcontext current = nullptr;
+    api_->check(api_->cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    if (current != context_) api_->check(api_->cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    if (config.shared_bytes > shared_limit_.load(std::memory_order_acquire)) {
+      raise_shared_limit(config.shared_bytes);
+    }
+    std::array<void*, 1> args = {const_cast<void*>(params)};
+    api_->check(
+        api_->cuLaunchKernel(function_, config.grid.x, config.grid.y, config.grid.z, config.block.x,
+                             config.block.y, config.block.z, config.shared_bytes,
+                             static_cast<CUstream>(config.stream), args.data(), nullptr),
+        "cuLaunchKernel");
+  }
+
+ private:
+  // NOTE: the lock is taken only on the rare launch that needs more than any before it; it keeps
+  // two raises from landing out of order, so the attribute never drops below shared_limit_.
+  void raise_shared_limit(std::uint32_t bytes) {
+    const std::lock_guard lock(raise_mutex_);
+    if (bytes <= shared_limit_.load(std::memory_order_relaxed)) return;
+    int static_bytes = 0;
+    api_->check(
+        api_->cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function_),
+        "cuFuncGetAttribute");
+    if (static_cast<std::int64_t>(bytes) + static_bytes > shared_optin_) {
+      throw Error(ErrorCategory::invalid_argument,
+                  "launch asks for " + std::to_string(bytes) + " bytes of dynamic shared memory" +
+                      " on top of " + std::to_string(static_bytes) + " static, above the " +
+                      std::to_string(shared_optin_) + " bytes per block CUDA device " +
+                      std::to_string(device_) + " allows: choose a smaller tile");
+    }
+    api_->check(api_->cuFuncSetAttribute(function_, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                         static_cast<int>(bytes)),
+                "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    shared_limit_.store(bytes, std::memory_order_release);
+  }
+
+  std::shared_ptr<const CudaApi> api_;
+  CUdevice device_;
+  int shared_optin_;
+  CUcontext context_ = nullptr;
+  CUmodule module_ = nullptr;
+  CUfunction function_ = nullptr;
+  std::atomic<std::uint32_t> shared_limit_{kDefaultSharedLimit};
+  std::mutex raise_mutex_;
+};
+
+class CudaDriver final : public Driver {
+ public:
+  explicit CudaDriver(std::shared_ptr<const CudaApi> api) : api_(std::move(api)) {
+    const CUresult init = api_->cuInit(0);
+    if (init == CUDA_ERROR_NO_DEVICE) return;
+    if (init == CUDA_ERROR_STUB_LIBRARY) {
+      throw Error(ErrorCategory::not_found,
+                  api_->lib.file().string() + " is the CUDA toolkit's stub, not the driver: " +
+                      "install the NVIDIA driver or take the stubs directory off the library path");
+    }
+    api_->check(init, "cuInit");
+    api_->check(api_->cuDeviceGetCount(&count_), "cuDeviceGetCount");
+  }
+
+  std::string_view vendor() const override { return "cuda"; }
+
+  std::string version() const override {
+    int encoded = 0;  // 1000 * major + 10 * minor
+    api_->check(api_->cuDriverGetVersion(&encoded), "cuDriverGetVersion");
+    return "cuda driver " + std::to_string(encoded / 1000) + "." +
+           std::to_string(encoded % 1000 / 10);
+  }
+
+  int device_count() const override { return count_; }
+
+  DeviceInfo device(int ordinal) const override {
+    const CUdevice device = get(ordinal);
+    DeviceInfo info;
+    info.ordinal = ordinal;
+    std::array<char, 256> name{};
+    api_->check(api_->cuDeviceGetName(name.data(), static_cast<int>(name.size()), device),
+                "cuDeviceGetName");
+    info.name = name.data();
+    std::size_t memory = 0;
+    api_->check(api_->cuDeviceTotalMem(&memory, device), "cuDeviceTotalMem_v2");
+    info.memory_bytes = memory;
+    info.multiprocessors = api_->attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+    const int major = api_->attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
+    const int minor = api_->attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
+    // Arch-specific features (wgmma, setmaxnreg) need the "a" target from Hopper on.
+    info.target = "sm_" + std::to_string(major) + std::to_string(minor) + (major >= 9 ? "a" : "");
+    return info;
+  }
+
+  std::unique_ptr<Function> load(int ordinal, std::span<const std::byte> binary,
+                                 const std::string& lowered_name) override {
+    auto function = std::make_unique<CudaFunction>(api_, get(ordinal));
+    function->load(binary, lowered_name);
+    return function;
+  }
+
+ private:
+  CUdevice get(int ordinal) const {
+    if (ordinal < 0 || ordinal >= count_) {
+      throw Error(ErrorCategory::not_found,
+                  "CUDA device " + std::to_string(ordinal) + " not found (" +
+                      std::to_string(count_) + " visible): choose an ordinal below " +
+                      std::to_string(count_) + " or check CUDA_VISIBLE_DEVICES");
+    }
+    CUdevice device = 0;
+    api_->check(api_->cuDeviceGet(&device, ordinal), "cuDeviceGet");
+    return device;
+  }
+
+  std::shared_ptr<const CudaApi> api_;
+  int count_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Driver> open_cuda_driver() {
+  const std::array<std::string, 1> candidates = {"libcuda.so.1"};
+  auto api = std::make_shared<const CudaApi>(
+      DynLib::open("the CUDA driver (libcuda.so.1)", candidates,
+                   "install the NVIDIA driver; libcuda comes with it, not with the toolkit"));
+  return std::make_unique<CudaDriver>(std::move(api));
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,117 @@
+// The CUDA compiler: NVRTC, opened with dlopen, building cubins for one sm_ target at a time.
+#include <algorithm>
+#include <array>
+#include <charconv>
+#include <filesystem>
+#include <optional>
+#include <utility>
+
+#include "backend/backend.hpp"
+#include "backend/dynlib.hpp"
+#include "backend/resource_usage.hpp"
+#include "backend/rtc.hpp"
+
+namespace kiln::detail {
+
+namespace {
+
+// 90 for "sm_90" and "sm_90a"; nullopt for anything else, "a" before Hopper (sm_90) included.
+std::optional<int> sm_arch(std::string_view target) {
+  constexpr std::string_view prefix = "sm_";
+  if (!target.starts_with(prefix)) return std::nullopt;
+  target.remove_prefix(prefix.size());
+  const bool arch_specific = target.ends_with('a');
+  if (arch_specific) target.remove_suffix(1);
+  int arch = 0;
+  const auto [end, error] = std::from_chars(target.data(), target.data() + target.size(), arch);
+  if (target.empty() || error != std::errc() || end != target.data() + target.size()) {
+    return std::nullopt;
+  }
+  if (arch_specific && arch < 90) return std::nullopt;
+  return arch;
+}
+
+// Where cuda_fp16.h and friends live, so kernels can include them; empty when nowhere.
+std::filesystem::path find_toolkit_include(const std::filesystem::path& nvrtc_file) {
+  const std::array<std::filesystem::path, 4> dirs = {
+      env_path("CUDA_HOME", "include"),
+      env_path("CUDA_PATH", "include"),
+      nvrtc_file.empty() ? std::filesystem::path() : nvrtc_file.parent_path() / "../include",
+      "/usr/local/cuda/include",
+  };
+  for (const std::filesystem::path& dir : dirs) {
+    std::error_code ec;
+    if (!dir.empty() && std::filesystem::exists(dir / "cuda_fp16.h", ec)) {
+      return dir.lexically_normal();
+    }
+  }
+  return {};
+}
+
+class Nvrtc final : public Compiler {
+ public:
+  explicit Nvrtc(DynLib lib)
+      : lib_(std::move(lib)),
+        api_(RtcApi::load(lib_, "nvrtc", "GetCUBIN", "GetPTX")),
+        identity_(rtc_identity(api_)),
+        archs_(supported_archs()),
+        include_dir_(find_toolkit_include(lib_.file())) {}
+
+  std::string_view vendor() const override { return "cuda"; }
+  std::string identity() const override { return identity_; }
+
+  std::vector<std::string> canonical_options(std::string_view target) const override {
+    return {"--gpu-architecture=" + std::string(target), "-std=c++17"};
+  }
+
+  bool accepts(std::string_view target) const override {
+    const std::optional<int> arch = sm_arch(target);
+    return arch && std::find(archs_.begin(), archs_.end(), *arch) != archs_.end();
+  }
+
+  CompileResult compile(const CompileRequest& request) const override {
+    std::vector<std::string> options = request.options;
+    // NOTE: when no toolkit headers are found the compile still runs: kernels that include
+    // none succeed, and the others fail with a log naming the missing header.
+    if (!include_dir_.empty()) options.push_back("-I" + include_dir_.string());
+    options.push_back("-Xptxas=-v");
+    CompileResult result = compile_with(api_, request, options);
+    if (result.ok) result.usage = parse_ptxas_usage(result.log, result.lowered_name);
+    return result;
+  }
+
+ private:
+  std::vector<int> supported_archs() const {
+    using Query = int (*)(int*);
+    const auto count_archs = lib_.symbol<Query>("nvrtcGetNumSupportedArchs");
+    const auto list_archs = lib_.symbol<Query>("nvrtcGetSupportedArchs");
+    int count = 0;
+    std::vector<int> archs;
+    if (count_archs(&count) == 0 && count > 0) {
+      archs.resize(static_cast<std::size_t>(count));
+      if (list_archs(archs.data()) != 0) archs.clear();
+    }
+    return archs;
+  }
+
+  DynLib lib_;
+  RtcApi api_;
+  std::string identity_;
+  std::vector<int> archs_;
+  std::filesystem::path include_dir_;
+};
+
+}  // namespace
+
+std::unique_ptr<Compiler> open_nvrtc() {
+  constexpr std::array<std::string_view, 3> names = {"libnvrtc.so.13", "libnvrtc.so.12",
+                                                     "libnvrtc.so"};
+  const std::array<std::filesystem::path, 2> user_dirs = {env_path("CUDA_HOME", "lib64"),
+                                                          env_path("CUDA_PATH", "lib64")};
+  const std::array<std::filesystem::path, 1> default_dirs = {"/usr/local/cuda/lib64"};
+  return std::make_unique<Nvrtc>(DynLib::open(
+      "NVRTC", library_candidates(names, user_dirs, default_dirs),
+      "install the CUDA toolkit's NVRTC (libnvrtc) or set CUDA_HOME to the toolkit's directory"));
+}
+
+}  // namespace kiln::detail
