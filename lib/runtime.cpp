@@ -470,6 +470,10 @@ std::string Runtime::generated_source(const KernelSpec& spec) {
 
 std::string Runtime::target() const { return impl_->default_target(); }
 
+int Runtime::device() const { return impl_->config.device; }
+
+const std::string& Runtime::backend() const { return impl_->backend; }
+
 RuntimeInfo Runtime::info() const {
   RuntimeInfo info;
   info.backend = impl_->backend;

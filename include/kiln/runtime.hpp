@@ -179,6 +179,8 @@ class Runtime {
   RuntimeInfo info() const;
   Stats stats() const;
   std::string target() const;  // default target; throws when none can be chosen
+  int device() const;          // the device ordinal kernels load on (Options::device)
+  const std::string& backend() const;  // "cuda" or "hip": the one that loads and launches
 
  private:
   struct Impl;

@@ -1,5 +1,5 @@
 // CUDA PTX wrappers for tensor-core kernels (sm_80+): cp.async, ldmatrix, mma.sync m16n8k16,
-// fragment packing, quad reductions and the fast exp2/tanh of the softmax.
+// fragment packing, quad reductions and warp votes, and the fast exp2/tanh of the softmax.
 //
 // NOTE: this is the only header with inline PTX. HIP (gfx90a) needs its own path here later:
 // the same function names over MFMA and plain LDS loads, chosen through vendor.cuh's KILN_HIP,
@@ -114,6 +114,10 @@ __device__ __forceinline__ float quad_max(float x) {
 __device__ __forceinline__ float quad_sum(float x) {
   x += __shfl_xor_sync(0xffffffffu, x, 1);
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+__device__ __forceinline__ bool warp_any(bool predicate) {
+  return __any_sync(0xffffffffu, predicate) != 0;
 }
 
 }  // namespace kiln::mma

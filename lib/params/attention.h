@@ -2,6 +2,16 @@
 // compile as "kiln/params/attention.h", so host and kernel always agree on the layout.
 #pragma once
 
+// Functions in params headers are compiled by the host compiler and by NVRTC/hipRTC, whose JIT
+// mode refuses functions not marked for the device.
+#ifndef KILN_PARAMS_FN
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
+#define KILN_PARAMS_FN __host__ __device__
+#else
+#define KILN_PARAMS_FN
+#endif
+#endif
+
 namespace kiln {
 
 // The forward kernel's only argument. Layouts follow FlashAttention: q (batch, seqlen_q, heads,
@@ -73,9 +83,11 @@ struct AttentionParams {
 //   qk_pitch = round_up(head_dim, 16) + 8, v_pitch = round_up(head_dim_v, 16) + 8
 //   bytes = 2 * max(block_m * qk_pitch + stages * block_n * (qk_pitch + v_pitch),
 //                   block_m * v_pitch)          (the second term: the output staging tile)
-constexpr long long attention_forward_smem_bytes(long long head_dim, long long head_dim_v,
-                                                 long long block_m, long long block_n,
-                                                 long long stages) {
+KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(long long head_dim,
+                                                                long long head_dim_v,
+                                                                long long block_m,
+                                                                long long block_n,
+                                                                long long stages) {
   const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
   const long long tiles = block_m * qk_pitch + stages * block_n * (qk_pitch + v_pitch);

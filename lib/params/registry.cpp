@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
+#include "params/attention.h"
 #include "params/elementwise.h"
 
 namespace kiln::detail {
@@ -13,6 +14,7 @@ namespace {
 
 constexpr ParamsLayout kLayouts[] = {
     {"kiln::UnaryParams", "kiln/params/elementwise.h", sizeof(UnaryParams)},
+    {"kiln::AttentionParams", "kiln/params/attention.h", sizeof(AttentionParams)},
 };
 
 }  // namespace

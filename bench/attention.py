@@ -1,0 +1,395 @@
+"""Forward attention benchmark: kiln (C API through ctypes) next to PyTorch SDPA's flash, cuDNN
+and mem-efficient backends, in one process on one GPU (issue 3, "Performance").
+
+    KILN_LIB=build KILN_CACHE_DIR=$(mktemp -d) python3 bench/attention.py [--quick] [--warm]
+
+Rows: bf16 and fp16, head dims 64/128/256, seqlen 1k/4k/16k at 16k tokens (batch 16384 // seqlen)
+and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/peers.py. TFLOP/s
+count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
+convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could
+not run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
+"""
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import kiln_ctypes  # noqa: E402  (lives beside this file)
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+SDPA_BACKENDS = {
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+}
+BACKENDS = ["kiln"] + list(SDPA_BACKENDS)
+# Where the correctness check takes its expected output from, best first.
+REFERENCE_ORDER = ["flash", "cudnn", "efficient"]
+TOKENS, MODEL_DIM = 16384, 2048
+# A first call slower than this after --warm means the warm-up did not cover the row's kernel.
+COMPILED_MS = 250.0
+
+
+def all_rows():
+    return [(dt, d, s, c) for dt in DTYPES for d in (64, 128, 256) for s in (1024, 4096, 16384)
+            for c in (False, True)]
+
+
+# --quick: a smoke test that still touches both dtypes, three head dims and both masks.
+QUICK_ROWS = [("bf16", 64, 1024, False), ("bf16", 128, 4096, True),
+              ("fp16", 128, 1024, False), ("fp16", 256, 4096, True)]
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--quick", action="store_true", help="4 rows only, for smoke tests")
+    p.add_argument("--reps", type=int, default=30, help="timed calls per backend and row")
+    p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB)")
+    p.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
+                   help="memory layout of the inputs that kiln and SDPA share (default bshd)")
+    p.add_argument("--tol", type=float, default=2e-2, help="max abs diff kiln vs SDPA")
+    p.add_argument("--warm", action="store_true",
+                   help="run kiln_warmup_default after the cold measurement and flag rows "
+                        "whose kernel it did not cover")
+    return p.parse_args()
+
+
+# ------------------------------------------------------------------------------------- timing
+def wall_ms(fn):
+    """Host wall time of one call until the GPU is done: for calls that may compile."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def warm_until_fast(fn, min_calls=3, max_calls=50):
+    """Calls fn until a call is about as fast as the best before it; returns the first's time.
+
+    kiln compiles (or loads from its cache) on the first call and cuDNN builds a plan, so a
+    fixed count of warm-up calls could leave a slow call inside the timed ones.
+    """
+    times = [wall_ms(fn)]
+    while len(times) < max_calls:
+        times.append(wall_ms(fn))
+        if len(times) >= min_calls and times[-1] <= 1.25 * min(times[:-1]):
+            break
+    return times[0]
+
+
+def time_interleaved(calls, reps, errors):
+    """Median ms of each call, CUDA events around every call, the backends taking turns.
+
+    Taking turns call by call exposes all of them alike to clock and thermal drift. The
+    events are recorded back to back with one sync at the end, so the GPU queue stays full
+    and host overhead (ctypes, SDPA dispatch) is not counted unless it exceeds the kernel.
+    A backend that raises is dropped from the row, its message kept in errors.
+    """
+    calls = dict(calls)
+    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)] for n in calls}
+    for _ in range(2):  # untimed: the queue has work before the first timed event
+        run_each(calls, errors)
+    for i in range(reps):
+        for name in list(calls):
+            start, end = events[name][i]
+            start.record()
+            if run_one(calls, name, errors):
+                end.record()
+    torch.cuda.synchronize()
+    return {n: statistics.median(s.elapsed_time(e) for s, e in events[n]) for n in calls}
+
+
+def run_one(calls, name, errors):
+    try:
+        calls[name]()
+        return True
+    except Exception as ex:  # an unsupported shape, a kiln error: this cell becomes n/a
+        errors[name] = describe(ex)
+        del calls[name]
+        return False
+
+
+def run_each(calls, errors):
+    for name in list(calls):
+        run_one(calls, name, errors)
+
+
+def describe(ex):
+    return f"{type(ex).__name__}: {ex}".strip()
+
+
+# ------------------------------------------------------------------------------------- inputs
+def make_inputs(dtype, d, seqlen, layout):
+    """q, k, v and kiln's out as (batch, seqlen, heads, d) views of `layout` memory.
+
+    kiln takes these views; SDPA takes .transpose(1, 2) views of the same storage, so both
+    read identical bytes in an identical layout and no one pays for a copy.
+    """
+    batch, heads = TOKENS // seqlen, MODEL_DIM // d
+    shape = (batch, seqlen, heads, d) if layout == "bshd" else (batch, heads, seqlen, d)
+
+    def view(t):
+        return t if layout == "bshd" else t.transpose(1, 2)
+    # Fresh random inputs: zeros would make every backend agree whatever it computed.
+    q, k, v = (view(torch.randn(shape, device="cuda", dtype=dtype)) for _ in range(3))
+    out = view(torch.empty(shape, device="cuda", dtype=dtype))
+    return q, k, v, out
+
+
+def row_flops(batch, heads, seqlen, d, causal):
+    return 4 * batch * heads * seqlen * seqlen * d / (2 if causal else 1)
+
+
+def sdpa_call(backend, q, k, v, causal):
+    """SDPA restricted to one backend, on (batch, heads, seqlen, d) views; returns its output."""
+    qt, kt, vt = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+
+    def call():
+        with sdpa_kernel([backend]):
+            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+    return call
+
+
+# ---------------------------------------------------------------------------------------- rows
+def bench_row(kiln, dtype_name, d, seqlen, causal, args):
+    dtype = DTYPES[dtype_name]
+    q, k, v, out = make_inputs(dtype, d, seqlen, args.layout)
+    batch, _, heads, _ = q.shape
+    row = {"dtype": dtype_name, "head_dim": d, "seqlen": seqlen, "batch": batch, "heads": heads,
+           "causal": causal, "flops": row_flops(batch, heads, seqlen, d, causal),
+           "errors": {}, "first_call_ms": {}}
+    calls = {"kiln": kiln.bind_attention(q, k, v, out, causal=causal)}
+    calls.update({n: sdpa_call(b, q, k, v, causal) for n, b in SDPA_BACKENDS.items()})
+    for name in list(calls):
+        try:
+            row["first_call_ms"][name] = warm_until_fast(calls[name])
+        except Exception as ex:
+            row["errors"][name] = describe(ex)
+            del calls[name]
+    ms = time_interleaved(calls, args.reps, row["errors"])
+    row["ms"] = {n: ms.get(n) for n in BACKENDS}
+    row["tflops"] = {n: (row["flops"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
+    row["kiln_over_flash"] = ratio(row["tflops"], "kiln", "flash")
+    row["kiln_over_cudnn"] = ratio(row["tflops"], "kiln", "cudnn")
+    row["check"] = check_row(calls, out, args.tol)
+    return row
+
+
+def ratio(tflops, a, b):
+    return tflops[a] / tflops[b] if tflops.get(a) and tflops.get(b) else None
+
+
+def check_row(calls, out, tol):
+    """kiln's output against the first SDPA backend that ran, once, with out poisoned first.
+
+    NaN in out means kiln left an element unwritten; it fails the check like a wrong value.
+    """
+    ref_name = next((n for n in REFERENCE_ORDER if n in calls), None)
+    if "kiln" not in calls or ref_name is None:
+        return {"ref": ref_name, "max_abs_diff": None, "ok": None}
+    out.fill_(float("nan"))
+    try:
+        calls["kiln"]()
+        expected = calls[ref_name]().transpose(1, 2)
+    except Exception as ex:  # it ran while timed: failing now is as bad as a wrong answer
+        return {"ref": ref_name, "max_abs_diff": None, "ok": False, "error": describe(ex)}
+    diff = (out.float() - expected.float()).abs().max().item()
+    return {"ref": ref_name, "max_abs_diff": diff, "ok": bool(diff < tol)}
+
+
+# ---------------------------------------------------------------------------------- cold call
+def measure_cold(kiln):
+    """First-call times: the runtime's start in this process, then one fresh variant.
+
+    The first variant absorbs the one-time costs (loading NVRTC, reading kernel sources), so
+    the second, a different dtype, head dim and mask, times the compile of one attention
+    variant plus its first run, which is what a user meets for a new shape. Small problems
+    keep the run itself under a millisecond. A failure is kept as a message: the table still
+    runs and shows which rows kiln can do.
+    """
+    def first_call(dtype, d, causal):
+        q, k, v, out = make_inputs(dtype, d, 512, "bshd")
+        try:
+            return wall_ms(lambda: kiln.attention(q, k, v, out, causal=causal)), None
+        except kiln_ctypes.KilnError as ex:
+            return None, describe(ex)
+    process_ms, process_err = first_call(torch.float16, 64, False)
+    cold_ms, cold_err = first_call(torch.bfloat16, 128, True)
+    return {"process_first_call_ms": process_ms, "process_error": process_err,
+            "variant": "bf16 d128 causal", "cold_ms": cold_ms, "cold_error": cold_err,
+            "cache_dir": os.environ.get("KILN_CACHE_DIR")}
+
+
+def print_cold(cold, empty):
+    note = {True: "empty cache", False: "CACHE NOT EMPTY: may be a cache hit",
+            None: "KILN_CACHE_DIR unset: may be a cache hit"}[empty]
+    first = (f"{cold['process_first_call_ms']:.0f} ms" if cold["process_error"] is None
+             else f"FAILED: {cold['process_error']}")
+    print(f"first kiln call in this process (runtime start + compile + run): {first}")
+    result = (f"{cold['cold_ms']:.0f} ms ({note})" if cold["cold_error"] is None
+              else f"FAILED: {cold['cold_error']}")
+    print(f"cold compile+first call of {cold['variant']}: {result}")
+
+
+def cache_was_empty():
+    """True/False when KILN_CACHE_DIR is set (so we can tell), None when it is not."""
+    path = os.environ.get("KILN_CACHE_DIR")
+    if not path:
+        return None
+    return not os.path.isdir(path) or not any(os.scandir(path))
+
+
+# ---------------------------------------------------------------------------------- printing
+def cell(x, fmt):
+    return format(x, fmt) if x is not None else format("n/a", ">" + fmt.split(".")[0])
+
+
+def header_lines(kiln, args):
+    p = torch.cuda.get_device_properties(0)
+    if args.layout == "bshd":
+        layout = ("q/k/v are contiguous (batch, seqlen, heads, d) tensors: kiln reads them "
+                  "as they are, SDPA gets .transpose(1, 2) views of the same storage")
+    else:
+        layout = ("q/k/v are contiguous (batch, heads, seqlen, d) tensors: SDPA reads them "
+                  "as they are, kiln gets .transpose(1, 2) views of the same storage")
+    return [
+        f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
+        f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
+        f"kiln {kiln.path} at commit {git_commit()}, "
+        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"inputs: {layout}; no copies",
+        f"timing: CUDA events around each call, median of {args.reps} calls per backend, "
+        f"backends interleaved call by call, after warm-up until a call is fast",
+        f"TFLOP/s: 4*batch*heads*seqlen^2*d (halved when causal); {TOKENS} tokens, "
+        f"model dim {MODEL_DIM}; check: max |kiln - SDPA| < {args.tol:g} on randn inputs; "
+        f"1st ms: kiln's first call on the row (a compile, a cache load or neither)",
+    ]
+
+
+def git_commit():
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"  # a copy of the tree without .git
+
+
+TABLE_HEAD = (f"{'dtype':5} {'d':>3} {'seqlen':>6} {'causal':>6} | {'kiln':>6} {'flash':>6} "
+              f"{'cudnn':>6} {'effic':>6} | {'k/flash':>7} {'k/cudnn':>7} | {'1st ms':>6} | check")
+
+
+def row_line(row):
+    t = row["tflops"]
+    chk = row["check"]
+    if chk["ok"] is None:
+        verdict = "n/a"
+    elif chk["ok"]:
+        verdict = f"ok {chk['max_abs_diff']:.1e}"
+    elif chk.get("error"):
+        verdict = f"CHECK FAILED: {chk['error'].splitlines()[0]} <<<<<<<<"
+    else:
+        verdict = f"MISMATCH {chk['max_abs_diff']:.1e} vs {chk['ref']} <<<<<<<<"
+    return (f"{row['dtype']:5} {row['head_dim']:>3} {row['seqlen']:>6} {str(row['causal']):>6} | "
+            + " ".join(cell(t[n], "6.0f") for n in BACKENDS) + " | "
+            + f"{cell(row['kiln_over_flash'], '7.2f')} {cell(row['kiln_over_cudnn'], '7.2f')} | "
+            + f"{cell(row['first_call_ms'].get('kiln'), '6.0f')} | {verdict}")
+
+
+def print_new_errors(row, seen):
+    """Each distinct backend failure once: cuDNN may refuse a whole family of shapes."""
+    for name, msg in row["errors"].items():
+        if (name, msg) not in seen:
+            seen.add((name, msg))
+            print(f"    {name} n/a: {msg.splitlines()[0] if msg else msg}", flush=True)
+
+
+def summarize(rows):
+    def span(key):
+        vals = [r[key] for r in rows if r[key] is not None]
+        return {"min": min(vals) if vals else None, "max": max(vals) if vals else None,
+                "rows": len(vals), "rows_ge_1": sum(v >= 1.0 for v in vals)}
+    return {
+        "kiln_over_flash": span("kiln_over_flash"),
+        "kiln_over_cudnn": span("kiln_over_cudnn"),
+        "mismatches": [row_name(r) for r in rows if r["check"]["ok"] is False],
+        "kiln_failed": [row_name(r) for r in rows if r["tflops"]["kiln"] is None],
+    }
+
+
+def row_name(r):
+    return f"{r['dtype']} d{r['head_dim']} s{r['seqlen']}{' causal' if r['causal'] else ''}"
+
+
+def summary_lines(s, total):
+    kf, kc = s["kiln_over_flash"], s["kiln_over_cudnn"]
+    lines = [f"kiln/flash: min {cell(kf['min'], '.2f')} max {cell(kf['max'], '.2f')}, "
+             f"{kf['rows_ge_1']} of {total} rows >= 1.0",
+             f"kiln/cudnn: min {cell(kc['min'], '.2f')} max {cell(kc['max'], '.2f')}, "
+             f"{kc['rows_ge_1']} of {total} rows >= 1.0"]
+    if s["mismatches"]:
+        lines.append(f"!!! OUTPUT MISMATCH on {len(s['mismatches'])} rows: "
+                     + ", ".join(s["mismatches"]))
+    if s["kiln_failed"]:
+        lines.append(f"!!! kiln did not run on {len(s['kiln_failed'])} rows: "
+                     + ", ".join(s["kiln_failed"]))
+    return lines
+
+
+# -------------------------------------------------------------------------------------- main
+def main():
+    args = parse_args()
+    torch.manual_seed(0)
+    kiln = kiln_ctypes.Kiln(args.lib)
+    header = header_lines(kiln, args)
+    for line in header:
+        print(line)
+
+    empty = cache_was_empty()
+    cold = measure_cold(kiln)
+    cold["cache_was_empty"] = empty
+    print_cold(cold, empty)
+    if args.warm:
+        t0 = time.perf_counter()
+        kiln.warmup_default()
+        cold["warmup_default_s"] = time.perf_counter() - t0
+        print(f"kiln_warmup_default: {cold['warmup_default_s']:.1f} s")
+
+    print("\nTFLOP/s" + "\n" + TABLE_HEAD, flush=True)
+    rows, seen = [], set()
+    for dtype_name, d, seqlen, causal in (QUICK_ROWS if args.quick else all_rows()):
+        row = bench_row(kiln, dtype_name, d, seqlen, causal, args)
+        rows.append(row)
+        print(row_line(row), flush=True)
+        print_new_errors(row, seen)
+        if args.warm and row["first_call_ms"].get("kiln", 0) > COMPILED_MS:
+            print(f"    kiln first call {row['first_call_ms']['kiln']:.0f} ms: "
+                  f"kernel not covered by kiln_warmup_default?")
+        torch.cuda.empty_cache()
+
+    summary = summarize(rows)
+    print()
+    for line in summary_lines(summary, len(rows)):
+        print(line)
+    if os.environ.get("OUT"):
+        path = os.path.join(os.environ["OUT"], "attention.json")
+        with open(path, "w") as f:
+            json.dump({"header": header, "args": vars(args), "cold": cold,
+                       "rows": rows, "summary": summary}, f, indent=1)
+        print(f"results: {path}")
+    return 1 if summary["mismatches"] or summary["kiln_failed"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

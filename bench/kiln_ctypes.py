@@ -1,0 +1,247 @@
+"""A small ctypes binding to kiln's C API (include/kiln/kiln.h), for use next to torch.
+
+    from kiln_ctypes import Kiln
+    kiln = Kiln()                      # libkiln.so from $KILN_LIB, else ./build
+    kiln.attention(q, k, v, out, causal=True)
+
+Tensors go in as DLPack 0.6 DLTensors that point at the torch tensors' own memory: no copy is
+made, so any strided view (a transpose, a slice of packed QKV) reaches kiln as it is. torch is
+imported only when a torch tensor is converted, so the struct layout can be tested without it.
+"""
+import ctypes
+import glob
+import os
+
+# DLPack 0.6 (/usr/include/dlpack/dlpack.h): enum values.
+KDL_CPU, KDL_CUDA, KDL_ROCM = 1, 2, 10
+KDL_INT, KDL_FLOAT, KDL_BFLOAT = 0, 2, 4
+
+# kiln_status (kiln.h), for messages and for callers that test a specific failure.
+STATUS_NAMES = {
+    0: "KILN_OK", 1: "KILN_ERROR_INVALID_ARGUMENT", 2: "KILN_ERROR_UNSUPPORTED",
+    3: "KILN_ERROR_COMPILE", 4: "KILN_ERROR_DRIVER", 5: "KILN_ERROR_CACHE",
+    6: "KILN_ERROR_NOT_FOUND", 7: "KILN_ERROR_INTERNAL",
+}
+KILN_OK, KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED = 0, 1, 2
+
+
+class DLDevice(ctypes.Structure):
+    # device_type is a C enum: int-sized on every ABI kiln targets.
+    _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
+
+
+class DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class DLTensor(ctypes.Structure):
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("device", DLDevice),
+        ("ndim", ctypes.c_int),
+        ("dtype", DLDataType),
+        ("shape", ctypes.POINTER(ctypes.c_int64)),
+        ("strides", ctypes.POINTER(ctypes.c_int64)),
+        ("byte_offset", ctypes.c_uint64),
+    ]
+
+
+class AttentionOptions(ctypes.Structure):
+    """kiln_attention_options, field for field; fill it with kiln_attention_options_init."""
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int),
+        ("window_left", ctypes.c_int),
+        ("window_right", ctypes.c_int),
+        ("top_left", ctypes.c_int),
+        ("softcap", ctypes.c_float),
+        ("alibi_slopes", ctypes.POINTER(DLTensor)),
+        ("bias", ctypes.POINTER(DLTensor)),
+        ("cu_seqlens_q", ctypes.POINTER(DLTensor)),
+        ("cu_seqlens_k", ctypes.POINTER(DLTensor)),
+        ("seqused_k", ctypes.POINTER(DLTensor)),
+        ("max_seqlen_q", ctypes.c_int),
+        ("max_seqlen_k", ctypes.c_int),
+    ]
+
+
+# Options that take a tensor, and those that take a number (kiln.h documents each).
+TENSOR_OPTIONS = ("alibi_slopes", "bias", "cu_seqlens_q", "cu_seqlens_k", "seqused_k")
+SCALAR_OPTIONS = ("softmax_scale", "causal", "window_left", "window_right", "top_left",
+                  "softcap", "max_seqlen_q", "max_seqlen_k")
+
+
+class KilnError(RuntimeError):
+    """A nonzero kiln_status; .status is the code, the message is kiln_last_error()."""
+
+    def __init__(self, status, message):
+        self.status = status
+        super().__init__(f"{STATUS_NAMES.get(status, status)}: {message}")
+
+
+class Tensor:
+    """A DLTensor plus everything it points to, kept alive together.
+
+    ctypes does not own what a POINTER field refers to: without this holder the shape and
+    strides arrays (and the tensor whose memory `data` is) could be freed while kiln reads them.
+    """
+
+    def __init__(self, data_ptr, shape, strides, dtype, device, owner=None):
+        ndim = len(shape)
+        self.shape = (ctypes.c_int64 * ndim)(*shape)
+        self.strides = (ctypes.c_int64 * ndim)(*strides) if strides is not None else None
+        self.owner = owner
+        self.dl = DLTensor()
+        self.dl.data = data_ptr
+        self.dl.device = DLDevice(*device)
+        self.dl.ndim = ndim
+        self.dl.dtype = DLDataType(dtype[0], dtype[1], 1)
+        self.dl.shape = self.shape
+        # A NULL strides pointer means compact row-major in DLPack.
+        self.dl.strides = self.strides
+        self.dl.byte_offset = 0  # data_ptr already includes any view offset
+
+    @property
+    def ref(self):
+        return ctypes.byref(self.dl)
+
+
+def torch_dtype_code(dtype):
+    """(DLDataTypeCode, bits) of a torch dtype; kiln takes fp16/bf16 data, fp32 LSE/ALiBi, int32."""
+    import torch
+    table = {
+        torch.float16: (KDL_FLOAT, 16),
+        torch.bfloat16: (KDL_BFLOAT, 16),
+        torch.float32: (KDL_FLOAT, 32),
+        torch.int32: (KDL_INT, 32),
+    }
+    if dtype not in table:
+        raise TypeError(f"kiln_ctypes: no DLPack mapping for {dtype}")
+    return table[dtype]
+
+
+def torch_device(device):
+    """(DLDeviceType, device_id) of a torch device; ROCm builds of torch also call it 'cuda'."""
+    import torch
+    if device.type == "cuda":
+        kind = KDL_ROCM if getattr(torch.version, "hip", None) else KDL_CUDA
+        return kind, device.index if device.index is not None else torch.cuda.current_device()
+    if device.type == "cpu":
+        return KDL_CPU, 0
+    raise TypeError(f"kiln_ctypes: no DLPack device for {device}")
+
+
+def from_torch(t):
+    """A Tensor viewing torch tensor t's memory: its data pointer, shape and element strides."""
+    return Tensor(t.data_ptr(), tuple(t.shape), tuple(t.stride()), torch_dtype_code(t.dtype),
+                  torch_device(t.device), owner=t)
+
+
+def as_tensor(x):
+    """Accepts a Tensor as it is (tests build them by hand) or converts a torch tensor."""
+    return x if isinstance(x, Tensor) else from_torch(x)
+
+
+def find_library(where=None):
+    """Path of libkiln.so from `where` or $KILN_LIB: the .so itself or a build/install dir."""
+    where = where or os.environ.get("KILN_LIB") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "..", "build")
+    if os.path.isfile(where):
+        return where
+    # The build tree mirrors the install tree, so the library sits in <dir>/lib (or a
+    # multiarch subdir of it); a dir holding the .so directly works too.
+    for pattern in ("libkiln.so", "lib/libkiln.so", "lib64/libkiln.so", "lib/*/libkiln.so"):
+        hits = sorted(glob.glob(os.path.join(where, pattern)))
+        if hits:
+            return hits[0]
+    raise FileNotFoundError(f"kiln_ctypes: no libkiln.so in {where!r} (set KILN_LIB to the "
+                            f"build dir or to the library)")
+
+
+class Kiln:
+    """The loaded library and typed wrappers of its C functions."""
+
+    def __init__(self, where=None):
+        self.path = find_library(where)
+        self.lib = ctypes.CDLL(self.path)
+        self._declare()
+
+    def _declare(self):
+        lib, ptr = self.lib, ctypes.POINTER(DLTensor)
+        lib.kiln_attention.argtypes = [ptr, ptr, ptr, ptr, ctypes.POINTER(AttentionOptions), ptr,
+                                       ctypes.c_void_p]
+        lib.kiln_attention.restype = ctypes.c_int
+        lib.kiln_attention_options_init.argtypes = [ctypes.POINTER(AttentionOptions)]
+        lib.kiln_attention_options_init.restype = None
+        lib.kiln_warmup_default.argtypes = [ctypes.c_char_p, ctypes.c_int]
+        lib.kiln_warmup_default.restype = ctypes.c_int
+        lib.kiln_last_error.argtypes = []
+        lib.kiln_last_error.restype = ctypes.c_char_p
+
+    def last_error(self):
+        msg = self.lib.kiln_last_error()
+        return msg.decode("utf-8", "replace") if msg else ""
+
+    def check(self, status):
+        if status != KILN_OK:
+            raise KilnError(status, self.last_error())
+
+    def options(self, **kw):
+        """kiln_attention_options from the library's defaults, with kw overriding fields.
+
+        Returns (options, keep): keep holds the Tensors that the options point to.
+        """
+        opts = AttentionOptions()
+        self.lib.kiln_attention_options_init(ctypes.byref(opts))
+        keep = []
+        for name, value in kw.items():
+            if value is None:
+                continue
+            if name in TENSOR_OPTIONS:
+                t = as_tensor(value)
+                keep.append(t)
+                setattr(opts, name, ctypes.pointer(t.dl))
+            elif name in SCALAR_OPTIONS:
+                setattr(opts, name, int(value) if isinstance(value, bool) else value)
+            else:
+                raise TypeError(f"kiln_attention_options has no field {name!r}")
+        return opts, keep
+
+    def bind_attention(self, q, k, v, out, lse=None, stream=None, **options):
+        """A BoundAttention: kiln_attention on these tensors, converted once, so that a timed
+        call costs only the C call. stream: a CUstream as an int; None takes torch's current
+        stream for q's device now, at bind time."""
+        return BoundAttention(self, q, k, v, out, lse, stream, options)
+
+    def attention(self, q, k, v, out, lse=None, stream=None, **options):
+        """kiln_attention once: out (and lse if given) are written in place."""
+        self.bind_attention(q, k, v, out, lse=lse, stream=stream, **options)()
+
+    def warmup_default(self, target=None, threads=0):
+        self.check(self.lib.kiln_warmup_default(target.encode() if target else None, threads))
+
+
+class BoundAttention:
+    """kiln_attention with its arguments built; holds every object they point to."""
+
+    def __init__(self, kiln, q, k, v, out, lse, stream, options):
+        self.kiln = kiln
+        self.tensors = [as_tensor(x) for x in (q, k, v, out)]
+        self.lse = as_tensor(lse) if lse is not None else None
+        self.opts, self.opt_tensors = kiln.options(**options)
+        if stream is None:
+            stream = current_stream_handle(q)
+        self.args = [t.ref for t in self.tensors] + [
+            ctypes.byref(self.opts), self.lse.ref if self.lse is not None else None,
+            ctypes.c_void_p(stream)]
+
+    def __call__(self):
+        self.kiln.check(self.kiln.lib.kiln_attention(*self.args))
+
+
+def current_stream_handle(x):
+    """torch's current CUDA stream for x's device as an int (0 for CPU tensors or none)."""
+    if isinstance(x, Tensor) or getattr(x, "device", None) is None or x.device.type != "cuda":
+        return 0
+    import torch
+    return torch.cuda.current_stream(x.device).cuda_stream

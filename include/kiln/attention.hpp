@@ -1,0 +1,93 @@
+// kiln::attention(): forward attention (FlashAttention-2 algorithm), compiled per problem.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "kiln/runtime.hpp"
+#include "kiln/tensor.hpp"
+
+namespace kiln {
+
+// Everything beyond q, k, v and out. Layouts follow FlashAttention:
+//   q    (batch, seqlen_q, heads, head_dim)        varlen: (total_q, heads, head_dim)
+//   k    (batch, seqlen_k, heads_kv, head_dim)     varlen: (total_k, heads_kv, head_dim)
+//   v    (batch, seqlen_k, heads_kv, head_dim_v)   varlen: (total_k, heads_kv, head_dim_v)
+//   out  like q, with head_dim_v
+// fp16 or bf16, all four the same; any strides with stride 1 on the last dim, and every other
+// stride a multiple of 8 elements (16 bytes), as are the data pointers.
+struct AttentionOptions {
+  std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
+
+  // One mask model, a band: query i sees key j when
+  //   i + offset - window_left <= j <= i + offset + window_right
+  // where offset = seqlen_k - seqlen_q (bottom-right, as FlashAttention) or 0 with top_left
+  // (as mem-efficient attention's CausalFromTopLeft). -1 is unbounded. causal sets
+  // window_right to 0.
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  bool top_left = false;
+
+  float softcap = 0;  // > 0: logits = softcap * tanh(logits / softcap)
+
+  // fp32 ALiBi slopes, (heads) or (batch, heads): logits -= slope * |i + offset - j|.
+  std::optional<TensorView> alibi_slopes;
+  // Additive bias of q's dtype, (batch, heads, seqlen_q, seqlen_k), any strides; stride 0
+  // broadcasts (over batch or heads, say). Not with varlen.
+  std::optional<TensorView> bias;
+
+  // Output: fp32 natural-log sum of exp per query row, (batch, heads, seqlen_q), or
+  // (heads, total_q) with varlen. A fully masked row gives -inf (and output 0).
+  std::optional<TensorView> lse;
+
+  // Varlen: int32 device arrays of batch + 1 offsets into the token dim, and the longest
+  // sequence of each. seqused_k (int32, batch) limits each sequence's keys, varlen or not.
+  std::optional<TensorView> cu_seqlens_q;
+  std::optional<TensorView> cu_seqlens_k;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
+  std::optional<TensorView> seqused_k;
+};
+
+// The problem as the kernel sees it, after validation: what decides the compiled variant.
+struct AttentionProblem {
+  DType dtype = DType::bf16;
+  int head_dim = 0;
+  int head_dim_v = 0;
+  bool band = false;  // any mask: causal or a window
+  bool varlen = false;
+  bool softcap = false;
+  bool alibi = false;
+  bool bias = false;
+};
+
+// How it runs. Every config gives results within the same tolerance.
+struct AttentionConfig {
+  int block_m = 128;
+  int block_n = 64;
+  int warps = 4;
+  int stages = 1;
+};
+
+// The config the hot path, is_supported() and warm-up use for `problem` on `target`.
+AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
+KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
+
+// Computes out = softmax(scale * q k^T + mask + bias) v on `stream` (CUstream or hipStream_t;
+// null: the default stream). Throws kiln::Error naming the tensor, the values and the fix for
+// any input it cannot take; never launches on bad input.
+void attention(const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& out, const AttentionOptions& options = {},
+               void* stream = nullptr, Runtime& runtime = default_runtime());
+
+// Whether attention() accepts these inputs; `why` receives the reason when it does not.
+bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
+                  const TensorView& out, const AttentionOptions& options = {},
+                  std::string* why = nullptr);
+
+// The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
+// dims 64, 128 and 256, with and without a mask.
+std::vector<KernelSpec> attention_default_specs(std::string_view target);
+
+}  // namespace kiln

@@ -1,0 +1,67 @@
+/* kiln's C API: forward attention over DLPack tensors, for C, Python (ctypes), Rust or Go.
+ *
+ * Every call returns a kiln_status; on failure kiln_last_error() gives this thread's message,
+ * which names the value at fault and the fix. Nothing here aborts or exits. */
+#ifndef KILN_KILN_H
+#define KILN_KILN_H
+
+#include <dlpack/dlpack.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum kiln_status {
+  KILN_OK = 0,
+  KILN_ERROR_INVALID_ARGUMENT = 1, /* an input kiln cannot take */
+  KILN_ERROR_UNSUPPORTED = 2,      /* valid, but not supported by this build, backend or GPU */
+  KILN_ERROR_COMPILE = 3,          /* the JIT compiler rejected a kernel (log in the message) */
+  KILN_ERROR_DRIVER = 4,           /* the CUDA driver or HIP runtime failed */
+  KILN_ERROR_CACHE = 5,            /* the disk cache could not be used as asked */
+  KILN_ERROR_NOT_FOUND = 6,        /* a library, file, kernel source or device is missing */
+  KILN_ERROR_INTERNAL = 7          /* anything else; please report it */
+} kiln_status;
+
+/* Options of kiln_attention. Call kiln_attention_options_init first: windows default to -1
+ * (unbounded), which a zeroed struct would not give. Pointers may be NULL (feature off). */
+typedef struct kiln_attention_options {
+  float softmax_scale; /* <= 0: 1 / sqrt(head_dim) */
+  int causal;          /* nonzero: window_right = 0 (bottom-right aligned unless top_left) */
+  int window_left;     /* -1: unbounded */
+  int window_right;    /* -1: unbounded */
+  int top_left;        /* nonzero: the band is aligned top-left instead of bottom-right */
+  float softcap;       /* > 0: logits = softcap * tanh(logits / softcap) */
+  const DLTensor* alibi_slopes; /* fp32 (heads) or (batch, heads) */
+  const DLTensor* bias;         /* q's dtype, (batch, heads, seqlen_q, seqlen_k), any strides */
+  const DLTensor* cu_seqlens_q; /* int32 (batch + 1): varlen offsets into q's token dim */
+  const DLTensor* cu_seqlens_k; /* int32 (batch + 1): varlen offsets into k's token dim */
+  const DLTensor* seqused_k;    /* int32 (batch): keys used per sequence */
+  int max_seqlen_q;             /* varlen: the longest query sequence */
+  int max_seqlen_k;             /* varlen: the longest key sequence */
+} kiln_attention_options;
+
+void kiln_attention_options_init(kiln_attention_options* options);
+
+/* Forward attention, FlashAttention's layouts: q (batch, seqlen_q, heads, head_dim), k and v
+ * (batch, seqlen_k, heads_kv, head_dim / head_dim_v), out like q with head_dim_v; varlen drops
+ * the batch dim. fp16 or bf16 on a CUDA (kDLCUDA) or ROCm (kDLROCM) device; strides in elements
+ * (NULL: compact row-major). lse (may be NULL): fp32 (batch, heads, seqlen_q), or
+ * (heads, total_q) with varlen. options may be NULL for the defaults. stream: a CUstream or
+ * hipStream_t, NULL for the default stream. Uses the process-wide runtime (KILN_* settings). */
+kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                           const DLTensor* out, const kiln_attention_options* options,
+                           const DLTensor* lse, void* stream);
+
+/* Compiles (or finds in the cache) the default kernel set for the device, or for `target`
+ * ("sm_90a", "gfx90a") when it is not NULL; threads 0 means one per hardware thread. */
+kiln_status kiln_warmup_default(const char* target, int threads);
+
+/* This thread's message for the last failed call; "" when none failed. Valid until the next
+ * kiln call on this thread. */
+const char* kiln_last_error(void);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* KILN_KILN_H */

@@ -1,0 +1,111 @@
+// From q.k scores to the logits the softmax sees: the optional softcap, ALiBi and additive bias
+// of a spec (each compiled only when on), then the band mask.
+#pragma once
+
+#include "attention/mask.cuh"
+#include "attention/sequence.cuh"
+#include "attention/softmax.cuh"
+#include "common/mma.cuh"
+#include "kiln/params/attention.h"
+
+namespace kiln::attention {
+
+// Fragment coordinates: thread (g = lane / 4, t = lane % 4) holds, for m16 tile mt and n8 tile
+// nt, row row0 + 16 * mt + 8 * half (half 0, 1) and key key0 + 8 * nt + e (e 0, 1) in
+// accumulator element 2 * half + e, where row0 is the warp's first row + g and key0 is the
+// block's first key + 2 * t.
+
+template <class Spec>
+struct LogitTransform {
+  using T = typename Spec::dtype;
+  static constexpr bool on = Spec::has_softcap || Spec::has_alibi || Spec::has_bias;
+
+  float scale;
+  float softcap;
+  float inv_softcap;
+  float alibi_slope;
+  int offset;  // of the band's diagonal, which ALiBi distances are measured from
+  int seqlen_q;
+  int seqlen_k;
+  const T* bias;  // at (batch, head)
+  long long bias_row_stride;
+  long long bias_col_stride;
+
+  // Logits times this are in log2 units. Without transforms the logits stay raw scores and
+  // the softmax scale rides along here, saving a multiply per score.
+  __device__ __forceinline__ float to_log2() const { return on ? kLog2e : scale * kLog2e; }
+
+  template <int MTiles, int STiles>
+  __device__ __forceinline__ void apply(float (&s)[MTiles][STiles][4], int row0, int key0) const {
+    if constexpr (on) {
+#pragma unroll
+      for (int mt = 0; mt < MTiles; ++mt) {
+#pragma unroll
+        for (int nt = 0; nt < STiles; ++nt) {
+#pragma unroll
+          for (int x = 0; x < 4; ++x) {
+            s[mt][nt][x] = logit(s[mt][nt][x], row0 + 16 * mt + 8 * (x / 2), key0 + 8 * nt + x % 2);
+          }
+        }
+      }
+    }
+  }
+
+  __device__ __forceinline__ float logit(float score, int i, int j) const {
+    float x = score * scale;
+    if constexpr (Spec::has_softcap) x = softcap * mma::tanh_approx(x * inv_softcap);
+    if constexpr (Spec::has_alibi) x -= alibi_slope * static_cast<float>(abs(i + offset - j));
+    if constexpr (Spec::has_bias) {
+      if (i < seqlen_q && j < seqlen_k) {  // the tile overhangs the tensor; masked there anyway
+        x += to_float(bias[i * bias_row_stride + j * bias_col_stride]);
+      }
+    }
+    return x;
+  }
+};
+
+template <class Spec>
+__device__ __forceinline__ LogitTransform<Spec> make_logit_transform(const AttentionParams& p,
+                                                                     const Sequence& seq,
+                                                                     const Band& band) {
+  LogitTransform<Spec> f;
+  f.scale = p.softmax_scale;
+  f.softcap = p.softcap;
+  f.inv_softcap = Spec::has_softcap ? 1.f / p.softcap : 0.f;
+  f.alibi_slope = 0.f;
+  if constexpr (Spec::has_alibi) {
+    f.alibi_slope = p.maybe_alibi_slopes[seq.batch * p.alibi_batch_stride + seq.head];
+  }
+  f.offset = band.offset;
+  f.seqlen_q = seq.seqlen_q;
+  f.seqlen_k = seq.seqlen_k;
+  f.bias = nullptr;
+  if constexpr (Spec::has_bias) {
+    f.bias = static_cast<const typename Spec::dtype*>(p.maybe_bias) +
+             seq.batch * p.bias_batch_stride + seq.head * p.bias_head_stride;
+  }
+  f.bias_row_stride = p.bias_row_stride;
+  f.bias_col_stride = p.bias_col_stride;
+  return f;
+}
+
+// Sets logits outside each row's band to -inf; row0 is the thread's row of tile 0, half 0.
+template <int MTiles, int STiles>
+__device__ __forceinline__ void mask_logits(float (&s)[MTiles][STiles][4], const Band& band,
+                                            int row0, int key0) {
+#pragma unroll
+  for (int r = 0; r < 2 * MTiles; ++r) {
+    const int first = band.first_key(row0 + 8 * r);
+    const int last = band.last_key(row0 + 8 * r);
+#pragma unroll
+    for (int nt = 0; nt < STiles; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int j = key0 + 8 * nt + e;
+        if (j < first || j > last) s[r / 2][nt][2 * (r % 2) + e] = neg_inf();
+      }
+    }
+  }
+}
+
+}  // namespace kiln::attention

@@ -1,0 +1,62 @@
+// Moving row tiles between global and shared memory in 16-byte pieces: asynchronous loads that
+// zero-fill past the tensor's edges, and the coalesced store of the output tile.
+#pragma once
+
+#include "common/mma.cuh"
+
+namespace kiln::attention {
+
+// Starts copying a Rows x PaddedDim tile into smem rows of Pitch elements: global row r is at
+// gmem + r * row_stride and has Dim elements. Rows at or past valid_rows and columns in
+// [Dim, PaddedDim) are zero-filled without being read. Commits nothing.
+//
+// Each thread keeps one 16-byte column and walks down the rows, a pass of
+// Threads / chunks_per_row rows at a time (the threads left over when the row's chunk count
+// does not divide Threads sit out).
+template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, class T>
+__device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long long row_stride,
+                                                int valid_rows, int thread) {
+  constexpr int chunks_per_row = PaddedDim / 8;
+  constexpr int rows_per_pass = Threads / chunks_per_row;
+  constexpr int passes = (Rows + rows_per_pass - 1) / rows_per_pass;
+  static_assert(rows_per_pass >= 1, "a tile row has more 16-byte chunks than the CTA has threads.");
+  const int row = thread / chunks_per_row;
+  const int col = thread % chunks_per_row * 8;
+  if (Threads % chunks_per_row != 0 && row >= rows_per_pass) return;
+  const bool col_valid = col < Dim;
+  const unsigned dst = mma::smem_address(smem + row * Pitch + col);
+  const T* src = gmem + row * row_stride + col;
+  const long long pass_stride = rows_per_pass * row_stride;
+#pragma unroll
+  for (int i = 0; i < passes; ++i) {
+    if (Rows % rows_per_pass != 0 && row + i * rows_per_pass >= Rows) break;
+    const bool valid = col_valid && row + i * rows_per_pass < valid_rows;
+    mma::cp_async_16(dst + i * rows_per_pass * Pitch * 2, valid ? src : gmem, valid);
+    // NOTE: stepping one pointer (hidden from the optimizer) rather than computing each pass's
+    // address keeps the compiler from hoisting a 64-bit offset per pass out of the KV loop,
+    // which cost ~80 registers and spills.
+    src = mma::opaque(src + pass_stride);
+  }
+}
+
+// Copies rows [0, valid_rows) of a tile of Dim-element rows from smem (rows of Pitch elements)
+// to global rows at gmem + r * row_stride.
+template <int Rows, int Dim, int Pitch, int Threads, class T>
+__device__ __forceinline__ void store_tile(T* gmem, long long row_stride, const T* smem,
+                                           int valid_rows, int thread) {
+  constexpr int chunks_per_row = Dim / 8;
+  constexpr int chunks = Rows * chunks_per_row;
+#pragma unroll
+  for (int i = 0; i < (chunks + Threads - 1) / Threads; ++i) {
+    const int chunk = thread + i * Threads;
+    if (chunks % Threads != 0 && chunk >= chunks) break;
+    const int row = chunk / chunks_per_row;
+    const int col = chunk % chunks_per_row * 8;
+    if (row < valid_rows) {
+      *reinterpret_cast<uint4*>(gmem + row * row_stride + col) =
+          *reinterpret_cast<const uint4*>(smem + row * Pitch + col);
+    }
+  }
+}
+
+}  // namespace kiln::attention
