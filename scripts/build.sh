@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# Configures and builds kiln into ./build (BUILD overrides), warnings as errors.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build="${BUILD:-build}"
+export PATH="$PATH:/usr/local/cuda/bin"
+cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKILN_WERROR=ON
+cmake --build "$build" -j "$(nproc)"

@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Installs what kiln builds with, from Debian's packages (needs root). The CUDA toolkit (NVRTC,
+# headers, cudart for the tests) is expected on the machine already.
+set -euo pipefail
+packages=(cmake ninja-build g++ libfmt-dev libxxhash-dev nlohmann-json3-dev libcli11-dev catch2
+          libdlpack-dev libamdhip64-dev libhiprtc-builtins5)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "installing: ${missing[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+if ! command -v nvcc >/dev/null 2>&1 && [ ! -e /usr/local/cuda/include/cuda_runtime_api.h ]; then
+  echo "the CUDA toolkit is not installed (no nvcc, no /usr/local/cuda): kiln's tests need its" \
+       "headers, NVRTC and cudart" >&2
+  exit 1
+fi
