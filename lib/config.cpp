@@ -28,6 +28,14 @@ std::vector<std::filesystem::path> split_paths(const std::string& text) {
   return paths;
 }
 
+std::optional<std::filesystem::path> default_cache_dir() {
+  if (auto xdg = env("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "kiln";
+  if (auto home = env("HOME")) return std::filesystem::path(*home) / ".cache" / "kiln";
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
   std::uint64_t value = 0;
   const char* end = text.data() + text.size();
@@ -47,14 +55,6 @@ std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
   }
   return value * scale;
 }
-
-std::optional<std::filesystem::path> default_cache_dir() {
-  if (auto xdg = env("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "kiln";
-  if (auto home = env("HOME")) return std::filesystem::path(*home) / ".cache" / "kiln";
-  return std::nullopt;
-}
-
-}  // namespace
 
 JitMode parse_jit_mode(std::string_view text, std::string_view what) {
   if (text == "on") return JitMode::on;

@@ -30,5 +30,7 @@ Config resolve_config(const Options& options);
 
 JitMode parse_jit_mode(std::string_view text, std::string_view what);
 LogLevel parse_log_level(std::string_view text, std::string_view what);
+// A byte count with an optional K, M or G suffix (KILN_CACHE_MAX_BYTES, `kiln cache prune`).
+std::uint64_t parse_bytes(const std::string& text, std::string_view what);
 
 }  // namespace kiln::detail

@@ -13,6 +13,10 @@
 
 namespace kiln::detail {
 
+// The layout of entry files (lib/cache/entry_file.hpp). It is part of every key and names the
+// tier's top folder (<root>/v<version>), so bumping it leaves old entries behind, never misread.
+inline constexpr std::uint32_t kCacheFormatVersion = 1;
+
 // Everything kept beside the binary. Stored as JSON inside the entry.
 struct EntryMeta {
   std::string spec;  // canonical
@@ -35,11 +39,11 @@ struct Entry {
 
 struct EntryStatus {
   std::filesystem::path path;
-  std::optional<Key> key;       // from the file name
-  std::uint64_t size = 0;       // bytes on disk
-  std::int64_t last_used = 0;   // seconds since the epoch
-  bool valid = false;           // header, checksum and key echo all agree
-  std::string problem;          // why not, when not valid
+  std::optional<Key> key;         // from the file name
+  std::uint64_t size = 0;         // bytes on disk
+  std::int64_t last_used = 0;     // seconds since the epoch
+  bool valid = false;             // header, checksum and key echo all agree
+  std::string problem;            // why not, when not valid
   std::optional<EntryMeta> meta;  // when valid
 };
 

@@ -1,0 +1,302 @@
+// Tests of the disk cache's entries: round trips, the documented layout, and damaged files.
+#include "cache/disk.hpp"
+
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cache/entries.hpp"
+#include "support.hpp"
+
+namespace kiln::detail {
+namespace {
+
+namespace fs = std::filesystem;
+using test::CapturedStderr;
+using test::entry_path;
+using test::read_file;
+using test::sample_entry;
+using test::TempDir;
+using test::write_file;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+unsigned mode_of(const fs::path& path) {
+  struct stat info {};
+  REQUIRE(::stat(path.c_str(), &info) == 0);
+  return info.st_mode & 07777;
+}
+
+TEST_CASE("a miss, then a store, then a hit with the same metadata and bytes", "[cache]") {
+  TempDir dir;
+  const fs::path root = dir.path() / "cache";
+  DiskCache cache(DiskCacheConfig{root, {}, 0});
+  REQUIRE(cache.writable());
+  CHECK(cache.root() == root);
+  const Entry entry = sample_entry(1);
+  CHECK_FALSE(cache.load(entry.key));
+  cache.store(entry);
+  const std::optional<Entry> loaded = cache.load(entry.key);
+  REQUIRE(loaded);
+  test::check_same_entry(*loaded, entry);
+  CHECK_FALSE(cache.load(sample_entry(2).key));
+}
+
+TEST_CASE("binaries of odd sizes round-trip byte for byte", "[cache]") {
+  const std::size_t size = GENERATE(0, 1, 17, 113, 1023, (1 << 20) + 3);
+  CAPTURE(size);
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry entry = sample_entry(static_cast<int>(size % 97), size);
+  cache.store(entry);
+  const std::optional<Entry> loaded = cache.load(entry.key);
+  REQUIRE(loaded);
+  test::check_same_entry(*loaded, entry);
+}
+
+TEST_CASE("a compile log that is not UTF-8 still stores and loads", "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  Entry entry = sample_entry(5);
+  entry.meta.log = "bad byte \xff\xfe here";
+  cache.store(entry);
+  const std::optional<Entry> loaded = cache.load(entry.key);
+  REQUIRE(loaded);
+  CHECK(contains(loaded->meta.log, "bad byte "));
+  CHECK(loaded->binary == entry.binary);
+}
+
+TEST_CASE("entries live at <root>/v<format>/<2 hex>/<32 hex>.kbin in 0700 directories", "[cache]") {
+  TempDir dir;
+  const fs::path root = dir.path() / "made" / "by" / "kiln";
+  DiskCache cache(DiskCacheConfig{root});
+  const Entry entry = sample_entry(7);
+  cache.store(entry);
+
+  const std::string hex = entry.key.hex();
+  const fs::path version = root / ("v" + std::to_string(kCacheFormatVersion));
+  const fs::path path = version / hex.substr(0, 2) / (hex + ".kbin");
+  REQUIRE(fs::is_regular_file(fs::symlink_status(path)));
+  CHECK(test::files_under(root) == std::vector<fs::path>{path});
+  for (const fs::path& made :
+       {dir.path() / "made", dir.path() / "made" / "by", root, version, path.parent_path()}) {
+    CAPTURE(made);
+    CHECK(mode_of(made) == 0700);
+  }
+
+  // The header, read by the documented offsets.
+  const std::string bytes = read_file(path);
+  REQUIRE(bytes.size() > test::kHeaderBytes);
+  CHECK(bytes.substr(0, 8) == std::string("KILNBIN\0", 8));
+  CHECK(test::get_u32(bytes, test::kVersionAt) == kCacheFormatVersion);
+  CHECK(test::get_u32(bytes, test::kHeaderSizeAt) == test::kHeaderBytes);
+  CHECK(bytes.substr(test::kKeyAt, 16) ==
+        std::string(reinterpret_cast<const char*>(entry.key.bytes.data()), 16));
+  CHECK(test::get_u64(bytes, test::kPayloadBytesAt) == bytes.size() - test::kHeaderBytes);
+  const auto meta = nlohmann::json::parse(test::read_meta(path));
+  CHECK(meta.at("spec") == entry.meta.spec);
+  CHECK(meta.at("registers") == entry.meta.registers);
+  CHECK(bytes.substr(bytes.size() - entry.binary.size()) ==
+        std::string(reinterpret_cast<const char*>(entry.binary.data()), entry.binary.size()));
+}
+
+TEST_CASE("a hit in the writable tier refreshes the entry's last-used stamp", "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry entry = sample_entry(8);
+  cache.store(entry);
+  const fs::path path = entry_path(dir.path(), entry.key);
+  test::set_mtime(path, 1000);
+  const auto before = std::chrono::system_clock::now() - std::chrono::seconds(60);
+  REQUIRE(cache.load(entry.key));
+  const std::int64_t now_ns =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(before.time_since_epoch()).count();
+  CHECK(test::mtime_ns(path) > now_ns);
+}
+
+TEST_CASE("remove() drops the writable tier's entry", "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry entry = sample_entry(9);
+  cache.store(entry);
+  cache.remove(entry.key);
+  CHECK_FALSE(fs::exists(entry_path(dir.path(), entry.key)));
+  CHECK_FALSE(cache.load(entry.key));
+}
+
+// Damages `entry`'s stored file with `damage`, then checks that loading it is a miss that warns
+// with the path and `phrase`, removes the file, and that storing again brings the entry back.
+template <class Damage>
+void check_damage_is_a_miss(const Entry& entry, Damage damage, const std::string& phrase) {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  cache.store(entry);
+  const fs::path path = entry_path(dir.path(), entry.key);
+  std::string bytes = read_file(path);
+  damage(bytes);
+  write_file(path, bytes);
+  {
+    CapturedStderr captured;
+    CHECK_FALSE(cache.load(entry.key));
+    const std::string warning = captured.text();
+    CHECK(contains(warning, path.string()));
+    CHECK(contains(warning, phrase));
+  }
+  CHECK_FALSE(fs::exists(path));
+  cache.store(entry);
+  const std::optional<Entry> again = cache.load(entry.key);
+  REQUIRE(again);
+  CHECK(again->binary == entry.binary);
+}
+
+TEST_CASE("a corrupted payload byte is a miss that warns and removes the file", "[cache]") {
+  const Entry entry = sample_entry(10);
+  SECTION("in the binary") {
+    check_damage_is_a_miss(
+        entry, [](std::string& bytes) { bytes.back() ^= 0x5a; }, "checksum");
+  }
+  SECTION("in the metadata") {
+    check_damage_is_a_miss(
+        entry, [](std::string& bytes) { bytes[test::kHeaderBytes + 3] ^= 0x01; }, "checksum");
+  }
+}
+
+TEST_CASE("a truncated entry is a miss", "[cache]") {
+  const std::size_t header = test::kHeaderBytes;
+  // Empty, inside the header, the header alone, inside the metadata.
+  const std::size_t keep =
+      GENERATE_COPY(as<std::size_t>{}, 0, 1, 8, header - 1, header, header + 5);
+  CAPTURE(keep);
+  check_damage_is_a_miss(
+      sample_entry(11), [&](std::string& bytes) { bytes.resize(keep); }, "truncated");
+}
+
+TEST_CASE("an entry one byte short is a miss", "[cache]") {
+  check_damage_is_a_miss(
+      sample_entry(12), [](std::string& bytes) { bytes.pop_back(); }, "truncated");
+}
+
+TEST_CASE("a damaged header field is a miss", "[cache]") {
+  const Entry entry = sample_entry(13);
+  SECTION("magic") {
+    check_damage_is_a_miss(
+        entry, [](std::string& bytes) { bytes[3] = 'X'; }, "magic");
+  }
+  SECTION("a foreign format version") {
+    check_damage_is_a_miss(
+        entry,
+        [](std::string& bytes) { test::put_u32(bytes, test::kVersionAt, kCacheFormatVersion + 1); },
+        "format version " + std::to_string(kCacheFormatVersion + 1));
+  }
+  SECTION("header size") {
+    check_damage_is_a_miss(
+        entry, [](std::string& bytes) { test::put_u32(bytes, test::kHeaderSizeAt, 64); },
+        "header size");
+  }
+  SECTION("payload length") {
+    check_damage_is_a_miss(
+        entry,
+        [](std::string& bytes) {
+          test::put_u64(bytes, test::kPayloadBytesAt,
+                        test::get_u64(bytes, test::kPayloadBytesAt) - 1);
+        },
+        "payload bytes");
+  }
+  SECTION("metadata length beyond the payload") {
+    check_damage_is_a_miss(
+        entry,
+        [](std::string& bytes) {
+          test::put_u64(bytes, test::kMetaBytesAt, test::get_u64(bytes, test::kPayloadBytesAt) + 1);
+        },
+        "metadata length");
+  }
+  SECTION("checksum") {
+    check_damage_is_a_miss(
+        entry, [](std::string& bytes) { bytes[test::kChecksumAt] ^= 0x10; }, "checksum");
+  }
+}
+
+TEST_CASE("flipping any single byte of an entry makes it a miss", "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry entry = sample_entry(14, 17);
+  cache.store(entry);
+  const fs::path path = entry_path(dir.path(), entry.key);
+  const std::string good = read_file(path);
+  CapturedStderr captured;  // one warning for the path, not one per byte
+  for (std::size_t at = 0; at < good.size(); ++at) {
+    std::string bad = good;
+    bad[at] = static_cast<char>(bad[at] ^ 0x20);
+    write_file(path, bad);
+    CAPTURE(at);
+    REQUIRE_FALSE(cache.load(entry.key));
+  }
+  write_file(path, good);
+  CHECK(cache.load(entry.key));
+  CHECK(test::count_of(captured.text(), path.string()) == 1);
+}
+
+TEST_CASE("an entry copied to another key's path is a miss (key echo)", "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry a = sample_entry(15);
+  const Entry b = sample_entry(16);
+  cache.store(a);
+  cache.store(b);
+  const fs::path path_b = entry_path(dir.path(), b.key);
+  write_file(path_b, read_file(entry_path(dir.path(), a.key)));
+  {
+    CapturedStderr captured;
+    CHECK_FALSE(cache.load(b.key));
+    const std::string warning = captured.text();
+    CHECK(contains(warning, path_b.string()));
+    CHECK(contains(warning, a.key.hex()));
+  }
+  CHECK_FALSE(fs::exists(path_b));
+  CHECK(cache.load(a.key));
+}
+
+TEST_CASE("metadata that is not a valid EntryMeta object is a miss, checksum notwithstanding",
+          "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry entry = sample_entry(17);
+  cache.store(entry);
+  const fs::path path = entry_path(dir.path(), entry.key);
+  const std::string good = test::read_meta(path);
+
+  // The crafting itself is sound: the same metadata, rewritten, still loads.
+  test::rewrite_meta(path, good);
+  REQUIRE(cache.load(entry.key));
+
+  const auto with = [&](const char* field, const nlohmann::json& value) {
+    nlohmann::json meta = nlohmann::json::parse(good);
+    if (value.is_discarded()) {
+      meta.erase(field);
+    } else {
+      meta[field] = value;
+    }
+    return meta.dump();
+  };
+  const nlohmann::json absent(nlohmann::json::value_t::discarded);
+  const std::string bad = GENERATE_COPY(
+      std::string("{not json"), std::string(), std::string("[1, 2, 3]"), good + "}",
+      good.substr(0, good.size() - 1), with("registers", "forty"), with("registers", 1e300),
+      with("registers", 99999999999), with("spill_bytes", -99999999999), with("spec", 5),
+      with("compile_ms", "fast"), with("log", absent));
+  CAPTURE(bad);
+  test::rewrite_meta(path, bad);
+  CapturedStderr captured;
+  CHECK_FALSE(cache.load(entry.key));
+  CHECK(contains(captured.text(), "metadata"));
+  CHECK_FALSE(fs::exists(path));
+}
+
+}  // namespace
+}  // namespace kiln::detail
