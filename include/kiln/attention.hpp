@@ -81,10 +81,11 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const AttentionOptions& options = {},
                void* stream = nullptr, Runtime& runtime = default_runtime());
 
-// Whether attention() accepts these inputs; `why` receives the reason when it does not.
+// Whether attention() on `runtime` accepts these inputs, with no compile and no launch; `why`
+// receives attention()'s message when it does not.
 bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const AttentionOptions& options = {},
-                  std::string* why = nullptr);
+                  std::string* why = nullptr, Runtime& runtime = default_runtime());
 
 // The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
 // dims 64, 128 and 256, with and without a mask.

@@ -93,6 +93,10 @@ void check_common(const TensorView& t, std::string_view name, int device) {
   if (t.data == nullptr && element_count(t) > 0) {
     invalid(fmt::format("{} has a null data pointer but {} elements", name, element_count(t)));
   }
+  if (reinterpret_cast<std::uintptr_t>(t.data) % size_of(t.dtype) != 0) {
+    invalid(fmt::format("{}'s data pointer {} is not aligned to its {}-byte {} elements", name,
+                        t.data, size_of(t.dtype), to_string(t.dtype)));
+  }
   if (t.device != device) {
     invalid(fmt::format("{} is on device {} but the runtime's device is {}: move {} there or "
                         "use a Runtime with Options::device = {}",
@@ -125,19 +129,21 @@ void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) 
 }
 
 void check_head_dim(std::int64_t dim, std::string_view what) {
-  if (dim % 8 != 0 || dim < 8 || dim > kMaxHeadDim) {
-    unsupported(fmt::format("{} is {}: kiln compiles every multiple of 8 from 8 to {}; pad to "
-                            "the next multiple of 8",
-                            what, dim, kMaxHeadDim));
-  }
+  if (dim % 8 == 0 && dim >= 8 && dim <= kMaxHeadDim) return;
+  const bool paddable = dim > 0 && dim < kMaxHeadDim;
+  unsupported(fmt::format("{} is {}: kiln compiles every multiple of 8 from 8 to {}{}", what, dim,
+                          kMaxHeadDim,
+                          paddable ? "; pad the head dim with zeros to the next multiple of 8"
+                                   : ""));
 }
 
-void check_int_vector(const TensorView& t, std::string_view name, std::int64_t length) {
+void check_int_vector(const TensorView& t, std::string_view name, std::int64_t length,
+                      std::string_view length_name) {
   require_rank(t, name, 1, "an int32 vector");
   if (t.dtype != DType::i32) {
     invalid(fmt::format("{} has dtype {}: it must be int32", name, to_string(t.dtype)));
   }
-  require_size(t, name, 0, length, "the expected length");
+  require_size(t, name, 0, length, length_name);
   if (length > 1 && t.stride(0) != 1) {
     invalid(fmt::format("{}.stride(0) is {}: it must be contiguous", name, t.stride(0)));
   }
@@ -154,7 +160,10 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
                                         "cu_seqlens_q and cu_seqlens_k";
   require_rank(q, "q", rank, layout);
   for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
-    if (t->rank != q.rank) invalid(fmt::format("{} has rank {} but q has rank {}", name, t->rank, q.rank));
+    if (t->rank != q.rank) {
+      invalid(fmt::format("{} has rank {} but q has rank {}: q, k, v and out share one layout, {}",
+                          name, t->rank, q.rank, layout));
+    }
   }
   for (const auto& [t, name] :
        {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
@@ -229,8 +238,9 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     check_common(*o.cu_seqlens_k, "cu_seqlens_k", device);
     require_rank(*o.cu_seqlens_q, "cu_seqlens_q", 1, "(batch + 1) int32 offsets");
     s.batch = std::max<std::int64_t>(o.cu_seqlens_q->size(0) - 1, 0);
-    check_int_vector(*o.cu_seqlens_q, "cu_seqlens_q", s.batch + 1);
-    check_int_vector(*o.cu_seqlens_k, "cu_seqlens_k", s.batch + 1);
+    check_int_vector(*o.cu_seqlens_q, "cu_seqlens_q", s.batch + 1, "batch + 1");
+    check_int_vector(*o.cu_seqlens_k, "cu_seqlens_k", s.batch + 1,
+                     "batch + 1 (the length of cu_seqlens_q)");
     if (o.max_seqlen_q <= 0 && s.tokens_q > 0) {
       invalid(fmt::format("varlen needs max_seqlen_q, the longest query sequence; it is {}",
                           o.max_seqlen_q));
@@ -246,9 +256,13 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     invalid("max_seqlen_q/max_seqlen_k are for varlen calls (with cu_seqlens); leave them 0");
   }
   require_int32(s.batch, "batch");
+  if (s.heads > 65535 || s.batch > 65535) {
+    unsupported(fmt::format("{} heads and batch {}: the launch grid allows at most 65535 of each",
+                            s.heads, s.batch));
+  }
   if (o.seqused_k) {
     check_common(*o.seqused_k, "seqused_k", device);
-    check_int_vector(*o.seqused_k, "seqused_k", s.batch);
+    check_int_vector(*o.seqused_k, "seqused_k", s.batch, "batch");
   }
   if (o.alibi_slopes) {
     const TensorView& a = *o.alibi_slopes;
@@ -280,7 +294,7 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
       if (b.size(d) != expected[d] && !(d < 2 && b.size(d) == 1)) {
         invalid(fmt::format("bias.size({}) is {} but {} is {} (size 1 or stride 0 broadcasts "
                             "over batch and heads)",
-                            d, b.size(d), names[d], expected[d]));
+                            dim_name(b, d), b.size(d), names[d], expected[d]));
       }
     }
   }
@@ -441,10 +455,6 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
   const AttentionConfig config = choose(checked.problem, runtime.target());
   const Kernel kernel = runtime.kernel(attention_spec(checked.problem, config));
   const std::int64_t row_blocks = (s.seqlen_q + config.block_m - 1) / config.block_m;
-  if (s.heads > 65535 || s.batch > 65535) {
-    unsupported(fmt::format("{} heads and batch {}: the grid allows at most 65535 of each",
-                            s.heads, s.batch));
-  }
   const auto shared = attention_forward_smem_bytes(s.head_dim, s.head_dim_v, config.block_m,
                                                    config.block_n, config.stages);
   kernel.launch({.grid = {static_cast<std::uint32_t>(row_blocks),
@@ -457,9 +467,9 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
-                  const TensorView& out, const AttentionOptions& options, std::string* why) {
+                  const TensorView& out, const AttentionOptions& options, std::string* why,
+                  Runtime& runtime) {
   try {
-    Runtime& runtime = default_runtime();
     const Validated checked = validate(q, k, v, out, options, runtime.device());
     choose(checked.problem, runtime.target());
     return true;

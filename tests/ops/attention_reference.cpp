@@ -1,0 +1,248 @@
+// The CPU attention reference: plain loops in fp64, and the same maths rounded to the input dtype.
+#include "attention_reference.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+
+namespace kiln::test {
+
+std::uint16_t to_bits(DType dtype, double value) {
+  if (dtype == DType::f16) return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));
+  if (dtype != DType::bf16) throw std::invalid_argument("to_bits takes f16 or bf16");
+  // Round to nearest even on the float bits (through float: a double rounding, harmless here).
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(static_cast<float>(value));
+  return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+double from_bits(DType dtype, std::uint16_t bits) {
+  if (dtype == DType::f16) return static_cast<double>(std::bit_cast<_Float16>(bits));
+  if (dtype != DType::bf16) throw std::invalid_argument("from_bits takes f16 or bf16");
+  return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
+}
+
+double round_to(DType dtype, double value) {
+  return from_bits(dtype, to_bits(dtype, value));
+}
+
+std::vector<double> random_normal(DType dtype, std::size_t count, std::mt19937& rng) {
+  std::normal_distribution<double> normal(0.0, 1.0);
+  std::vector<double> values(count);
+  for (double& x : values) x = round_to(dtype, normal(rng));
+  return values;
+}
+
+std::int64_t Strided::count() const {
+  std::int64_t n = 1;
+  for (std::int64_t size : shape) n *= size;
+  return n;
+}
+
+std::int64_t Strided::extent() const {
+  if (count() == 0) return offset;
+  std::int64_t last = offset;
+  for (std::size_t d = 0; d < shape.size(); ++d) last += (shape[d] - 1) * strides[d];
+  return last + 1;
+}
+
+Strided Strided::dense(std::vector<std::int64_t> shape) {
+  Strided layout{.shape = std::move(shape), .strides = {}, .offset = 0};
+  layout.strides.resize(layout.shape.size());
+  std::int64_t stride = 1;
+  for (std::size_t d = layout.shape.size(); d-- > 0;) {
+    layout.strides[d] = stride;
+    stride *= layout.shape[d];
+  }
+  return layout;
+}
+
+void for_each_element(const Strided& layout,
+                      const std::function<void(std::int64_t, std::int64_t)>& fn) {
+  const std::int64_t n = layout.count();
+  std::vector<std::int64_t> index(layout.shape.size(), 0);
+  std::int64_t position = layout.offset;
+  for (std::int64_t linear = 0; linear < n; ++linear) {
+    fn(linear, position);
+    // Odometer step over the logical index, moving the buffer position along with it.
+    for (std::size_t d = index.size(); d-- > 0;) {
+      position += layout.strides[d];
+      if (++index[d] < layout.shape[d]) break;
+      position -= layout.strides[d] * layout.shape[d];
+      index[d] = 0;
+    }
+  }
+}
+
+void scatter(DType dtype, const Strided& layout, const std::vector<double>& values,
+             std::vector<std::uint16_t>& buffer) {
+  if (static_cast<std::int64_t>(values.size()) != layout.count() ||
+      layout.extent() > static_cast<std::int64_t>(buffer.size())) {
+    throw std::invalid_argument("scatter: values or buffer do not fit the layout");
+  }
+  for_each_element(layout, [&](std::int64_t i, std::int64_t at) {
+    buffer[static_cast<std::size_t>(at)] = to_bits(dtype, values[static_cast<std::size_t>(i)]);
+  });
+}
+
+std::vector<double> gather(DType dtype, const Strided& layout,
+                           const std::vector<std::uint16_t>& buffer) {
+  if (layout.extent() > static_cast<std::int64_t>(buffer.size())) {
+    throw std::invalid_argument("gather: the buffer does not fit the layout");
+  }
+  std::vector<double> values(static_cast<std::size_t>(layout.count()));
+  for_each_element(layout, [&](std::int64_t i, std::int64_t at) {
+    values[static_cast<std::size_t>(i)] = from_bits(dtype, buffer[static_cast<std::size_t>(at)]);
+  });
+  return values;
+}
+
+void ReferenceProblem::set_padded(int batch_count, int seqlen_q, int seqlen_k) {
+  cu_seqlens_q.assign(1, 0);
+  cu_seqlens_k.assign(1, 0);
+  for (int b = 0; b < batch_count; ++b) {
+    cu_seqlens_q.push_back(cu_seqlens_q.back() + seqlen_q);
+    cu_seqlens_k.push_back(cu_seqlens_k.back() + seqlen_k);
+  }
+}
+
+void ReferenceProblem::set_lengths(const std::vector<int>& seqlens_q,
+                                   const std::vector<int>& seqlens_k) {
+  if (seqlens_q.size() != seqlens_k.size()) throw std::invalid_argument("set_lengths: sizes");
+  cu_seqlens_q.assign(1, 0);
+  cu_seqlens_k.assign(1, 0);
+  for (std::size_t b = 0; b < seqlens_q.size(); ++b) {
+    cu_seqlens_q.push_back(cu_seqlens_q.back() + seqlens_q[b]);
+    cu_seqlens_k.push_back(cu_seqlens_k.back() + seqlens_k[b]);
+  }
+}
+
+// The plain-dtype baseline approximates FlashAttention's own (attention_ref with upcast=False):
+// there q.k^T is a matmul in the input dtype (fp32 accumulation, result rounded to the dtype),
+// softcap runs in the dtype, ALiBi and bias are added in fp32, softmax runs in fp32 and its P is
+// rounded to the dtype before P.V, whose result is rounded to the dtype once more. Here the
+// accumulations are fp64 and the softmax fp64; the roundings to the dtype, which dominate the
+// error, are the same.
+ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector<double>& q,
+                                    const std::vector<double>& k, const std::vector<double>& v) {
+  const int batch = p.batch();
+  const int total_q = p.cu_seqlens_q.back();
+  const int total_k = p.cu_seqlens_k.back();
+  const auto hq = static_cast<std::size_t>(p.heads), hkv = static_cast<std::size_t>(p.heads_kv);
+  const auto d = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
+  if (q.size() != static_cast<std::size_t>(total_q) * hq * d ||
+      k.size() != static_cast<std::size_t>(total_k) * hkv * d ||
+      v.size() != static_cast<std::size_t>(total_k) * hkv * dv || p.heads % p.heads_kv != 0) {
+    throw std::invalid_argument("attention_reference: q, k or v does not match the problem");
+  }
+  const double inf = std::numeric_limits<double>::infinity();
+  ReferenceResult r;
+  r.out.assign(static_cast<std::size_t>(total_q) * hq * dv, 0.0);
+  r.out_plain.assign(r.out.size(), 0.0);
+  r.lse.assign(static_cast<std::size_t>(total_q) * hq, -inf);
+
+  std::vector<double> logits, plain;  // of one row, over its visible keys
+  for (int b = 0; b < batch; ++b) {
+    const int q_start = p.cu_seqlens_q[static_cast<std::size_t>(b)];
+    const int k_start = p.cu_seqlens_k[static_cast<std::size_t>(b)];
+    const int seqlen_q = p.cu_seqlens_q[static_cast<std::size_t>(b) + 1] - q_start;
+    const int seqlen_k = p.seqused_k.empty()
+                             ? p.cu_seqlens_k[static_cast<std::size_t>(b) + 1] - k_start
+                             : p.seqused_k[static_cast<std::size_t>(b)];
+    const int offset = p.top_left ? 0 : seqlen_k - seqlen_q;
+    for (int h = 0; h < p.heads; ++h) {
+      const std::size_t h_kv = static_cast<std::size_t>(h / (p.heads / p.heads_kv));
+      double slope = 0;
+      if (p.alibi_slopes.size() == hq) slope = p.alibi_slopes[static_cast<std::size_t>(h)];
+      if (p.alibi_slopes.size() > hq) {
+        slope = p.alibi_slopes[static_cast<std::size_t>(b) * hq + static_cast<std::size_t>(h)];
+      }
+      for (int i = 0; i < seqlen_q; ++i) {
+        const std::size_t row = static_cast<std::size_t>(q_start + i);
+        const int first = p.window_left < 0 ? 0 : std::max(0, i + offset - p.window_left);
+        const int last =
+            p.window_right < 0 ? seqlen_k - 1 : std::min(seqlen_k - 1, i + offset + p.window_right);
+        if (last < first) continue;  // fully masked: out 0 and lse -inf, as initialised
+        const double* qi = &q[(row * hq + static_cast<std::size_t>(h)) * d];
+        logits.clear();
+        plain.clear();
+        for (int j = first; j <= last; ++j) {
+          const double* kj = &k[(static_cast<std::size_t>(k_start + j) * hkv + h_kv) * d];
+          double dot = 0;
+          for (std::size_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
+          double s = p.softmax_scale * dot;
+          double sp = round_to(p.dtype, s);
+          if (p.softcap > 0) {
+            s = p.softcap * std::tanh(s / p.softcap);
+            sp = round_to(p.dtype, p.softcap * std::tanh(sp / p.softcap));
+          }
+          double add = -slope * std::abs(i + offset - j);
+          if (p.bias) add += p.bias(b, h, i, j);
+          logits.push_back(s + add);
+          plain.push_back(sp + add);
+        }
+        const double max = *std::max_element(logits.begin(), logits.end());
+        const double max_plain = *std::max_element(plain.begin(), plain.end());
+        double sum = 0, sum_plain = 0;
+        for (double& s : logits) {
+          s = std::exp(s - max);
+          sum += s;
+        }
+        for (double& s : plain) {
+          s = std::exp(s - max_plain);
+          sum_plain += s;
+        }
+        r.lse[static_cast<std::size_t>(h) * static_cast<std::size_t>(total_q) + row] =
+            max + std::log(sum);
+        double* o = &r.out[(row * hq + static_cast<std::size_t>(h)) * dv];
+        double* o_plain = &r.out_plain[(row * hq + static_cast<std::size_t>(h)) * dv];
+        for (int j = first; j <= last; ++j) {
+          const std::size_t n = static_cast<std::size_t>(j - first);
+          const double pj = logits[n] / sum;
+          const double pj_plain = round_to(p.dtype, plain[n] / sum_plain);
+          const double* vj = &v[(static_cast<std::size_t>(k_start + j) * hkv + h_kv) * dv];
+          for (std::size_t c = 0; c < dv; ++c) {
+            o[c] += pj * vj[c];
+            o_plain[c] += pj_plain * vj[c];
+          }
+        }
+        for (std::size_t c = 0; c < dv; ++c) o_plain[c] = round_to(p.dtype, o_plain[c]);
+      }
+    }
+  }
+  return r;
+}
+
+ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult& ref) {
+  if (got.size() != ref.out.size()) throw std::invalid_argument("compare_output: sizes differ");
+  ErrorReport report;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    report.baseline_error =
+        std::max(report.baseline_error, std::fabs(ref.out_plain[i] - ref.out[i]));
+    if (!std::isfinite(got[i])) {
+      if (report.not_finite++ == 0) report.first_not_finite = static_cast<std::int64_t>(i);
+      continue;
+    }
+    const double error = std::fabs(got[i] - ref.out[i]);
+    if (report.worst < 0 || error > report.max_error) {
+      report.max_error = error;
+      report.worst = static_cast<std::int64_t>(i);
+    }
+  }
+  return report;
+}
+
+LseReport compare_lse(const std::vector<double>& got, const std::vector<double>& want) {
+  if (got.size() != want.size()) throw std::invalid_argument("compare_lse: sizes differ");
+  LseReport report;
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const bool ok = std::isinf(want[i])
+                        ? got[i] == want[i]
+                        : std::fabs(got[i] - want[i]) <= 1e-3 * std::max(1.0, std::fabs(want[i]));
+    if (!ok && report.bad++ == 0) report.first_bad = static_cast<std::int64_t>(i);
+  }
+  return report;
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,107 @@
+// The CPU attention reference the attention tests compare kiln against, with host images of the
+// 16-bit device formats and strided host layouts.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <random>
+#include <vector>
+
+#include "kiln/spec.hpp"
+
+namespace kiln::test {
+
+// Host images of f16 and bf16: the stored bits and the value they hold, exactly.
+std::uint16_t to_bits(DType dtype, double value);  // round to nearest even
+double from_bits(DType dtype, std::uint16_t bits);
+double round_to(DType dtype, double value);  // what storing `value` in `dtype` keeps
+
+// `count` values drawn from a normal distribution (std 1), rounded to `dtype` so that host and
+// device see the same numbers.
+std::vector<double> random_normal(DType dtype, std::size_t count, std::mt19937& rng);
+
+// Where the elements of a logical row-major tensor of `shape` live in a larger flat buffer:
+// element (i0, i1, ...) at offset + i0 * strides[0] + i1 * strides[1] + ...
+struct Strided {
+  std::vector<std::int64_t> shape;
+  std::vector<std::int64_t> strides;
+  std::int64_t offset = 0;
+
+  std::int64_t count() const;   // elements of the logical tensor
+  std::int64_t extent() const;  // one past the furthest element, from the buffer's start
+  static Strided dense(std::vector<std::int64_t> shape);  // row-major, offset 0
+};
+
+// Calls fn(logical index, buffer position) for every element, in row-major logical order.
+void for_each_element(const Strided& layout,
+                      const std::function<void(std::int64_t, std::int64_t)>& fn);
+
+// Writes the logical `values` into `buffer` at the layout's positions; the rest is untouched.
+void scatter(DType dtype, const Strided& layout, const std::vector<double>& values,
+             std::vector<std::uint16_t>& buffer);
+// Reads the logical tensor back out of `buffer`.
+std::vector<double> gather(DType dtype, const Strided& layout,
+                           const std::vector<std::uint16_t>& buffer);
+
+// One attention call as the reference sees it. Every batch is a sequence of tokens in a token
+// dim, as varlen lays it out; a padded batch is the case cu_seqlens = {0, s, 2s, ...}.
+//   q (total_q, heads, head_dim), k (total_k, heads_kv, head_dim),
+//   v (total_k, heads_kv, head_dim_v), dense row-major, values exactly representable in dtype.
+struct ReferenceProblem {
+  DType dtype = DType::bf16;  // of the inputs; the plain-dtype baseline rounds to it
+  int heads = 1;
+  int heads_kv = 1;
+  int head_dim = 0;
+  int head_dim_v = 0;
+  std::vector<int> cu_seqlens_q;  // batch + 1 offsets into the token dim
+  std::vector<int> cu_seqlens_k;
+  std::vector<int> seqused_k;  // empty, or per batch: only the first seqused_k[b] keys count
+  double softmax_scale = 1;
+  // The band of keys query i sees, measured from its diagonal i + offset, with offset
+  // seqlen_k - seqlen_q (bottom-right) or 0 (top_left); -1 is unbounded. Causal is (-1, 0).
+  int window_left = -1;
+  int window_right = -1;
+  bool top_left = false;
+  double softcap = 0;                // > 0: logits = softcap * tanh(logits / softcap)
+  std::vector<double> alibi_slopes;  // empty, (heads) or (batch, heads)
+  // Additive bias at (batch, head, query row, key) within the sequence; empty: none.
+  std::function<double(int, int, int, int)> bias;
+
+  int batch() const { return static_cast<int>(cu_seqlens_q.size()) - 1; }
+  // A padded batch of `batch` sequences of equal lengths.
+  void set_padded(int batch, int seqlen_q, int seqlen_k);
+  // Varlen sequences of the given lengths.
+  void set_lengths(const std::vector<int>& seqlens_q, const std::vector<int>& seqlens_k);
+};
+
+struct ReferenceResult {
+  std::vector<double> out;        // (total_q, heads, head_dim_v), in fp64
+  std::vector<double> out_plain;  // the same computed plainly in the input dtype (see .cpp)
+  std::vector<double> lse;        // (heads, total_q), natural log; -inf for fully masked rows
+};
+
+ReferenceResult attention_reference(const ReferenceProblem& problem, const std::vector<double>& q,
+                                    const std::vector<double>& k, const std::vector<double>& v);
+
+// FlashAttention's acceptance rule: kiln's largest error against the fp64 reference may be at
+// most twice the largest error of the plain-dtype computation, plus 1e-5.
+struct ErrorReport {
+  double max_error = 0;         // of the finite outputs against the fp64 reference
+  double baseline_error = 0;    // of the plain-dtype output against the fp64 reference
+  std::int64_t worst = -1;      // index of max_error's element
+  std::int64_t not_finite = 0;  // NaN or inf (the reference is always finite)
+  std::int64_t first_not_finite = -1;
+  double bound() const { return 2 * baseline_error + 1e-5; }
+  bool ok() const { return not_finite == 0 && max_error <= bound(); }
+};
+ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult& ref);
+
+// LSE within 1e-3, relative above magnitude 1; -inf exactly where the reference has -inf.
+struct LseReport {
+  std::int64_t bad = 0;
+  std::int64_t first_bad = -1;
+  bool ok() const { return bad == 0; }
+};
+LseReport compare_lse(const std::vector<double>& got, const std::vector<double>& want);
+
+}  // namespace kiln::test

@@ -1,0 +1,1072 @@
+// kiln::attention() on a GPU against the fp64 CPU reference: odd sizes, every head dim, both
+// dtypes, masks, GQA, strided layouts, softcap, ALiBi, bias, LSE, varlen and empty problems;
+// and, with no GPU, the reference itself against hand-computed cases.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "attention_reference.hpp"
+#include "gpu.hpp"
+#include "kiln/attention.hpp"
+#include "support.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using kiln::DType;
+using kiln::TensorView;
+using kiln::test::DeviceBuffer;
+using kiln::test::ReferenceProblem;
+using kiln::test::ReferenceResult;
+using kiln::test::Strided;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// ---------------------------------------------------------------------------------------------
+// The reference, checked by hand (no GPU).
+
+// q = (1, 0, ..., 0) against k0 = (ln 3, 0, ...) and k1 = 0 at scale 1: logits ln 3 and 0, so
+// the softmax weights are 3/4 and 1/4 and the LSE is ln 4.
+struct TwoKeys {
+  std::vector<double> q = std::vector<double>(8, 0.0);
+  std::vector<double> k = std::vector<double>(16, 0.0);
+  std::vector<double> v = std::vector<double>(16, 0.0);
+  TwoKeys() {
+    q[0] = 1;
+    k[0] = std::log(3.0);
+    for (std::size_t c = 0; c < 8; ++c) {
+      v[c] = static_cast<double>(c) + 1;         // v0 = 1..8
+      v[8 + c] = -2.0 * static_cast<double>(c);  // v1 = 0, -2, ..., -14
+    }
+  }
+  static ReferenceProblem problem() {
+    ReferenceProblem p;
+    p.head_dim = p.head_dim_v = 8;
+    p.set_padded(1, 1, 2);
+    return p;
+  }
+  // The output row for softmax weights w0 and 1 - w0.
+  std::vector<double> mix(double w0) const {
+    std::vector<double> out(8);
+    for (std::size_t c = 0; c < 8; ++c) out[c] = w0 * v[c] + (1 - w0) * v[8 + c];
+    return out;
+  }
+};
+
+// Hand-computed values agree with the fp64 reference to rounding.
+Approx near(double x) {
+  return Approx(x).epsilon(1e-12).margin(1e-12);
+}
+
+void check_row(const std::vector<double>& got, const std::vector<double>& want) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t c = 0; c < got.size(); ++c) {
+    INFO("column " << c);
+    CHECK(got[c] == near(want[c]));
+  }
+}
+
+TEST_CASE("attention reference: one query over two keys, by hand", "[attention]") {
+  const TwoKeys in;
+  ReferenceProblem p = TwoKeys::problem();
+  ReferenceResult r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.75));
+  CHECK(r.lse[0] == near(std::log(4.0)));
+
+  // The scale multiplies the logits: ln 3 / 2 and 0 give weights sqrt 3 : 1.
+  p.softmax_scale = 0.5;
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(std::sqrt(3.0) / (std::sqrt(3.0) + 1)));
+  CHECK(r.lse[0] == near(std::log(std::sqrt(3.0) + 1)));
+}
+
+TEST_CASE("attention reference: the band, its alignment and fully masked rows, by hand",
+          "[attention]") {
+  const TwoKeys in;
+  ReferenceProblem p = TwoKeys::problem();
+  // Bottom-right causal: the one query is aligned with the last key and sees both.
+  p.window_right = 0;
+  ReferenceResult r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.75));
+  // Top-left causal: it sees key 0 only.
+  p.top_left = true;
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(1.0));
+  CHECK(r.lse[0] == near(std::log(3.0)));
+  // Window (0, 0) bottom-right: key 1 only, logit 0.
+  p.top_left = false;
+  p.window_left = 0;
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.0));
+  CHECK(r.lse[0] == near(0.0));
+  // Window (0, 0) top-left with two queries over one key: query 1 has no key at all.
+  p.top_left = true;
+  p.set_padded(1, 2, 1);
+  std::vector<double> q2(16, 0.0);
+  q2[0] = 1;
+  q2[8] = 1;
+  const std::vector<double> k1(in.k.begin(), in.k.begin() + 8);
+  const std::vector<double> v1(in.v.begin(), in.v.begin() + 8);
+  r = kiln::test::attention_reference(p, q2, k1, v1);
+  check_row(std::vector<double>(r.out.begin(), r.out.begin() + 8), in.mix(1.0));
+  CHECK(r.lse[0] == near(std::log(3.0)));
+  check_row(std::vector<double>(r.out.begin() + 8, r.out.end()), std::vector<double>(8, 0.0));
+  check_row(std::vector<double>(r.out_plain.begin() + 8, r.out_plain.end()),
+            std::vector<double>(8, 0.0));
+  CHECK(r.lse[1] == -kInf);
+  // Bottom-right causal with more queries than keys: the first query is fully masked.
+  p.top_left = false;
+  p.window_left = -1;
+  r = kiln::test::attention_reference(p, q2, k1, v1);
+  CHECK(r.lse[0] == -kInf);
+  check_row(std::vector<double>(r.out.begin(), r.out.begin() + 8), std::vector<double>(8, 0.0));
+  check_row(std::vector<double>(r.out.begin() + 8, r.out.end()), in.mix(1.0));
+}
+
+TEST_CASE("attention reference: softcap, ALiBi and bias, by hand", "[attention]") {
+  const TwoKeys in;
+  ReferenceProblem p = TwoKeys::problem();
+  // Softcap 1: tanh(ln 3) = 0.8 exactly.
+  p.softcap = 1;
+  ReferenceResult r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(std::exp(0.8) / (std::exp(0.8) + 1)));
+  CHECK(r.lse[0] == near(std::log(std::exp(0.8) + 1)));
+  // ALiBi slope ln 3 bottom-right: key 0 is 1 from the diagonal, key 1 on it: equal logits.
+  p.softcap = 0;
+  p.alibi_slopes = {std::log(3.0)};
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.5));
+  // Top-left, key 1 is 1 from the diagonal instead: logits ln 3 and -ln 3, weights 9 : 1.
+  p.top_left = true;
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.9));
+  // Per (batch, head) slopes, two batches of one head: batch 1 takes the second slope.
+  p.top_left = false;
+  p.set_padded(2, 1, 2);
+  p.alibi_slopes = {0.0, 5.0};
+  std::vector<double> q2(in.q), k2(in.k), v2(in.v);
+  q2.insert(q2.end(), in.q.begin(), in.q.end());
+  k2.insert(k2.end(), in.k.begin(), in.k.end());
+  v2.insert(v2.end(), in.v.begin(), in.v.end());
+  r = kiln::test::attention_reference(p, q2, k2, v2);
+  check_row(std::vector<double>(r.out.begin(), r.out.begin() + 8), in.mix(0.75));
+  const double w = 3 * std::exp(-5.0) / (3 * std::exp(-5.0) + 1);
+  check_row(std::vector<double>(r.out.begin() + 8, r.out.end()), in.mix(w));
+  // Bias adds to the logits: +ln 3 on key 1 evens them out.
+  p = TwoKeys::problem();
+  const auto on_key = [](double x) {
+    return
+        [x](int b, int h, int i, int j) { return b == 0 && h == 0 && i == 0 && j == 1 ? x : 0.0; };
+  };
+  p.bias = on_key(std::log(3.0));
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.5));
+  CHECK(r.lse[0] == near(std::log(6.0)));
+  // ... after the softcap, which caps ln 3 to 0.8 and leaves the bias of 0.8 alone.
+  p.softcap = 1;
+  p.bias = on_key(0.8);
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.5));
+}
+
+TEST_CASE("attention reference: GQA heads, varlen offsets and the LSE layout", "[attention]") {
+  // 4 query heads on 2 kv heads; kv head 1's values are 10 times kv head 0's. Two sequences of
+  // 1 and 2 queries over 2 and 1 keys, bottom-right causal.
+  ReferenceProblem p;
+  p.heads = 4;
+  p.heads_kv = 2;
+  p.head_dim = p.head_dim_v = 8;
+  p.window_right = 0;
+  p.set_lengths({1, 2}, {2, 1});
+  std::vector<double> q(3 * 4 * 8, 0.0), k(3 * 2 * 8, 0.0), v(3 * 2 * 8, 0.0);
+  for (std::size_t token = 0; token < 3; ++token) {
+    for (std::size_t h = 0; h < 2; ++h) {
+      for (std::size_t c = 0; c < 8; ++c) {
+        v[(token * 2 + h) * 8 + c] = (h == 0 ? 1.0 : 10.0) * static_cast<double>(token + 1);
+      }
+    }
+  }
+  const ReferenceResult r = kiln::test::attention_reference(p, q, k, v);
+  // All logits 0: sequence 0's query averages keys 0 and 1 (1.5 and 15 by kv head).
+  for (std::size_t h = 0; h < 4; ++h) {
+    INFO("head " << h);
+    CHECK(r.out[h * 8] == near(h < 2 ? 1.5 : 15.0));
+    CHECK(r.lse[h * 3] == near(std::log(2.0)));
+    // Sequence 1 (tokens 1, 2) has 1 key: its first query is masked, its second sees key 2.
+    CHECK(r.lse[h * 3 + 1] == -kInf);
+    CHECK(r.out[(1 * 4 + h) * 8] == 0.0);
+    CHECK(r.out[(2 * 4 + h) * 8] == near(h < 2 ? 3.0 : 30.0));
+    CHECK(r.lse[h * 3 + 2] == near(0.0));
+  }
+  // seqused_k = 1 for sequence 0 leaves it key 0 only, and moves its diagonal there.
+  p.seqused_k = {1, 1};
+  const ReferenceResult used = kiln::test::attention_reference(p, q, k, v);
+  CHECK(used.out[0] == near(1.0));
+  CHECK(used.lse[0] == near(0.0));
+}
+
+TEST_CASE("attention reference: 16-bit rounding, layouts and the acceptance rule", "[attention]") {
+  using kiln::test::from_bits;
+  using kiln::test::round_to;
+  using kiln::test::to_bits;
+  // Ties go to even: 1 + 2^-8 sits halfway between bf16 1 and 1 + 2^-7.
+  CHECK(round_to(DType::bf16, 1 + 0x1p-8) == 1.0);
+  CHECK(round_to(DType::bf16, 1 + 3 * 0x1p-8) == 1 + 0x1p-6);
+  CHECK(round_to(DType::bf16, 1 + 0x1p-8 + 0x1p-20) == 1 + 0x1p-7);
+  CHECK(round_to(DType::f16, 1 + 0x1p-11) == 1.0);
+  CHECK(round_to(DType::f16, 1 + 3 * 0x1p-11) == 1 + 0x1p-9);
+  CHECK(to_bits(DType::bf16, 1.0) == 0x3f80);
+  CHECK(to_bits(DType::f16, -2.0) == 0xc000);
+  CHECK(std::isnan(from_bits(DType::bf16, 0xffff)));
+  CHECK(std::isnan(from_bits(DType::f16, 0xffff)));
+
+  // Packed (batch 1, seqlen 2, 3, heads 2, d 8): k's slice starts 16 elements in.
+  const Strided k_slice{.shape = {1, 2, 2, 8}, .strides = {96, 48, 8, 1}, .offset = 16};
+  CHECK(k_slice.count() == 32);
+  CHECK(k_slice.extent() == 16 + 48 + 8 + 7 + 1);
+  std::vector<double> values(32);
+  std::iota(values.begin(), values.end(), 1.0);
+  std::vector<std::uint16_t> buffer(96, 0xffff);
+  kiln::test::scatter(DType::bf16, k_slice, values, buffer);
+  CHECK(from_bits(DType::bf16, buffer[16]) == 1.0);
+  CHECK(from_bits(DType::bf16, buffer[16 + 8]) == 9.0);    // head 1
+  CHECK(from_bits(DType::bf16, buffer[16 + 48]) == 17.0);  // token 1
+  CHECK(buffer[15] == 0xffff);
+  CHECK(buffer[32] == 0xffff);  // v's slice of token 0 stays untouched
+  CHECK(kiln::test::gather(DType::bf16, k_slice, buffer) == values);
+
+  // The plain-dtype baseline differs from fp64 by rounding, a little: kiln's bound is 2x that.
+  std::mt19937 rng(5);
+  ReferenceProblem p;
+  p.dtype = DType::bf16;
+  p.head_dim = p.head_dim_v = 64;
+  p.heads = p.heads_kv = 2;
+  p.softmax_scale = 0.125;
+  p.set_padded(1, 33, 47);
+  const auto q = kiln::test::random_normal(DType::bf16, 33 * 2 * 64, rng);
+  const auto k = kiln::test::random_normal(DType::bf16, 47 * 2 * 64, rng);
+  const auto v = kiln::test::random_normal(DType::bf16, 47 * 2 * 64, rng);
+  const auto stored = [](double x) { return x != 0 && round_to(DType::bf16, x) == x; };
+  CHECK(std::all_of(q.begin(), q.end(), stored));
+  const ReferenceResult r = kiln::test::attention_reference(p, q, k, v);
+  CHECK(std::all_of(r.out_plain.begin(), r.out_plain.end(), stored));
+  auto report = kiln::test::compare_output(r.out, r);
+  CHECK(report.ok());
+  CHECK(report.max_error == 0.0);
+  CHECK(report.baseline_error > 1e-4);
+  CHECK(report.baseline_error < 0.05);
+  // An error just over the bound fails, as does a NaN.
+  std::vector<double> off = r.out;
+  off[100] += 1.01 * report.bound();
+  CHECK_FALSE(kiln::test::compare_output(off, r).ok());
+  CHECK(kiln::test::compare_output(off, r).worst == 100);
+  off = r.out;
+  off[7] = std::nan("");
+  report = kiln::test::compare_output(off, r);
+  CHECK_FALSE(report.ok());
+  CHECK(report.first_not_finite == 7);
+
+  // LSE: -inf must match exactly; finite values within 1e-3, relative above 1.
+  CHECK(kiln::test::compare_lse({-kInf, 100.0, 0.5}, {-kInf, 100.05, 0.5009}).ok());
+  CHECK_FALSE(kiln::test::compare_lse({-kInf, 0.0}, {-1e30, 0.0}).ok());
+  CHECK_FALSE(kiln::test::compare_lse({0.0, std::nan("")}, {-kInf, 0.0}).ok());
+  CHECK_FALSE(kiln::test::compare_lse({100.0, 0.5}, {100.2, 0.5}).ok());
+  CHECK(kiln::test::compare_lse({0.5, 0.5}, {0.5, 0.5011}).first_bad == 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One GPU case: inputs laid out as asked, kiln against the reference, every output checked.
+
+enum class Layout {
+  contiguous,  // (batch, seqlen, heads, d), or (tokens, heads, d) with varlen
+  padded,      // every stride padded (lse's too), the gaps NaN, views 16 bytes into the buffer
+  packed_qkv,  // q, k, v slices of one (batch, seqlen, 3, heads, d) buffer
+  bhsd,        // (batch, heads, seqlen, d) memory, or (heads, tokens, d), seen through strides
+};
+enum class Alibi { none, per_head, per_batch_head };
+enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
+
+struct Case {
+  DType dtype = DType::bf16;
+  int batch = 1;
+  int seqlen_q = 1;
+  int seqlen_k = 1;
+  int heads = 1;
+  int heads_kv = 1;
+  int head_dim = 64;
+  int head_dim_v = 0;  // 0: head_dim
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  bool top_left = false;
+  float softcap = 0;
+  std::optional<float> softmax_scale;
+  Layout layout = Layout::contiguous;
+  Alibi alibi = Alibi::none;
+  Bias bias = Bias::none;
+  bool lse = false;
+  std::vector<int> seqlens_q;  // varlen when set: one length per sequence
+  std::vector<int> seqlens_k;
+  std::vector<int> seqused_k;
+
+  bool varlen() const { return !seqlens_q.empty(); }
+  int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream s;
+  s << kiln::to_string(c.dtype) << " heads " << c.heads << "/" << c.heads_kv << " d " << c.head_dim
+    << "/" << c.dim_v();
+  if (c.varlen()) {
+    s << " varlen q";
+    for (int n : c.seqlens_q) s << " " << n;
+    s << " k";
+    for (int n : c.seqlens_k) s << " " << n;
+  } else {
+    s << " batch " << c.batch << " seqlen " << c.seqlen_q << "x" << c.seqlen_k;
+  }
+  if (!c.seqused_k.empty()) s << " seqused_k";
+  if (c.causal) s << " causal";
+  if (c.window_left >= 0 || c.window_right >= 0) {
+    s << " window (" << c.window_left << ", " << c.window_right << ")";
+  }
+  if (c.top_left) s << " top-left";
+  if (c.softcap > 0) s << " softcap " << c.softcap;
+  if (c.softmax_scale) s << " scale " << *c.softmax_scale;
+  const char* layouts[] = {"contiguous", "padded", "packed qkv", "bhsd"};
+  s << " layout " << layouts[static_cast<int>(c.layout)];
+  const char* alibis[] = {"", " alibi per head", " alibi per batch and head"};
+  const char* biases[] = {"", " bias", " bias shared by the batch (stride 0)",
+                          " bias shared by the heads (stride 0)", " bias transposed"};
+  s << alibis[static_cast<int>(c.alibi)] << biases[static_cast<int>(c.bias)];
+  if (c.lse) s << " lse";
+  return s.str();
+}
+
+constexpr std::uint16_t kPoison16 = 0xffff;  // what DeviceBuffer::poison() leaves: NaN
+constexpr std::uint32_t kPoison32 = 0xffffffff;
+constexpr std::int64_t kGuard = 8;  // poisoned elements after every view, to catch overruns
+
+const fs::path& cache_dir() {
+  static const kiln::test::TempDir dir;  // one per file: later test cases hit on disk
+  return dir.path();
+}
+
+kiln::Options options_for(const fs::path& cache) {
+  kiln::Options options;
+  options.cache_dir = cache;
+  options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
+  options.cache_ro_dirs = std::vector<fs::path>{};
+  options.jit = kiln::JitMode::on;
+  return options;
+}
+
+// The layout of one q-like tensor: (batch, seqlen, heads, dim), or (tokens, heads, dim).
+Strided layout_of(Layout layout, bool varlen, std::int64_t batch, std::int64_t seqlen,
+                  std::int64_t heads, std::int64_t dim) {
+  std::vector<std::int64_t> shape = {seqlen, heads, dim};
+  if (!varlen) shape.insert(shape.begin(), batch);
+  Strided s = Strided::dense(shape);
+  const std::size_t seq = varlen ? 0 : 1;  // the token axis
+  if (layout == Layout::padded) {
+    // Strides stay multiples of 8 elements (16 bytes), as kiln requires.
+    s.strides[seq + 1] = dim + 8;
+    s.strides[seq] = heads * (dim + 8) + 8;
+    if (!varlen) s.strides[0] = seqlen * s.strides[1] + 8;
+    s.offset = 8;
+  } else if (layout == Layout::bhsd) {
+    s.strides[seq] = dim;
+    s.strides[seq + 1] = seqlen * dim;
+    if (!varlen) s.strides[0] = heads * seqlen * dim;
+  }
+  return s;
+}
+
+// The lse layout: (batch, heads, seqlen_q) or (heads, total_q); padded strides are odd on
+// purpose, as nothing but the last dim's stride is constrained.
+Strided lse_layout(const Case& c, std::int64_t total_q) {
+  Strided s = c.varlen() ? Strided::dense({c.heads, total_q})
+                         : Strided::dense({c.batch, c.heads, c.seqlen_q});
+  if (c.layout == Layout::padded) {
+    const std::size_t h = c.varlen() ? 0 : 1;
+    s.strides[h] = s.shape[h + 1] + 3;
+    if (!c.varlen()) s.strides[0] = c.heads * s.strides[1] + 5;
+    s.offset = 1;
+  }
+  return s;
+}
+
+std::int64_t buffer_size(std::initializer_list<const Strided*> layouts) {
+  std::int64_t size = 0;
+  for (const Strided* s : layouts) size = std::max(size, s->extent());
+  return size + kGuard;
+}
+
+TensorView view_of(const DeviceBuffer& buffer, DType dtype, const Strided& s) {
+  TensorView t;
+  t.data = static_cast<std::byte*>(buffer.get()) +
+           s.offset * static_cast<std::int64_t>(kiln::size_of(dtype));
+  t.dtype = dtype;
+  t.rank = static_cast<int>(s.shape.size());
+  std::copy(s.shape.begin(), s.shape.end(), t.shape.begin());
+  std::copy(s.strides.begin(), s.strides.end(), t.strides.begin());
+  return t;
+}
+
+template <class T>
+std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& host) {
+  auto buffer = std::make_unique<DeviceBuffer>(host.size() * sizeof(T));
+  buffer->upload(host);
+  return buffer;
+}
+
+// Positions of `image` outside every layout that no longer hold the poison.
+template <class T>
+std::int64_t written_outside(const std::vector<T>& image,
+                             std::initializer_list<const Strided*> layouts, T poison) {
+  std::vector<bool> inside(image.size(), false);
+  for (const Strided* s : layouts) {
+    kiln::test::for_each_element(*s, [&](std::int64_t, std::int64_t at) { inside[at] = true; });
+  }
+  std::int64_t count = 0;
+  for (std::size_t i = 0; i < image.size(); ++i) count += !inside[i] && image[i] != poison;
+  return count;
+}
+
+// What the reference needs to know of `c`; ALiBi slopes and bias come with their uploads.
+ReferenceProblem reference_problem(const Case& c) {
+  ReferenceProblem ref;
+  ref.dtype = c.dtype;
+  ref.heads = c.heads;
+  ref.heads_kv = c.heads_kv;
+  ref.head_dim = c.head_dim;
+  ref.head_dim_v = c.dim_v();
+  if (c.varlen()) {
+    ref.set_lengths(c.seqlens_q, c.seqlens_k);
+  } else {
+    ref.set_padded(c.batch, c.seqlen_q, c.seqlen_k);
+  }
+  ref.seqused_k = c.seqused_k;
+  // kiln's default is computed in float; the reference takes the same float.
+  ref.softmax_scale = c.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  ref.window_left = c.window_left;
+  ref.window_right = c.causal ? 0 : c.window_right;
+  ref.top_left = c.top_left;
+  ref.softcap = c.softcap;
+  return ref;
+}
+
+struct Layouts {
+  Strided q, k, v, out, lse;
+};
+
+Layouts layouts_of(const Case& c, const ReferenceProblem& ref) {
+  const bool varlen = c.varlen();
+  const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
+  const std::int64_t seqlen_q = varlen ? total_q : c.seqlen_q;
+  const std::int64_t seqlen_k = varlen ? total_k : c.seqlen_k;
+  Layouts l;
+  if (c.layout == Layout::packed_qkv) {
+    REQUIRE((seqlen_q == seqlen_k && c.heads == c.heads_kv && c.head_dim == c.dim_v()));
+    const std::int64_t token = 3 * c.heads * c.head_dim;
+    l.q = layout_of(Layout::contiguous, varlen, c.batch, seqlen_q, c.heads, c.head_dim);
+    l.q.strides[varlen ? 0 : 1] = token;
+    if (!varlen) l.q.strides[0] = seqlen_q * token;
+    l.k = l.v = l.q;
+    l.k.offset = c.heads * c.head_dim;
+    l.v.offset = 2 * c.heads * c.head_dim;
+    l.out = layout_of(Layout::contiguous, varlen, c.batch, seqlen_q, c.heads, c.dim_v());
+  } else {
+    l.q = layout_of(c.layout, varlen, c.batch, seqlen_q, c.heads, c.head_dim);
+    l.k = layout_of(c.layout, varlen, c.batch, seqlen_k, c.heads_kv, c.head_dim);
+    l.v = layout_of(c.layout, varlen, c.batch, seqlen_k, c.heads_kv, c.dim_v());
+    l.out = layout_of(c.layout, varlen, c.batch, seqlen_q, c.heads, c.dim_v());
+  }
+  l.lse = lse_layout(c, total_q);
+  return l;
+}
+
+// Everything on the device for one case, and the views and options that point into it.
+struct DeviceCase {
+  std::vector<std::unique_ptr<DeviceBuffer>> buffers;  // inputs, kept alive
+  TensorView q, k, v, out;
+  std::unique_ptr<DeviceBuffer> out_buffer, lse_buffer;
+  kiln::AttentionOptions options;
+};
+
+// q, k and v in their layouts, the rest of each buffer NaN; packed QKV shares one buffer.
+void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
+                const std::vector<double>& k, const std::vector<double>& v, DeviceCase& d) {
+  if (c.layout == Layout::packed_qkv) {
+    std::vector<std::uint16_t> image(buffer_size({&l.q, &l.k, &l.v}), kPoison16);
+    kiln::test::scatter(c.dtype, l.q, q, image);
+    kiln::test::scatter(c.dtype, l.k, k, image);
+    kiln::test::scatter(c.dtype, l.v, v, image);
+    d.buffers.push_back(upload(image));
+    d.q = view_of(*d.buffers[0], c.dtype, l.q);
+    d.k = view_of(*d.buffers[0], c.dtype, l.k);
+    d.v = view_of(*d.buffers[0], c.dtype, l.v);
+    return;
+  }
+  for (auto [layout, values, view] :
+       {std::tuple{&l.q, &q, &d.q}, std::tuple{&l.k, &k, &d.k}, std::tuple{&l.v, &v, &d.v}}) {
+    std::vector<std::uint16_t> image(buffer_size({layout}), kPoison16);
+    kiln::test::scatter(c.dtype, *layout, *values, image);
+    d.buffers.push_back(upload(image));
+    *view = view_of(*d.buffers.back(), c.dtype, *layout);
+  }
+}
+
+void add_alibi(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
+  const int rows = c.alibi == Alibi::per_batch_head ? ref.batch() : 1;
+  std::uniform_real_distribution<float> slope(0.05f, 1.0f);
+  std::vector<float> host(static_cast<std::size_t>(rows * c.heads));
+  for (float& x : host) x = slope(rng);
+  ref.alibi_slopes.assign(host.begin(), host.end());
+  d.buffers.push_back(upload(host));
+  d.options.alibi_slopes =
+      c.alibi == Alibi::per_head
+          ? TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads})
+          : TensorView::contiguous(d.buffers.back()->get(), DType::f32, {rows, c.heads});
+}
+
+void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
+  REQUIRE_FALSE(c.varlen());
+  const std::int64_t b = c.batch, h = c.heads, sq = c.seqlen_q, sk = c.seqlen_k;
+  // The memory the bias lives in, and the view's (batch, heads, row, key) strides into it.
+  Strided storage;
+  std::vector<std::int64_t> strides;
+  switch (c.bias) {
+    case Bias::batch_broadcast:
+      storage = Strided::dense({h, sq, sk});
+      strides = {0, sq * sk, sk, 1};
+      break;
+    case Bias::head_broadcast:
+      storage = Strided::dense({b, sq, sk});
+      strides = {sq * sk, 0, sk, 1};
+      break;
+    case Bias::transposed:  // keys are the rows of memory
+      storage = Strided::dense({b, h, sk, sq});
+      strides = {h * sk * sq, sk * sq, 1, sq};
+      break;
+    default: storage = Strided::dense({b, h, sq, sk}); strides = storage.strides;
+  }
+  const auto values = kiln::test::random_normal(c.dtype, storage.count(), rng);
+  std::vector<std::uint16_t> image(static_cast<std::size_t>(storage.count()));
+  kiln::test::scatter(c.dtype, storage, values, image);
+  d.buffers.push_back(upload(image));
+  ref.bias = [values, strides](int bi, int hi, int i, int j) {
+    return values[bi * strides[0] + hi * strides[1] + i * strides[2] + j * strides[3]];
+  };
+  d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{{b, h, sq, sk}, strides, 0});
+}
+
+void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
+  const int batch = ref.batch();
+  if (c.varlen()) {
+    d.buffers.push_back(upload(ref.cu_seqlens_q));
+    d.options.cu_seqlens_q =
+        TensorView::contiguous(d.buffers.back()->get(), DType::i32, {batch + 1});
+    d.buffers.push_back(upload(ref.cu_seqlens_k));
+    d.options.cu_seqlens_k =
+        TensorView::contiguous(d.buffers.back()->get(), DType::i32, {batch + 1});
+    d.options.max_seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
+    d.options.max_seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
+  }
+  if (!c.seqused_k.empty()) {
+    d.buffers.push_back(upload(c.seqused_k));
+    d.options.seqused_k = TensorView::contiguous(d.buffers.back()->get(), DType::i32, {batch});
+  }
+}
+
+void check_out(const Case& c, const Layouts& l, const std::vector<std::uint16_t>& bits,
+               const ReferenceResult& want) {
+  const auto got = kiln::test::gather(c.dtype, l.out, bits);
+  const kiln::test::ErrorReport error = kiln::test::compare_output(got, want);
+  std::ostringstream where;
+  if (error.worst >= 0) {
+    const auto w = static_cast<std::size_t>(error.worst), dv = static_cast<std::size_t>(c.dim_v());
+    where << "worst at token " << w / (c.heads * dv) << " head " << w / dv % c.heads << " col "
+          << w % dv << ": got " << got[w] << " want " << want.out[w] << " (plain dtype "
+          << want.out_plain[w] << ")";
+  }
+  INFO("max error " << error.max_error << " bound " << error.bound() << " (baseline "
+                    << error.baseline_error << "), " << error.not_finite << " not finite (first "
+                    << error.first_not_finite << "); " << where.str());
+  CHECK(error.ok());
+  CHECK(written_outside(bits, {&l.out}, kPoison16) == 0);
+}
+
+void check_lse(const Case& c, const Layouts& l, const std::vector<std::uint32_t>& bits,
+               const ReferenceResult& want) {
+  if (!c.lse) {
+    CHECK(written_outside(bits, {}, kPoison32) == 0);  // nothing asked, nothing written
+    return;
+  }
+  // Read through kiln's layout into the reference's (heads, total_q) order.
+  const auto total_q = static_cast<std::int64_t>(want.lse.size()) / std::max(c.heads, 1);
+  std::vector<double> got(want.lse.size());
+  kiln::test::for_each_element(l.lse, [&](std::int64_t i, std::int64_t at) {
+    std::int64_t h = i / total_q, token = i % total_q;
+    if (!c.varlen()) {  // i counts (batch, heads, seqlen_q)
+      h = i / c.seqlen_q % c.heads;
+      token = i / (c.heads * c.seqlen_q) * c.seqlen_q + i % c.seqlen_q;
+    }
+    got[h * total_q + token] = std::bit_cast<float>(bits[at]);
+  });
+  const kiln::test::LseReport report = kiln::test::compare_lse(got, want.lse);
+  INFO(report.bad << " lse values off; the first at (head, token) index " << report.first_bad
+                  << ": got " << (report.first_bad >= 0 ? got[report.first_bad] : 0.0) << " want "
+                  << (report.first_bad >= 0 ? want.lse[report.first_bad] : 0.0));
+  CHECK(report.ok());
+  CHECK(written_outside(bits, {&l.lse}, kPoison32) == 0);
+}
+
+// Runs `c` twice on `rt` (outputs poisoned each time) and checks out and lse against the
+// reference, the poisoned gaps and guards, bit-identical repeats and a memory hit the second time.
+void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
+  INFO(describe(c));
+  ReferenceProblem ref = reference_problem(c);
+  const Layouts l = layouts_of(c, ref);
+  const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
+  const auto q = kiln::test::random_normal(c.dtype, total_q * c.heads * c.head_dim, rng);
+  const auto k = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.head_dim, rng);
+  const auto v = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.dim_v(), rng);
+
+  DeviceCase d;
+  upload_qkv(c, l, q, k, v, d);
+  d.out_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.out}) * 2);
+  d.out = view_of(*d.out_buffer, c.dtype, l.out);
+  d.lse_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.lse}) * 4);
+  d.options = {.softmax_scale = c.softmax_scale,
+               .causal = c.causal,
+               .window_left = c.window_left,
+               .window_right = c.window_right,
+               .top_left = c.top_left,
+               .softcap = c.softcap};
+  if (c.alibi != Alibi::none) add_alibi(c, ref, d, rng);
+  if (c.bias != Bias::none) add_bias(c, ref, d, rng);
+  add_sequences(c, ref, d);
+  if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
+  const ReferenceResult want = kiln::test::attention_reference(ref, q, k, v);
+
+  const auto run = [&] {
+    d.out_buffer->poison();
+    d.lse_buffer->poison();
+    kiln::attention(d.q, d.k, d.v, d.out, d.options, nullptr, rt);
+    kiln::test::sync_and_check();
+    return std::pair{d.out_buffer->download<std::uint16_t>(),
+                     d.lse_buffer->download<std::uint32_t>()};
+  };
+  const kiln::Stats before = rt.stats();
+  const auto first = run();
+  const kiln::Stats after_first = rt.stats();
+  check_out(c, l, first.first, want);
+  check_lse(c, l, first.second, want);
+
+  // The same call again: the kernel comes from memory and the bits do not change.
+  const bool same_bits = run() == first;  // not CHECK(run() == first): it would print it all
+  CHECK(same_bits);
+  const kiln::Stats after_second = rt.stats();
+  const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;
+  if (ref.batch() > 0 && c.heads > 0 && rows > 0) {
+    CHECK(after_first.compiles + after_first.disk_hits + after_first.memory_hits >
+          before.compiles + before.disk_hits + before.memory_hits);
+    CHECK(after_second.memory_hits == after_first.memory_hits + 1);
+    CHECK(after_second.compiles == after_first.compiles);
+    CHECK(after_second.disk_hits == after_first.disk_hits);
+  } else {
+    // Nothing to compute: no kernel looked up, and nothing written (checked above).
+    CHECK(after_second.memory_hits == before.memory_hits);
+    CHECK(after_second.compiles == before.compiles);
+    CHECK(after_second.disk_hits == before.disk_hits);
+  }
+}
+
+constexpr DType kDTypes[] = {DType::bf16, DType::f16};
+
+}  // namespace
+
+TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(1);
+  for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype, .batch = 2, .heads = 4, .heads_kv = 4, .lse = true};
+    for (auto [sq, sk] : {std::pair{1, 1}, {17, 17}, {113, 203}, {203, 113}, {1, 1023}}) {
+      c.seqlen_q = sq;
+      c.seqlen_k = sk;
+      run_case(rt, c, rng);
+    }
+    // Long sequences: one batch of few heads keeps the fp64 reference to a few seconds.
+    c.batch = 1;
+    c.heads = c.heads_kv = 2;
+    c.seqlen_q = 1023;
+    c.seqlen_k = 1024;
+    run_case(rt, c, rng);
+    c.heads_kv = 1;
+    c.seqlen_q = c.seqlen_k = 2049;
+    run_case(rt, c, rng);
+  }
+}
+
+TEST_CASE("attention matches the reference for every head dim", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(2);
+  for (int dim : {8, 24, 40, 64, 72, 96, 128, 168, 200, 256}) {
+    // Each dim compiles its own kernels: bf16 without a mask, f16 with one.
+    Case c{
+        .batch = 2, .seqlen_q = 113, .seqlen_k = 203, .heads = 2, .heads_kv = 2, .head_dim = dim};
+    run_case(rt, c, rng);
+    c = {.dtype = DType::f16,
+         .batch = 2,
+         .seqlen_q = 203,
+         .seqlen_k = 113,
+         .heads = 2,
+         .heads_kv = 1,
+         .head_dim = dim,
+         .causal = true,
+         .lse = true};
+    run_case(rt, c, rng);
+  }
+  // DeepSeek's split: a wider q.k than v.
+  for (DType dtype : kDTypes) {
+    for (bool causal : {false, true}) {
+      run_case(rt,
+               {.dtype = dtype,
+                .batch = 2,
+                .seqlen_q = 113,
+                .seqlen_k = 203,
+                .heads = 4,
+                .heads_kv = 2,
+                .head_dim = 192,
+                .head_dim_v = 128,
+                .causal = causal,
+                .lse = true},
+               rng);
+    }
+  }
+}
+
+TEST_CASE("attention masks: causal both ways, sliding windows, fully masked rows",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(3);
+  struct Mask {
+    bool causal;
+    int left, right;
+    bool top_left;
+  };
+  const Mask masks[] = {{true, -1, -1, false}, {true, -1, -1, true},  {false, 32, 0, false},
+                        {false, 16, 8, false}, {false, 0, 0, false},  {false, 16, 8, true},
+                        {false, -1, 5, false}, {false, 7, -1, false}, {true, 20, -1, true}};
+  for (DType dtype : kDTypes) {
+    // 203 x 113 bottom-right leaves the first 90 rows of a causal mask without keys: out 0 and
+    // lse -inf; windows of 113 x 203 top-left do the same to rows past the keys' reach.
+    for (auto [sq, sk] : {std::pair{113, 203}, {203, 113}, {17, 17}, {1, 1023}}) {
+      for (const Mask& m : masks) {
+        run_case(rt,
+                 {.dtype = dtype,
+                  .batch = 2,
+                  .seqlen_q = sq,
+                  .seqlen_k = sk,
+                  .heads = 2,
+                  .heads_kv = 2,
+                  .causal = m.causal,
+                  .window_left = m.left,
+                  .window_right = m.right,
+                  .top_left = m.top_left,
+                  .lse = true},
+                 rng);
+      }
+    }
+  }
+  Case c{
+      .seqlen_q = 1023, .seqlen_k = 1024, .heads = 2, .heads_kv = 2, .causal = true, .lse = true};
+  run_case(rt, c, rng);
+  c.dtype = DType::f16;
+  c.seqlen_q = c.seqlen_k = 2049;
+  run_case(rt, c, rng);
+  c = {.seqlen_q = 2049, .seqlen_k = 2049, .window_left = 256, .window_right = 0, .lse = true};
+  run_case(rt, c, rng);
+}
+
+TEST_CASE("attention GQA ratios 1, 4 and 8 and MQA", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(4);
+  for (auto [heads, heads_kv] : {std::pair{4, 4}, {8, 2}, {16, 2}, {8, 1}}) {
+    for (bool causal : {false, true}) {
+      run_case(rt,
+               {.batch = 2,
+                .seqlen_q = 113,
+                .seqlen_k = 203,
+                .heads = heads,
+                .heads_kv = heads_kv,
+                .causal = causal,
+                .lse = true},
+               rng);
+    }
+    run_case(rt,
+             {.dtype = DType::f16,
+              .seqlen_q = 17,
+              .seqlen_k = 1023,
+              .heads = heads,
+              .heads_kv = heads_kv,
+              .head_dim = 128,
+              .lse = true},
+             rng);
+  }
+}
+
+TEST_CASE("attention reads strided inputs: packed QKV, BHSD memory, padded strides",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(5);
+  for (DType dtype : kDTypes) {
+    for (bool causal : {false, true}) {
+      Case c{.dtype = dtype,
+             .batch = 2,
+             .seqlen_q = 113,
+             .seqlen_k = 113,
+             .heads = 4,
+             .heads_kv = 4,
+             .causal = causal,
+             .layout = Layout::packed_qkv,
+             .lse = true};
+      run_case(rt, c, rng);
+      c.seqlen_k = 203;
+      c.heads_kv = 2;
+      c.layout = Layout::bhsd;
+      run_case(rt, c, rng);
+      c.seqlen_q = 203;
+      c.seqlen_k = 113;
+      c.heads_kv = 1;
+      c.head_dim = 40;
+      c.layout = Layout::padded;
+      run_case(rt, c, rng);
+    }
+  }
+  // Head dims that are not a multiple of the 16-wide tiles must not read into the gaps.
+  for (int dim : {8, 24, 72}) {
+    run_case(rt,
+             {.batch = 2,
+              .seqlen_q = 17,
+              .seqlen_k = 113,
+              .heads = 2,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .layout = Layout::padded,
+              .lse = true},
+             rng);
+  }
+}
+
+TEST_CASE("attention softcap", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(6);
+  for (DType dtype : kDTypes) {
+    // Logits of std 1 (the default scale) barely reach a cap of 30: cap them at 2, or raise
+    // the scale to 1 (std 8) under a cap of 10, so that tanh matters.
+    Case c{.dtype = dtype,
+           .batch = 2,
+           .seqlen_q = 113,
+           .seqlen_k = 203,
+           .heads = 2,
+           .heads_kv = 2,
+           .softcap = 2,
+           .lse = true};
+    run_case(rt, c, rng);
+    c.seqlen_q = 203;
+    c.seqlen_k = 113;
+    c.causal = true;
+    c.softcap = 10;
+    c.softmax_scale = 1.0f;
+    run_case(rt, c, rng);
+  }
+}
+
+TEST_CASE("attention ALiBi slopes per head and per batch and head", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(7);
+  for (DType dtype : kDTypes) {
+    for (Alibi alibi : {Alibi::per_head, Alibi::per_batch_head}) {
+      for (auto [sq, sk] : {std::pair{113, 203}, {203, 113}}) {
+        Case c{.dtype = dtype,
+               .batch = 2,
+               .seqlen_q = sq,
+               .seqlen_k = sk,
+               .heads = 4,
+               .heads_kv = 2,
+               .alibi = alibi,
+               .lse = true};
+        run_case(rt, c, rng);
+        // Distances from the diagonal change with the alignment.
+        c.causal = true;
+        c.top_left = sq > sk;
+        run_case(rt, c, rng);
+      }
+    }
+  }
+}
+
+TEST_CASE("attention additive bias: full, broadcast by stride 0, transposed", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(8);
+  for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype,
+           .batch = 2,
+           .seqlen_q = 113,
+           .seqlen_k = 203,
+           .heads = 4,
+           .heads_kv = 4,
+           .lse = true};
+    for (Bias bias : {Bias::full, Bias::batch_broadcast, Bias::head_broadcast, Bias::transposed}) {
+      c.bias = bias;
+      run_case(rt, c, rng);
+    }
+    c.seqlen_q = 203;
+    c.seqlen_k = 113;
+    c.heads_kv = 1;
+    c.causal = true;
+    run_case(rt, c, rng);
+  }
+}
+
+TEST_CASE("attention varlen: cu_seqlens with empty sequences, seqused_k, lse (heads, total_q)",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(9);
+  for (DType dtype : kDTypes) {
+    // Sequence 2 has queries but no keys (rows fully masked), sequence 1 keys but no queries.
+    Case c{.dtype = dtype,
+           .heads = 4,
+           .heads_kv = 2,
+           .lse = true,
+           .seqlens_q = {113, 0, 17, 203, 1},
+           .seqlens_k = {203, 64, 0, 113, 1}};
+    run_case(rt, c, rng);
+    c.causal = true;
+    run_case(rt, c, rng);
+    c.causal = false;
+    c.window_left = 16;
+    c.window_right = 8;
+    c.layout = Layout::padded;
+    run_case(rt, c, rng);
+    c.window_left = c.window_right = -1;
+    c.layout = Layout::bhsd;
+    run_case(rt, c, rng);
+    // seqused_k trims keys, and the bottom-right diagonal moves with it.
+    c.layout = Layout::contiguous;
+    c.causal = true;
+    c.seqused_k = {150, 3, 0, 113, 0};
+    run_case(rt, c, rng);
+    run_case(rt,
+             {.dtype = dtype,
+              .heads = 2,
+              .heads_kv = 2,
+              .layout = Layout::packed_qkv,
+              .lse = true,
+              .seqlens_q = {17, 113, 0},
+              .seqlens_k = {17, 113, 0}},
+             rng);
+  }
+  // Without an lse, and a lone sequence as long as a padded case.
+  run_case(rt, {.heads = 2, .heads_kv = 2, .seqlens_q = {1023}, .seqlens_k = {1024}}, rng);
+}
+
+TEST_CASE("attention seqused_k on a padded batch", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(10);
+  for (bool causal : {false, true}) {
+    run_case(rt,
+             {.batch = 3,
+              .seqlen_q = 113,
+              .seqlen_k = 203,
+              .heads = 2,
+              .heads_kv = 2,
+              .causal = causal,
+              .lse = true,
+              .seqused_k = {203, 57, 0}},
+             rng);
+  }
+}
+
+TEST_CASE("attention with nothing to compute: batch 0, seqlen 0, no keys", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(11);
+  // run_case checks that nothing is written and no kernel is looked up when there are no rows.
+  Case c{.batch = 0, .seqlen_q = 17, .seqlen_k = 17, .heads = 2, .heads_kv = 2, .lse = true};
+  run_case(rt, c, rng);
+  c.batch = 2;
+  c.seqlen_q = 0;
+  run_case(rt, c, rng);
+  run_case(rt, {.heads = 2, .heads_kv = 2, .lse = true, .seqlens_q = {0, 0}, .seqlens_k = {5, 0}},
+           rng);
+  // Rows but no keys: every row is fully masked, so out is 0 and lse -inf.
+  c.seqlen_q = 17;
+  c.seqlen_k = 0;
+  run_case(rt, c, rng);
+  c.causal = true;
+  run_case(rt, c, rng);
+}
+
+TEST_CASE("attention with every feature at once", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(12);
+  for (DType dtype : kDTypes) {
+    run_case(rt,
+             {.dtype = dtype,
+              .batch = 2,
+              .seqlen_q = 203,
+              .seqlen_k = 331,
+              .heads = 8,
+              .heads_kv = 2,
+              .head_dim = 128,
+              .causal = true,
+              .window_left = 64,
+              .softcap = 5,
+              .alibi = Alibi::per_batch_head,
+              .bias = Bias::head_broadcast,
+              .lse = true},
+             rng);
+    run_case(rt,
+             {.dtype = dtype,
+              .heads = 8,
+              .heads_kv = 1,
+              .head_dim = 96,
+              .causal = true,
+              .window_left = 48,
+              .top_left = true,
+              .softcap = 5,
+              .layout = Layout::padded,
+              .alibi = Alibi::per_head,
+              .lse = true,
+              .seqlens_q = {113, 0, 203},
+              .seqlens_k = {203, 17, 113},
+              .seqused_k = {180, 17, 100}},
+             rng);
+  }
+}

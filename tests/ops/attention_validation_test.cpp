@@ -1,0 +1,521 @@
+// kiln::attention() input validation, with no GPU: every bad input is refused with a kiln::Error
+// that names the tensor and the values, before anything needs a device.
+#include <catch2/catch.hpp>
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "kiln/attention.hpp"
+#include "kiln/error.hpp"
+#include "support.hpp"
+
+namespace {
+
+using kiln::DType;
+using kiln::ErrorCategory;
+using kiln::TensorView;
+
+// Fake device addresses, 16-byte aligned and far apart. Validation never dereferences them and
+// nothing can launch (see validating_runtime()), so these tests run on machines with no GPU.
+void* fake(std::uintptr_t address) {
+  return reinterpret_cast<void*>(address);
+}
+
+TensorView view(std::uintptr_t address, DType dtype, std::initializer_list<std::int64_t> shape) {
+  return TensorView::contiguous(fake(address), dtype, shape);
+}
+
+// The same tensor with another shape, contiguous again.
+TensorView reshaped(const TensorView& t, std::initializer_list<std::int64_t> shape) {
+  return TensorView::contiguous(t.data, t.dtype, shape, t.device);
+}
+
+struct Call {
+  TensorView q, k, v, out;
+  kiln::AttentionOptions options;
+};
+
+// A valid padded-batch GQA call: batch 2, seqlen_q 128, seqlen_k 256, 8 query heads on 2 kv
+// heads, head dim 64.
+Call padded_call(DType dtype = DType::bf16) {
+  return {view(0x1000000, dtype, {2, 128, 8, 64}),
+          view(0x2000000, dtype, {2, 256, 2, 64}),
+          view(0x3000000, dtype, {2, 256, 2, 64}),
+          view(0x4000000, dtype, {2, 128, 8, 64}),
+          {}};
+}
+
+// A valid varlen call: 3 sequences, 100 query and 300 key tokens in all.
+Call varlen_call() {
+  Call c{view(0x1000000, DType::bf16, {100, 8, 64}),
+         view(0x2000000, DType::bf16, {300, 2, 64}),
+         view(0x3000000, DType::bf16, {300, 2, 64}),
+         view(0x4000000, DType::bf16, {100, 8, 64}),
+         {}};
+  c.options.cu_seqlens_q = view(0x5000000, DType::i32, {4});
+  c.options.cu_seqlens_k = view(0x6000000, DType::i32, {4});
+  c.options.max_seqlen_q = 50;
+  c.options.max_seqlen_k = 150;
+  return c;
+}
+
+// Compiling is off and the cache empty, so a call that passes validation stops at the kernel
+// lookup with a not_found error (KILN_JIT=off, or no driver to load with) instead of launching
+// on the fake pointers, GPU or not. The fixed target makes choose() work without a device.
+kiln::Runtime& validating_runtime() {
+  static kiln::test::TempDir cache;
+  static kiln::Runtime runtime([] {
+    kiln::Options options;
+    options.cache_dir = cache.path();
+    options.cache_ro_dirs = std::vector<std::filesystem::path>{};
+    options.kernels_dir = std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src";
+    options.jit = kiln::JitMode::off;
+    options.target = "sm_90a";
+    return options;
+  }());
+  return runtime;
+}
+
+struct Refusal {
+  ErrorCategory category;
+  std::string message;
+};
+
+// The error attention() refuses `c` with; is_supported() must refuse it with the same message.
+Refusal refusal(const Call& c) {
+  try {
+    kiln::attention(c.q, c.k, c.v, c.out, c.options, nullptr, validating_runtime());
+  } catch (const kiln::Error& e) {
+    std::string why;
+    CHECK_FALSE(
+        kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime()));
+    CHECK(why == e.what());
+    return {e.category(), e.what()};
+  }
+  FAIL("attention() accepted the call");
+  return {};
+}
+
+void check_refused(const Call& c, ErrorCategory category,
+                   std::initializer_list<const char*> words) {
+  const Refusal r = refusal(c);
+  INFO("message: " << r.message);
+  CHECK(std::string(kiln::to_string(r.category)) == std::string(kiln::to_string(category)));
+  for (const char* word : words) CHECK_THAT(r.message, Catch::Contains(word));
+}
+
+void check_invalid(const Call& c, std::initializer_list<const char*> words) {
+  check_refused(c, ErrorCategory::invalid_argument, words);
+}
+
+// Whether `c` got through validation: it returned (nothing to do) or reached the kernel lookup,
+// which fails here (no compiling, no driver or no device) naming the attention spec.
+void check_accepted(const Call& c) {
+  try {
+    kiln::attention(c.q, c.k, c.v, c.out, c.options, nullptr, validating_runtime());
+  } catch (const kiln::Error& e) {
+    INFO("message: " << e.what());
+    CHECK(e.category() == ErrorCategory::not_found);
+    CHECK_THAT(e.what(), Catch::Contains("attention/forward.cuh"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention is_supported() accepts a good problem and explains a refusal", "[attention]") {
+  kiln::Runtime& rt = validating_runtime();
+  const Call good = padded_call();
+  std::string why;
+  CHECK(kiln::is_supported(good.q, good.k, good.v, good.out, good.options, &why, rt));
+  INFO("why: " << why);
+  const Call varlen = varlen_call();
+  CHECK(kiln::is_supported(varlen.q, varlen.k, varlen.v, varlen.out, varlen.options, nullptr, rt));
+
+  Call bad = padded_call();
+  bad.q = reshaped(bad.q, {2, 128, 8, 12});
+  CHECK_FALSE(kiln::is_supported(bad.q, bad.k, bad.v, bad.out, bad.options, &why, rt));
+  CHECK_THAT(why, Catch::Contains("head_dim") && Catch::Contains("12"));
+  CHECK_FALSE(kiln::is_supported(bad.q, bad.k, bad.v, bad.out, bad.options, nullptr, rt));
+}
+
+TEST_CASE("attention passes valid calls of every layout and option", "[attention]") {
+  check_accepted(padded_call());
+  check_accepted(padded_call(DType::f16));
+  check_accepted(varlen_call());
+
+  Call bhsd = padded_call();  // (batch, heads, seqlen, d) memory seen through strides
+  bhsd.q.strides = {8 * 128 * 64, 64, 128 * 64, 1};
+  bhsd.out.strides = bhsd.q.strides;
+  check_accepted(bhsd);
+
+  Call packed = padded_call();  // q, k, v as slices of one (batch, seqlen, 3, heads, d) buffer
+  packed.k = packed.v = packed.q = reshaped(packed.q, {2, 128, 8, 64});
+  const std::array<std::int64_t, 4> packed_strides = {128 * 3 * 8 * 64, 3 * 8 * 64, 64, 1};
+  for (TensorView* t : {&packed.q, &packed.k, &packed.v}) t->strides = packed_strides;
+  packed.k.data = fake(0x1000000 + 8 * 64 * 2);
+  packed.v.data = fake(0x1000000 + 2 * 8 * 64 * 2);
+  check_accepted(packed);
+
+  Call options = padded_call();
+  options.options = {
+      .softmax_scale = 0.5f, .causal = true, .window_left = 32, .top_left = true, .softcap = 30};
+  options.options.alibi_slopes = view(0x5000000, DType::f32, {2, 8});
+  options.options.lse = view(0x6000000, DType::f32, {2, 8, 128});
+  options.options.seqused_k = view(0x7000000, DType::i32, {2});
+  check_accepted(options);
+
+  Call bias = padded_call();  // broadcast over batch by stride 0, keys strided (transposed)
+  bias.options.bias = view(0x5000000, DType::bf16, {2, 8, 128, 256});
+  bias.options.bias->strides = {0, 256 * 128, 1, 128};
+  check_accepted(bias);
+  bias.options.bias = view(0x5000000, DType::bf16, {1, 1, 128, 256});  // size 1 broadcasts too
+  check_accepted(bias);
+
+  Call varlen = varlen_call();
+  varlen.options.lse = view(0x7000000, DType::f32, {8, 100});
+  varlen.options.seqused_k = view(0x8000000, DType::i32, {3});
+  check_accepted(varlen);
+
+  // Size-1 dims may have any stride: nothing steps along them.
+  Call single = padded_call();
+  single.q = reshaped(single.q, {2, 1, 8, 64});
+  single.out = reshaped(single.out, {2, 1, 8, 64});
+  single.q.strides[1] = 3;
+  check_accepted(single);
+
+  // Nothing to compute: no error and no kernel lookup.
+  Call empty = padded_call();
+  empty.q = reshaped(empty.q, {2, 0, 8, 64});
+  empty.out = reshaped(empty.out, {2, 0, 8, 64});
+  CHECK_NOTHROW(
+      kiln::attention(empty.q, empty.k, empty.v, empty.out, {}, nullptr, validating_runtime()));
+  Call no_batch = padded_call();
+  for (TensorView* t : {&no_batch.q, &no_batch.k, &no_batch.v, &no_batch.out}) t->shape[0] = 0;
+  CHECK_NOTHROW(kiln::attention(no_batch.q, no_batch.k, no_batch.v, no_batch.out, {}, nullptr,
+                                validating_runtime()));
+}
+
+TEST_CASE("attention refuses rank mismatches", "[attention]") {
+  Call c = padded_call();
+  c.k = reshaped(c.k, {512, 2, 64});
+  check_invalid(c, {"k has rank 3 but q has rank 4"});
+
+  c = padded_call();
+  c.out = reshaped(c.out, {2, 128, 512});
+  check_invalid(c, {"out has rank 3 but q has rank 4"});
+
+  // Rank-3 tensors without cu_seqlens: the message points at varlen.
+  c = varlen_call();
+  c.options.cu_seqlens_q.reset();
+  c.options.cu_seqlens_k.reset();
+  check_invalid(c, {"q has rank 3 but must have rank 4", "cu_seqlens"});
+
+  c = varlen_call();
+  c.q = reshaped(c.q, {1, 100, 8, 64});
+  check_invalid(c, {"q has rank 4 but must have rank 3", "total_tokens"});
+
+  c = padded_call();
+  c.q.rank = 0;
+  check_invalid(c, {"q has rank 0"});
+}
+
+TEST_CASE("attention refuses shape mismatches, naming both sizes", "[attention]") {
+  Call c = padded_call();
+  c.k = reshaped(c.k, {3, 256, 2, 64});
+  c.v = reshaped(c.v, {3, 256, 2, 64});
+  check_invalid(c, {"k.size(0) is 3", "batch", "is 2"});
+
+  c = padded_call();
+  c.v = reshaped(c.v, {2, 255, 2, 64});
+  check_invalid(c, {"v.size(1) is 255", "seqlen_k", "is 256"});
+
+  c = padded_call();
+  c.k = reshaped(c.k, {2, 256, 2, 72});
+  check_invalid(c, {"k.size(-1) is 72", "head_dim", "is 64"});
+
+  c = padded_call();
+  c.v = reshaped(c.v, {2, 256, 4, 64});
+  check_invalid(c, {"v.size(2) is 4", "heads_kv", "is 2"});
+
+  c = padded_call();
+  c.out = reshaped(c.out, {2, 127, 8, 64});
+  check_invalid(c, {"out.size(1) is 127", "seqlen_q", "is 128"});
+
+  c = padded_call();
+  c.out = reshaped(c.out, {2, 128, 4, 64});
+  check_invalid(c, {"out.size(2) is 4", "heads", "is 8"});
+
+  // head_dim_v comes from v; out must follow it.
+  c = padded_call();
+  c.v = reshaped(c.v, {2, 256, 2, 128});
+  check_invalid(c, {"out.size(-1) is 64", "head_dim_v", "is 128"});
+
+  c = varlen_call();
+  c.v = reshaped(c.v, {299, 2, 64});
+  check_invalid(c, {"v.size(0) is 299", "total_k", "300"});
+
+  c = varlen_call();
+  c.out = reshaped(c.out, {101, 8, 64});
+  check_invalid(c, {"out.size(0) is 101", "total_q", "100"});
+}
+
+TEST_CASE("attention refuses query heads that are not a multiple of the kv heads", "[attention]") {
+  Call c = padded_call();
+  c.k = reshaped(c.k, {2, 256, 3, 64});
+  c.v = reshaped(c.v, {2, 256, 3, 64});
+  check_invalid(c, {"q has 8 heads and k has 3", "multiple"});
+
+  c.k = reshaped(c.k, {2, 256, 0, 64});
+  c.v = reshaped(c.v, {2, 256, 0, 64});
+  check_invalid(c, {"q has 8 heads and k has 0"});
+}
+
+TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
+  Call c = padded_call();
+  c.k.dtype = DType::f16;
+  check_invalid(c, {"k has dtype f16 but q has dtype bf16"});
+
+  c = padded_call();
+  c.out.dtype = DType::f32;
+  check_invalid(c, {"out has dtype f32 but q has dtype bf16"});
+
+  // f32 everywhere is consistent but not something the kernel takes.
+  check_refused(padded_call(DType::f32), ErrorCategory::unsupported,
+                {"q has dtype f32", "f16 or bf16"});
+}
+
+TEST_CASE("attention refuses a non-contiguous last dim, misalignment and negative strides",
+          "[attention]") {
+  Call c = padded_call();
+  c.q.strides[3] = 2;
+  check_invalid(c, {"q.stride(-1) is 2: the last dim must be contiguous"});
+
+  c = padded_call();
+  c.out.strides[3] = 0;
+  check_invalid(c, {"out.stride(-1) is 0"});
+
+  c = padded_call();
+  c.k.strides[1] = 2 * 64 + 4;  // 16-byte rows need multiples of 8 elements
+  check_invalid(c, {"k.stride(1) is 132", "multiple", "8 elements"});
+
+  c = padded_call();
+  c.v.data = fake(0x3000008);
+  check_invalid(c, {"v's data pointer", "16-byte aligned"});
+
+  c = padded_call();
+  c.q.strides[1] = -512;
+  check_invalid(c, {"q.stride(1) is -512", "negative"});
+}
+
+TEST_CASE("attention refuses null data pointers and negative sizes", "[attention]") {
+  Call c = padded_call();
+  c.q.data = nullptr;
+  check_invalid(c, {"q has a null data pointer", std::to_string(2 * 128 * 8 * 64).c_str()});
+
+  c = padded_call();
+  c.options.lse = TensorView::contiguous(nullptr, DType::f32, {2, 8, 128});
+  check_invalid(c, {"lse has a null data pointer"});
+
+  c = padded_call();
+  c.k.shape[1] = -5;
+  check_invalid(c, {"k.size(1) is -5", "negative"});
+}
+
+TEST_CASE("attention refuses sizes beyond int32 and spans beyond 64-bit offsets", "[attention]") {
+  constexpr std::int64_t big = std::int64_t{1} << 31;
+  Call c = padded_call();
+  c.q = reshaped(c.q, {1, big, 8, 64});
+  c.out = reshaped(c.out, {1, big, 8, 64});
+  c.k = reshaped(c.k, {1, 256, 2, 64});
+  c.v = reshaped(c.v, {1, 256, 2, 64});
+  check_invalid(c, {"q.size(1) is 2147483648", "2147483647"});
+
+  c = padded_call();
+  c.k = reshaped(c.k, {2, big, 2, 64});
+  c.v = reshaped(c.v, {2, big, 2, 64});
+  check_invalid(c, {"k.size(1) is 2147483648"});
+
+  c = varlen_call();
+  c.q = reshaped(c.q, {big, 8, 64});
+  c.out = reshaped(c.out, {big, 8, 64});
+  check_invalid(c, {"q.size(0) is 2147483648"});
+
+  c = padded_call();
+  c.q.strides[0] = std::int64_t{1} << 62;
+  check_invalid(c, {"q", "64-bit offsets"});
+}
+
+TEST_CASE("attention refuses grids the launch cannot express, before any kernel lookup",
+          "[attention]") {
+  // gridDim.y and .z stop at 65535. While the launch puts batch and heads there, attention()
+  // must refuse more before it looks a kernel up, and is_supported() must agree (refusal()
+  // checks both). A launch that folds them into gridDim.x would move this case to the GPU tests.
+  Call c = padded_call();
+  for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) *t = reshaped(*t, {70000, 1, t->size(2), 64});
+  check_refused(c, ErrorCategory::unsupported, {"70000", "65535"});
+}
+
+TEST_CASE("attention refuses head dims it does not compile", "[attention]") {
+  for (std::int64_t dim : {12, 0, 4, 264, 512}) {
+    INFO("head_dim " << dim);
+    Call c = padded_call();
+    c.q = reshaped(c.q, {2, 128, 8, dim});
+    c.k = reshaped(c.k, {2, 256, 2, dim});
+    check_refused(c, ErrorCategory::unsupported,
+                  {"head_dim", std::to_string(dim).c_str(), "multiple of 8 from 8 to 256"});
+  }
+  Call c = padded_call();
+  c.v = reshaped(c.v, {2, 256, 2, 20});
+  c.out = reshaped(c.out, {2, 128, 8, 20});
+  check_refused(c, ErrorCategory::unsupported, {"head_dim_v", "20", "multiple of 8"});
+}
+
+TEST_CASE("attention refuses tensors on another device than the runtime's", "[attention]") {
+  Call c = padded_call();
+  c.k.device = 1;
+  check_invalid(c, {"k is on device 1", "device is 0"});
+
+  c = padded_call();
+  c.options.lse = view(0x5000000, DType::f32, {2, 8, 128});
+  c.options.lse->device = 3;
+  check_invalid(c, {"lse is on device 3"});
+}
+
+TEST_CASE("attention refuses an lse of the wrong shape or dtype", "[attention]") {
+  Call c = padded_call();
+  c.options.lse = view(0x5000000, DType::f32, {2, 8, 127});
+  check_invalid(c, {"lse.size(-1) is 127", "seqlen_q", "128"});
+  c.options.lse = view(0x5000000, DType::f32, {2, 2, 128});
+  check_invalid(c, {"lse.size(1) is 2", "heads", "8"});
+  c.options.lse = view(0x5000000, DType::f32, {16, 128});
+  check_invalid(c, {"lse has rank 2 but must have rank 3", "(batch, heads, seqlen_q)"});
+  c.options.lse = view(0x5000000, DType::bf16, {2, 8, 128});
+  check_invalid(c, {"lse has dtype bf16", "f32"});
+  c.options.lse = view(0x5000000, DType::f32, {2, 8, 128});
+  c.options.lse->strides[2] = 2;
+  check_invalid(c, {"lse.stride(-1) is 2"});
+
+  c = varlen_call();
+  c.options.lse = view(0x7000000, DType::f32, {8, 99});
+  check_invalid(c, {"lse.size(-1) is 99", "total_q", "100"});
+  c.options.lse = view(0x7000000, DType::f32, {3, 8, 50});
+  check_invalid(c, {"lse has rank 3 but must have rank 2", "(heads, total_q)"});
+}
+
+TEST_CASE("attention refuses alibi slopes of the wrong shape or dtype", "[attention]") {
+  Call c = padded_call();
+  c.options.alibi_slopes = view(0x5000000, DType::f32, {4});
+  check_invalid(c, {"alibi_slopes.size(-1) is 4", "heads", "8"});
+  c.options.alibi_slopes = view(0x5000000, DType::f32, {3, 8});
+  check_invalid(c, {"alibi_slopes.size(0) is 3", "batch", "2"});
+  c.options.alibi_slopes = view(0x5000000, DType::f32, {1, 2, 8});
+  check_invalid(c, {"alibi_slopes has rank 3", "(heads) or (batch, heads)"});
+  c.options.alibi_slopes = view(0x5000000, DType::bf16, {8});
+  check_invalid(c, {"alibi_slopes has dtype bf16", "f32"});
+}
+
+TEST_CASE("attention refuses a bias of the wrong rank, shape or dtype, and with varlen",
+          "[attention]") {
+  Call c = padded_call();
+  c.options.bias = view(0x5000000, DType::bf16, {8, 128, 256});
+  check_invalid(c, {"bias has rank 3 but must have rank 4", "(batch, heads, seqlen_q, seqlen_k)"});
+  c.options.bias = view(0x5000000, DType::f16, {2, 8, 128, 256});
+  check_invalid(c, {"bias has dtype f16 but q has dtype bf16"});
+  c.options.bias = view(0x5000000, DType::bf16, {2, 8, 128, 255});
+  check_invalid(c, {"bias.size(-1) is 255", "seqlen_k", "256"});
+  c.options.bias = view(0x5000000, DType::bf16, {2, 8, 1, 256});  // rows do not broadcast
+  check_invalid(c, {"bias.size(2) is 1", "seqlen_q", "128"});
+  c.options.bias = view(0x5000000, DType::bf16, {3, 8, 128, 256});
+  check_invalid(c, {"bias.size(0) is 3", "batch", "2"});
+
+  c = varlen_call();
+  c.options.bias = view(0x7000000, DType::bf16, {3, 8, 50, 150});
+  check_refused(c, ErrorCategory::unsupported, {"bias with varlen is not supported"});
+}
+
+TEST_CASE("attention refuses incomplete or malformed varlen arguments", "[attention]") {
+  Call c = varlen_call();
+  c.options.cu_seqlens_k.reset();
+  check_invalid(c, {"cu_seqlens_k is missing"});
+  c = varlen_call();
+  c.options.cu_seqlens_q.reset();
+  check_invalid(c, {"cu_seqlens_q is missing"});
+
+  c = varlen_call();
+  c.options.max_seqlen_q = 0;
+  check_invalid(c, {"max_seqlen_q", "is 0"});
+  c.options.max_seqlen_q = 200;
+  check_invalid(c, {"max_seqlen_q is 200", "100 tokens"});
+
+  c = varlen_call();
+  c.options.cu_seqlens_q->dtype = DType::i64;
+  check_invalid(c, {"cu_seqlens_q has dtype i64", "int32"});
+  c = varlen_call();
+  c.options.cu_seqlens_k = view(0x6000000, DType::i32, {3});
+  check_invalid(c, {"cu_seqlens_k", "is 3", "4"});
+  c = varlen_call();
+  c.options.cu_seqlens_q = view(0x5000000, DType::i32, {2, 2});
+  check_invalid(c, {"cu_seqlens_q has rank 2 but must have rank 1"});
+
+  c = varlen_call();
+  c.options.seqused_k = view(0x8000000, DType::i32, {2});
+  check_invalid(c, {"seqused_k", "is 2", "3"});
+  c.options.seqused_k = view(0x8000000, DType::i64, {3});
+  check_invalid(c, {"seqused_k has dtype i64", "int32"});
+
+  // max_seqlen_* without cu_seqlens means the caller thinks this is varlen.
+  c = padded_call();
+  c.options.max_seqlen_q = 128;
+  check_invalid(c, {"max_seqlen_q", "varlen"});
+}
+
+TEST_CASE("attention refuses windows below -1 and causal with a right window", "[attention]") {
+  Call c = padded_call();
+  c.options.window_left = -2;
+  check_invalid(c, {"window (-2, -1)", "below -1"});
+  c.options.window_left = 16;
+  c.options.window_right = -7;
+  check_invalid(c, {"window (16, -7)", "below -1"});
+  c.options = {.causal = true, .window_right = 4};
+  check_invalid(c, {"causal", "window_right is 4"});
+}
+
+TEST_CASE("attention refuses a negative or non-finite softcap and a non-finite scale",
+          "[attention]") {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  Call c = padded_call();
+  c.options.softcap = -1;
+  check_invalid(c, {"softcap is -1", "positive"});
+  c.options.softcap = nan;
+  check_invalid(c, {"softcap is nan"});
+  c.options.softcap = inf;
+  check_invalid(c, {"softcap is inf"});
+
+  c = padded_call();
+  c.options.softmax_scale = nan;
+  check_invalid(c, {"softmax_scale is nan", "finite"});
+  c.options.softmax_scale = -inf;
+  check_invalid(c, {"softmax_scale is -inf", "finite"});
+}
+
+TEST_CASE("attention refuses misaligned pointers of its small tensors", "[attention]") {
+  // The kernel reads bias as 2-byte, slopes, lse and offsets as 4-byte elements: a pointer off
+  // that grid faults on the device (misaligned address) instead of giving an error here.
+  Call c = padded_call();
+  c.options.bias = view(0x5000001, DType::bf16, {2, 8, 128, 256});
+  check_invalid(c, {"bias", "aligned"});
+  c = padded_call();
+  c.options.alibi_slopes = view(0x5000002, DType::f32, {8});
+  check_invalid(c, {"alibi_slopes", "aligned"});
+  c = padded_call();
+  c.options.lse = view(0x5000002, DType::f32, {2, 8, 128});
+  check_invalid(c, {"lse", "aligned"});
+  c = varlen_call();
+  c.options.cu_seqlens_k = view(0x6000002, DType::i32, {4});
+  check_invalid(c, {"cu_seqlens_k", "aligned"});
+}
