@@ -51,6 +51,12 @@ struct ForwardTraits {
   static constexpr int s_tiles = block_n / 8;         // n8 tiles of a score row block
   static constexpr int o_tiles = v_dim / 8;           // n8 tiles of an output row block
 
+  // How many mma steps ahead of use qk_scores and pv_accumulate load ldmatrix fragments (0:
+  // just in time). Measured on an H200 (dev notes): one step ahead gains 4-8% at head_dim 128
+  // (two m16 tiles per warp), but loses 2-5% at head_dim 64 and does nothing or worse with one
+  // m16 tile per warp (head_dim 256).
+  static constexpr int prefetch = m_tiles >= 2 && qk_dim > 64 ? 1 : 0;
+
   // Shared memory, in elements: Q, then `stages` slots of (K tile, V tile). The output is
   // staged from offset 0 once the loop is done.
   static constexpr int q_elems = block_m * qk_pitch;
