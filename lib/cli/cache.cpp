@@ -1,0 +1,168 @@
+// `kiln cache ls|verify|prune|clear`: inspects and trims the writable disk cache tier.
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+
+#include <ctime>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "config.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::cli {
+namespace {
+
+struct LsArgs {
+  CommonArgs common;
+  bool json = false;
+};
+
+struct VerifyArgs {
+  CommonArgs common;
+  bool fix = false;
+};
+
+struct PruneArgs {
+  CommonArgs common;
+  std::string max_bytes;
+};
+
+// The maintenance commands act on files, so a memory-only cache is an error, not an empty one.
+void require_writable(const detail::DiskCache& cache) {
+  if (cache.writable()) return;
+  if (!cache.root()) {
+    throw Error(ErrorCategory::cache,
+                "there is no cache directory (HOME and XDG_CACHE_HOME are unset): pass "
+                "--cache-dir or set KILN_CACHE_DIR");
+  }
+  throw Error(ErrorCategory::cache,
+              fmt::format("the cache directory {} cannot be created or written: pass --cache-dir "
+                          "or set KILN_CACHE_DIR to a writable directory",
+                          cache.root()->string()));
+}
+
+std::string key_of(const detail::EntryStatus& entry) {
+  return entry.key ? entry.key->hex() : entry.path.filename().string();
+}
+
+std::string local_time(std::int64_t seconds) {
+  return fmt::format("{:%Y-%m-%d %H:%M:%S}", fmt::localtime(static_cast<std::time_t>(seconds)));
+}
+
+std::vector<detail::EntryStatus> invalid_entries(const detail::DiskCache& cache) {
+  std::vector<detail::EntryStatus> entries = cache.list(/*verify=*/true);
+  std::erase_if(entries, [](const detail::EntryStatus& entry) { return entry.valid; });
+  return entries;
+}
+
+int ls(const LsArgs& args) {
+  const detail::DiskCache cache = open_disk_cache(to_options(args.common));
+  require_writable(cache);
+  // NOTE: verifying reads every entry in full, but only a verified entry's spec can be trusted.
+  const std::vector<detail::EntryStatus> entries = cache.list(/*verify=*/true);
+  if (args.json) {
+    nlohmann::ordered_json json = nlohmann::ordered_json::array();
+    for (const detail::EntryStatus& entry : entries) {
+      json.push_back({{"key", key_of(entry)},
+                      {"path", entry.path.string()},
+                      {"size", entry.size},
+                      {"last_used", entry.last_used},
+                      {"valid", entry.valid},
+                      {"problem", entry.problem},
+                      {"spec", entry.meta ? entry.meta->spec : ""},
+                      {"compiler", entry.meta ? entry.meta->compiler : ""}});
+    }
+    fmt::print("{}\n", json.dump(2));
+    return kSuccess;
+  }
+  std::vector<std::vector<std::string>> rows;
+  std::uint64_t total = 0;
+  for (const detail::EntryStatus& entry : entries) {
+    rows.push_back({key_of(entry), human_bytes(entry.size), local_time(entry.last_used),
+                    entry.meta ? entry.meta->spec : "invalid: " + entry.problem});
+    total += entry.size;
+  }
+  print_table(stdout, {"KEY", "SIZE", "LAST USED", "SPEC"}, rows);
+  fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), cache.root()->string());
+  return kSuccess;
+}
+
+int verify(const VerifyArgs& args) {
+  detail::DiskCache cache = open_disk_cache(to_options(args.common));
+  require_writable(cache);
+  const std::vector<detail::EntryStatus> entries = cache.list(/*verify=*/true);
+  std::size_t bad = 0;
+  for (const detail::EntryStatus& entry : entries) {
+    if (entry.valid) continue;
+    fmt::print("bad: {}: {}\n", entry.path.string(), entry.problem);
+    ++bad;
+  }
+  fmt::print("{} entries checked, {} bad\n", entries.size(), bad);
+  if (bad == 0) return kSuccess;
+  if (!args.fix) {
+    fmt::print("run `kiln cache verify --fix` to remove them\n");
+    return kFailure;
+  }
+  fmt::print("removed {} bad entries\n", cache.remove_invalid());
+  // Whatever could not be removed is still bad; the caller must hear about it.
+  const std::vector<detail::EntryStatus> remaining = invalid_entries(cache);
+  for (const detail::EntryStatus& entry : remaining) {
+    fmt::print("still bad: {}: {}\n", entry.path.string(), entry.problem);
+  }
+  return remaining.empty() ? kSuccess : kFailure;
+}
+
+int prune(const PruneArgs& args) {
+  const std::uint64_t max_bytes = detail::parse_bytes(args.max_bytes, "--max-bytes");
+  detail::DiskCache cache = open_disk_cache(to_options(args.common));
+  require_writable(cache);
+  const std::size_t removed = cache.prune(max_bytes);
+  fmt::print("removed {} entries; {} holds {} (limit {})\n", removed, cache.root()->string(),
+             human_bytes(cache.size_bytes()), human_bytes(max_bytes));
+  return kSuccess;
+}
+
+int clear(const CommonArgs& args) {
+  detail::DiskCache cache = open_disk_cache(to_options(args));
+  require_writable(cache);
+  fmt::print("removed {} entries from {}\n", cache.clear(), cache.root()->string());
+  return kSuccess;
+}
+
+}  // namespace
+
+void add_cache_commands(CLI::App& app, int& exit_code) {
+  CLI::App* cache = app.add_subcommand("cache", "List, verify, prune or clear the disk cache");
+  cache->require_subcommand(1);
+
+  auto ls_args = std::make_shared<LsArgs>();
+  CLI::App* ls_command = cache->add_subcommand("ls", "List entries: key, size, last use and spec");
+  add_common_options(*ls_command, ls_args->common, TargetCount::one);
+  ls_command->add_flag("--json", ls_args->json, "Print the same as JSON");
+  ls_command->callback([ls_args, &exit_code] { exit_code = ls(*ls_args); });
+
+  auto verify_args = std::make_shared<VerifyArgs>();
+  CLI::App* verify_command =
+      cache->add_subcommand("verify", "Check every entry; exit 1 if any is bad");
+  add_common_options(*verify_command, verify_args->common, TargetCount::one);
+  verify_command->add_flag("--fix", verify_args->fix, "Remove the bad entries");
+  verify_command->callback([verify_args, &exit_code] { exit_code = verify(*verify_args); });
+
+  auto prune_args = std::make_shared<PruneArgs>();
+  CLI::App* prune_command =
+      cache->add_subcommand("prune", "Evict least recently used entries down to a size");
+  add_common_options(*prune_command, prune_args->common, TargetCount::one);
+  prune_command
+      ->add_option("--max-bytes", prune_args->max_bytes, "Size to keep, e.g. 1073741824, 512M, 8G")
+      ->type_name("BYTES")
+      ->required();
+  prune_command->callback([prune_args, &exit_code] { exit_code = prune(*prune_args); });
+
+  auto clear_args = std::make_shared<CommonArgs>();
+  CLI::App* clear_command = cache->add_subcommand("clear", "Remove every entry");
+  add_common_options(*clear_command, *clear_args, TargetCount::one);
+  clear_command->callback([clear_args, &exit_code] { exit_code = clear(*clear_args); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,61 @@
+// The `kiln` command's subcommands and the options and output helpers they share.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/disk.hpp"
+#include "kiln/runtime.hpp"
+
+namespace kiln::cli {
+
+// `kiln` exits 0 on success, 1 when the work failed and 2 when it was asked wrongly.
+enum ExitCode : int { kSuccess = 0, kFailure = 1, kUsage = 2 };
+
+// The options every subcommand takes; each fills the kiln::Options field of the same name.
+struct CommonArgs {
+  std::optional<std::filesystem::path> kernels_dir;
+  std::optional<std::filesystem::path> cache_dir;
+  std::vector<std::string> targets;  // several only where TargetCount::many allows
+  std::optional<std::string> backend;
+  std::optional<std::string> jit;
+  std::optional<std::string> log;
+};
+
+// How many --target values a subcommand takes: `kiln warm` builds for several at once.
+enum class TargetCount { one, many };
+
+void add_common_options(CLI::App& command, CommonArgs& args, TargetCount targets);
+
+// With several targets no single default exists, so Options::target is left to the
+// environment; the caller then names a target in every spec.
+Options to_options(const CommonArgs& args);
+
+// The disk cache that a Runtime built from `options` would use: the same resolution of options
+// and KILN_* variables, so `kiln cache` sees the same root.
+detail::DiskCache open_disk_cache(const Options& options);
+
+// Each declares its subcommands on `app`. The callback of the one that runs stores its exit
+// code in `exit_code`; errors are thrown as kiln::Error and reported by main.
+void add_info_command(CLI::App& app, int& exit_code);
+void add_warm_command(CLI::App& app, int& exit_code);
+void add_compile_command(CLI::App& app, int& exit_code);
+void add_cache_commands(CLI::App& app, int& exit_code);
+
+// "0 B", "812 B", "1.5 KiB", "2.0 GiB".
+std::string human_bytes(std::uint64_t bytes);
+// "210 ms" below ten seconds, "12.3 s" above.
+std::string human_ms(double ms);
+
+// Left-aligned columns two spaces apart, under a header row; the last column is not padded.
+// Every row has as many cells as the header.
+void print_table(std::FILE* out, const std::vector<std::string>& header,
+                 const std::vector<std::vector<std::string>>& rows);
+
+}  // namespace kiln::cli

@@ -1,0 +1,61 @@
+// `kiln compile`: compiles one spec and prints what the compiler said about it.
+#include <fmt/format.h>
+
+#include <memory>
+
+#include "cli/commands.hpp"
+
+namespace kiln::cli {
+namespace {
+
+struct CompileArgs {
+  CommonArgs common;
+  std::string spec;
+  bool source = false;
+};
+
+// -1 means the backend does not report the value.
+std::string reported(int value, std::string_view unit) {
+  return value < 0 ? std::string("not reported") : fmt::format("{}{}", value, unit);
+}
+
+void print_info(const KernelInfo& info) {
+  const auto field = [](std::string_view label, std::string_view value) {
+    fmt::print("{:<14}{}\n", label, value);
+  };
+  field("spec", info.spec);
+  field("key", info.key);
+  field("target", info.target);
+  field("compiler", info.compiler);
+  field("lowered name", info.lowered_name);
+  field("registers", reported(info.registers, ""));
+  field("spill", reported(info.spill_bytes, " bytes"));
+  field("shared", reported(info.shared_bytes, " bytes static"));
+  field("stack", reported(info.stack_bytes, " bytes"));
+  field("compile time", human_ms(info.compile_ms));
+  fmt::print("compiler log\n{}\n", info.log.empty() ? "  (empty)" : info.log);
+}
+
+int run(const CompileArgs& args) {
+  const KernelSpec spec = parse_spec(args.spec);
+  Runtime runtime(to_options(args.common));
+  if (args.source) fmt::print("generated source\n{}\n", runtime.generated_source(spec));
+  print_info(runtime.compile(spec));
+  return kSuccess;
+}
+
+}  // namespace
+
+void add_compile_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<CompileArgs>();
+  CLI::App* command = app.add_subcommand(
+      "compile", "Compile one spec (or find it in the cache) and show registers, spills and log");
+  add_common_options(*command, args->common, TargetCount::one);
+  command->add_option("spec", args->spec, "Canonical spec, as `kiln warm` manifests list them")
+      ->type_name("SPEC")
+      ->required();
+  command->add_flag("--source", args->source, "Also print the unit handed to the compiler");
+  command->callback([args, &exit_code] { exit_code = run(*args); });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,152 @@
+// `kiln info`: the backends, devices, default target, kernel sources, cache and JIT mode in use.
+#include <fmt/format.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::cli {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+struct InfoArgs {
+  CommonArgs common;
+  bool json = false;
+};
+
+// What `kiln info` reports beyond Runtime::info().
+struct Facts {
+  RuntimeInfo runtime;
+  std::string target_problem;  // why there is no default target, when there is none
+  std::size_t cache_entries = 0;
+  std::uint64_t cache_bytes = 0;
+};
+
+Facts gather(const Options& options) {
+  Facts facts;
+  Runtime runtime(options);
+  facts.runtime = runtime.info();
+  if (facts.runtime.target.empty()) {
+    try {
+      runtime.target();
+    } catch (const Error& e) {
+      facts.target_problem = e.what();
+    }
+  }
+  if (!facts.runtime.cache_dir.empty()) {
+    for (const auto& entry : open_disk_cache(options).list(/*verify=*/false)) {
+      ++facts.cache_entries;
+      facts.cache_bytes += entry.size;
+    }
+  }
+  return facts;
+}
+
+std::string_view jit_name(JitMode mode) {
+  switch (mode) {
+    case JitMode::on: return "on";
+    case JitMode::strict: return "strict";
+    case JitMode::off: return "off";
+  }
+  return "?";
+}
+
+Json to_json(const Facts& facts) {
+  const RuntimeInfo& info = facts.runtime;
+  Json backends = Json::array();
+  for (const BackendInfo& backend : info.backends) {
+    Json devices = Json::array();
+    for (const DeviceInfo& device : backend.devices) {
+      devices.push_back({{"ordinal", device.ordinal},
+                         {"name", device.name},
+                         {"target", device.target},
+                         {"multiprocessors", device.multiprocessors},
+                         {"memory_bytes", device.memory_bytes}});
+    }
+    backends.push_back({{"name", backend.name},
+                        {"compiler", backend.compiler},
+                        {"compiler_found", backend.compiler_found},
+                        {"driver", backend.driver},
+                        {"driver_found", backend.driver_found},
+                        {"devices", devices}});
+  }
+  Json ro_dirs = Json::array();
+  for (const auto& dir : info.cache_ro_dirs) ro_dirs.push_back(dir.string());
+  // NOTE: null stands for "none": no default target, the embedded sources, a memory-only cache.
+  const auto path_or_null = [](const std::filesystem::path& path) {
+    return path.empty() ? Json(nullptr) : Json(path.string());
+  };
+  return {{"version", KILN_VERSION},
+          {"backend", info.backend},
+          {"backends", backends},
+          {"target", info.target.empty() ? Json(nullptr) : Json(info.target)},
+          {"target_problem", facts.target_problem},
+          {"kernels_dir", path_or_null(info.kernels_dir)},
+          {"cache",
+           {{"dir", path_or_null(info.cache_dir)},
+            {"entries", facts.cache_entries},
+            {"bytes", facts.cache_bytes},
+            {"ro_dirs", ro_dirs}}},
+          {"jit", jit_name(info.jit)}};
+}
+
+void print_field(std::string_view label, std::string_view value) {
+  fmt::print("{:<16}{}\n", label, value);
+}
+
+void print_text(const Facts& facts) {
+  const RuntimeInfo& info = facts.runtime;
+  print_field("kiln", KILN_VERSION);
+  print_field("backend", info.backend);
+  std::vector<std::vector<std::string>> devices;
+  for (const BackendInfo& backend : info.backends) {
+    print_field(fmt::format("{} compiler", backend.name),
+                backend.compiler_found ? backend.compiler : "missing: " + backend.compiler);
+    print_field(fmt::format("{} driver", backend.name),
+                backend.driver_found ? backend.driver : "missing: " + backend.driver);
+    for (const DeviceInfo& device : backend.devices) {
+      devices.push_back({backend.name, std::to_string(device.ordinal), device.name, device.target,
+                         std::to_string(device.multiprocessors), human_bytes(device.memory_bytes)});
+    }
+  }
+  if (devices.empty()) {
+    print_field("devices", "none");
+  } else {
+    fmt::print("devices\n");
+    print_table(stdout, {"BACKEND", "ORDINAL", "NAME", "TARGET", "SMS", "MEMORY"}, devices);
+  }
+  print_field("target", info.target.empty() ? "none: " + facts.target_problem : info.target);
+  print_field("kernels", info.kernels_dir.empty() ? "the copy embedded in libkiln"
+                                                  : info.kernels_dir.string());
+  print_field("cache", info.cache_dir.empty()
+                           ? std::string("memory-only")
+                           : fmt::format("{} ({} entries, {})", info.cache_dir.string(),
+                                         facts.cache_entries, human_bytes(facts.cache_bytes)));
+  if (info.cache_ro_dirs.empty()) print_field("read-only tiers", "none");
+  for (const auto& dir : info.cache_ro_dirs) print_field("read-only tier", dir.string());
+  print_field("jit", jit_name(info.jit));
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app, int& exit_code) {
+  auto args = std::make_shared<InfoArgs>();
+  CLI::App* command = app.add_subcommand(
+      "info", "Show backends, devices, the default target, kernel sources and the cache");
+  add_common_options(*command, args->common, TargetCount::one);
+  command->add_flag("--json", args->json, "Print the same as JSON");
+  command->callback([args, &exit_code] {
+    const Facts facts = gather(to_options(args->common));
+    if (args->json) {
+      fmt::print("{}\n", to_json(facts).dump(2));
+    } else {
+      print_text(facts);
+    }
+    exit_code = kSuccess;
+  });
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,345 @@
+// Tests of the `kiln` command, run as a subprocess against a private cache directory.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "support.hpp"
+
+extern char** environ;
+
+namespace kiln::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// Needs no GPU: NVRTC compiles for an explicit target.
+constexpr const char* kSpec =
+    "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=4>"
+    "(kiln::UnaryParams) @sm_90a";
+// Two specs without a target, so that `warm --target` supplies it; around a comment and a
+// blank line, which the manifest allows.
+constexpr const char* kManifest =
+    "# two unary kernels\n"
+    "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=4>"
+    "(kiln::UnaryParams)\n"
+    "\n"
+    "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=5>"
+    "(kiln::UnaryParams)   # cos\n";
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The built `kiln` with a scratch directory whose cache/ is its only cache, and no KILN_*
+// variable of the calling environment.
+class Cli {
+ public:
+  const fs::path& dir() const { return scratch_.path(); }
+  fs::path cache() const { return scratch_.path() / "cache"; }
+
+  Result run(const std::vector<std::string>& args) const {
+    std::vector<std::string> env{"KILN_CACHE_DIR=" + cache().string()};
+    for (char** variable = environ; *variable != nullptr; ++variable) {
+      if (!std::string_view(*variable).starts_with("KILN_")) env.emplace_back(*variable);
+    }
+    std::vector<std::string> argv{KILN_CLI_PATH};
+    argv.insert(argv.end(), args.begin(), args.end());
+
+    const fs::path out = dir() / "stdout.txt";
+    const fs::path err = dir() / "stderr.txt";
+    posix_spawn_file_actions_t actions;
+    posix_spawn_file_actions_init(&actions);
+    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    pid_t pid = 0;
+    const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, pointers(argv).data(),
+                                    pointers(env).data());
+    posix_spawn_file_actions_destroy(&actions);
+    REQUIRE(spawned == 0);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    Result result;
+    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.out = read_file(out);
+    result.err = read_file(err);
+    INFO("kiln stdout:\n" << result.out << "\nkiln stderr:\n" << result.err);
+    CHECK(result.code >= 0);
+    return result;
+  }
+
+  // The manifest in the scratch directory, warmed for sm_90a; returns the report.
+  nlohmann::json warm(const std::vector<std::string>& extra_args = {}) const {
+    write_file(dir() / "manifest.txt", kManifest);
+    std::vector<std::string> args{"warm", "--target", "sm_90a", "--report",
+                                  (dir() / "report.json").string()};
+    args.insert(args.end(), extra_args.begin(), extra_args.end());
+    args.push_back((dir() / "manifest.txt").string());
+    const Result result = run(args);
+    INFO(result.out << result.err);
+    REQUIRE(result.code == 0);
+    return nlohmann::json::parse(read_file(dir() / "report.json"));
+  }
+
+  std::vector<fs::path> entry_files() const {
+    std::vector<fs::path> files;
+    for (const auto& item : fs::recursive_directory_iterator(cache())) {
+      if (item.path().extension() == ".kbin") files.push_back(item.path());
+    }
+    return files;
+  }
+
+ private:
+  static std::vector<char*> pointers(std::vector<std::string>& strings) {
+    std::vector<char*> result;
+    for (std::string& s : strings) result.push_back(s.data());
+    result.push_back(nullptr);
+    return result;
+  }
+
+  TempDir scratch_;
+};
+
+TEST_CASE("kiln info names the cache directory and the JIT mode", "[cli]") {
+  const Cli cli;
+  const Result result = cli.run({"info", "--jit", "strict"});
+  INFO(result.out << result.err);
+  CHECK(result.code == 0);
+  CHECK(contains(result.out, cli.cache().string() + " (0 entries, 0 B)"));
+  CHECK(std::regex_search(result.out, std::regex("\njit +strict\n")));
+}
+
+TEST_CASE("kiln info --json reports backends, target, sources and cache", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  const Result result = cli.run({"info", "--json", "--target", "gfx90a"});
+  INFO(result.out << result.err);
+  REQUIRE(result.code == 0);
+  const auto json = nlohmann::json::parse(result.out);
+  for (const char* key : {"version", "backend", "backends", "target", "target_problem",
+                          "kernels_dir", "cache", "jit"}) {
+    CHECK(json.contains(key));
+  }
+  CHECK(json["backend"] == "hip");
+  CHECK(json["target"] == "gfx90a");
+  REQUIRE(json["backends"].size() == 2);
+  CHECK(json["backends"][0]["name"] == "cuda");
+  CHECK(json["backends"][0]["compiler_found"] == true);
+  CHECK(json["backends"][1]["name"] == "hip");
+  CHECK(json["cache"]["dir"] == cli.cache().string());
+  CHECK(json["cache"]["entries"] == 2);
+  CHECK(json["cache"]["bytes"].get<std::uint64_t>() > 0);
+  CHECK(json["jit"] == "on");
+}
+
+TEST_CASE("kiln warm compiles a manifest, then finds it on disk", "[cli]") {
+  const Cli cli;
+  const auto first = cli.warm();
+  CHECK(first["counts"]["compiled"] == 2);
+  CHECK(first["counts"]["failed"] == 0);
+  REQUIRE(first["items"].size() == 2);
+  CHECK(first["items"][0]["spec"] ==
+        "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=4>"
+        "(kiln::UnaryParams) @sm_90a");
+  CHECK(first["compile_ms"].get<double>() > 0);
+  CHECK(cli.entry_files().size() == 2);
+
+  const Result second =
+      cli.run({"warm", "--target", "sm_90a", (cli.dir() / "manifest.txt").string()});
+  INFO(second.out << second.err);
+  CHECK(second.code == 0);
+  CHECK(contains(second.out, "warmed 2 kernels"));
+  CHECK(contains(second.out, "memory 0  disk 2  compiled 0  failed 0"));
+  // stderr is a file here, so progress comes as one line per item.
+  CHECK(contains(second.err, "[1/2] disk"));
+  CHECK(contains(second.err, "[2/2] disk"));
+
+  const Result quiet =
+      cli.run({"warm", "--quiet", "--target", "sm_90a", (cli.dir() / "manifest.txt").string()});
+  CHECK(quiet.code == 0);
+  CHECK(quiet.err.empty());
+}
+
+TEST_CASE("kiln warm builds every spec for each --target", "[cli]") {
+  const Cli cli;
+  const auto report = cli.warm({"--target", "sm_80"});
+  CHECK(report["counts"]["compiled"] == 4);
+  REQUIRE(report["items"].size() == 4);
+  CHECK(report["items"][0]["spec"].get<std::string>().ends_with(" @sm_90a"));
+  CHECK(report["items"][3]["spec"].get<std::string>().ends_with(" @sm_80"));
+}
+
+TEST_CASE("kiln warm names the file and line of a bad manifest line", "[cli]") {
+  const Cli cli;
+  const fs::path manifest = cli.dir() / "bad.txt";
+  write_file(manifest, std::string(kManifest) + "elementwise/unary.cuh kiln::unary\n");
+  const Result result = cli.run({"warm", "--target", "sm_90a", manifest.string()});
+  CHECK(result.code == 2);
+  CHECK(contains(result.err, "kiln: error: " + manifest.string() + ":5: cannot parse"));
+  CHECK(!fs::exists(cli.cache() / "v1"));
+}
+
+TEST_CASE("kiln warm exits 1 and shows the message when a spec fails", "[cli]") {
+  const Cli cli;
+  const fs::path manifest = cli.dir() / "missing.txt";
+  write_file(manifest, "elementwise/missing.cuh:kiln::unary<op=4>(kiln::UnaryParams)\n");
+  const Result result = cli.run({"warm", "--target", "sm_90a", manifest.string()});
+  CHECK(result.code == 1);
+  CHECK(contains(result.out, "failed 1"));
+  CHECK(contains(result.out, "failed: elementwise/missing.cuh"));
+}
+
+TEST_CASE("kiln compile prints the key, registers and log of one spec", "[cli]") {
+  const Cli cli;
+  const Result result = cli.run({"compile", "--source", kSpec});
+  INFO(result.out << result.err);
+  REQUIRE(result.code == 0);
+  CHECK(std::regex_search(result.out, std::regex("\nkey +[0-9a-f]{32}\n")));
+  CHECK(std::regex_search(result.out, std::regex("\nregisters +[0-9]+\n")));
+  CHECK(std::regex_search(result.out, std::regex("\ntarget +sm_90a\n")));
+  CHECK(contains(result.out, "generated source\n"));
+  CHECK(contains(result.out, "elementwise/unary.cuh"));
+  CHECK(cli.entry_files().size() == 1);
+}
+
+TEST_CASE("kiln compile explains a missing kernel source and exits 1", "[cli]") {
+  const Cli cli;
+  const Result result =
+      cli.run({"compile", "elementwise/missing.cuh:kiln::unary<op=4>(kiln::UnaryParams) @sm_90a"});
+  CHECK(result.code == 1);
+  CHECK(contains(result.err, "kiln: error: "));
+  CHECK(contains(result.err, "elementwise/missing.cuh"));
+  CHECK(result.out.empty());
+}
+
+TEST_CASE("kiln compile prints a compiler error in full and exits 1", "[cli]") {
+  const Cli cli;
+  const fs::path kernels = cli.dir() / "kernels";
+  fs::copy(fs::path(KILN_SOURCE_DIR) / "kernels_src", kernels, fs::copy_options::recursive);
+  const fs::path unary = kernels / "elementwise" / "unary.cuh";
+  write_file(unary, read_file(unary) + "\nthis is not C++;\n");
+  const Result result = cli.run({"compile", "--kernels-dir", kernels.string(), kSpec});
+  CHECK(result.code == 1);
+  CHECK(std::regex_search(result.err, std::regex("failed \\(key [0-9a-f]{32}\\)\n")));
+  CHECK(contains(result.err, "options: --gpu-architecture=sm_90a"));
+  CHECK(contains(result.err, "generated source: "));
+  CHECK(contains(result.err, "this is not C++;"));
+  CHECK(cli.entry_files().empty());
+}
+
+TEST_CASE("kiln compile refuses a malformed spec as a usage error", "[cli]") {
+  const Cli cli;
+  const Result result = cli.run({"compile", "not a spec"});
+  CHECK(result.code == 2);
+  CHECK(contains(result.err, "kiln: error: cannot parse kernel spec 'not a spec'"));
+}
+
+TEST_CASE("kiln cache ls lists every entry with its spec", "[cli]") {
+  const Cli cli;
+  const auto report = cli.warm();
+  const Result result = cli.run({"cache", "ls"});
+  INFO(result.out << result.err);
+  REQUIRE(result.code == 0);
+  for (const auto& item : report["items"]) {
+    CHECK(contains(result.out, item["key"].get<std::string>()));
+    CHECK(contains(result.out, item["spec"].get<std::string>()));
+  }
+  CHECK(contains(result.out, "2 entries"));
+
+  const Result json = cli.run({"cache", "ls", "--json"});
+  REQUIRE(json.code == 0);
+  const auto entries = nlohmann::json::parse(json.out);
+  REQUIRE(entries.size() == 2);
+  CHECK(entries[0]["valid"] == true);
+  CHECK(entries[0]["size"].get<std::uint64_t>() > 0);
+}
+
+TEST_CASE("kiln cache verify reports a corrupt entry and --fix removes it", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  const fs::path corrupt = cli.entry_files().at(0);
+  std::string bytes = read_file(corrupt);
+  bytes[bytes.size() / 2] = static_cast<char>(bytes[bytes.size() / 2] ^ 0x5a);
+  write_file(corrupt, bytes);
+
+  const Result found = cli.run({"cache", "verify"});
+  CHECK(found.code == 1);
+  CHECK(contains(found.out, "bad: " + corrupt.string()));
+  CHECK(contains(found.out, "2 entries checked, 1 bad"));
+
+  const Result fixed = cli.run({"cache", "verify", "--fix"});
+  CHECK(fixed.code == 0);
+  CHECK(contains(fixed.out, "removed 1 bad entries"));
+  CHECK(!fs::exists(corrupt));
+  CHECK(cli.entry_files().size() == 1);
+
+  const Result clean = cli.run({"cache", "verify"});
+  CHECK(clean.code == 0);
+  CHECK(contains(clean.out, "1 entries checked, 0 bad"));
+}
+
+TEST_CASE("kiln cache prune evicts down to --max-bytes", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  const Result kept = cli.run({"cache", "prune", "--max-bytes", "1G"});
+  CHECK(kept.code == 0);
+  CHECK(contains(kept.out, "removed 0 entries"));
+  CHECK(cli.entry_files().size() == 2);
+
+  const Result pruned = cli.run({"cache", "prune", "--max-bytes", "1"});
+  CHECK(pruned.code == 0);
+  CHECK(contains(pruned.out, "removed 2 entries"));
+  CHECK(cli.entry_files().empty());
+
+  const Result bad = cli.run({"cache", "prune", "--max-bytes", "12Q"});
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "--max-bytes is '12Q'"));
+}
+
+TEST_CASE("kiln cache clear removes every entry", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  const Result result = cli.run({"cache", "clear"});
+  CHECK(result.code == 0);
+  CHECK(contains(result.out, "removed 2 entries from " + cli.cache().string()));
+  CHECK(cli.entry_files().empty());
+  CHECK(contains(cli.run({"cache", "ls"}).out, "0 entries"));
+}
+
+TEST_CASE("kiln cache refuses a cache directory it cannot write", "[cli]") {
+  const Cli cli;
+  write_file(cli.dir() / "file", "not a directory");
+  const std::string unusable = (cli.dir() / "file" / "cache").string();
+  const Result result = cli.run({"cache", "ls", "--cache-dir", unusable});
+  CHECK(result.code == 1);
+  CHECK(contains(result.err,
+                 "kiln: error: the cache directory " + unusable + " cannot be created or written"));
+}
+
+TEST_CASE("kiln exits 2 on usage errors and prints its version", "[cli]") {
+  const Cli cli;
+  CHECK(cli.run({"frobnicate"}).code == 2);
+  CHECK(cli.run({"warm", "--threads", "0"}).code == 2);
+  CHECK(cli.run({"info", "--target", "sm_90a", "--target", "gfx90a"}).code == 2);
+  const Result jit = cli.run({"info", "--jit", "sometimes"});
+  CHECK(jit.code == 2);
+  CHECK(contains(jit.err, "kiln: error: --jit is 'sometimes': expected on, strict or off"));
+  const Result version = cli.run({"--version"});
+  CHECK(version.code == 0);
+  CHECK(std::regex_search(version.out, std::regex("^kiln [0-9]+\\.[0-9]+\\.[0-9]+\n")));
+}
+
+}  // namespace
+}  // namespace kiln::test
