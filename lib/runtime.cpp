@@ -13,6 +13,8 @@
 #include <fmt/format.h>
 
 #include "backend/backend.hpp"
+#include "backend/compiler_library.hpp"
+#include "backend/lazy_compiler.hpp"
 #include "cache/disk.hpp"
 #include "cache/single_flight.hpp"
 #include "config.hpp"
@@ -37,6 +39,7 @@ using detail::Config;
 using detail::Driver;
 using detail::Entry;
 using detail::Key;
+using detail::LazyCompiler;
 using detail::LoadedKernel;
 using detail::Unit;
 
@@ -99,13 +102,17 @@ struct Runtime::Impl {
 
   // --- backends ---------------------------------------------------------------------------
 
-  // The compiler for a vendor, opened once; the failure to open it is remembered and rethrown.
-  const Compiler& compiler(std::string_view vendor) {
+  // The compiler for a vendor. While the fact memo beside the disk cache still describes the
+  // installed library, its answers come from there and computing a key loads nothing; the
+  // library is loaded to compile. A failure to find it is remembered and rethrown.
+  LazyCompiler& compiler(std::string_view vendor) {
     std::lock_guard lock(backend_mutex);
     auto& slot = compilers[std::string(vendor)];
     if (!slot.compiler && !slot.error) {
       try {
-        slot.compiler = vendor == "hip" ? detail::open_hiprtc() : detail::open_nvrtc();
+        auto lazy = std::make_unique<LazyCompiler>(detail::compiler_library(vendor), disk);
+        lazy->identity();  // loads the library unless the memo vouches for it
+        slot.compiler = std::move(lazy);
       } catch (...) {
         slot.error = std::current_exception();
       }
@@ -185,14 +192,25 @@ struct Runtime::Impl {
     return detail::make_unit(spec, sources, compiler(vendor));
   }
 
-  Entry compile_unit(const Unit& unit) {
+  Entry compile_unit(const Unit& asked) {
     if (config.jit == JitMode::off) {
       throw Error(ErrorCategory::not_found,
                   fmt::format("{} (key {}) is not cached and KILN_JIT=off forbids compiling: "
                               "warm the cache where compiling is allowed, or set KILN_JIT=on",
-                              unit.spec, unit.key.hex()));
+                              asked.spec, asked.key.hex()));
     }
-    const Compiler& c = compiler(detail::vendor_of_target(unit.target));
+    const Compiler& c = compiler(detail::vendor_of_target(asked.target)).real();
+    // NOTE: `asked` was keyed with the fact memo's answers. A binary must be stored under the
+    // key its own compiler gives, and built with that compiler's options, so the unit is made
+    // again from the real compiler (0.1 ms beside a compile): the same key, unless the memo was
+    // out of date, which loading the compiler has just corrected.
+    const Unit unit = detail::make_unit(parse_spec(asked.spec), sources, c);
+    if (unit.key != asked.key) {
+      detail::log(LogLevel::info,
+                  "{} is stored under key {}, not {}: the compiler memo or a "
+                  "source changed since that key was computed",
+                  unit.spec, unit.key.hex(), asked.key.hex());
+    }
     const detail::CompileResult result = c.compile({
         .name = fmt::format("kiln_{}.cu", unit.key.hex()),
         .source = unit.source,
@@ -374,7 +392,7 @@ struct Runtime::Impl {
   std::string backend;
 
   struct CompilerSlot {
-    std::unique_ptr<Compiler> compiler;
+    std::unique_ptr<LazyCompiler> compiler;
     std::exception_ptr error;
   };
   struct DriverSlot {

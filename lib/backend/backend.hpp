@@ -83,7 +83,8 @@ class Driver {
 };
 
 // Each throws kiln::Error (not_found) naming the library it looked for and how to point kiln at
-// it when the piece is missing.
+// it when the piece is missing. The runtime reaches the compilers through LazyCompiler
+// (lazy_compiler.hpp), which loads them only to compile.
 std::unique_ptr<Compiler> open_nvrtc();
 std::unique_ptr<Compiler> open_hiprtc();
 std::unique_ptr<Driver> open_cuda_driver();

@@ -1,8 +1,10 @@
 // The HIP compiler: hipRTC, opened with dlopen, building code objects for one gfx target.
 #include <array>
+#include <mutex>
 #include <utility>
 
 #include "backend/backend.hpp"
+#include "backend/compiler_library.hpp"
 #include "backend/dynlib.hpp"
 #include "backend/resource_usage.hpp"
 #include "backend/rocm.hpp"
@@ -34,7 +36,12 @@ class Hiprtc final : public Compiler {
     std::vector<std::string> options = request.options;
     // NOTE: compilers that do not know this remark warn and carry on; usage then stays -1.
     options.push_back("-Rpass-analysis=kernel-resource-usage");
+    // NOTE: hipRTC of ROCm 5.2 crashes when two threads compile at once (seen in
+    // hiprtcAddNameExpression racing LLVM's target initialisation), so compiles take turns.
+    static std::mutex one_at_a_time;
+    std::unique_lock lock(one_at_a_time);
     CompileResult result = compile_with(api_, request, options);
+    lock.unlock();
     if (result.ok) result.usage = parse_amdgpu_usage(result.log, result.lowered_name);
     return result;
   }
@@ -61,11 +68,18 @@ class Hiprtc final : public Compiler {
 
 }  // namespace
 
-std::unique_ptr<Compiler> open_hiprtc() {
+CompilerLibrary hiprtc_library() {
   // ROCm 6 moved hipRTC out of libamdhip64 into libhiprtc.
   constexpr std::array<std::string_view, 5> names = {
       "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.5", "libamdhip64.so"};
-  return std::make_unique<Hiprtc>(DynLib::open("hipRTC", rocm_library_candidates(names), kRocmFix));
+  return {"hip", "hipRTC", rocm_library_candidates(names), std::string(kRocmFix),
+          [](DynLib lib) -> std::unique_ptr<Compiler> {
+            return std::make_unique<Hiprtc>(std::move(lib));
+          }};
+}
+
+std::unique_ptr<Compiler> open_hiprtc() {
+  return open_compiler(hiprtc_library()).compiler;
 }
 
 }  // namespace kiln::detail

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "backend/backend.hpp"
+#include "backend/compiler_library.hpp"
 #include "backend/dynlib.hpp"
 #include "backend/resource_usage.hpp"
 #include "backend/rtc.hpp"
@@ -103,15 +104,21 @@ class Nvrtc final : public Compiler {
 
 }  // namespace
 
-std::unique_ptr<Compiler> open_nvrtc() {
+CompilerLibrary nvrtc_library() {
   constexpr std::array<std::string_view, 3> names = {"libnvrtc.so.13", "libnvrtc.so.12",
                                                      "libnvrtc.so"};
   const std::array<std::filesystem::path, 2> user_dirs = {env_path("CUDA_HOME", "lib64"),
                                                           env_path("CUDA_PATH", "lib64")};
   const std::array<std::filesystem::path, 1> default_dirs = {"/usr/local/cuda/lib64"};
-  return std::make_unique<Nvrtc>(DynLib::open(
-      "NVRTC", library_candidates(names, user_dirs, default_dirs),
-      "install the CUDA toolkit's NVRTC (libnvrtc) or set CUDA_HOME to the toolkit's directory"));
+  return {"cuda", "NVRTC", library_candidates(names, user_dirs, default_dirs),
+          "install the CUDA toolkit's NVRTC (libnvrtc) or set CUDA_HOME to the toolkit's directory",
+          [](DynLib lib) -> std::unique_ptr<Compiler> {
+            return std::make_unique<Nvrtc>(std::move(lib));
+          }};
+}
+
+std::unique_ptr<Compiler> open_nvrtc() {
+  return open_compiler(nvrtc_library()).compiler;
 }
 
 }  // namespace kiln::detail

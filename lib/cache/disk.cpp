@@ -11,12 +11,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <span>
 #include <string_view>
 #include <system_error>
 #include <tuple>
 #include <utility>
 
 #include "cache/entry_file.hpp"
+#include "kiln/error.hpp"
 #include "log.hpp"
 
 namespace kiln::detail {
@@ -145,20 +147,22 @@ TempFile create_temp(int dir, const std::string& stem) {
   }
 }
 
-// Writes `entry` to a temp file beside `name`, syncs it, renames it over `name` and syncs the
-// directory, so readers see the old file or the whole new one, never a part. Returns an errno.
-int publish(int shard, const std::string& name, const Entry& entry) {
-  TempFile temp = create_temp(shard, name);
+// Writes a temp file beside `name` with `write` (which returns an errno), syncs it, renames it
+// over `name` and syncs the directory, so readers see the old file or the whole new one, never a
+// part. Returns an errno.
+template <class Write>
+int publish(int dir, const std::string& name, Write&& write) {
+  TempFile temp = create_temp(dir, name);
   if (!temp.fd.ok()) return temp.fd.error();
-  int error = write_entry(temp.fd.get(), entry);
+  int error = write(temp.fd.get());
   if (error == 0 && ::fsync(temp.fd.get()) != 0) error = errno;
   if (const int close_error = temp.fd.close(); error == 0) error = close_error;
-  if (error == 0 && ::renameat(shard, temp.name.c_str(), shard, name.c_str()) != 0) error = errno;
+  if (error == 0 && ::renameat(dir, temp.name.c_str(), dir, name.c_str()) != 0) error = errno;
   if (error != 0) {
-    ::unlinkat(shard, temp.name.c_str(), 0);
+    ::unlinkat(dir, temp.name.c_str(), 0);
     return error;
   }
-  ::fsync(shard);  // NOTE: makes the rename durable; syncing the file alone does not
+  ::fsync(dir);  // NOTE: makes the rename durable; syncing the file alone does not
   return 0;
 }
 
@@ -401,6 +405,72 @@ std::size_t evict(int tier, std::uint64_t max_bytes, const std::optional<Key>& k
   return removed;
 }
 
+constexpr std::size_t kMaxNoteBytes = std::size_t{1} << 20;
+
+// The components of a note's name. Throws kiln::Error (invalid_argument) for a name that could
+// leave its directory or hide among entries' temp files.
+std::vector<std::string> note_parts(std::string_view name) {
+  const auto is_plain = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
+           c == '_' || c == '-';
+  };
+  std::vector<std::string> parts;
+  for (std::string_view rest = name;;) {
+    const std::size_t slash = rest.find('/');
+    const std::string_view part = rest.substr(0, slash);
+    if (part.empty() || part == "." || part == ".." || part.ends_with(kTempSuffix) ||
+        !std::all_of(part.begin(), part.end(), is_plain)) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("cache note name '{}' must be plain components joined by '/', such "
+                              "as compilers/cuda.json",
+                              name));
+    }
+    parts.emplace_back(part);
+    if (slash == std::string_view::npos) return parts;
+    rest.remove_prefix(slash + 1);
+  }
+}
+
+// The directory of the note whose name is `parts`, reached from the tier one component at a time
+// without following links, and created (0700) where missing when `create`.
+Fd open_note_dir(int tier, std::span<const std::string> parts, bool create) {
+  const auto open = create ? make_subdir : open_subdir;
+  Fd dir = open(tier, version_dir());
+  for (std::size_t i = 0; i + 1 < parts.size() && dir.ok(); ++i) dir = open(dir.get(), parts[i]);
+  return dir;
+}
+
+int write_text(int fd, std::string_view text) {
+  while (!text.empty()) {
+    const ssize_t written = ::write(fd, text.data(), text.size());
+    if (written < 0 && errno == EINTR) continue;
+    if (written < 0) return errno;
+    if (written == 0) return EIO;
+    text.remove_prefix(static_cast<std::size_t>(written));
+  }
+  return 0;
+}
+
+// The whole of a regular file of at most `max_bytes`; nullopt otherwise or on a read error.
+std::optional<std::string> read_text(int fd, std::size_t max_bytes) {
+  struct stat info {};
+  if (::fstat(fd, &info) != 0 || !S_ISREG(info.st_mode) ||
+      static_cast<std::uint64_t>(info.st_size) > max_bytes) {
+    return std::nullopt;
+  }
+  std::string text(static_cast<std::size_t>(info.st_size), '\0');
+  std::size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t got = ::read(fd, text.data() + done, text.size() - done);
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return std::nullopt;
+    if (got == 0) break;
+    done += static_cast<std::size_t>(got);
+  }
+  text.resize(done);
+  return text;
+}
+
 }  // namespace
 
 struct DiskCache::Impl {
@@ -442,7 +512,8 @@ void DiskCache::store(const Entry& entry) {
   const Fd shard = open_shard(impl_->root.get(), root, entry.key, /*create=*/true, shard_path);
   if (!shard.ok()) return warn_store_failed(root, shard_path, shard.error());
   const std::string name = entry_file(entry.key);
-  if (const int error = publish(shard.get(), name, entry)) {
+  if (const int error =
+          publish(shard.get(), name, [&](int fd) { return write_entry(fd, entry); })) {
     return warn_store_failed(root, shard_path / name, error);
   }
   if (impl_->config.max_bytes > 0) evict(impl_->root.get(), impl_->config.max_bytes, entry.key);
@@ -482,6 +553,33 @@ DiskCache::Lock DiskCache::lock(const Key& key) {
     if (errno != EINTR) return Lock();
   }
   return Lock(file.release());
+}
+
+std::optional<std::string> DiskCache::read_note(std::string_view name) const {
+  const std::vector<std::string> parts = note_parts(name);
+  if (!writable()) return std::nullopt;
+  const Fd dir = open_note_dir(impl_->root.get(), parts, /*create=*/false);
+  if (!dir.ok()) return std::nullopt;
+  // NOTE: O_NONBLOCK so that a FIFO planted under the note's name cannot block the open.
+  const Fd file(
+      ::openat(dir.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  if (!file.ok()) return std::nullopt;
+  return read_text(file.get(), kMaxNoteBytes);
+}
+
+void DiskCache::write_note(std::string_view name, std::string_view text) {
+  const std::vector<std::string> parts = note_parts(name);
+  if (!writable()) return;
+  const Fd dir = open_note_dir(impl_->root.get(), parts, /*create=*/true);
+  const int error =
+      dir.ok() ? publish(dir.get(), parts.back(), [&](int fd) { return write_text(fd, text); })
+               : dir.error();
+  if (error == 0) return;
+  const fs::path path = *impl_->config.root / version_dir() / name;
+  warn_once("cache-note:" + path.string(),
+            fmt::format("cannot write the cache note {} ({}); kiln works without it, only "
+                        "slower to start; make {} writable or remove what is in the way",
+                        path.string(), describe(error), impl_->config.root->string()));
 }
 
 bool DiskCache::writable() const {

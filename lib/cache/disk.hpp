@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cache/key.hpp"
@@ -87,6 +88,15 @@ class DiskCache {
     int fd_ = -1;
   };
   Lock lock(const Key& key);  // an empty Lock when memory-only or the lock cannot be taken
+
+  // Notes: small named files beside the writable tier's entries, at <root>/v<format>/<name>, for
+  // facts that are slow to find again (lib/backend/lazy_compiler.hpp). `name` is plain components
+  // (letters, digits, '.', '_', '-') joined by '/', such as "compilers/cuda.json". Read-only
+  // tiers are never consulted. A note that is absent, unreadable, over 1 MiB or behind a link
+  // reads as nullopt, as does every note when memory-only. A write publishes atomically, as store
+  // does; its failure is at most one warning.
+  std::optional<std::string> read_note(std::string_view name) const;
+  void write_note(std::string_view name, std::string_view text);
 
   bool writable() const;  // false: memory-only (the root was unusable, or none was given)
   const std::optional<std::filesystem::path>& root() const;

@@ -1,0 +1,98 @@
+// LazyCompiler: the compiler's answers from the fact memo; its library loaded only when needed.
+#include "backend/lazy_compiler.hpp"
+
+#include <fmt/format.h>
+
+#include <utility>
+
+#include "log.hpp"
+
+namespace kiln::detail {
+
+LazyCompiler::LazyCompiler(CompilerLibrary library, DiskCache& disk)
+    : library_(std::move(library)),
+      disk_(disk),
+      note_(fmt::format("compilers/{}.json", library_.vendor)),
+      loader_(loader_signature(library_.candidates)) {
+  const std::optional<std::string> text = disk_.read_note(note_);
+  if (!text) return;
+  std::optional<CompilerMemo> memo = parse_memo(*text);
+  if (memo && memo_is_current(*memo, loader_)) {
+    memo_ = std::move(memo);
+  } else {
+    log(LogLevel::debug, "compiler memo {} is {}; {} will be loaded and the memo rewritten", note_,
+        memo ? "out of date" : "unreadable", library_.what);
+  }
+}
+
+std::string LazyCompiler::identity() const {
+  std::lock_guard lock(mutex_);
+  if (!memo_) open_locked();
+  return memo_->identity;
+}
+
+std::vector<std::string> LazyCompiler::canonical_options(std::string_view target) const {
+  return target_facts(target).options;
+}
+
+bool LazyCompiler::accepts(std::string_view target) const {
+  return target_facts(target).accepted;
+}
+
+CompileResult LazyCompiler::compile(const CompileRequest& request) const {
+  return real().compile(request);
+}
+
+const Compiler& LazyCompiler::real() const {
+  std::lock_guard lock(mutex_);
+  open_locked();
+  return *real_;
+}
+
+TargetFacts LazyCompiler::target_facts(std::string_view target) const {
+  std::lock_guard lock(mutex_);
+  if (memo_) {
+    if (const auto known = memo_->targets.find(target); known != memo_->targets.end()) {
+      return known->second;
+    }
+  }
+  open_locked();
+  TargetFacts facts = facts_for(*real_, target);
+  memo_->targets.emplace(std::string(target), facts);
+  save_locked();
+  return facts;
+}
+
+void LazyCompiler::open_locked() const {
+  if (real_) return;
+  if (open_error_) std::rethrow_exception(open_error_);
+  OpenedCompiler opened;
+  try {
+    opened = open_compiler(library_);
+  } catch (...) {
+    open_error_ = std::current_exception();
+    throw;
+  }
+  real_ = std::move(opened.compiler);
+  CompilerMemo fresh{loader_, stamp_of(opened.file).value_or(FileStamp{}), real_->identity(), {}};
+  if (!memo_) {
+    // NOTE: saved with the first target's answers, which make_unit asks next: one write, not two.
+    memo_ = std::move(fresh);
+    return;
+  }
+  for (const auto& [target, facts] : memo_->targets) {
+    fresh.targets.emplace(target, facts_for(*real_, target));
+  }
+  if (fresh == *memo_) return;
+  log(LogLevel::info, "compiler memo {} said {}, but {} is {}; rewriting it", note_,
+      memo_->identity, opened.file.string(), fresh.identity);
+  memo_ = std::move(fresh);
+  save_locked();
+}
+
+void LazyCompiler::save_locked() const {
+  // NOTE: without the file the loader opened, a memo could never be shown current again.
+  if (!memo_->library.file.empty()) disk_.write_note(note_, print_memo(*memo_));
+}
+
+}  // namespace kiln::detail
