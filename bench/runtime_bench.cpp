@@ -31,7 +31,8 @@ double ms_since(Clock::time_point start) {
 }
 
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
+  if (status != cudaSuccess)
+    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
 }
 void check(CUresult status, const char* what) {
   if (status != CUDA_SUCCESS) {
@@ -53,7 +54,9 @@ kiln::Options options_for(const fs::path& cache) {
   return options;
 }
 
-kiln::KernelSpec bench_spec() { return kiln::unary_spec(kiln::UnaryOp::silu, kiln::DType::bf16, {256, 4}); }
+kiln::KernelSpec bench_spec() {
+  return kiln::unary_spec(kiln::UnaryOp::silu, kiln::DType::bf16, {256, 4});
+}
 
 // Cold compiles: each spec new to an empty cache; sm_90a and gfx90a, no GPU needed.
 int cold(const fs::path& cache) {
@@ -64,7 +67,8 @@ int cold(const fs::path& cache) {
     kiln::Runtime rt(options);
     for (kiln::DType dtype : {kiln::DType::f32, kiln::DType::bf16}) {
       const auto start = Clock::now();
-      const kiln::KernelInfo info = rt.compile(kiln::unary_spec(kiln::UnaryOp::gelu, dtype, {256, 4}));
+      const kiln::KernelInfo info =
+          rt.compile(kiln::unary_spec(kiln::UnaryOp::gelu, dtype, {256, 4}));
       std::printf("%-8s %-10s %10.1f %10.1f\n", target, std::string(kiln::to_string(dtype)).c_str(),
                   info.compile_ms, ms_since(start));
     }
@@ -80,18 +84,22 @@ int first_launch(const fs::path& cache) {
   const auto start = Clock::now();
   kiln::Runtime rt(options_for(cache));
   const auto constructed = Clock::now();
-  kiln::unary({.op = kiln::UnaryOp::silu, .dtype = kiln::DType::bf16, .in = buffer,
-               .out = buffer, .n = 1 << 19},
+  kiln::unary({.op = kiln::UnaryOp::silu,
+               .dtype = kiln::DType::bf16,
+               .in = buffer,
+               .out = buffer,
+               .n = 1 << 19},
               {256, 4}, rt);
   const auto launched = Clock::now();
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   const kiln::Stats stats = rt.stats();
-  std::printf("first launch: runtime %.3f ms, kernel() + launch %.3f ms, until done %.3f ms "
-              "(disk hits %llu, compiles %llu)\n",
-              std::chrono::duration<double, std::milli>(constructed - start).count(),
-              std::chrono::duration<double, std::milli>(launched - constructed).count(),
-              ms_since(constructed), static_cast<unsigned long long>(stats.disk_hits),
-              static_cast<unsigned long long>(stats.compiles));
+  std::printf(
+      "first launch: runtime %.3f ms, kernel() + launch %.3f ms, until done %.3f ms "
+      "(disk hits %llu, compiles %llu)\n",
+      std::chrono::duration<double, std::milli>(constructed - start).count(),
+      std::chrono::duration<double, std::milli>(launched - constructed).count(),
+      ms_since(constructed), static_cast<unsigned long long>(stats.disk_hits),
+      static_cast<unsigned long long>(stats.compiles));
   check(cudaFree(buffer), "cudaFree");
   return stats.compiles == 0 ? 0 : 3;
 }
@@ -148,10 +156,11 @@ int dispatch(const fs::path& cache) {
   }
   check(cudaGetLastError(), "launches");
   const double raw = median(raw_us), lookup = median(kiln_us), handle = median(kiln_handle_us);
-  std::printf("dispatch per launch (median of %d batches of %d): raw cuLaunchKernel %.3f us, "
-              "kiln rt.kernel(spec).launch %.3f us (+%.3f us), kiln Kernel::launch %.3f us "
-              "(+%.3f us)\n",
-              kRounds, kBatch, raw, lookup, lookup - raw, handle, handle - raw);
+  std::printf(
+      "dispatch per launch (median of %d batches of %d): raw cuLaunchKernel %.3f us, "
+      "kiln rt.kernel(spec).launch %.3f us (+%.3f us), kiln Kernel::launch %.3f us "
+      "(+%.3f us)\n",
+      kRounds, kBatch, raw, lookup, lookup - raw, handle, handle - raw);
   check(cuModuleUnload(module), "cuModuleUnload");
   check(cudaFree(buffer), "cudaFree");
   return 0;

@@ -153,6 +153,8 @@ kiln_status kiln_warmup_default(const char* target, int threads) {
   });
 }
 
-const char* kiln_last_error(void) { return kiln::t_last_error.c_str(); }
+const char* kiln_last_error(void) {
+  return kiln::t_last_error.c_str();
+}
 
 }  // extern "C"

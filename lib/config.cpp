@@ -43,10 +43,14 @@ std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
   std::uint64_t scale = 1;
   if (ec == std::errc() && ptr != end) {
     const std::string_view suffix(ptr, static_cast<std::size_t>(end - ptr));
-    if (suffix == "K" || suffix == "KB") scale = 1ull << 10;
-    else if (suffix == "M" || suffix == "MB") scale = 1ull << 20;
-    else if (suffix == "G" || suffix == "GB") scale = 1ull << 30;
-    else ec = std::errc::invalid_argument;
+    if (suffix == "K" || suffix == "KB")
+      scale = 1ull << 10;
+    else if (suffix == "M" || suffix == "MB")
+      scale = 1ull << 20;
+    else if (suffix == "G" || suffix == "GB")
+      scale = 1ull << 30;
+    else
+      ec = std::errc::invalid_argument;
   }
   if (ec != std::errc()) {
     throw Error(ErrorCategory::invalid_argument,

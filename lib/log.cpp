@@ -24,7 +24,9 @@ std::string_view level_name(LogLevel level) {
 
 }  // namespace
 
-void set_log_level(LogLevel level) noexcept { g_level.store(level, std::memory_order_relaxed); }
+void set_log_level(LogLevel level) noexcept {
+  g_level.store(level, std::memory_order_relaxed);
+}
 
 bool log_enabled(LogLevel level) noexcept {
   return static_cast<int>(level) <= static_cast<int>(g_level.load(std::memory_order_relaxed));

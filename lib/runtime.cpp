@@ -468,10 +468,9 @@ WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOpti
     }
   };
   const unsigned hardware = std::max(1u, std::thread::hardware_concurrency());
-  const std::size_t threads =
-      std::min<std::size_t>(options.threads > 0 ? static_cast<std::size_t>(options.threads)
-                                                : hardware,
-                            std::max<std::size_t>(1, specs.size()));
+  const std::size_t threads = std::min<std::size_t>(
+      options.threads > 0 ? static_cast<std::size_t>(options.threads) : hardware,
+      std::max<std::size_t>(1, specs.size()));
   std::vector<std::jthread> pool;
   for (std::size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
@@ -480,17 +479,25 @@ WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOpti
   return report;
 }
 
-std::string Runtime::key(const KernelSpec& spec) { return impl_->unit_of(spec).key.hex(); }
+std::string Runtime::key(const KernelSpec& spec) {
+  return impl_->unit_of(spec).key.hex();
+}
 
 std::string Runtime::generated_source(const KernelSpec& spec) {
   return impl_->unit_of(spec).source;
 }
 
-std::string Runtime::target() const { return impl_->default_target(); }
+std::string Runtime::target() const {
+  return impl_->default_target();
+}
 
-int Runtime::device() const { return impl_->config.device; }
+int Runtime::device() const {
+  return impl_->config.device;
+}
 
-const std::string& Runtime::backend() const { return impl_->backend; }
+const std::string& Runtime::backend() const {
+  return impl_->backend;
+}
 
 RuntimeInfo Runtime::info() const {
   RuntimeInfo info;

@@ -10,9 +10,9 @@ namespace kiln {
 TensorView TensorView::contiguous(void* data, DType dtype,
                                   std::initializer_list<std::int64_t> shape, int device) {
   if (shape.size() > max_rank) {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("TensorView::contiguous got {} dims: at most {}", shape.size(),
-                            max_rank));
+    throw Error(
+        ErrorCategory::invalid_argument,
+        fmt::format("TensorView::contiguous got {} dims: at most {}", shape.size(), max_rank));
   }
   TensorView view;
   view.data = data;

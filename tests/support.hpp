@@ -11,12 +11,12 @@ namespace kiln::test {
 std::optional<std::string> gpu_unavailable_reason();
 
 // Skips the current test case (with a printed reason) when no GPU is usable.
-#define KILN_REQUIRE_GPU()                                                  \
-  do {                                                                      \
-    if (auto kiln_reason_ = ::kiln::test::gpu_unavailable_reason()) {       \
-      WARN("skipped: needs a GPU: " << *kiln_reason_);                      \
-      return;                                                               \
-    }                                                                       \
+#define KILN_REQUIRE_GPU()                                            \
+  do {                                                                \
+    if (auto kiln_reason_ = ::kiln::test::gpu_unavailable_reason()) { \
+      WARN("skipped: needs a GPU: " << *kiln_reason_);                \
+      return;                                                         \
+    }                                                                 \
   } while (false)
 
 // A fresh directory, removed with everything in it when the object goes.

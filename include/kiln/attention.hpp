@@ -77,9 +77,9 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
 // Computes out = softmax(scale * q k^T + mask + bias) v on `stream` (CUstream or hipStream_t;
 // null: the default stream). Throws kiln::Error naming the tensor, the values and the fix for
 // any input it cannot take; never launches on bad input.
-void attention(const TensorView& q, const TensorView& k, const TensorView& v,
-               const TensorView& out, const AttentionOptions& options = {},
-               void* stream = nullptr, Runtime& runtime = default_runtime());
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options = {}, void* stream = nullptr,
+               Runtime& runtime = default_runtime());
 
 // Whether attention() on `runtime` accepts these inputs, with no compile and no launch; `why`
 // receives attention()'s message when it does not.

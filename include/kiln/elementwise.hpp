@@ -27,7 +27,7 @@ struct UnaryArgs {
 
 // How it runs. Every config gives bit-identical results.
 struct UnaryConfig {
-  int block_size = 256;  // threads: a multiple of the warp size (64 on AMD), at most 1024
+  int block_size = 256;      // threads: a multiple of the warp size (64 on AMD), at most 1024
   int items_per_thread = 4;  // 1 to 16
 };
 

@@ -173,13 +173,13 @@ class Runtime {
 
   WarmupReport warmup(std::span<const KernelSpec> specs, const WarmupOptions& options = {});
 
-  std::string key(const KernelSpec& spec);                // 32 hex digits
+  std::string key(const KernelSpec& spec);               // 32 hex digits
   std::string generated_source(const KernelSpec& spec);  // the unit handed to the compiler
 
   RuntimeInfo info() const;
   Stats stats() const;
-  std::string target() const;  // default target; throws when none can be chosen
-  int device() const;          // the device ordinal kernels load on (Options::device)
+  std::string target() const;          // default target; throws when none can be chosen
+  int device() const;                  // the device ordinal kernels load on (Options::device)
   const std::string& backend() const;  // "cuda" or "hip": the one that loads and launches
 
  private:

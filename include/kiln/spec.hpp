@@ -44,7 +44,8 @@ struct KernelSpec {
 
 // One line that names the spec completely, with constants sorted by name, so two specs that
 // compile the same code print the same:
-//   elementwise/unary.cuh:kiln::unary<block_size=256,dtype=bf16,op=3>(kiln::UnaryParams) [-DX] @sm_90a
+//   elementwise/unary.cuh:kiln::unary<block_size=256,dtype=bf16,op=3>(kiln::UnaryParams) [-DX]
+//   @sm_90a
 std::string to_string(const KernelSpec& spec);
 
 // Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part.

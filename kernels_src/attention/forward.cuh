@@ -81,8 +81,8 @@ __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4
   };
 #pragma unroll
   for (int i = 0; i < Tr::prefetch; ++i) load(i);
-  // NOTE: nested loops rather than one over i: at head_dim 256 the flat loop was left partly
-  // rolled, and the rings went to local memory.
+    // NOTE: nested loops rather than one over i: at head_dim 256 the flat loop was left partly
+    // rolled, and the rings went to local memory.
 #pragma unroll
   for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
 #pragma unroll

@@ -22,8 +22,12 @@ using f64 = double;
 
 #if KILN_CUDA
 using bf16 = __nv_bfloat16;
-__device__ __forceinline__ float to_float(bf16 x) { return __bfloat162float(x); }
-__device__ __forceinline__ bf16 to_bf16(float x) { return __float2bfloat16_rn(x); }
+__device__ __forceinline__ float to_float(bf16 x) {
+  return __bfloat162float(x);
+}
+__device__ __forceinline__ bf16 to_bf16(float x) {
+  return __float2bfloat16_rn(x);
+}
 #else
 // hipRTC of ROCm 5.x has no bf16 type of its own: the bits of the upper half of a float.
 struct bf16 {
@@ -40,19 +44,33 @@ __device__ __forceinline__ bf16 to_bf16(float x) {
 }
 #endif
 
-__device__ __forceinline__ float to_float(f16 x) { return __half2float(x); }
-__device__ __forceinline__ float to_float(float x) { return x; }
-__device__ __forceinline__ double to_float(double x) { return x; }
+__device__ __forceinline__ float to_float(f16 x) {
+  return __half2float(x);
+}
+__device__ __forceinline__ float to_float(float x) {
+  return x;
+}
+__device__ __forceinline__ double to_float(double x) {
+  return x;
+}
 
 // Converts from the compute type (float, or double for f64 data) to the storage type T.
 template <class T>
 __device__ __forceinline__ T from_float(float x);
 template <>
-__device__ __forceinline__ f16 from_float<f16>(float x) { return __float2half_rn(x); }
+__device__ __forceinline__ f16 from_float<f16>(float x) {
+  return __float2half_rn(x);
+}
 template <>
-__device__ __forceinline__ bf16 from_float<bf16>(float x) { return to_bf16(x); }
+__device__ __forceinline__ bf16 from_float<bf16>(float x) {
+  return to_bf16(x);
+}
 template <>
-__device__ __forceinline__ float from_float<float>(float x) { return x; }
-__device__ __forceinline__ double from_double(double x) { return x; }
+__device__ __forceinline__ float from_float<float>(float x) {
+  return x;
+}
+__device__ __forceinline__ double from_double(double x) {
+  return x;
+}
 
 }  // namespace kiln

@@ -18,7 +18,8 @@ __device__ __forceinline__ C apply_unary(C x) {
   if constexpr (Op == unary_op::tanh) return tanh(x);
   if constexpr (Op == unary_op::sigmoid) return C(1) / (C(1) + exp(-x));
   if constexpr (Op == unary_op::relu) return x > C(0) ? x : C(0);
-  if constexpr (Op == unary_op::gelu) return C(0.5) * x * (C(1) + erf(x * C(0.70710678118654752440)));
+  if constexpr (Op == unary_op::gelu)
+    return C(0.5) * x * (C(1) + erf(x * C(0.70710678118654752440)));
   if constexpr (Op == unary_op::silu) return x / (C(1) + exp(-x));
   if constexpr (Op == unary_op::sqrt) return sqrt(x);
 }
@@ -37,17 +38,17 @@ __device__ __forceinline__ T store_as(compute_t<T> y) {
 // so each thread's loads are coalesced across the block for every i.
 template <class Spec>
 __global__ void __launch_bounds__(Spec::block_size) unary(const KILN_GRID_CONSTANT UnaryParams p) {
-  static_assert(Spec::block_size > 0 && Spec::block_size <= 1024 &&
-                    Spec::block_size % KILN_WARP_SIZE == 0,
-                "block_size must be a multiple of the warp size, at most 1024.");
+  static_assert(
+      Spec::block_size > 0 && Spec::block_size <= 1024 && Spec::block_size % KILN_WARP_SIZE == 0,
+      "block_size must be a multiple of the warp size, at most 1024.");
   static_assert(Spec::items_per_thread >= 1 && Spec::items_per_thread <= 16,
                 "items_per_thread must be between 1 and 16.");
   using T = typename Spec::dtype;
   using C = compute_t<T>;
   const T* in = static_cast<const T*>(p.in);
   T* out = static_cast<T*>(p.out);
-  const long long first = static_cast<long long>(blockIdx.x) * Spec::block_size *
-                              Spec::items_per_thread + threadIdx.x;
+  const long long first =
+      static_cast<long long>(blockIdx.x) * Spec::block_size * Spec::items_per_thread + threadIdx.x;
 #pragma unroll
   for (int i = 0; i < Spec::items_per_thread; ++i) {
     const long long index = first + static_cast<long long>(i) * Spec::block_size;

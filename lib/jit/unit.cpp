@@ -47,7 +47,8 @@ void validate(const KernelSpec& spec, const Compiler& compiler) {
       bad(spec, fmt::format("constant name '{}' must be a C++ identifier", name));
     }
     for (std::size_t j = 0; j < i; ++j) {
-      if (spec.constants[j].name == name) bad(spec, fmt::format("constant '{}' is set twice", name));
+      if (spec.constants[j].name == name)
+        bad(spec, fmt::format("constant '{}' is set twice", name));
     }
   }
   for (const std::string& option : spec.options) {

@@ -43,8 +43,8 @@ void require_rank(const TensorView& t, std::string_view name, int rank, std::str
 void require_size(const TensorView& t, std::string_view name, int dim, std::int64_t expected,
                   std::string_view what) {
   if (t.size(dim) != expected) {
-    invalid(fmt::format("{}.size({}) is {} but {} is {}", name, dim_name(t, dim), t.size(dim),
-                        what, expected));
+    invalid(fmt::format("{}.size({}) is {} but {} is {}", name, dim_name(t, dim), t.size(dim), what,
+                        expected));
   }
 }
 
@@ -71,9 +71,10 @@ void check_common(const TensorView& t, std::string_view name, int device) {
       invalid(fmt::format("{}.size({}) is {}: sizes cannot be negative", name, d, t.size(d)));
     }
     if (t.stride(d) < 0) {
-      invalid(fmt::format("{}.stride({}) is {}: negative strides are not supported; make {} "
-                          "contiguous",
-                          name, d, t.stride(d), name));
+      invalid(
+          fmt::format("{}.stride({}) is {}: negative strides are not supported; make {} "
+                      "contiguous",
+                      name, d, t.stride(d), name));
     }
   }
   // The furthest element must be addressable with 64-bit element offsets.
@@ -98,32 +99,35 @@ void check_common(const TensorView& t, std::string_view name, int device) {
                         t.data, size_of(t.dtype), to_string(t.dtype)));
   }
   if (t.device != device) {
-    invalid(fmt::format("{} is on device {} but the runtime's device is {}: move {} there or "
-                        "use a Runtime with Options::device = {}",
-                        name, t.device, device, name, t.device));
+    invalid(
+        fmt::format("{} is on device {} but the runtime's device is {}: move {} there or "
+                    "use a Runtime with Options::device = {}",
+                    name, t.device, device, name, t.device));
   }
 }
 
 // q, k, v and out: stride 1 on the last dim, 16-byte aligned pointer and other strides.
 void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) {
   if (t.dtype != dtype) {
-    invalid(fmt::format("{} has dtype {} but q has dtype {}: q, k, v and out must share one",
-                        name, to_string(t.dtype), to_string(dtype)));
+    invalid(fmt::format("{} has dtype {} but q has dtype {}: q, k, v and out must share one", name,
+                        to_string(t.dtype), to_string(dtype)));
   }
   if (t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1) {
     invalid(fmt::format("{}.stride(-1) is {}: the last dim must be contiguous (stride 1)", name,
                         t.stride(t.rank - 1)));
   }
   if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
-    invalid(fmt::format("{}'s data pointer {} is not 16-byte aligned: kiln moves tiles in "
-                        "16-byte copies; allocate or offset {} on a 16-byte boundary",
-                        name, t.data, name));
+    invalid(
+        fmt::format("{}'s data pointer {} is not 16-byte aligned: kiln moves tiles in "
+                    "16-byte copies; allocate or offset {} on a 16-byte boundary",
+                    name, t.data, name));
   }
   for (int d = 0; d + 1 < t.rank; ++d) {
     if (t.size(d) > 1 && t.stride(d) % 8 != 0) {
-      invalid(fmt::format("{}.stride({}) is {}: strides must be multiples of 8 elements (16 "
-                          "bytes); copy {} to contiguous memory",
-                          name, d, t.stride(d), name));
+      invalid(
+          fmt::format("{}.stride({}) is {}: strides must be multiples of 8 elements (16 "
+                      "bytes); copy {} to contiguous memory",
+                      name, d, t.stride(d), name));
     }
   }
 }
@@ -131,10 +135,9 @@ void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) 
 void check_head_dim(std::int64_t dim, std::string_view what) {
   if (dim % 8 == 0 && dim >= 8 && dim <= kMaxHeadDim) return;
   const bool paddable = dim > 0 && dim < kMaxHeadDim;
-  unsupported(fmt::format("{} is {}: kiln compiles every multiple of 8 from 8 to {}{}", what, dim,
-                          kMaxHeadDim,
-                          paddable ? "; pad the head dim with zeros to the next multiple of 8"
-                                   : ""));
+  unsupported(fmt::format(
+      "{} is {}: kiln compiles every multiple of 8 from 8 to {}{}", what, dim, kMaxHeadDim,
+      paddable ? "; pad the head dim with zeros to the next multiple of 8" : ""));
 }
 
 void check_int_vector(const TensorView& t, std::string_view name, std::int64_t length,
@@ -154,10 +157,9 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   Shape s;
   s.varlen = o.cu_seqlens_q.has_value() || o.cu_seqlens_k.has_value();
   const int rank = s.varlen ? 3 : 4;
-  const std::string_view layout = s.varlen
-                                      ? "(total_tokens, heads, head_dim) with cu_seqlens"
-                                      : "(batch, seqlen, heads, head_dim); for varlen pass "
-                                        "cu_seqlens_q and cu_seqlens_k";
+  const std::string_view layout = s.varlen ? "(total_tokens, heads, head_dim) with cu_seqlens"
+                                           : "(batch, seqlen, heads, head_dim); for varlen pass "
+                                             "cu_seqlens_q and cu_seqlens_k";
   require_rank(q, "q", rank, layout);
   for (const auto& [t, name] : {std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
     if (t->rank != q.rank) {
@@ -196,9 +198,10 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   require_size(k, "k", d, s.head_dim, "q.size(-1) (head_dim)");
   require_size(out, "out", d, s.head_dim_v, "v.size(-1) (head_dim_v)");
   if (s.heads_kv == 0 ? s.heads != 0 : s.heads % s.heads_kv != 0) {
-    invalid(fmt::format("q has {} heads and k has {}: the query heads must be a multiple of the "
-                        "kv heads (GQA/MQA)",
-                        s.heads, s.heads_kv));
+    invalid(
+        fmt::format("q has {} heads and k has {}: the query heads must be a multiple of the "
+                    "kv heads (GQA/MQA)",
+                    s.heads, s.heads_kv));
   }
   check_head_dim(s.head_dim, "head_dim (q.size(-1))");
   check_head_dim(s.head_dim_v, "head_dim_v (v.size(-1))");
@@ -220,14 +223,16 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     invalid(fmt::format("softcap is {}: use 0 (off) or a positive value", o.softcap));
   }
   if (o.window_left < -1 || o.window_right < -1) {
-    invalid(fmt::format("window ({}, {}) has a value below -1: windows are -1 (unbounded) or "
-                        "a key count",
-                        o.window_left, o.window_right));
+    invalid(
+        fmt::format("window ({}, {}) has a value below -1: windows are -1 (unbounded) or "
+                    "a key count",
+                    o.window_left, o.window_right));
   }
   if (o.causal && o.window_right > 0) {
-    invalid(fmt::format("causal is set and window_right is {}: causal means window_right 0; "
-                        "drop one of them",
-                        o.window_right));
+    invalid(
+        fmt::format("causal is set and window_right is {}: causal means window_right 0; "
+                    "drop one of them",
+                    o.window_right));
   }
   if (s.varlen) {
     if (!o.cu_seqlens_q || !o.cu_seqlens_k) {
@@ -246,8 +251,8 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
                           o.max_seqlen_q));
     }
     if (o.max_seqlen_q > s.tokens_q) {
-      invalid(fmt::format("max_seqlen_q is {} but q holds only {} tokens", o.max_seqlen_q,
-                          s.tokens_q));
+      invalid(
+          fmt::format("max_seqlen_q is {} but q holds only {} tokens", o.max_seqlen_q, s.tokens_q));
     }
     s.seqlen_q = o.max_seqlen_q;
     s.seqlen_k = o.max_seqlen_k;
@@ -292,9 +297,10 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     for (int d = 0; d < 4; ++d) {
       // A size-1 dim broadcasts like a stride-0 one.
       if (b.size(d) != expected[d] && !(d < 2 && b.size(d) == 1)) {
-        invalid(fmt::format("bias.size({}) is {} but {} is {} (size 1 or stride 0 broadcasts "
-                            "over batch and heads)",
-                            dim_name(b, d), b.size(d), names[d], expected[d]));
+        invalid(
+            fmt::format("bias.size({}) is {} but {} is {} (size 1 or stride 0 broadcasts "
+                        "over batch and heads)",
+                        dim_name(b, d), b.size(d), names[d], expected[d]));
       }
     }
   }
@@ -370,8 +376,7 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   p.heads_kv = static_cast<int>(s.heads_kv);
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_k = static_cast<int>(s.seqlen_k);
-  p.softmax_scale =
-      o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(s.head_dim)));
+  p.softmax_scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(s.head_dim)));
   p.window_left = o.window_left;
   p.window_right = o.causal ? 0 : o.window_right;
   p.top_left = o.top_left ? 1 : 0;
@@ -403,15 +408,17 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
 
 void require_target(std::string_view target) {
   if (target.starts_with("gfx")) {
-    unsupported(fmt::format("attention on {} is not supported yet: the forward kernel uses "
-                            "NVIDIA tensor-core instructions; AMD support is planned",
-                            target));
+    unsupported(
+        fmt::format("attention on {} is not supported yet: the forward kernel uses "
+                    "NVIDIA tensor-core instructions; AMD support is planned",
+                    target));
   }
   const std::string_view digits = target.substr(target.find('_') + 1);
   if (!target.starts_with("sm_") || digits.size() < 2 || (digits[0] < '8' && digits.size() == 2)) {
-    unsupported(fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores); the "
-                            "target is {}",
-                            target));
+    unsupported(
+        fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores); the "
+                    "target is {}",
+                    target));
   }
 }
 
@@ -422,7 +429,8 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
   // Tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every sm_80+ part
   // fits these, sm_86/89's 99 KiB included.
   const int widest = std::max(problem.head_dim, problem.head_dim_v);
-  if (widest <= 64) return problem.band ? AttentionConfig{128, 128, 4, 2} : AttentionConfig{128, 64, 4, 2};
+  if (widest <= 64)
+    return problem.band ? AttentionConfig{128, 128, 4, 2} : AttentionConfig{128, 64, 4, 2};
   if (widest <= 128) return {128, 64, 4, 1};
   return {64, 64, 4, 1};
 }
@@ -446,9 +454,8 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
   return spec;
 }
 
-void attention(const TensorView& q, const TensorView& k, const TensorView& v,
-               const TensorView& out, const AttentionOptions& options, void* stream,
-               Runtime& runtime) {
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options, void* stream, Runtime& runtime) {
   const Validated checked = validate(q, k, v, out, options, runtime.device());
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
@@ -458,8 +465,7 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v,
   const auto shared = attention_forward_smem_bytes(s.head_dim, s.head_dim_v, config.block_m,
                                                    config.block_n, config.stages);
   kernel.launch({.grid = {static_cast<std::uint32_t>(row_blocks),
-                          static_cast<std::uint32_t>(s.heads),
-                          static_cast<std::uint32_t>(s.batch)},
+                          static_cast<std::uint32_t>(s.heads), static_cast<std::uint32_t>(s.batch)},
                  .block = {static_cast<std::uint32_t>(config.warps * 32)},
                  .shared_bytes = static_cast<std::uint32_t>(shared),
                  .stream = stream},

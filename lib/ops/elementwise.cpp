@@ -9,9 +9,9 @@
 namespace kiln {
 namespace {
 
-constexpr UnaryOp kOps[] = {UnaryOp::neg,  UnaryOp::abs,     UnaryOp::exp,  UnaryOp::log,
-                            UnaryOp::sin,  UnaryOp::cos,     UnaryOp::tanh, UnaryOp::sigmoid,
-                            UnaryOp::relu, UnaryOp::gelu,    UnaryOp::silu, UnaryOp::sqrt};
+constexpr UnaryOp kOps[] = {UnaryOp::neg,  UnaryOp::abs,  UnaryOp::exp,  UnaryOp::log,
+                            UnaryOp::sin,  UnaryOp::cos,  UnaryOp::tanh, UnaryOp::sigmoid,
+                            UnaryOp::relu, UnaryOp::gelu, UnaryOp::silu, UnaryOp::sqrt};
 constexpr DType kDTypes[] = {DType::f16, DType::bf16, DType::f32, DType::f64};
 
 // The device enum (lib/params/elementwise.h) is what the kernel sees; keep the two in step.
@@ -23,9 +23,9 @@ static_assert(static_cast<int>(UnaryOp::sqrt) == unary_op::sqrt &&
 void validate(const UnaryArgs& args, const UnaryConfig& config) {
   const int op = static_cast<int>(args.op);
   if (op < 0 || op >= unary_op::count) {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("unary op is {}: expected a kiln::UnaryOp (0 to {})", op,
-                            unary_op::count - 1));
+    throw Error(
+        ErrorCategory::invalid_argument,
+        fmt::format("unary op is {}: expected a kiln::UnaryOp (0 to {})", op, unary_op::count - 1));
   }
   if (std::find(std::begin(kDTypes), std::end(kDTypes), args.dtype) == std::end(kDTypes)) {
     throw Error(ErrorCategory::unsupported,
@@ -47,9 +47,9 @@ void validate(const UnaryArgs& args, const UnaryConfig& config) {
                             config.block_size));
   }
   if (config.items_per_thread < 1 || config.items_per_thread > 16) {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("UnaryConfig::items_per_thread is {}: use 1 to 16",
-                            config.items_per_thread));
+    throw Error(
+        ErrorCategory::invalid_argument,
+        fmt::format("UnaryConfig::items_per_thread is {}: use 1 to 16", config.items_per_thread));
   }
 }
 
@@ -79,9 +79,8 @@ UnaryConfig choose(const UnaryArgs& args) {
 }
 
 KernelSpec unary_spec(UnaryOp op, DType dtype, const UnaryConfig& config) {
-  KernelSpec spec{.source = "elementwise/unary.cuh",
-                  .entry = "kiln::unary",
-                  .params = "kiln::UnaryParams"};
+  KernelSpec spec{
+      .source = "elementwise/unary.cuh", .entry = "kiln::unary", .params = "kiln::UnaryParams"};
   spec.set("block_size", config.block_size)
       .set("items_per_thread", config.items_per_thread)
       .set("op", static_cast<int>(op))
@@ -89,7 +88,9 @@ KernelSpec unary_spec(UnaryOp op, DType dtype, const UnaryConfig& config) {
   return spec;
 }
 
-void unary(const UnaryArgs& args, Runtime& runtime) { unary(args, choose(args), runtime); }
+void unary(const UnaryArgs& args, Runtime& runtime) {
+  unary(args, choose(args), runtime);
+}
 
 void unary(const UnaryArgs& args, const UnaryConfig& config, Runtime& runtime) {
   validate(args, config);
@@ -113,7 +114,8 @@ void unary(const UnaryArgs& args, const UnaryConfig& config, Runtime& runtime) {
 std::vector<KernelSpec> unary_default_specs() {
   std::vector<KernelSpec> specs;
   for (UnaryOp op : kOps) {
-    for (DType dtype : kDTypes) specs.push_back(unary_spec(op, dtype, choose({.op = op, .dtype = dtype})));
+    for (DType dtype : kDTypes)
+      specs.push_back(unary_spec(op, dtype, choose({.op = op, .dtype = dtype})));
   }
   return specs;
 }

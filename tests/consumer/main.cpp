@@ -12,8 +12,8 @@ int main(int argc, char** argv) try {
   kiln::Runtime runtime(options);
   const kiln::KernelInfo info =
       runtime.compile(kiln::unary_spec(kiln::UnaryOp::exp, kiln::DType::f32, {256, 4}));
-  std::printf("kernels from %s; compiled %s: %d registers\n",
-              runtime.info().kernels_dir.c_str(), info.spec.c_str(), info.registers);
+  std::printf("kernels from %s; compiled %s: %d registers\n", runtime.info().kernels_dir.c_str(),
+              info.spec.c_str(), info.registers);
   return info.registers > 0 && !runtime.info().kernels_dir.empty() ? 0 : 1;
 } catch (const kiln::Error& e) {
   std::fprintf(stderr, "consumer: %s\n", e.what());

@@ -42,7 +42,9 @@ kiln::KernelSpec sample() {
   return spec;
 }
 
-std::filesystem::path source_tree() { return std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src"; }
+std::filesystem::path source_tree() {
+  return std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src";
+}
 
 std::string key_of(const kiln::KernelSpec& spec, const std::filesystem::path& tree = source_tree(),
                    const FakeCompiler& compiler = FakeCompiler()) {
@@ -152,8 +154,7 @@ TEST_CASE("bad specs are refused before compiling", "[jit][key]") {
   using kiln::ErrorCategory;
   CHECK(category([](auto& s) { s.source = "missing/kernel.cuh"; }) == ErrorCategory::not_found);
   CHECK(category([](auto& s) { s.source = "../etc/passwd"; }) == ErrorCategory::invalid_argument);
-  CHECK(category([](auto& s) { s.entry = "kiln::unary<int>"; }) ==
-        ErrorCategory::invalid_argument);
+  CHECK(category([](auto& s) { s.entry = "kiln::unary<int>"; }) == ErrorCategory::invalid_argument);
   CHECK(category([](auto& s) { s.set("bad-name", 1); }) == ErrorCategory::invalid_argument);
   CHECK(category([](auto& s) { s.options.push_back("two words"); }) ==
         ErrorCategory::invalid_argument);

@@ -8,9 +8,8 @@
 namespace {
 
 kiln::KernelSpec sample() {
-  kiln::KernelSpec spec{.source = "elementwise/unary.cuh",
-                        .entry = "kiln::unary",
-                        .params = "kiln::UnaryParams"};
+  kiln::KernelSpec spec{
+      .source = "elementwise/unary.cuh", .entry = "kiln::unary", .params = "kiln::UnaryParams"};
   spec.set("op", 4).set("dtype", kiln::DType::bf16).set("block_size", 256).set("fast", true);
   return spec;
 }
@@ -94,7 +93,7 @@ TEST_CASE("an unknown Params type is refused with the known ones listed", "[jit]
     kiln::detail::params_layout("kiln::NoSuchParams");
     FAIL("no error");
   } catch (const kiln::Error& e) {
-    CHECK_THAT(e.what(), Catch::Contains("kiln::NoSuchParams") &&
-                             Catch::Contains("kiln::UnaryParams"));
+    CHECK_THAT(e.what(),
+               Catch::Contains("kiln::NoSuchParams") && Catch::Contains("kiln::UnaryParams"));
   }
 }

@@ -91,8 +91,7 @@ Refusal refusal(const Call& c) {
     kiln::attention(c.q, c.k, c.v, c.out, c.options, nullptr, validating_runtime());
   } catch (const kiln::Error& e) {
     std::string why;
-    CHECK_FALSE(
-        kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime()));
+    CHECK_FALSE(kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime()));
     CHECK(why == e.what());
     return {e.category(), e.what()};
   }

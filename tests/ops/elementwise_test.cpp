@@ -19,9 +19,9 @@ namespace fs = std::filesystem;
 using kiln::DType;
 using kiln::UnaryOp;
 
-constexpr UnaryOp kOps[] = {UnaryOp::neg,  UnaryOp::abs,  UnaryOp::exp,     UnaryOp::log,
-                            UnaryOp::sin,  UnaryOp::cos,  UnaryOp::tanh,    UnaryOp::sigmoid,
-                            UnaryOp::relu, UnaryOp::gelu, UnaryOp::silu,    UnaryOp::sqrt};
+constexpr UnaryOp kOps[] = {UnaryOp::neg,  UnaryOp::abs,  UnaryOp::exp,  UnaryOp::log,
+                            UnaryOp::sin,  UnaryOp::cos,  UnaryOp::tanh, UnaryOp::sigmoid,
+                            UnaryOp::relu, UnaryOp::gelu, UnaryOp::silu, UnaryOp::sqrt};
 
 double reference(UnaryOp op, double x) {
   switch (op) {
@@ -118,8 +118,10 @@ double stored_value(DType dtype, const std::vector<std::byte>& bytes, std::size_
 
 // Rounding of the stored format plus a few ulp of the device's float math.
 double tolerance(DType dtype, double ref) {
-  const double eps = dtype == DType::f16 ? 0x1p-11 : dtype == DType::bf16 ? 0x1p-8
-                   : dtype == DType::f32 ? 0x1p-23 * 4 : 0x1p-52 * 4;
+  const double eps = dtype == DType::f16    ? 0x1p-11
+                     : dtype == DType::bf16 ? 0x1p-8
+                     : dtype == DType::f32  ? 0x1p-23 * 4
+                                            : 0x1p-52 * 4;
   return eps * std::fabs(ref) + (dtype == DType::f64 ? 1e-14 : dtype == DType::f32 ? 1e-6 : 1e-3);
 }
 
@@ -139,7 +141,10 @@ std::vector<std::byte> run(kiln::Runtime& rt, UnaryOp op, DType dtype, const Hos
   kiln::test::DeviceBuffer in(input.bytes.size()), out(input.bytes.size());
   in.upload(input.bytes);
   out.poison();
-  kiln::unary({.op = op, .dtype = dtype, .in = in.get(), .out = out.get(),
+  kiln::unary({.op = op,
+               .dtype = dtype,
+               .in = in.get(),
+               .out = out.get(),
                .n = static_cast<std::int64_t>(n)},
               config, rt);
   kiln::test::sync_and_check();
@@ -165,8 +170,8 @@ TEST_CASE("every op and dtype matches a double reference, bit-identical for ever
         const double ref = reference(op, input.values[i]);
         const double got = stored_value(dtype, first, i);
         if (!(std::fabs(got - ref) <= tolerance(dtype, ref))) {
-          if (bad++ < 3) WARN("element " << i << ": x=" << input.values[i] << " got " << got
-                                         << " want " << ref);
+          if (bad++ < 3)
+            WARN("element " << i << ": x=" << input.values[i] << " got " << got << " want " << ref);
         }
       }
       CHECK(bad == 0);
@@ -184,7 +189,8 @@ TEST_CASE("odd sizes are covered exactly, with nothing written past the end",
   kiln::test::TempDir dir;
   kiln::Runtime rt(options_for(dir.path()));
   std::mt19937 rng(7);
-  for (std::size_t n : {std::size_t{0}, std::size_t{1}, std::size_t{17}, (std::size_t{1} << 20) + 3}) {
+  for (std::size_t n :
+       {std::size_t{0}, std::size_t{1}, std::size_t{17}, (std::size_t{1} << 20) + 3}) {
     INFO("n = " << n);
     const HostData input = random_input(DType::f32, n, UnaryOp::sin, rng);
     // One guard element past the end stays poisoned.
@@ -193,7 +199,10 @@ TEST_CASE("odd sizes are covered exactly, with nothing written past the end",
     padded.resize(4 * n + 4);
     in.upload(padded);
     out.poison();
-    kiln::unary({.op = UnaryOp::sin, .dtype = DType::f32, .in = in.get(), .out = out.get(),
+    kiln::unary({.op = UnaryOp::sin,
+                 .dtype = DType::f32,
+                 .in = in.get(),
+                 .out = out.get(),
                  .n = static_cast<std::int64_t>(n)},
                 {128, 4}, rt);
     kiln::test::sync_and_check();
