@@ -71,6 +71,16 @@ ScopedEnv::~ScopedEnv() {
   }
 }
 
+kiln::Options isolated_options(const std::filesystem::path& cache, std::string target) {
+  kiln::Options options;
+  options.cache_dir = cache;
+  if (!target.empty()) options.target = std::move(target);
+  options.kernels_dir = std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src";
+  options.cache_ro_dirs = std::vector<std::filesystem::path>{};
+  options.jit = kiln::JitMode::on;
+  return options;
+}
+
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;

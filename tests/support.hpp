@@ -5,6 +5,8 @@
 #include <optional>
 #include <string>
 
+#include "kiln/runtime.hpp"
+
 namespace kiln::test {
 
 // Why the [gpu] tests cannot run here, or nullopt when a device is usable.
@@ -44,6 +46,10 @@ class ScopedEnv {
   std::string name_;
   std::optional<std::string> old_;
 };
+
+// Options that isolate a test's runtime from the machine: its own cache (no read-only tiers), the
+// source tree's kernels, compiling allowed, and `target` (empty: the device's).
+kiln::Options isolated_options(const std::filesystem::path& cache, std::string target = {});
 
 std::string read_file(const std::filesystem::path& path);
 void write_file(const std::filesystem::path& path, const std::string& content);

@@ -365,12 +365,7 @@ const fs::path& cache_dir() {
 }
 
 kiln::Options options_for(const fs::path& cache) {
-  kiln::Options options;
-  options.cache_dir = cache;
-  options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
-  options.cache_ro_dirs = std::vector<fs::path>{};
-  options.jit = kiln::JitMode::on;
-  return options;
+  return kiln::test::isolated_options(cache);
 }
 
 // The layout of one q-like tensor: (batch, seqlen, heads, dim), or (tokens, heads, dim).

@@ -126,12 +126,7 @@ double tolerance(DType dtype, double ref) {
 }
 
 kiln::Options options_for(const fs::path& cache) {
-  kiln::Options options;
-  options.cache_dir = cache;
-  options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
-  options.cache_ro_dirs = std::vector<fs::path>{};
-  options.jit = kiln::JitMode::on;
-  return options;
+  return kiln::test::isolated_options(cache);
 }
 
 // Runs one op and returns the output bytes; the output is poisoned first.

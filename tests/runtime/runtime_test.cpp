@@ -23,13 +23,7 @@ kiln::KernelSpec unary(int op, kiln::DType dtype = kiln::DType::f32, int block =
 }
 
 kiln::Options options_for(const fs::path& cache, std::string target = "sm_90a") {
-  kiln::Options options;
-  options.cache_dir = cache;
-  options.target = std::move(target);
-  options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
-  options.cache_ro_dirs = std::vector<fs::path>{};
-  options.jit = kiln::JitMode::on;
-  return options;
+  return kiln::test::isolated_options(cache, std::move(target));
 }
 
 std::vector<kiln::detail::EntryStatus> entries(const fs::path& cache) {
