@@ -11,10 +11,7 @@ not run, makes the exit status 1. With $OUT set, the results go to $OUT/attentio
 """
 import argparse
 import datetime
-import json
 import os
-import statistics
-import subprocess
 import sys
 import time
 
@@ -24,6 +21,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import kiln_ctypes  # noqa: E402  (lives beside this file)
+from bench_common import (cell, describe, git_commit, ratio, save_results,  # noqa: E402
+                          start, time_interleaved, wall_ms, warm_up)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SDPA_BACKENDS = {
@@ -61,72 +60,6 @@ def parse_args():
                    help="run kiln_warmup_default after the cold measurement and flag rows "
                         "whose kernel it did not cover")
     return p.parse_args()
-
-
-# ------------------------------------------------------------------------------------- timing
-def wall_ms(fn):
-    """Host wall time of one call until the GPU is done: for calls that may compile."""
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) * 1e3
-
-
-def warm_until_fast(fn, min_calls=3, max_calls=50):
-    """Calls fn until a call is about as fast as the best before it; returns the first's time.
-
-    kiln compiles (or loads from its cache) on the first call and cuDNN builds a plan, so a
-    fixed count of warm-up calls could leave a slow call inside the timed ones.
-    """
-    times = [wall_ms(fn)]
-    while len(times) < max_calls:
-        times.append(wall_ms(fn))
-        if len(times) >= min_calls and times[-1] <= 1.25 * min(times[:-1]):
-            break
-    return times[0]
-
-
-def time_interleaved(calls, reps, errors):
-    """Median ms of each call, CUDA events around every call, the backends taking turns.
-
-    Taking turns call by call exposes all of them alike to clock and thermal drift. The
-    events are recorded back to back with one sync at the end, so the GPU queue stays full
-    and host overhead (ctypes, SDPA dispatch) is not counted unless it exceeds the kernel.
-    A backend that raises is dropped from the row, its message kept in errors.
-    """
-    calls = dict(calls)
-    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-                  for _ in range(reps)] for n in calls}
-    for _ in range(2):  # untimed: the queue has work before the first timed event
-        run_each(calls, errors)
-    for i in range(reps):
-        for name in list(calls):
-            start, end = events[name][i]
-            start.record()
-            if run_one(calls, name, errors):
-                end.record()
-    torch.cuda.synchronize()
-    return {n: statistics.median(s.elapsed_time(e) for s, e in events[n]) for n in calls}
-
-
-def run_one(calls, name, errors):
-    try:
-        calls[name]()
-        return True
-    except Exception as ex:  # an unsupported shape, a kiln error: this cell becomes n/a
-        errors[name] = describe(ex)
-        del calls[name]
-        return False
-
-
-def run_each(calls, errors):
-    for name in list(calls):
-        run_one(calls, name, errors)
-
-
-def describe(ex):
-    return f"{type(ex).__name__}: {ex}".strip()
 
 
 # ------------------------------------------------------------------------------------- inputs
@@ -168,15 +101,10 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args):
     batch, _, heads, _ = q.shape
     row = {"dtype": dtype_name, "head_dim": d, "seqlen": seqlen, "batch": batch, "heads": heads,
            "causal": causal, "flops": row_flops(batch, heads, seqlen, d, causal),
-           "errors": {}, "first_call_ms": {}}
+           "errors": {}}
     calls = {"kiln": kiln.bind_attention(q, k, v, out, causal=causal)}
     calls.update({n: sdpa_call(b, q, k, v, causal) for n, b in SDPA_BACKENDS.items()})
-    for name in list(calls):
-        try:
-            row["first_call_ms"][name] = warm_until_fast(calls[name])
-        except Exception as ex:
-            row["errors"][name] = describe(ex)
-            del calls[name]
+    row["first_call_ms"] = warm_up(calls, row["errors"])
     ms = time_interleaved(calls, args.reps, row["errors"])
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
     row["tflops"] = {n: (row["flops"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
@@ -184,10 +112,6 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args):
     row["kiln_over_cudnn"] = ratio(row["tflops"], "kiln", "cudnn")
     row["check"] = check_row(calls, out, args.tol)
     return row
-
-
-def ratio(tflops, a, b):
-    return tflops[a] / tflops[b] if tflops.get(a) and tflops.get(b) else None
 
 
 def check_row(calls, out, tol):
@@ -251,10 +175,6 @@ def cache_was_empty():
 
 
 # ---------------------------------------------------------------------------------- printing
-def cell(x, fmt):
-    return format(x, fmt) if x is not None else format("n/a", ">" + fmt.split(".")[0])
-
-
 def header_lines(kiln, args):
     p = torch.cuda.get_device_properties(0)
     if args.layout == "bshd":
@@ -275,15 +195,6 @@ def header_lines(kiln, args):
         f"model dim {MODEL_DIM}; check: max |kiln - SDPA| < {args.tol:g} on randn inputs; "
         f"1st ms: kiln's first call on the row (a compile, a cache load or neither)",
     ]
-
-
-def git_commit():
-    try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"  # a copy of the tree without .git
 
 
 TABLE_HEAD = (f"{'dtype':5} {'d':>3} {'seqlen':>6} {'causal':>6} | {'kiln':>6} {'flash':>6} "
@@ -350,11 +261,7 @@ def summary_lines(s, total):
 # -------------------------------------------------------------------------------------- main
 def main():
     args = parse_args()
-    torch.manual_seed(0)
-    kiln = kiln_ctypes.Kiln(args.lib)
-    header = header_lines(kiln, args)
-    for line in header:
-        print(line)
+    kiln, header = start(args, header_lines)
 
     empty = cache_was_empty()
     cold = measure_cold(kiln)
@@ -382,12 +289,8 @@ def main():
     print()
     for line in summary_lines(summary, len(rows)):
         print(line)
-    if os.environ.get("OUT"):
-        path = os.path.join(os.environ["OUT"], "attention.json")
-        with open(path, "w") as f:
-            json.dump({"header": header, "args": vars(args), "cold": cold,
-                       "rows": rows, "summary": summary}, f, indent=1)
-        print(f"results: {path}")
+    save_results("attention.json", {"header": header, "args": vars(args), "cold": cold,
+                                    "rows": rows, "summary": summary})
     return 1 if summary["mismatches"] or summary["kiln_failed"] else 0
 
 

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # One GPU session's worth of checks and measurements, in one command (the lent GPU is scarce):
-# the [gpu] tests, the demo, the runtime benchmarks, then peers.py and the attention benchmark
-# in the same run so their ratios compare. BUILD is a build tree made on another machine with
-# its source at /work/main (KILN_SOURCE_DIR is baked into the tests), so that path is linked to
-# this checkout first. PEERS points at shared/peers/peers.py (copied beside the checkout).
+# the [gpu] tests, the demo, the runtime benchmarks, then peers.py and the attention and decode
+# benchmarks in the same run so their ratios compare. BUILD is a build tree made on another
+# machine with its source at /work/main (KILN_SOURCE_DIR is baked into the tests), so that path
+# is linked to this checkout first. PEERS points at shared/peers/peers.py (copied beside the
+# checkout).
 set -uo pipefail
 build="${BUILD:-build-dev}"
 out="${OUT:-/tmp}"
@@ -17,4 +18,5 @@ step "$build/bin/kiln_demo"
 BUILD="$build" step bash bench/runtime.sh
 if [ -n "${PEERS:-}" ]; then step python3 "$PEERS"; fi
 KILN_LIB="$build" step python3 bench/attention.py ${ATTENTION_ARGS:-}
+KILN_LIB="$build" step python3 bench/decode.py ${DECODE_ARGS:-}
 exit $status

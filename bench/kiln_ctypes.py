@@ -3,6 +3,8 @@
     from kiln_ctypes import Kiln
     kiln = Kiln()                      # libkiln.so from $KILN_LIB, else ./build
     kiln.attention(q, k, v, out, causal=True)
+    kiln.attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, block_table=table)
+    kiln.merge_states(v_a, s_a, v_b, s_b, v_out, s_out)
 
 Tensors go in as DLPack 0.6 DLTensors that point at the torch tensors' own memory: no copy is
 made, so any strided view (a transpose, a slice of packed QKV) reaches kiln as it is. torch is
@@ -46,29 +48,50 @@ class DLTensor(ctypes.Structure):
     ]
 
 
+TENSOR_PTR = ctypes.POINTER(DLTensor)  # a struct field that takes a tensor (NULL: none)
+
+# The fields kiln_attention_options and kiln_decode_options both start with, in kiln.h's order.
+SHARED_OPTION_FIELDS = [
+    ("softmax_scale", ctypes.c_float),
+    ("causal", ctypes.c_int),
+    ("window_left", ctypes.c_int),
+    ("window_right", ctypes.c_int),
+    ("top_left", ctypes.c_int),
+    ("softcap", ctypes.c_float),
+    ("alibi_slopes", TENSOR_PTR),
+]
+
+
 class AttentionOptions(ctypes.Structure):
     """kiln_attention_options, field for field; fill it with kiln_attention_options_init."""
-    _fields_ = [
-        ("softmax_scale", ctypes.c_float),
-        ("causal", ctypes.c_int),
-        ("window_left", ctypes.c_int),
-        ("window_right", ctypes.c_int),
-        ("top_left", ctypes.c_int),
-        ("softcap", ctypes.c_float),
-        ("alibi_slopes", ctypes.POINTER(DLTensor)),
-        ("bias", ctypes.POINTER(DLTensor)),
-        ("cu_seqlens_q", ctypes.POINTER(DLTensor)),
-        ("cu_seqlens_k", ctypes.POINTER(DLTensor)),
-        ("seqused_k", ctypes.POINTER(DLTensor)),
+    c_name = "kiln_attention_options"
+    _fields_ = SHARED_OPTION_FIELDS + [
+        ("bias", TENSOR_PTR),
+        ("cu_seqlens_q", TENSOR_PTR),
+        ("cu_seqlens_k", TENSOR_PTR),
+        ("seqused_k", TENSOR_PTR),
         ("max_seqlen_q", ctypes.c_int),
         ("max_seqlen_k", ctypes.c_int),
     ]
 
 
-# Options that take a tensor, and those that take a number (kiln.h documents each).
-TENSOR_OPTIONS = ("alibi_slopes", "bias", "cu_seqlens_q", "cu_seqlens_k", "seqused_k")
-SCALAR_OPTIONS = ("softmax_scale", "causal", "window_left", "window_right", "top_left",
-                  "softcap", "max_seqlen_q", "max_seqlen_k")
+class KVCache(ctypes.Structure):
+    """kiln_kvcache: contiguous, or paged when block_table is set."""
+    c_name = "kiln_kvcache"
+    _fields_ = [(name, TENSOR_PTR) for name in ("k", "v", "seqlens", "batch_idx", "block_table")]
+
+
+class DecodeOptions(ctypes.Structure):
+    """kiln_decode_options, field for field; fill it with kiln_decode_options_init."""
+    c_name = "kiln_decode_options"
+    _fields_ = SHARED_OPTION_FIELDS + [
+        ("k_new", TENSOR_PTR),
+        ("v_new", TENSOR_PTR),
+        ("rotary_cos", TENSOR_PTR),
+        ("rotary_sin", TENSOR_PTR),
+        ("rotary_interleaved", ctypes.c_int),
+        ("num_splits", ctypes.c_int),
+    ]
 
 
 class KilnError(RuntimeError):
@@ -142,6 +165,28 @@ def as_tensor(x):
     return x if isinstance(x, Tensor) else from_torch(x)
 
 
+def fill(struct, values):
+    """Sets the fields of a ctypes struct from `values`: tensors (torch or Tensor) for the
+    DLTensor pointer fields, numbers (bools too) for the rest; None leaves a field as it is.
+
+    Returns the Tensors the struct now points to: keep them alive as long as the struct.
+    """
+    kinds = dict(struct._fields_)
+    keep = []
+    for name, value in values.items():
+        if value is None:
+            continue
+        if name not in kinds:
+            raise TypeError(f"{struct.c_name} has no field {name!r}")
+        if kinds[name] is TENSOR_PTR:
+            t = as_tensor(value)
+            keep.append(t)
+            setattr(struct, name, ctypes.pointer(t.dl))
+        else:
+            setattr(struct, name, int(value) if isinstance(value, bool) else value)
+    return keep
+
+
 def find_library(where=None):
     """Path of libkiln.so from `where` or $KILN_LIB: the .so itself or a build/install dir."""
     where = where or os.environ.get("KILN_LIB") or os.path.join(
@@ -167,12 +212,21 @@ class Kiln:
         self._declare()
 
     def _declare(self):
-        lib, ptr = self.lib, ctypes.POINTER(DLTensor)
+        lib, ptr, stream = self.lib, TENSOR_PTR, ctypes.c_void_p
         lib.kiln_attention.argtypes = [ptr, ptr, ptr, ptr, ctypes.POINTER(AttentionOptions), ptr,
-                                       ctypes.c_void_p]
+                                       stream]
         lib.kiln_attention.restype = ctypes.c_int
         lib.kiln_attention_options_init.argtypes = [ctypes.POINTER(AttentionOptions)]
         lib.kiln_attention_options_init.restype = None
+        lib.kiln_attention_with_kvcache.argtypes = [ptr, ctypes.POINTER(KVCache), ptr,
+                                                    ctypes.POINTER(DecodeOptions), ptr, stream]
+        lib.kiln_attention_with_kvcache.restype = ctypes.c_int
+        lib.kiln_decode_options_init.argtypes = [ctypes.POINTER(DecodeOptions)]
+        lib.kiln_decode_options_init.restype = None
+        lib.kiln_merge_states.argtypes = [ptr] * 6 + [stream]
+        lib.kiln_merge_states.restype = ctypes.c_int
+        lib.kiln_merge_states_many.argtypes = [ptr] * 4 + [stream]
+        lib.kiln_merge_states_many.restype = ctypes.c_int
         lib.kiln_warmup_default.argtypes = [ctypes.c_char_p, ctypes.c_int]
         lib.kiln_warmup_default.restype = ctypes.c_int
         lib.kiln_last_error.argtypes = []
@@ -193,50 +247,92 @@ class Kiln:
         """
         opts = AttentionOptions()
         self.lib.kiln_attention_options_init(ctypes.byref(opts))
-        keep = []
-        for name, value in kw.items():
-            if value is None:
-                continue
-            if name in TENSOR_OPTIONS:
-                t = as_tensor(value)
-                keep.append(t)
-                setattr(opts, name, ctypes.pointer(t.dl))
-            elif name in SCALAR_OPTIONS:
-                setattr(opts, name, int(value) if isinstance(value, bool) else value)
-            else:
-                raise TypeError(f"kiln_attention_options has no field {name!r}")
-        return opts, keep
+        return opts, fill(opts, kw)
+
+    def decode_options(self, **kw):
+        """kiln_decode_options from the library's defaults, with kw overriding fields.
+
+        Returns (options, keep) like options().
+        """
+        opts = DecodeOptions()
+        self.lib.kiln_decode_options_init(ctypes.byref(opts))
+        return opts, fill(opts, kw)
 
     def bind_attention(self, q, k, v, out, lse=None, stream=None, **options):
-        """A BoundAttention: kiln_attention on these tensors, converted once, so that a timed
-        call costs only the C call. stream: a CUstream as an int; None takes torch's current
-        stream for q's device now, at bind time."""
-        return BoundAttention(self, q, k, v, out, lse, stream, options)
+        """A BoundCall of kiln_attention on these tensors, converted once, so that a timed call
+        costs only the C call. stream: a CUstream as an int; None takes torch's current stream
+        for q's device now, at bind time."""
+        call = BoundCall(self, self.lib.kiln_attention, stream, q)
+        opts = call.hold(*self.options(**options))
+        call.args = [call.tensor(x) for x in (q, k, v, out)] + [opts, call.tensor(lse)]
+        return call
 
     def attention(self, q, k, v, out, lse=None, stream=None, **options):
         """kiln_attention once: out (and lse if given) are written in place."""
         self.bind_attention(q, k, v, out, lse=lse, stream=stream, **options)()
 
+    def bind_attention_with_kvcache(self, q, k_cache, v_cache, cache_seqlens, out, lse=None,
+                                    cache_batch_idx=None, block_table=None, stream=None,
+                                    **options):
+        """A BoundCall of kiln_attention_with_kvcache (FlashAttention's flash_attn_with_kvcache
+        arguments; options are kiln_decode_options fields: k_new, v_new, num_splits, ...)."""
+        call = BoundCall(self, self.lib.kiln_attention_with_kvcache, stream, q)
+        cache = KVCache()
+        call.keep += fill(cache, {"k": k_cache, "v": v_cache, "seqlens": cache_seqlens,
+                                  "batch_idx": cache_batch_idx, "block_table": block_table})
+        cache_ref = call.hold(cache, [])
+        opts = call.hold(*self.decode_options(**options))
+        call.args = [call.tensor(q), cache_ref, call.tensor(out), opts, call.tensor(lse)]
+        return call
+
+    def attention_with_kvcache(self, q, k_cache, v_cache, cache_seqlens, out, **kw):
+        """kiln_attention_with_kvcache once: out (and lse, the cache when appending) in place."""
+        self.bind_attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, **kw)()
+
+    def merge_states(self, v_a, s_a, v_b, s_b, v_out, s_out=None, stream=None):
+        """kiln_merge_states once: v_out (and s_out if given) written in place."""
+        call = BoundCall(self, self.lib.kiln_merge_states, stream, v_out)
+        call.args = [call.tensor(x) for x in (v_a, s_a, v_b, s_b, v_out, s_out)]
+        call()
+
+    def merge_states_many(self, v, s, v_out, s_out=None, stream=None):
+        """kiln_merge_states_many once: v (tokens, states, heads, d), s (tokens, states, heads)."""
+        call = BoundCall(self, self.lib.kiln_merge_states_many, stream, v_out)
+        call.args = [call.tensor(x) for x in (v, s, v_out, s_out)]
+        call()
+
     def warmup_default(self, target=None, threads=0):
         self.check(self.lib.kiln_warmup_default(target.encode() if target else None, threads))
 
 
-class BoundAttention:
-    """kiln_attention with its arguments built; holds every object they point to."""
+class BoundCall:
+    """A kiln C function with its arguments built once; holds every object they point to.
 
-    def __init__(self, kiln, q, k, v, out, lse, stream, options):
-        self.kiln = kiln
-        self.tensors = [as_tensor(x) for x in (q, k, v, out)]
-        self.lse = as_tensor(lse) if lse is not None else None
-        self.opts, self.opt_tensors = kiln.options(**options)
-        if stream is None:
-            stream = current_stream_handle(q)
-        self.args = [t.ref for t in self.tensors] + [
-            ctypes.byref(self.opts), self.lse.ref if self.lse is not None else None,
-            ctypes.c_void_p(stream)]
+    `args` are the arguments before the stream, which is appended: a CUstream as an int, or
+    None for torch's current stream on `like`'s device at bind time.
+    """
+
+    def __init__(self, kiln, fn, stream, like):
+        self.kiln, self.fn = kiln, fn
+        self.stream = ctypes.c_void_p(current_stream_handle(like) if stream is None else stream)
+        self.keep = []
+        self.args = []
+
+    def tensor(self, x):
+        """The argument for an optional tensor: a DLTensor* (NULL for None)."""
+        if x is None:
+            return None
+        t = as_tensor(x)
+        self.keep.append(t)
+        return t.ref
+
+    def hold(self, struct, tensors):
+        """The argument for a struct, kept alive with the tensors it points to."""
+        self.keep += [struct] + tensors
+        return ctypes.byref(struct)
 
     def __call__(self):
-        self.kiln.check(self.kiln.lib.kiln_attention(*self.args))
+        self.kiln.check(self.fn(*self.args, self.stream))
 
 
 def current_stream_handle(x):

@@ -42,6 +42,16 @@ kiln_status guarded(Body&& body) noexcept {
   return KILN_ERROR_INTERNAL;
 }
 
+// guarded() on the process-wide runtime: `body` gets it and its backend's name, which says the
+// DLPack device type tensors must have.
+template <class Body>
+kiln_status guarded_on_runtime(Body&& body) noexcept {
+  return guarded([&] {
+    Runtime& runtime = default_runtime();
+    body(runtime, std::string_view(runtime.backend()));
+  });
+}
+
 DType dtype_of(const DLDataType& t, std::string_view name) {
   if (t.lanes == 1) {
     if (t.code == kDLFloat && t.bits == 16) return DType::f16;
@@ -95,39 +105,56 @@ std::optional<TensorView> maybe_view(const DLTensor* t, std::string_view name,
   return view_of(t, name, backend);
 }
 
+// The score options kiln_attention_options and kiln_decode_options share, C to C++.
+template <class COptions, class Options>
+void copy_score_options(const COptions& c, Options& o, std::string_view backend) {
+  if (c.softmax_scale > 0) o.softmax_scale = c.softmax_scale;
+  o.causal = c.causal != 0;
+  o.window_left = c.window_left;
+  o.window_right = c.window_right;
+  o.top_left = c.top_left != 0;
+  o.softcap = c.softcap;
+  o.alibi_slopes = maybe_view(c.alibi_slopes, "alibi_slopes", backend);
+}
+
+// Zeroes `options` but for the windows, which are unbounded (-1) by default.
+template <class COptions>
+void init_options(COptions* options) {
+  if (options == nullptr) return;
+  *options = COptions{};
+  options->window_left = -1;
+  options->window_right = -1;
+}
+
+// `options`, or the defaults when it is null.
+template <class COptions>
+COptions options_or_defaults(const COptions* options) {
+  COptions c;
+  init_options(&c);
+  if (options) c = *options;
+  return c;
+}
+
 }  // namespace
 }  // namespace kiln
 
 extern "C" {
 
 void kiln_attention_options_init(kiln_attention_options* options) {
-  if (options == nullptr) return;
-  *options = kiln_attention_options{};
-  options->window_left = -1;
-  options->window_right = -1;
+  kiln::init_options(options);
 }
 
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
                            const DLTensor* out, const kiln_attention_options* options,
                            const DLTensor* lse, void* stream) {
-  return kiln::guarded([&] {
+  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
     using kiln::view_of, kiln::maybe_view;
-    kiln::Runtime& runtime = kiln::default_runtime();
-    const std::string& backend = runtime.backend();
     // Converted in argument order, so the first bad tensor is the one named.
     const kiln::TensorView tq = view_of(q, "q", backend), tk = view_of(k, "k", backend),
                            tv = view_of(v, "v", backend), tout = view_of(out, "out", backend);
-    kiln_attention_options c;
-    kiln_attention_options_init(&c);
-    if (options) c = *options;
+    const kiln_attention_options c = kiln::options_or_defaults(options);
     kiln::AttentionOptions o;
-    if (c.softmax_scale > 0) o.softmax_scale = c.softmax_scale;
-    o.causal = c.causal != 0;
-    o.window_left = c.window_left;
-    o.window_right = c.window_right;
-    o.top_left = c.top_left != 0;
-    o.softcap = c.softcap;
-    o.alibi_slopes = maybe_view(c.alibi_slopes, "alibi_slopes", backend);
+    kiln::copy_score_options(c, o, backend);
     o.bias = maybe_view(c.bias, "bias", backend);
     o.lse = maybe_view(lse, "lse", backend);
     o.cu_seqlens_q = maybe_view(c.cu_seqlens_q, "cu_seqlens_q", backend);
@@ -136,6 +163,65 @@ kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor*
     o.max_seqlen_q = c.max_seqlen_q;
     o.max_seqlen_k = c.max_seqlen_k;
     kiln::attention(tq, tk, tv, tout, o, stream, runtime);
+  });
+}
+
+void kiln_decode_options_init(kiln_decode_options* options) {
+  kiln::init_options(options);
+}
+
+kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* cache,
+                                        const DLTensor* out, const kiln_decode_options* options,
+                                        const DLTensor* lse, void* stream) {
+  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
+    using kiln::view_of, kiln::maybe_view;
+    const kiln::TensorView tq = view_of(q, "q", backend);
+    if (cache == nullptr) {
+      throw kiln::Error(kiln::ErrorCategory::invalid_argument,
+                        "cache is NULL: pass a kiln_kvcache with k, v and seqlens");
+    }
+    kiln::KVCache tcache{
+        .k = view_of(cache->k, "cache.k", backend),
+        .v = view_of(cache->v, "cache.v", backend),
+        .seqlens = view_of(cache->seqlens, "cache.seqlens", backend),
+        .batch_idx = maybe_view(cache->batch_idx, "cache.batch_idx", backend),
+        .block_table = maybe_view(cache->block_table, "cache.block_table", backend)};
+    const kiln::TensorView tout = view_of(out, "out", backend);
+    const kiln_decode_options c = kiln::options_or_defaults(options);
+    kiln::DecodeOptions o;
+    kiln::copy_score_options(c, o, backend);
+    o.k_new = maybe_view(c.k_new, "k_new", backend);
+    o.v_new = maybe_view(c.v_new, "v_new", backend);
+    o.rotary_cos = maybe_view(c.rotary_cos, "rotary_cos", backend);
+    o.rotary_sin = maybe_view(c.rotary_sin, "rotary_sin", backend);
+    o.rotary_interleaved = c.rotary_interleaved != 0;
+    o.num_splits = c.num_splits;
+    o.lse = maybe_view(lse, "lse", backend);
+    kiln::attention_with_kvcache(tq, tcache, tout, o, stream, runtime);
+  });
+}
+
+kiln_status kiln_merge_states(const DLTensor* v_a, const DLTensor* s_a, const DLTensor* v_b,
+                              const DLTensor* s_b, const DLTensor* v_out, const DLTensor* s_out,
+                              void* stream) {
+  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
+    using kiln::view_of;
+    const kiln::TensorView ta = view_of(v_a, "v_a", backend), tsa = view_of(s_a, "s_a", backend),
+                           tb = view_of(v_b, "v_b", backend), tsb = view_of(s_b, "s_b", backend),
+                           tout = view_of(v_out, "v_out", backend);
+    const auto tsout = kiln::maybe_view(s_out, "s_out", backend);
+    kiln::merge_states(ta, tsa, tb, tsb, tout, tsout ? &*tsout : nullptr, stream, runtime);
+  });
+}
+
+kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const DLTensor* v_out,
+                                   const DLTensor* s_out, void* stream) {
+  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
+    using kiln::view_of;
+    const kiln::TensorView tv = view_of(v, "v", backend), ts = view_of(s, "s", backend),
+                           tout = view_of(v_out, "v_out", backend);
+    const auto tsout = kiln::maybe_view(s_out, "s_out", backend);
+    kiln::merge_states(tv, ts, tout, tsout ? &*tsout : nullptr, stream, runtime);
   });
 }
 

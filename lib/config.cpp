@@ -77,6 +77,13 @@ LogLevel parse_log_level(std::string_view text, std::string_view what) {
               fmt::format("{} is '{}': expected error, warn, info or debug", what, text));
 }
 
+bool parse_switch(std::string_view text, std::string_view what) {
+  if (text == "1" || text == "true" || text == "on") return true;
+  if (text == "0" || text == "false" || text == "off") return false;
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} is '{}': expected 1, true or on, or 0, false or off", what, text));
+}
+
 Config resolve_config(const Options& options) {
   Config config;
   config.backend = options.backend ? options.backend : env("KILN_BACKEND");
@@ -122,6 +129,11 @@ Config resolve_config(const Options& options) {
   config.dump_dir = options.dump_dir;
   if (!config.dump_dir) {
     if (auto dir = env("KILN_DUMP_DIR")) config.dump_dir = *dir;
+  }
+  if (options.debug) {
+    config.debug = *options.debug;
+  } else if (auto debug = env("KILN_DEBUG")) {
+    config.debug = parse_switch(*debug, "KILN_DEBUG");
   }
   if (options.device < 0) {
     throw Error(ErrorCategory::invalid_argument,

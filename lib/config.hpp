@@ -21,6 +21,7 @@ struct Config {
   JitMode jit = JitMode::on;
   LogLevel log_level = LogLevel::warn;
   std::optional<std::filesystem::path> dump_dir;
+  bool debug = false;
   int device = 0;
 };
 
@@ -30,6 +31,8 @@ Config resolve_config(const Options& options);
 
 JitMode parse_jit_mode(std::string_view text, std::string_view what);
 LogLevel parse_log_level(std::string_view text, std::string_view what);
+// 1, true or on; 0, false or off (KILN_DEBUG).
+bool parse_switch(std::string_view text, std::string_view what);
 // A byte count with an optional K, M or G suffix (KILN_CACHE_MAX_BYTES, `kiln cache prune`).
 std::uint64_t parse_bytes(const std::string& text, std::string_view what);
 

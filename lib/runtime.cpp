@@ -337,22 +337,41 @@ struct Runtime::Impl {
     return {kernel, computed ? status : WarmupStatus::memory_hit};
   }
 
-  void require_device(const Unit& unit) {
+  // The driver, when it has the runtime's device; otherwise kiln::Error (not_found) saying that
+  // it cannot `doing`, why, and then `fix`.
+  Driver& device_driver(std::string_view doing, std::string_view fix) {
     std::string why;
     Driver* d = driver(&why);
     if (!d) {
-      throw Error(ErrorCategory::not_found,
-                  fmt::format("cannot load {}: the {} driver is unavailable ({}); compile-only "
-                              "use needs an explicit target (Runtime::compile, `kiln warm "
-                              "--target`)",
-                              unit.spec, backend, why));
+      throw Error(
+          ErrorCategory::not_found,
+          fmt::format("cannot {}: the {} driver is unavailable ({}){}", doing, backend, why, fix));
     }
+    if (d->device_count() <= config.device) {
+      throw Error(ErrorCategory::not_found, fmt::format("cannot {}: there is no {} device {}{}",
+                                                        doing, backend, config.device, fix));
+    }
+    return *d;
+  }
+
+  // The runtime's device, queried once: decode reads its SM count on every call.
+  const DeviceInfo& device_info() {
+    std::call_once(device_info_once, [&] {
+      device_info_value = device_driver("read the device's properties", "").device(config.device);
+    });
+    return device_info_value;
+  }
+
+  void require_device(const Unit& unit) {
+    constexpr std::string_view fix =
+        "; compile-only use needs an explicit target (Runtime::compile, `kiln warm --target`)";
+    const std::string doing = "load " + unit.spec;
+    device_driver(doing, fix);
     const auto target = device_target();
     if (!target) {
       throw Error(ErrorCategory::not_found,
-                  fmt::format("cannot load {}: there is no {} device {}; compile-only use needs "
-                              "an explicit target (Runtime::compile, `kiln warm --target`)",
-                              unit.spec, backend, config.device));
+                  fmt::format("cannot {}: the {} driver does not name device {}'s target{}", doing,
+                              backend, config.device, fix));
     }
     if (*target != unit.target) {
       throw Error(ErrorCategory::invalid_argument,
@@ -403,6 +422,8 @@ struct Runtime::Impl {
   std::mutex backend_mutex;
   std::map<std::string, CompilerSlot, std::less<>> compilers;
   std::map<std::string, DriverSlot, std::less<>> drivers;
+  std::once_flag device_info_once;
+  DeviceInfo device_info_value;
 
   detail::SingleFlight<std::shared_ptr<LoadedKernel>> memory;
   detail::SingleFlight<KernelInfo> on_disk;
@@ -497,6 +518,32 @@ int Runtime::device() const {
 
 const std::string& Runtime::backend() const {
   return impl_->backend;
+}
+
+DeviceInfo Runtime::device_info() const {
+  return impl_->device_info();
+}
+
+bool Runtime::debug() const {
+  return impl_->config.debug;
+}
+
+void* Runtime::allocate_async(std::size_t bytes, void* stream) {
+  if (bytes == 0) return nullptr;
+  return impl_->device_driver("allocate device memory", "")
+      .allocate_async(impl_->config.device, bytes, stream);
+}
+
+void Runtime::free_async(void* pointer, void* stream) {
+  if (pointer == nullptr) return;
+  impl_->device_driver("free device memory", "").free_async(impl_->config.device, pointer, stream);
+}
+
+void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t bytes,
+                           void* stream) {
+  if (bytes == 0) return;
+  impl_->device_driver("copy device memory to the host", "")
+      .copy_to_host(impl_->config.device, host, device_pointer, bytes, stream);
 }
 
 RuntimeInfo Runtime::info() const {

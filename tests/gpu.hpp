@@ -4,7 +4,9 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -24,6 +26,10 @@ inline void sync_and_check() {
   KILN_CUDA_CHECK(cudaGetLastError());
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
 }
+
+// What DeviceBuffer::poison() leaves in 16- and 32-bit elements: NaN.
+constexpr std::uint16_t kPoison16 = 0xffff;
+constexpr std::uint32_t kPoison32 = 0xffffffff;
 
 class DeviceBuffer {
  public:
@@ -59,5 +65,13 @@ class DeviceBuffer {
   void* data_ = nullptr;
   std::size_t bytes_;
 };
+
+// A device copy of `host`.
+template <class T>
+std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& host) {
+  auto buffer = std::make_unique<DeviceBuffer>(host.size() * sizeof(T));
+  buffer->upload(host);
+  return buffer;
+}
 
 }  // namespace kiln::test

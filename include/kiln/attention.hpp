@@ -64,13 +64,19 @@ struct AttentionProblem {
 
 // How it runs. Every config gives results within the same tolerance.
 struct AttentionConfig {
-  int block_m = 128;
-  int block_n = 64;
-  int warps = 4;
-  int stages = 1;
+  int block_m = 128;  // query rows per CTA
+  int block_n = 64;   // keys per step
+  int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps)
+  int stages = 1;     // K/V tile slots in shared memory; the portable kernel has one
+  // false: the tensor-core kernel (attention/forward.cuh), NVIDIA sm_80 and newer. true: the
+  // portable kernel (attention/forward_portable.cuh: plain loads and fp32 arithmetic, no inline
+  // assembly), which AMD targets run and which runs on NVIDIA too.
+  bool portable = false;
 };
 
-// The config the hot path, is_supported() and warm-up use for `problem` on `target`.
+// The config the hot path, is_supported() and warm-up use for `problem` on `target`: the
+// tensor-core kernel on sm_80 and newer, the portable one on AMD gfx9 targets (gfx90a, gfx942).
+// Throws kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 
@@ -81,6 +87,14 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
                const AttentionOptions& options = {}, void* stream = nullptr,
                Runtime& runtime = default_runtime());
 
+// As above, with `config` instead of choose()'s: to test or tune a config, or to run the
+// portable kernel on NVIDIA (config = choose(problem, "gfx90a") gives AMD's). A config the
+// kernel cannot take fails its compile with the kernel's reason; the tensor-core kernel on an
+// AMD target throws kiln::Error (unsupported).
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options, const AttentionConfig& config,
+               void* stream = nullptr, Runtime& runtime = default_runtime());
+
 // Whether attention() on `runtime` accepts these inputs, with no compile and no launch; `why`
 // receives attention()'s message when it does not.
 bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -88,7 +102,8 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                   std::string* why = nullptr, Runtime& runtime = default_runtime());
 
 // The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
-// dims 64, 128 and 256, with and without a mask.
+// dims 64, 128 and 256, with and without a mask, each with choose()'s config; none for targets
+// attention does not run on.
 std::vector<KernelSpec> attention_default_specs(std::string_view target);
 
 }  // namespace kiln

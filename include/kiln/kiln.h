@@ -1,4 +1,5 @@
-/* kiln's C API: forward attention over DLPack tensors, for C, Python (ctypes), Rust or Go.
+/* kiln's C API over DLPack tensors: attention, decode over a KV cache and state merging, for
+ * C, Python (ctypes), Rust or Go.
  *
  * Every call returns a kiln_status; on failure kiln_last_error() gives this thread's message,
  * which names the value at fault and the fix. Nothing here aborts or exits. */
@@ -51,6 +52,55 @@ void kiln_attention_options_init(kiln_attention_options* options);
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
                            const DLTensor* out, const kiln_attention_options* options,
                            const DLTensor* lse, void* stream);
+
+/* A KV cache for kiln_attention_with_kvcache (kiln::KVCache in decode.hpp has the details).
+ * Contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v.
+ * Paged (block_table set): k (num_pages, page_size, heads_kv, head_dim), v likewise. */
+typedef struct kiln_kvcache {
+  const DLTensor* k;
+  const DLTensor* v;
+  const DLTensor* seqlens;     /* int32 (batch): keys cached per sequence, before the append */
+  const DLTensor* batch_idx;   /* int32 (batch) or NULL: cache row per sequence (contiguous) */
+  const DLTensor* block_table; /* int32 (batch, max_pages) or NULL: page table (paged) */
+} kiln_kvcache;
+
+/* Options of kiln_attention_with_kvcache. Call kiln_decode_options_init first. Pointers may be
+ * NULL (feature off). */
+typedef struct kiln_decode_options {
+  float softmax_scale;          /* <= 0: 1 / sqrt(head_dim) */
+  int causal;                   /* nonzero: window_right = 0 */
+  int window_left;              /* -1: unbounded */
+  int window_right;             /* -1: unbounded */
+  int top_left;                 /* nonzero: band aligned top-left instead of bottom-right */
+  float softcap;                /* > 0: logits = softcap * tanh(logits / softcap) */
+  const DLTensor* alibi_slopes; /* fp32 (heads) or (batch, heads) */
+  const DLTensor* k_new;        /* (batch, seqlen_new, heads_kv, head_dim): appended first */
+  const DLTensor* v_new;        /* (batch, seqlen_new, heads_kv, head_dim_v) */
+  const DLTensor* rotary_cos;   /* (seqlen_ro, rotary_dim / 2), q's dtype; needs k_new */
+  const DLTensor* rotary_sin;   /* like rotary_cos */
+  int rotary_interleaved;       /* nonzero: pairs (2i, 2i + 1); else (i, i + rotary_dim / 2) */
+  int num_splits;               /* 0: heuristic; n >= 1: at most n key splits (<= 128) */
+} kiln_decode_options;
+
+void kiln_decode_options_init(kiln_decode_options* options);
+
+/* Decode attention over a KV cache (FlashAttention's flash_attn_with_kvcache): q (batch,
+ * seqlen_q, heads, head_dim), out (batch, seqlen_q, heads, head_dim_v), lse (may be NULL) fp32
+ * (batch, heads, seqlen_q). No host synchronization (unless KILN_DEBUG=1), so it can be
+ * captured in a CUDA graph. */
+kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* cache,
+                                        const DLTensor* out, const kiln_decode_options* options,
+                                        const DLTensor* lse, void* stream);
+
+/* Merges two attention states (v, natural-log LSE s) over disjoint keys: v_a, v_b, v_out
+ * (tokens, heads, head_dim), s_a, s_b, s_out (tokens, heads) fp32; s_out may be NULL. */
+kiln_status kiln_merge_states(const DLTensor* v_a, const DLTensor* s_a, const DLTensor* v_b,
+                              const DLTensor* s_b, const DLTensor* v_out, const DLTensor* s_out,
+                              void* stream);
+
+/* Merges many: v (tokens, states, heads, head_dim), s (tokens, states, heads). */
+kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const DLTensor* v_out,
+                                   const DLTensor* s_out, void* stream);
 
 /* Compiles (or finds in the cache) the default kernel set for the device, or for `target`
  * ("sm_90a", "gfx90a") when it is not NULL; threads 0 means one per hardware thread. */

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kiln/attention.hpp"
+#include "kiln/decode.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"

@@ -33,6 +33,9 @@ struct Options {
   std::optional<JitMode> jit;
   std::optional<LogLevel> log_level;
   std::optional<std::filesystem::path> dump_dir;
+  // Ops check what is costly to check (page tables against the cache) on the host before each
+  // launch, with a synchronizing copy; default: KILN_DEBUG=1.
+  std::optional<bool> debug;
   int device = 0;
 };
 
@@ -181,6 +184,17 @@ class Runtime {
   std::string target() const;          // default target; throws when none can be chosen
   int device() const;                  // the device ordinal kernels load on (Options::device)
   const std::string& backend() const;  // "cuda" or "hip": the one that loads and launches
+  DeviceInfo device_info() const;      // of device(); throws kiln::Error when there is none
+  bool debug() const;                  // Options::debug / KILN_DEBUG
+
+  // Stream-ordered device memory on device() (cuMemAllocAsync / hipMallocAsync): ops take
+  // scratch from here, so a call never waits for the host and can be captured in a CUDA graph.
+  // 0 bytes gives nullptr, and freeing nullptr does nothing.
+  void* allocate_async(std::size_t bytes, void* stream);
+  void free_async(void* pointer, void* stream);
+  // Copies device memory to the host once the work queued on `stream` is done (it synchronizes
+  // the stream): for the debug checks only.
+  void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, void* stream);
 
  private:
   struct Impl;

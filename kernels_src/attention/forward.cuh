@@ -40,6 +40,7 @@
 #include "attention/sequence.cuh"
 #include "attention/softmax.cuh"
 #include "attention/tile_io.cuh"
+#include "attention/tile_mma.cuh"
 #include "attention/traits.cuh"
 #include "common/mma.cuh"
 #include "common/prelude.cuh"
@@ -47,119 +48,6 @@
 
 namespace kiln {
 namespace attention {
-
-// s = Q K^T for the warp's rows and one K tile. q_lane and k_lane are this lane's ldmatrix row
-// addresses (see lane_offsets). Step i of the (kk, np) loop loads its fragments Tr::prefetch
-// steps early, into register rings.
-template <class Tr>
-__device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4], unsigned q_lane,
-                                          unsigned k_lane) {
-  constexpr int row_bytes = Tr::qk_pitch * 2;
-#pragma unroll
-  for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < Tr::s_tiles; ++nt) {
-#pragma unroll
-      for (int x = 0; x < 4; ++x) s[mt][nt][x] = 0.f;
-    }
-  }
-  constexpr int np_count = Tr::s_tiles / 2;
-  constexpr int steps = Tr::qk_dim / 16 * np_count;
-  constexpr int a_ring = (Tr::prefetch + np_count - 1) / np_count + 1;
-  constexpr int b_ring = Tr::prefetch + 1;
-  unsigned a[a_ring][Tr::m_tiles][4];
-  unsigned b[b_ring][4];
-  auto load = [&](int i) {
-    const int kk = i / np_count, np = i % np_count;
-    if (np == 0) {
-#pragma unroll
-      for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::ldmatrix_x4(a[kk % a_ring][mt], q_lane + mt * 16 * row_bytes + kk * 32);
-      }
-    }
-    mma::ldmatrix_x4(b[i % b_ring], k_lane + np * 16 * row_bytes + kk * 32);
-  };
-#pragma unroll
-  for (int i = 0; i < Tr::prefetch; ++i) load(i);
-    // NOTE: nested loops rather than one over i: at head_dim 256 the flat loop was left partly
-    // rolled, and the rings went to local memory.
-#pragma unroll
-  for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
-#pragma unroll
-    for (int np = 0; np < np_count; ++np) {
-      const int i = kk * np_count + np;
-      if (i + Tr::prefetch < steps) load(i + Tr::prefetch);
-      const unsigned(&b_i)[4] = b[i % b_ring];
-#pragma unroll
-      for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::mma_16816<typename Tr::T>(s[mt][2 * np], a[kk % a_ring][mt], b_i[0], b_i[1]);
-        mma::mma_16816<typename Tr::T>(s[mt][2 * np + 1], a[kk % a_ring][mt], b_i[2], b_i[3]);
-      }
-    }
-  }
-}
-
-// o += P V, with P the probabilities left in s. An m16n8 accumulator pair (n8 tiles 2kk, 2kk+1)
-// is exactly the A fragment of a k16 step, so P goes from registers to the mma unshuffled.
-// V fragments are loaded Tr::prefetch (kk, dp) steps early, as in qk_scores.
-template <class Tr>
-__device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
-                                              const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
-                                              unsigned v_lane) {
-  using T = typename Tr::T;
-  constexpr int row_bytes = Tr::v_pitch * 2;
-  constexpr int dp_count = Tr::o_tiles / 2;
-  constexpr int steps = Tr::block_n / 16 * dp_count;
-  constexpr int b_ring = Tr::prefetch + 1;
-  unsigned b[b_ring][4];
-  auto load = [&](int i) {
-    const int kk = i / dp_count, dp = i % dp_count;
-    mma::ldmatrix_x4_trans(b[i % b_ring], v_lane + kk * 16 * row_bytes + dp * 32);
-  };
-#pragma unroll
-  for (int i = 0; i < Tr::prefetch; ++i) load(i);
-#pragma unroll
-  for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    unsigned a[Tr::m_tiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-      a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-    }
-#pragma unroll
-    for (int dp = 0; dp < dp_count; ++dp) {
-      const int i = kk * dp_count + dp;
-      if (i + Tr::prefetch < steps) load(i + Tr::prefetch);
-      const unsigned(&b_i)[4] = b[i % b_ring];
-#pragma unroll
-      for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::mma_16816<T>(o[mt][2 * dp], a[mt], b_i[0], b_i[1]);
-        mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b_i[2], b_i[3]);
-      }
-    }
-  }
-}
-
-// Shared-memory byte addresses each lane hands ldmatrix, relative to its tile's start:
-// Q (A operand, row-major m16k16): rows lane % 16, columns 8 * (lane / 16).
-// K (B operand, keys as n): keys lane % 8 + 8 * (lane / 16), columns 8 * (lane / 8 % 2).
-// V (B operand through .trans, keys as k): keys lane % 16, columns 8 * (lane / 16).
-struct LaneOffsets {
-  unsigned q;
-  unsigned k;
-  unsigned v;
-};
-
-template <class Tr>
-__device__ __forceinline__ LaneOffsets lane_offsets(int warp, int lane) {
-  LaneOffsets off;
-  off.q = 2 * ((warp * Tr::rows_per_warp + lane % 16) * Tr::qk_pitch + 8 * (lane / 16));
-  off.k = 2 * ((lane % 8 + 8 * (lane / 16)) * Tr::qk_pitch + 8 * (lane / 8 % 2));
-  off.v = 2 * ((lane % 16) * Tr::v_pitch + 8 * (lane / 16));
-  return off;
-}
 
 // The output tile through shared memory (reusing it from offset 0), so that global stores are
 // whole 16-byte row pieces.
@@ -207,13 +95,11 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   T* const smem = reinterpret_cast<T*>(smem_bytes);
   T* const smem_kv = smem + Tr::q_elems;
 
-  // Row blocks run last-first: under a causal band the late ones have the most keys, and
-  // starting them first keeps the tail of the grid short.
-  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);
   const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
-  const int row_begin = m_block * Tr::block_m;
-  if (row_begin >= seq.seqlen_q) return;
-  const int row_end = min(row_begin + Tr::block_m, seq.seqlen_q);
+  const RowBlock rows = cta_row_block<Tr::block_m>(seq);
+  if (rows.begin >= rows.end) return;
+  const int row_begin = rows.begin;
+  const int row_end = rows.end;
 
   const int thread = threadIdx.x;
   const int warp = thread / 32;
@@ -221,7 +107,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
 
   const Band band = make_band<Spec::band>(p, seq);
   const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
-  const LogitTransform<Spec> transform = make_logit_transform<Spec>(p, seq, band);
+  const LogitTransform<Spec, mma::ApproxMath> transform =
+      make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);
   const float to_log2 = transform.to_log2();
 
   // This thread's first row within the sequence; its others are 8, 16, ... further.
@@ -263,7 +150,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     }
   }
 
-  const LaneOffsets lanes = lane_offsets<Tr>(warp, lane);
+  const LaneOffsets lanes = lane_offsets<Tr>(warp * Tr::rows_per_warp, lane);
   const unsigned q_lane = mma::smem_address(smem) + lanes.q;
   const unsigned kv_base = mma::smem_address(smem_kv);
 

@@ -1,21 +1,21 @@
 // From q.k scores to the logits the softmax sees: the optional softcap, ALiBi and additive bias
-// of a spec (each compiled only when on), then the band mask.
+// of a spec (each compiled only when on), then the band mask. Vendor-neutral: the tanh of the
+// softcap comes from the Math the kernel passes (mma::ApproxMath or LibraryMath).
 #pragma once
 
 #include "attention/mask.cuh"
+#include "attention/math.cuh"
 #include "attention/sequence.cuh"
-#include "attention/softmax.cuh"
-#include "common/mma.cuh"
 #include "kiln/params/attention.h"
 
 namespace kiln::attention {
 
-// Fragment coordinates: thread (g = lane / 4, t = lane % 4) holds, for m16 tile mt and n8 tile
-// nt, row row0 + 16 * mt + 8 * half (half 0, 1) and key key0 + 8 * nt + e (e 0, 1) in
-// accumulator element 2 * half + e, where row0 is the warp's first row + g and key0 is the
-// block's first key + 2 * t.
+// Fragment coordinates (apply and mask_logits, for the mma kernel): thread (g = lane / 4,
+// t = lane % 4) holds, for m16 tile mt and n8 tile nt, row row0 + 16 * mt + 8 * half (half 0, 1)
+// and key key0 + 8 * nt + e (e 0, 1) in accumulator element 2 * half + e, where row0 is the
+// warp's first row + g and key0 is the block's first key + 2 * t.
 
-template <class Spec>
+template <class Spec, class Math>
 struct LogitTransform {
   using T = typename Spec::dtype;
   static constexpr bool on = Spec::has_softcap || Spec::has_alibi || Spec::has_bias;
@@ -51,9 +51,18 @@ struct LogitTransform {
     }
   }
 
+  // The logits of keys key0 .. key0 + Keys - 1 of row i, for a thread that holds whole rows.
+  template <int Keys>
+  __device__ __forceinline__ void apply_row(float (&s)[Keys], int i, int key0) const {
+    if constexpr (on) {
+#pragma unroll
+      for (int j = 0; j < Keys; ++j) s[j] = logit(s[j], i, key0 + j);
+    }
+  }
+
   __device__ __forceinline__ float logit(float score, int i, int j) const {
     float x = score * scale;
-    if constexpr (Spec::has_softcap) x = softcap * mma::tanh_approx(x * inv_softcap);
+    if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
     if constexpr (Spec::has_alibi) x -= alibi_slope * static_cast<float>(abs(i + offset - j));
     if constexpr (Spec::has_bias) {
       if (i < seqlen_q && j < seqlen_k) {  // the tile overhangs the tensor; masked there anyway
@@ -64,11 +73,11 @@ struct LogitTransform {
   }
 };
 
-template <class Spec>
-__device__ __forceinline__ LogitTransform<Spec> make_logit_transform(const AttentionParams& p,
-                                                                     const Sequence& seq,
-                                                                     const Band& band) {
-  LogitTransform<Spec> f;
+template <class Spec, class Math>
+__device__ __forceinline__ LogitTransform<Spec, Math> make_logit_transform(const AttentionParams& p,
+                                                                           const Sequence& seq,
+                                                                           const Band& band) {
+  LogitTransform<Spec, Math> f;
   f.scale = p.softmax_scale;
   f.softcap = p.softcap;
   f.inv_softcap = Spec::has_softcap ? 1.f / p.softcap : 0.f;
@@ -87,6 +96,17 @@ __device__ __forceinline__ LogitTransform<Spec> make_logit_transform(const Atten
   f.bias_row_stride = p.bias_row_stride;
   f.bias_col_stride = p.bias_col_stride;
   return f;
+}
+
+// Sets the logits of keys key0 .. key0 + Keys - 1 outside row i's band to -inf.
+template <int Keys>
+__device__ __forceinline__ void mask_row(float (&s)[Keys], const Band& band, int i, int key0) {
+  const int first = band.first_key(i);
+  const int last = band.last_key(i);
+#pragma unroll
+  for (int j = 0; j < Keys; ++j) {
+    if (key0 + j < first || key0 + j > last) s[j] = neg_inf();
+  }
 }
 
 // Sets logits outside each row's band to -inf; row0 is the thread's row of tile 0, half 0.

@@ -53,4 +53,20 @@ __device__ __forceinline__ Sequence locate_sequence(const AttentionParams& p, in
   return s;
 }
 
+// The query rows [begin, end) of `seq` that this CTA's row block (blockIdx.x) covers; empty
+// (begin >= end) when the block lies past the sequence's end. Row blocks run last-first: under a
+// causal band the late ones have the most keys, and starting them first keeps the tail of the
+// grid short.
+struct RowBlock {
+  int begin;
+  int end;
+};
+
+template <int BlockM>
+__device__ __forceinline__ RowBlock cta_row_block(const Sequence& seq) {
+  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+  const int begin = m_block * BlockM;
+  return {begin, min(begin + BlockM, seq.seqlen_q)};
+}
+
 }  // namespace kiln::attention

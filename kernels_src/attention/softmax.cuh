@@ -2,17 +2,10 @@
 // fp32, rescaling the output accumulators when the max grows, normalizing once at the end.
 #pragma once
 
+#include "attention/math.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {
-
-constexpr float kLn2 = 0.693147180559945309f;
-constexpr float kLog2e = 1.442695040888963407f;
-
-// -inf; a function because NVRTC has no constexpr spelling of it.
-__device__ __forceinline__ float neg_inf() {
-  return __int_as_float(static_cast<int>(0xff800000u));
-}
 
 // Each thread holds rows g and g + 8 (g = lane / 4) of each of the warp's MTiles m16 tiles,
 // shared with the 3 other lanes of its quad: row r = 2 * tile + half.
@@ -48,10 +41,8 @@ struct OnlineSoftmax {
           m = fmaxf(m, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
         }
         m = mma::quad_max(m);
-        // NOTE: while every logit of a row is masked the max is -inf; shifting by 0 instead keeps
-        // the exponents at -inf (probabilities 0) rather than NaN.
-        const float shift = m == neg_inf() ? 0.f : m * to_log2;
-        rescale[r] = m == row_max[r] ? 1.f : mma::exp2_approx(row_max[r] * to_log2 - shift);
+        const float shift = softmax_shift(m, to_log2);
+        rescale[r] = softmax_rescale<mma::ApproxMath>(row_max[r], m, shift, to_log2);
         row_max[r] = m;
         float sum = row_sum[r] * rescale[r];
 #pragma unroll
@@ -102,9 +93,8 @@ struct OnlineSoftmax {
       for (int half = 0; half < 2; ++half) {
         const int r = 2 * mt + half;
         const float sum = mma::quad_sum(row_sum[r]);
-        const bool attended = sum > 0.f;
-        const float inv = attended ? 1.f / sum : 0.f;
-        lse[r] = attended ? row_max[r] * to_log2 * kLn2 + logf(sum) : neg_inf();
+        const float inv = sum > 0.f ? 1.f / sum : 0.f;
+        lse[r] = row_lse(row_max[r], sum, to_log2);
 #pragma unroll
         for (int j = 0; j < OTiles; ++j) {
           o[mt][j][2 * half] *= inv;

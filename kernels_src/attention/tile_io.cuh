@@ -1,7 +1,8 @@
-// Moving row tiles between global and shared memory in 16-byte pieces: asynchronous loads that
-// zero-fill past the tensor's edges, and the coalesced store of the output tile.
+// Moving row tiles from global to shared memory in 16-byte cp.async pieces that zero-fill past
+// the tensor's edges; the plain copies (the output store among them) are in tile_copy.cuh.
 #pragma once
 
+#include "attention/tile_copy.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {
@@ -36,26 +37,6 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long lon
     // address keeps the compiler from hoisting a 64-bit offset per pass out of the KV loop,
     // which cost ~80 registers and spills.
     src = mma::opaque(src + pass_stride);
-  }
-}
-
-// Copies rows [0, valid_rows) of a tile of Dim-element rows from smem (rows of Pitch elements)
-// to global rows at gmem + r * row_stride.
-template <int Rows, int Dim, int Pitch, int Threads, class T>
-__device__ __forceinline__ void store_tile(T* gmem, long long row_stride, const T* smem,
-                                           int valid_rows, int thread) {
-  constexpr int chunks_per_row = Dim / 8;
-  constexpr int chunks = Rows * chunks_per_row;
-#pragma unroll
-  for (int i = 0; i < (chunks + Threads - 1) / Threads; ++i) {
-    const int chunk = thread + i * Threads;
-    if (chunks % Threads != 0 && chunk >= chunks) break;
-    const int row = chunk / chunks_per_row;
-    const int col = chunk % chunks_per_row * 8;
-    if (row < valid_rows) {
-      *reinterpret_cast<uint4*>(gmem + row * row_stride + col) =
-          *reinterpret_cast<const uint4*>(smem + row * Pitch + col);
-    }
   }
 }
 

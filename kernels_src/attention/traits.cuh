@@ -1,4 +1,4 @@
-// Compile-time shape of the forward kernel: what a spec's constants imply (tiles, fragments,
+// Compile-time shape of the forward kernels: what a spec's constants imply (tiles, fragments,
 // shared-memory layout), and the checks that refuse specs the kernel cannot run.
 #pragma once
 
@@ -11,24 +11,33 @@ __host__ __device__ constexpr int round_up(int x, int multiple) {
   return (x + multiple - 1) / multiple * multiple;
 }
 
+// The problem constants every attention kernel takes, and the checks on them.
 template <class Spec>
-struct ForwardTraits {
+struct HeadTraits {
   using T = typename Spec::dtype;
   static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
                 "dtype must be kiln::f16 or kiln::bf16.");
 
   static constexpr int head_dim = static_cast<int>(Spec::head_dim);
   static constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);
+  static_assert(head_dim >= 8 && head_dim <= 256 && head_dim % 8 == 0,
+                "head_dim must be a multiple of 8 from 8 to 256.");
+  static_assert(head_dim_v >= 8 && head_dim_v <= 256 && head_dim_v % 8 == 0,
+                "head_dim_v must be a multiple of 8 from 8 to 256.");
+};
+
+template <class Spec>
+struct ForwardTraits : HeadTraits<Spec> {
+  using typename HeadTraits<Spec>::T;
+  using HeadTraits<Spec>::head_dim;
+  using HeadTraits<Spec>::head_dim_v;
+
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
   static constexpr int warps = static_cast<int>(Spec::warps);
   static constexpr int stages = static_cast<int>(Spec::stages);
   static constexpr int threads = warps * 32;
 
-  static_assert(head_dim >= 8 && head_dim <= 256 && head_dim % 8 == 0,
-                "head_dim must be a multiple of 8 from 8 to 256.");
-  static_assert(head_dim_v >= 8 && head_dim_v <= 256 && head_dim_v % 8 == 0,
-                "head_dim_v must be a multiple of 8 from 8 to 256.");
   static_assert(warps >= 1 && warps <= 16, "warps must be between 1 and 16.");
   static_assert(block_m % (16 * warps) == 0,
                 "block_m must be a multiple of 16 * warps: each warp owns whole m16 row tiles.");

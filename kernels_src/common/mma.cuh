@@ -1,9 +1,10 @@
 // CUDA PTX wrappers for tensor-core kernels (sm_80+): cp.async, ldmatrix, mma.sync m16n8k16,
 // fragment packing, quad reductions and warp votes, and the fast exp2/tanh of the softmax.
 //
-// NOTE: this is the only header with inline PTX. HIP (gfx90a) needs its own path here later:
-// the same function names over MFMA and plain LDS loads, chosen through vendor.cuh's KILN_HIP,
-// so kernels above this layer stay vendor-free.
+// NOTE: this is the only header with inline PTX. AMD targets run attention through the portable
+// kernel (attention/forward_portable.cuh), which does not include this header; an MFMA path
+// would give the same function names here, chosen through vendor.cuh's KILN_HIP, so kernels
+// above this layer stay vendor-free.
 #pragma once
 
 #include "common/prelude.cuh"
@@ -104,6 +105,12 @@ __device__ __forceinline__ float tanh_approx(float x) {
   asm("tanh.approx.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
+
+// exp2_approx and tanh_approx for code that templates on its math (attention's logits).
+struct ApproxMath {
+  static __device__ __forceinline__ float exp2(float x) { return exp2_approx(x); }
+  static __device__ __forceinline__ float tanh(float x) { return tanh_approx(x); }
+};
 
 // Reductions over the 4 lanes (a quad) that hold one row of an mma accumulator tile.
 __device__ __forceinline__ float quad_max(float x) {

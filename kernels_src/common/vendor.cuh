@@ -73,4 +73,13 @@ __device__ __forceinline__ double from_double(double x) {
   return x;
 }
 
+// x of lane (this lane ^ lane_mask) of the warp; every lane of the warp must call it.
+__device__ __forceinline__ float shfl_xor(float x, int lane_mask) {
+#if KILN_CUDA
+  return __shfl_xor_sync(0xffffffffu, x, lane_mask);
+#else
+  return __shfl_xor(x, lane_mask);  // HIP of ROCm 5.x has no _sync shuffles
+#endif
+}
+
 }  // namespace kiln

@@ -1,4 +1,4 @@
-// Which backend builds a target.
+// Which backend builds a target, and what the backends' messages share.
 #include "backend/backend.hpp"
 
 namespace kiln::detail {
@@ -7,6 +7,11 @@ std::string_view vendor_of_target(std::string_view target) noexcept {
   if (target.starts_with("sm_") || target.starts_with("compute_")) return "cuda";
   if (target.starts_with("gfx")) return "hip";
   return {};
+}
+
+std::string copying_to_host(std::string_view device, int ordinal, std::size_t bytes) {
+  return "copying " + std::to_string(bytes) + " bytes to the host (is the source memory of " +
+         std::string(device) + " device " + std::to_string(ordinal) + "?)";
 }
 
 }  // namespace kiln::detail

@@ -80,6 +80,14 @@ class Driver {
   // the binary cannot be loaded: the runtime treats that as a bad cache entry.
   virtual std::unique_ptr<Function> load(int ordinal, std::span<const std::byte> binary,
                                          const std::string& lowered_name) = 0;
+  // Stream-ordered device memory on `ordinal` (cuMemAllocAsync, hipMallocAsync), so a call that
+  // takes scratch can be captured in a CUDA graph. Each throws kiln::Error (driver) naming the
+  // failed call, or (not_found) when the installed driver predates the entry point.
+  virtual void* allocate_async(int ordinal, std::size_t bytes, void* stream) = 0;
+  virtual void free_async(int ordinal, void* pointer, void* stream) = 0;
+  // Queues a copy of `bytes` from device memory to `host` on `stream` and waits for the stream.
+  virtual void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,
+                            void* stream) = 0;
 };
 
 // Each throws kiln::Error (not_found) naming the library it looked for and how to point kiln at
@@ -89,6 +97,9 @@ std::unique_ptr<Compiler> open_nvrtc();
 std::unique_ptr<Compiler> open_hiprtc();
 std::unique_ptr<Driver> open_cuda_driver();
 std::unique_ptr<Driver> open_hip_driver();
+
+// What a failed device-to-host copy was doing, for its error message.
+std::string copying_to_host(std::string_view device, int ordinal, std::size_t bytes);
 
 // "cuda" for sm_*/compute_*, "hip" for gfx*; empty for anything else.
 std::string_view vendor_of_target(std::string_view target) noexcept;

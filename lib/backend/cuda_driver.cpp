@@ -2,6 +2,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <utility>
@@ -22,6 +23,7 @@ using CUcontext = struct CUctx_st*;
 using CUmodule = struct CUmod_st*;
 using CUfunction = struct CUfunc_st*;
 using CUstream = struct CUstream_st*;
+using CUdeviceptr = unsigned long long;
 
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
@@ -55,6 +57,10 @@ struct CudaApi {
     lib.bind(cuFuncGetAttribute, "cuFuncGetAttribute");
     lib.bind(cuFuncSetAttribute, "cuFuncSetAttribute");
     lib.bind(cuLaunchKernel, "cuLaunchKernel");
+    lib.bind_optional(cuMemAllocAsync, "cuMemAllocAsync");  // CUDA 11.2
+    lib.bind_optional(cuMemFreeAsync, "cuMemFreeAsync");
+    lib.bind(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    lib.bind(cuStreamSynchronize, "cuStreamSynchronize");
     lib.bind(cuGetErrorName, "cuGetErrorName");
     lib.bind(cuGetErrorString, "cuGetErrorString");
   }
@@ -79,6 +85,10 @@ struct CudaApi {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned shared_bytes, CUstream, void** params,
                              void** extra) = nullptr;
+  CUresult (*cuMemAllocAsync)(CUdeviceptr*, std::size_t, CUstream) = nullptr;
+  CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
+  CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, std::size_t, CUstream) = nullptr;
+  CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
 
@@ -98,6 +108,13 @@ struct CudaApi {
     int value = 0;
     check(cuDeviceGetAttribute(&value, which, device), "cuDeviceGetAttribute");
     return value;
+  }
+
+  // Launches and memory calls act on the calling thread's current context.
+  void make_current(CUcontext context) const {
+    CUcontext current = nullptr;
+    check(cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+    if (current != context) check(cuCtxSetCurrent(context), "cuCtxSetCurrent");
   }
 };
 
@@ -137,9 +154,7 @@ class CudaFunction final : public Function {
   }
 
   void launch(const LaunchConfig& config, const void* params) override {
-    CUcontext current = nullptr;
-    api_->check(api_->cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-    if (current != context_) api_->check(api_->cuCtxSetCurrent(context_), "cuCtxSetCurrent");
+    api_->make_current(context_);
     if (config.shared_bytes > shared_limit_.load(std::memory_order_acquire)) {
       raise_shared_limit(config.shared_bytes);
     }
@@ -198,6 +213,16 @@ class CudaDriver final : public Driver {
     api_->check(api_->cuDeviceGetCount(&count_), "cuDeviceGetCount");
   }
 
+  // NOTE: errors are ignored here: at process exit the driver may already have shut down.
+  ~CudaDriver() override {
+    for (const auto& [ordinal, retained] : retained_) {
+      api_->cuDevicePrimaryCtxRelease(retained.first);
+    }
+  }
+
+  CudaDriver(const CudaDriver&) = delete;
+  CudaDriver& operator=(const CudaDriver&) = delete;
+
   std::string_view vendor() const override { return "cuda"; }
 
   std::string version() const override {
@@ -235,7 +260,52 @@ class CudaDriver final : public Driver {
     return function;
   }
 
+  void* allocate_async(int ordinal, std::size_t bytes, void* stream) override {
+    api_->lib.require_bound(api_->cuMemAllocAsync, "cuMemAllocAsync");
+    use_primary_context(ordinal);
+    CUdeviceptr pointer = 0;
+    api_->check(
+        api_->cuMemAllocAsync(&pointer, bytes, static_cast<CUstream>(stream)), "cuMemAllocAsync",
+        "allocating " + std::to_string(bytes) + " bytes on CUDA device " + std::to_string(ordinal));
+    return reinterpret_cast<void*>(pointer);
+  }
+
+  void free_async(int ordinal, void* pointer, void* stream) override {
+    api_->lib.require_bound(api_->cuMemFreeAsync, "cuMemFreeAsync");
+    use_primary_context(ordinal);
+    api_->check(
+        api_->cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(pointer), static_cast<CUstream>(stream)),
+        "cuMemFreeAsync");
+  }
+
+  void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,
+                    void* stream) override {
+    use_primary_context(ordinal);
+    const auto source = reinterpret_cast<CUdeviceptr>(device_pointer);
+    const auto cu_stream = static_cast<CUstream>(stream);
+    api_->check(api_->cuMemcpyDtoHAsync(host, source, bytes, cu_stream), "cuMemcpyDtoHAsync_v2",
+                copying_to_host("CUDA", ordinal, bytes));
+    api_->check(api_->cuStreamSynchronize(cu_stream), "cuStreamSynchronize");
+  }
+
  private:
+  // Makes the primary context of `ordinal` current, retaining it on first use for the driver's
+  // life, as kernels loaded there hold it for theirs.
+  void use_primary_context(int ordinal) {
+    const CUdevice device = get(ordinal);
+    CUcontext context = nullptr;
+    {
+      const std::lock_guard lock(retained_mutex_);
+      auto it = retained_.find(ordinal);
+      if (it == retained_.end()) {
+        api_->check(api_->cuDevicePrimaryCtxRetain(&context, device), "cuDevicePrimaryCtxRetain");
+        it = retained_.emplace(ordinal, std::pair{device, context}).first;
+      }
+      context = it->second.second;
+    }
+    api_->make_current(context);
+  }
+
   CUdevice get(int ordinal) const {
     if (ordinal < 0 || ordinal >= count_) {
       throw Error(ErrorCategory::not_found,
@@ -250,6 +320,8 @@ class CudaDriver final : public Driver {
 
   std::shared_ptr<const CudaApi> api_;
   int count_ = 0;
+  std::mutex retained_mutex_;
+  std::map<int, std::pair<CUdevice, CUcontext>> retained_;  // ordinal -> its primary context
 };
 
 }  // namespace

@@ -40,6 +40,19 @@ class DynLib {
     slot = symbol<Fn>(name);
   }
 
+  // Points `slot` at symbol `name`, or at nullptr when the library lacks it: for entry points
+  // newer than the oldest version kiln runs with. Check with require_bound() before a call.
+  template <class Fn>
+  void bind_optional(Fn& slot, const char* name) const noexcept {
+    slot = reinterpret_cast<Fn>(find(name));
+  }
+
+  // Throws as symbol() does when bind_optional() found no `name` for `slot`.
+  template <class Fn>
+  void require_bound(Fn slot, const char* name) const {
+    if (slot == nullptr) require(name);
+  }
+
  private:
   DynLib(void* handle, std::string what, std::string fix);
   void* require(const char* name) const;

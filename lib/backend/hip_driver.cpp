@@ -39,14 +39,17 @@ struct HipApi {
     lib.bind(hipDeviceGetName, "hipDeviceGetName");
     lib.bind(hipDeviceTotalMem, "hipDeviceTotalMem");
     lib.bind(hipDeviceGetAttribute, "hipDeviceGetAttribute");
-    hipGetDeviceProperties =
-        reinterpret_cast<decltype(hipGetDeviceProperties)>(lib.find("hipGetDeviceProperties"));
+    lib.bind_optional(hipGetDeviceProperties, "hipGetDeviceProperties");
     lib.bind(hipGetDevice, "hipGetDevice");
     lib.bind(hipSetDevice, "hipSetDevice");
     lib.bind(hipModuleLoadData, "hipModuleLoadData");
     lib.bind(hipModuleUnload, "hipModuleUnload");
     lib.bind(hipModuleGetFunction, "hipModuleGetFunction");
     lib.bind(hipModuleLaunchKernel, "hipModuleLaunchKernel");
+    lib.bind_optional(hipMallocAsync, "hipMallocAsync");  // ROCm 5.2
+    lib.bind_optional(hipFreeAsync, "hipFreeAsync");
+    lib.bind(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync");
+    lib.bind(hipStreamSynchronize, "hipStreamSynchronize");
     lib.bind(hipGetErrorName, "hipGetErrorName");
     lib.bind(hipGetErrorString, "hipGetErrorString");
   }
@@ -67,6 +70,10 @@ struct HipApi {
   hipError_t (*hipModuleLaunchKernel)(hipFunction_t, unsigned, unsigned, unsigned, unsigned,
                                       unsigned, unsigned, unsigned shared_bytes, hipStream_t,
                                       void** params, void** extra) = nullptr;
+  hipError_t (*hipMallocAsync)(void**, std::size_t, hipStream_t) = nullptr;
+  hipError_t (*hipFreeAsync)(void*, hipStream_t) = nullptr;
+  hipError_t (*hipMemcpyDtoHAsync)(void*, void*, std::size_t, hipStream_t) = nullptr;
+  hipError_t (*hipStreamSynchronize)(hipStream_t) = nullptr;
   const char* (*hipGetErrorName)(hipError_t) = nullptr;
   const char* (*hipGetErrorString)(hipError_t) = nullptr;
 
@@ -189,6 +196,36 @@ class HipDriver final : public Driver {
     auto function = std::make_unique<HipFunction>(api_, ordinal);
     function->load(binary, lowered_name);
     return function;
+  }
+
+  void* allocate_async(int ordinal, std::size_t bytes, void* stream) override {
+    api_->lib.require_bound(api_->hipMallocAsync, "hipMallocAsync");
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    void* pointer = nullptr;
+    api_->check(
+        api_->hipMallocAsync(&pointer, bytes, static_cast<hipStream_t>(stream)), "hipMallocAsync",
+        "allocating " + std::to_string(bytes) + " bytes on HIP device " + std::to_string(ordinal));
+    return pointer;
+  }
+
+  void free_async(int ordinal, void* pointer, void* stream) override {
+    api_->lib.require_bound(api_->hipFreeAsync, "hipFreeAsync");
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    api_->check(api_->hipFreeAsync(pointer, static_cast<hipStream_t>(stream)), "hipFreeAsync");
+  }
+
+  void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,
+                    void* stream) override {
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    // NOTE: hipMemcpyDtoHAsync takes a non-const source (hipDeviceptr_t is void*).
+    void* source = const_cast<void*>(device_pointer);
+    const auto hip_stream = static_cast<hipStream_t>(stream);
+    api_->check(api_->hipMemcpyDtoHAsync(host, source, bytes, hip_stream), "hipMemcpyDtoHAsync",
+                copying_to_host("HIP", ordinal, bytes));
+    api_->check(api_->hipStreamSynchronize(hip_stream), "hipStreamSynchronize");
   }
 
  private:

@@ -1,26 +1,27 @@
 // Forward attention: validate -> problem -> choose -> spec -> params -> launch.
 #include "kiln/attention.hpp"
 
-#include <cmath>
 #include <cstdint>
-#include <limits>
 
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
+#include "ops/score_params.hpp"
+#include "ops/tensor_checks.hpp"
 #include "params/attention.h"
 
 namespace kiln {
 namespace {
 
-constexpr int kMaxHeadDim = 256;
-
-[[noreturn]] void invalid(const std::string& message) {
-  throw Error(ErrorCategory::invalid_argument, message);
-}
-[[noreturn]] void unsupported(const std::string& message) {
-  throw Error(ErrorCategory::unsupported, message);
-}
+using detail::check_common;
+using detail::check_head_dim;
+using detail::check_int_vector;
+using detail::dim_name;
+using detail::invalid;
+using detail::require_int32;
+using detail::require_rank;
+using detail::require_size;
+using detail::unsupported;
 
 // The sizes of one call, read off the validated tensors.
 struct Shape {
@@ -29,128 +30,6 @@ struct Shape {
   std::int64_t head_dim = 0, head_dim_v = 0;
   std::int64_t tokens_q = 0;  // varlen: total query tokens
 };
-
-std::string dim_name(const TensorView& t, int dim) {
-  return dim == t.rank - 1 ? "-1" : std::to_string(dim);
-}
-
-void require_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout) {
-  if (t.rank != rank) {
-    invalid(fmt::format("{} has rank {} but must have rank {}: {}", name, t.rank, rank, layout));
-  }
-}
-
-void require_size(const TensorView& t, std::string_view name, int dim, std::int64_t expected,
-                  std::string_view what) {
-  if (t.size(dim) != expected) {
-    invalid(fmt::format("{}.size({}) is {} but {} is {}", name, dim_name(t, dim), t.size(dim), what,
-                        expected));
-  }
-}
-
-void require_int32(std::int64_t value, std::string_view what) {
-  if (value > std::numeric_limits<std::int32_t>::max()) {
-    invalid(fmt::format("{} is {}: at most {} is supported", what, value,
-                        std::numeric_limits<std::int32_t>::max()));
-  }
-}
-
-std::int64_t element_count(const TensorView& t) {
-  std::int64_t count = 1;
-  for (int d = 0; d < t.rank; ++d) count *= t.size(d);
-  return count;
-}
-
-// Shape, pointer and device checks every tensor gets.
-void check_common(const TensorView& t, std::string_view name, int device) {
-  if (t.rank < 1 || t.rank > TensorView::max_rank) {
-    invalid(fmt::format("{} has rank {}: expected 1 to {}", name, t.rank, TensorView::max_rank));
-  }
-  for (int d = 0; d < t.rank; ++d) {
-    if (t.size(d) < 0) {
-      invalid(fmt::format("{}.size({}) is {}: sizes cannot be negative", name, d, t.size(d)));
-    }
-    if (t.stride(d) < 0) {
-      invalid(
-          fmt::format("{}.stride({}) is {}: negative strides are not supported; make {} "
-                      "contiguous",
-                      name, d, t.stride(d), name));
-    }
-  }
-  // The furthest element must be addressable with 64-bit element offsets.
-  std::int64_t last = 0;
-  bool overflow = false;
-  for (int d = 0; d < t.rank; ++d) {
-    std::int64_t span = 0;
-    if (t.size(d) > 0) {
-      overflow |= __builtin_mul_overflow(t.size(d) - 1, t.stride(d), &span);
-      overflow |= __builtin_add_overflow(last, span, &last);
-    }
-  }
-  if (overflow || last > std::numeric_limits<std::int64_t>::max() / 8) {
-    invalid(fmt::format("{} {} spans more elements than 64-bit offsets can address", name,
-                        t.describe()));
-  }
-  if (t.data == nullptr && element_count(t) > 0) {
-    invalid(fmt::format("{} has a null data pointer but {} elements", name, element_count(t)));
-  }
-  if (reinterpret_cast<std::uintptr_t>(t.data) % size_of(t.dtype) != 0) {
-    invalid(fmt::format("{}'s data pointer {} is not aligned to its {}-byte {} elements", name,
-                        t.data, size_of(t.dtype), to_string(t.dtype)));
-  }
-  if (t.device != device) {
-    invalid(
-        fmt::format("{} is on device {} but the runtime's device is {}: move {} there or "
-                    "use a Runtime with Options::device = {}",
-                    name, t.device, device, name, t.device));
-  }
-}
-
-// q, k, v and out: stride 1 on the last dim, 16-byte aligned pointer and other strides.
-void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) {
-  if (t.dtype != dtype) {
-    invalid(fmt::format("{} has dtype {} but q has dtype {}: q, k, v and out must share one", name,
-                        to_string(t.dtype), to_string(dtype)));
-  }
-  if (t.size(t.rank - 1) > 1 && t.stride(t.rank - 1) != 1) {
-    invalid(fmt::format("{}.stride(-1) is {}: the last dim must be contiguous (stride 1)", name,
-                        t.stride(t.rank - 1)));
-  }
-  if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
-    invalid(
-        fmt::format("{}'s data pointer {} is not 16-byte aligned: kiln moves tiles in "
-                    "16-byte copies; allocate or offset {} on a 16-byte boundary",
-                    name, t.data, name));
-  }
-  for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.size(d) > 1 && t.stride(d) % 8 != 0) {
-      invalid(
-          fmt::format("{}.stride({}) is {}: strides must be multiples of 8 elements (16 "
-                      "bytes); copy {} to contiguous memory",
-                      name, d, t.stride(d), name));
-    }
-  }
-}
-
-void check_head_dim(std::int64_t dim, std::string_view what) {
-  if (dim % 8 == 0 && dim >= 8 && dim <= kMaxHeadDim) return;
-  const bool paddable = dim > 0 && dim < kMaxHeadDim;
-  unsupported(fmt::format(
-      "{} is {}: kiln compiles every multiple of 8 from 8 to {}{}", what, dim, kMaxHeadDim,
-      paddable ? "; pad the head dim with zeros to the next multiple of 8" : ""));
-}
-
-void check_int_vector(const TensorView& t, std::string_view name, std::int64_t length,
-                      std::string_view length_name) {
-  require_rank(t, name, 1, "an int32 vector");
-  if (t.dtype != DType::i32) {
-    invalid(fmt::format("{} has dtype {}: it must be int32", name, to_string(t.dtype)));
-  }
-  require_size(t, name, 0, length, length_name);
-  if (length > 1 && t.stride(0) != 1) {
-    invalid(fmt::format("{}.stride(0) is {}: it must be contiguous", name, t.stride(0)));
-  }
-}
 
 Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const AttentionOptions& o, int device) {
@@ -197,43 +76,15 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   require_size(out, "out", h, s.heads, fmt::format("q.size({}) (heads)", h));
   require_size(k, "k", d, s.head_dim, "q.size(-1) (head_dim)");
   require_size(out, "out", d, s.head_dim_v, "v.size(-1) (head_dim_v)");
-  if (s.heads_kv == 0 ? s.heads != 0 : s.heads % s.heads_kv != 0) {
-    invalid(
-        fmt::format("q has {} heads and k has {}: the query heads must be a multiple of the "
-                    "kv heads (GQA/MQA)",
-                    s.heads, s.heads_kv));
-  }
+  detail::check_heads(s.heads, s.heads_kv, "k");
   check_head_dim(s.head_dim, "head_dim (q.size(-1))");
   check_head_dim(s.head_dim_v, "head_dim_v (v.size(-1))");
-  for (const auto& [t, name] :
-       {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
-    check_tile_tensor(*t, name, q.dtype);
-    for (int dim = 0; dim < t->rank; ++dim) {
-      require_int32(t->size(dim), fmt::format("{}.size({})", name, dim));
-    }
-  }
+  detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}, q.dtype);
   return s;
 }
 
 void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int device) {
-  if (o.softmax_scale && !std::isfinite(*o.softmax_scale)) {
-    invalid(fmt::format("softmax_scale is {}: it must be finite", *o.softmax_scale));
-  }
-  if (!std::isfinite(o.softcap) || o.softcap < 0) {
-    invalid(fmt::format("softcap is {}: use 0 (off) or a positive value", o.softcap));
-  }
-  if (o.window_left < -1 || o.window_right < -1) {
-    invalid(
-        fmt::format("window ({}, {}) has a value below -1: windows are -1 (unbounded) or "
-                    "a key count",
-                    o.window_left, o.window_right));
-  }
-  if (o.causal && o.window_right > 0) {
-    invalid(
-        fmt::format("causal is set and window_right is {}: causal means window_right 0; "
-                    "drop one of them",
-                    o.window_right));
-  }
+  detail::check_score_options(o.softmax_scale, o.softcap, o.causal, o.window_left, o.window_right);
   if (s.varlen) {
     if (!o.cu_seqlens_q || !o.cu_seqlens_k) {
       invalid(fmt::format("varlen needs both cu_seqlens_q and cu_seqlens_k; {} is missing",
@@ -269,21 +120,7 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     check_common(*o.seqused_k, "seqused_k", device);
     check_int_vector(*o.seqused_k, "seqused_k", s.batch, "batch");
   }
-  if (o.alibi_slopes) {
-    const TensorView& a = *o.alibi_slopes;
-    check_common(a, "alibi_slopes", device);
-    if (a.dtype != DType::f32) {
-      invalid(fmt::format("alibi_slopes has dtype {}: it must be f32", to_string(a.dtype)));
-    }
-    if (a.rank != 1 && a.rank != 2) {
-      invalid(fmt::format("alibi_slopes has rank {}: use (heads) or (batch, heads)", a.rank));
-    }
-    require_size(a, "alibi_slopes", a.rank - 1, s.heads, "heads");
-    if (a.rank == 2) require_size(a, "alibi_slopes", 0, s.batch, "batch");
-    if (s.heads > 1 && a.stride(a.rank - 1) != 1) {
-      invalid(fmt::format("alibi_slopes.stride(-1) is {}: it must be 1", a.stride(a.rank - 1)));
-    }
-  }
+  if (o.alibi_slopes) detail::check_alibi_slopes(*o.alibi_slopes, s.batch, s.heads, device);
   if (o.bias) {
     const TensorView& b = *o.bias;
     check_common(b, "bias", device);
@@ -304,25 +141,12 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
       }
     }
   }
-  if (o.lse) {
-    const TensorView& l = *o.lse;
-    check_common(l, "lse", device);
-    if (l.dtype != DType::f32) {
-      invalid(fmt::format("lse has dtype {}: it must be f32", to_string(l.dtype)));
-    }
-    if (s.varlen) {
-      require_rank(l, "lse", 2, "(heads, total_q) for varlen");
-      require_size(l, "lse", 0, s.heads, "heads");
-      require_size(l, "lse", 1, s.tokens_q, "q.size(0) (total_q)");
-    } else {
-      require_rank(l, "lse", 3, "(batch, heads, seqlen_q)");
-      require_size(l, "lse", 0, s.batch, "batch");
-      require_size(l, "lse", 1, s.heads, "heads");
-      require_size(l, "lse", 2, s.seqlen_q, "seqlen_q");
-    }
-    if (l.size(l.rank - 1) > 1 && l.stride(l.rank - 1) != 1) {
-      invalid(fmt::format("lse.stride(-1) is {}: it must be 1", l.stride(l.rank - 1)));
-    }
+  if (o.lse && s.varlen) {
+    detail::check_lse(*o.lse, "lse", "(heads, total_q) for varlen",
+                      {{s.heads, "heads"}, {s.tokens_q, "q.size(0) (total_q)"}}, device);
+  } else if (o.lse) {
+    detail::check_lse(*o.lse, "lse", "(batch, heads, seqlen_q)",
+                      {{s.batch, "batch"}, {s.heads, "heads"}, {s.seqlen_q, "seqlen_q"}}, device);
   }
 }
 
@@ -330,7 +154,7 @@ AttentionProblem problem_of(const Shape& s, DType dtype, const AttentionOptions&
   return {.dtype = dtype,
           .head_dim = static_cast<int>(s.head_dim),
           .head_dim_v = static_cast<int>(s.head_dim_v),
-          .band = o.causal || o.window_left >= 0 || o.window_right >= 0,
+          .band = detail::has_band(o),
           .varlen = s.varlen,
           .softcap = o.softcap > 0,
           .alibi = o.alibi_slopes.has_value(),
@@ -376,15 +200,7 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   p.heads_kv = static_cast<int>(s.heads_kv);
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_k = static_cast<int>(s.seqlen_k);
-  p.softmax_scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(s.head_dim)));
-  p.window_left = o.window_left;
-  p.window_right = o.causal ? 0 : o.window_right;
-  p.top_left = o.top_left ? 1 : 0;
-  p.softcap = o.softcap;
-  if (o.alibi_slopes) {
-    p.maybe_alibi_slopes = static_cast<const float*>(o.alibi_slopes->data);
-    p.alibi_batch_stride = o.alibi_slopes->rank == 2 ? o.alibi_slopes->stride(0) : 0;
-  }
+  detail::set_score_params(p, o, s.head_dim);
   if (o.bias) {
     const TensorView& b = *o.bias;
     p.maybe_bias = b.data;
@@ -406,18 +222,38 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   return p;
 }
 
-void require_target(std::string_view target) {
+// AMD targets attention runs on: gfx9 (GCN and CDNA), whose wavefronts have the 64 lanes that
+// kernels_src/common/vendor.cuh assumes for every AMD target.
+bool amd_target_supported(std::string_view target) {
+  return target.starts_with("gfx9");
+}
+
+bool runs_on(std::string_view target) {
+  return target.starts_with("gfx") ? amd_target_supported(target)
+                                   : detail::is_sm80_or_newer(target);
+}
+
+void require_target(std::string_view target, bool portable) {
   if (target.starts_with("gfx")) {
-    unsupported(
-        fmt::format("attention on {} is not supported yet: the forward kernel uses "
-                    "NVIDIA tensor-core instructions; AMD support is planned",
-                    target));
+    if (!amd_target_supported(target)) {
+      unsupported(
+          fmt::format("attention on {} is not supported: on AMD it runs on gfx9 targets "
+                      "(wave64, such as gfx90a and gfx942)",
+                      target));
+    }
+    if (!portable) {
+      unsupported(
+          fmt::format("the tensor-core attention kernel uses NVIDIA instructions and cannot "
+                      "run on {}: use a portable config (AttentionConfig::portable), as "
+                      "choose() gives AMD targets",
+                      target));
+    }
+    return;
   }
-  const std::string_view digits = target.substr(target.find('_') + 1);
-  if (!target.starts_with("sm_") || digits.size() < 2 || (digits[0] < '8' && digits.size() == 2)) {
+  if (!detail::is_sm80_or_newer(target)) {
     unsupported(
-        fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores); the "
-                    "target is {}",
+        fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores) or an AMD gfx9 "
+                    "one; the target is {}",
                     target));
   }
 }
@@ -425,10 +261,20 @@ void require_target(std::string_view target) {
 }  // namespace
 
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target) {
-  require_target(target);
+  const bool amd = target.starts_with("gfx");
+  require_target(target, amd);
+  const int widest = std::max(problem.head_dim, problem.head_dim_v);
+  if (amd) {
+    // The portable kernel, not tuned on AMD hardware: CTAs of 256 threads (4 wavefronts) with
+    // 4, 8 or 16 lanes on each query row, so that every lane holds at most 2 chunks (16
+    // columns) of q and of the output. 32 keys a step: with 64, hipRTC gave head dim 128 417
+    // VGPRs on gfx90a (260 with 32).
+    if (widest <= 64) return {.block_m = 64, .block_n = 32, .warps = 8, .portable = true};
+    if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .portable = true};
+    return {.block_m = 16, .block_n = 32, .warps = 8, .portable = true};
+  }
   // Tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every sm_80+ part
   // fits these, sm_86/89's 99 KiB included.
-  const int widest = std::max(problem.head_dim, problem.head_dim_v);
   if (widest <= 64)
     return problem.band ? AttentionConfig{128, 128, 4, 2} : AttentionConfig{128, 64, 4, 2};
   if (widest <= 128) return {128, 64, 4, 1};
@@ -436,17 +282,22 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
 }
 
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {
-  KernelSpec spec{.source = "attention/forward.cuh",
-                  .entry = "kiln::attention_forward",
-                  .params = "kiln::AttentionParams"};
+  KernelSpec spec{.params = "kiln::AttentionParams"};
+  if (config.portable) {
+    spec.source = "attention/forward_portable.cuh";
+    spec.entry = "kiln::attention_forward_portable";
+  } else {
+    spec.source = "attention/forward.cuh";
+    spec.entry = "kiln::attention_forward";
+  }
   spec.set("dtype", problem.dtype)
       .set("head_dim", problem.head_dim)
       .set("head_dim_v", problem.head_dim_v)
       .set("block_m", config.block_m)
       .set("block_n", config.block_n)
-      .set("warps", config.warps)
-      .set("stages", config.stages)
-      .set("band", problem.band)
+      .set("warps", config.warps);
+  if (!config.portable) spec.set("stages", config.stages);
+  spec.set("band", problem.band)
       .set("varlen", problem.varlen)
       .set("has_softcap", problem.softcap)
       .set("has_alibi", problem.alibi)
@@ -454,22 +305,51 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
   return spec;
 }
 
-void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-               const AttentionOptions& options, void* stream, Runtime& runtime) {
+namespace {
+
+// Runs a call with `config`, or with choose()'s when there is none.
+void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+         const AttentionOptions& options, const std::optional<AttentionConfig>& config,
+         void* stream, Runtime& runtime) {
   const Validated checked = validate(q, k, v, out, options, runtime.device());
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
-  const AttentionConfig config = choose(checked.problem, runtime.target());
-  const Kernel kernel = runtime.kernel(attention_spec(checked.problem, config));
-  const std::int64_t row_blocks = (s.seqlen_q + config.block_m - 1) / config.block_m;
-  const auto shared = attention_forward_smem_bytes(s.head_dim, s.head_dim_v, config.block_m,
-                                                   config.block_n, config.stages);
+  const std::string target = runtime.target();
+  if (config) {
+    require_target(target, config->portable);
+    if (config->block_m < 1 || config->block_n < 1 || config->warps < 1 || config->stages < 1) {
+      invalid(
+          fmt::format("config (block_m {}, block_n {}, warps {}, stages {}) has a value "
+                      "below 1: each must be positive",
+                      config->block_m, config->block_n, config->warps, config->stages));
+    }
+  }
+  const AttentionConfig c = config ? *config : choose(checked.problem, target);
+  const Kernel kernel = runtime.kernel(attention_spec(checked.problem, c));
+  const std::int64_t row_blocks = (s.seqlen_q + c.block_m - 1) / c.block_m;
+  const auto shared =
+      c.portable
+          ? attention_forward_portable_smem_bytes(s.head_dim, s.head_dim_v, c.block_n)
+          : attention_forward_smem_bytes(s.head_dim, s.head_dim_v, c.block_m, c.block_n, c.stages);
   kernel.launch({.grid = {static_cast<std::uint32_t>(row_blocks),
                           static_cast<std::uint32_t>(s.heads), static_cast<std::uint32_t>(s.batch)},
-                 .block = {static_cast<std::uint32_t>(config.warps * 32)},
+                 .block = {static_cast<std::uint32_t>(c.warps * 32)},
                  .shared_bytes = static_cast<std::uint32_t>(shared),
                  .stream = stream},
                 params_of(q, k, v, out, options, s));
+}
+
+}  // namespace
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options, void* stream, Runtime& runtime) {
+  run(q, k, v, out, options, std::nullopt, stream, runtime);
+}
+
+void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+               const AttentionOptions& options, const AttentionConfig& config, void* stream,
+               Runtime& runtime) {
+  run(q, k, v, out, options, config, stream, runtime);
 }
 
 bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -487,7 +367,7 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
 
 std::vector<KernelSpec> attention_default_specs(std::string_view target) {
   std::vector<KernelSpec> specs;
-  if (target.starts_with("gfx")) return specs;  // not supported there yet
+  if (!runs_on(target)) return specs;
   for (DType dtype : {DType::bf16, DType::f16}) {
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {

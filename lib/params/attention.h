@@ -95,4 +95,13 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(long long head_d
   return 2 * (tiles > staging ? tiles : staging);
 }
 
+// Dynamic shared memory of attention_forward_portable, in bytes: one K and one V tile of block_n
+// rows, unpadded (at each step a warp's lanes read 16-byte chunks of one key row, which fall in
+// distinct banks). Queries and outputs stay in registers.
+KILN_PARAMS_FN constexpr long long attention_forward_portable_smem_bytes(long long head_dim,
+                                                                         long long head_dim_v,
+                                                                         long long block_n) {
+  return 2 * block_n * (head_dim + head_dim_v);
+}
+
 }  // namespace kiln

@@ -7,6 +7,7 @@
 
 #include "kiln/error.hpp"
 #include "params/attention.h"
+#include "params/decode.h"
 #include "params/elementwise.h"
 
 namespace kiln::detail {
@@ -15,6 +16,8 @@ namespace {
 constexpr ParamsLayout kLayouts[] = {
     {"kiln::UnaryParams", "kiln/params/elementwise.h", sizeof(UnaryParams)},
     {"kiln::AttentionParams", "kiln/params/attention.h", sizeof(AttentionParams)},
+    {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams)},
+    {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams)},
 };
 
 }  // namespace

@@ -69,6 +69,30 @@ TEST_CASE("DynLib opens the first loadable candidate and finds its symbols", "[b
   CHECK(moved.find("strlen") != nullptr);
 }
 
+TEST_CASE("DynLib binds optional symbols, and names a missing one only when it is used",
+          "[backend]") {
+  const std::array<std::string, 1> candidates = {"libc.so.6"};
+  const DynLib libc = DynLib::open("libc", candidates, "install a C library");
+  using Strlen = std::size_t (*)(const char*);
+  Strlen present = nullptr;
+  libc.bind_optional(present, "strlen");
+  REQUIRE(present != nullptr);
+  CHECK(present("kiln") == 4);
+  CHECK_NOTHROW(libc.require_bound(present, "strlen"));
+
+  Strlen missing = &std::strlen;
+  libc.bind_optional(missing, "kiln_no_such_symbol");
+  CHECK(missing == nullptr);
+  try {
+    libc.require_bound(missing, "kiln_no_such_symbol");
+    FAIL("a missing optional symbol did not throw when required");
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::not_found);
+    CHECK_THAT(e.what(), Catch::Contains("kiln_no_such_symbol"));
+    CHECK_THAT(e.what(), Catch::Contains("install a C library"));
+  }
+}
+
 TEST_CASE("library_candidates puts user directories first and defaults last", "[backend]") {
   const std::array<std::string_view, 2> names = {"liba.so.2", "liba.so"};
   const std::array<std::filesystem::path, 2> user_dirs = {"/user", ""};

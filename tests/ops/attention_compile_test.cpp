@@ -1,18 +1,59 @@
-// Every attention variant the hot path picks by default compiles through NVRTC with no GPU.
+// Every attention variant the hot path picks by default compiles with no GPU: the tensor-core
+// kernel through NVRTC, the portable kernel through hipRTC for gfx90a and through NVRTC.
 #include <catch2/catch.hpp>
 
+#include <vector>
+
 #include "kiln/attention.hpp"
+#include "ops/validation_support.hpp"
 #include "support.hpp"
 
 namespace {
 
+using kiln::DType;
+
 kiln::Runtime runtime_for(const std::filesystem::path& cache, const char* target) {
-  kiln::Options options;
-  options.cache_dir = cache;
-  options.target = target;
-  options.kernels_dir = std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src";
-  options.cache_ro_dirs = std::vector<std::filesystem::path>{};
-  return kiln::Runtime(options);
+  return kiln::Runtime(kiln::test::isolated_options(cache, target));
+}
+
+// Warms `specs` on `rt` and checks that each compiled.
+void check_compiled(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& specs) {
+  const kiln::WarmupReport report = rt.warmup(specs, {.threads = 2});
+  for (const kiln::WarmupItem& item : report.items) {
+    INFO(item.spec << ": " << item.error);
+    CHECK(item.status == kiln::WarmupStatus::compiled);
+  }
+}
+
+// The corners of the feature matrix: every feature at once at 192/128, the narrowest dim with
+// varlen, a dim that is no multiple of 16 with a bias, and the widest with varlen.
+std::vector<kiln::AttentionProblem> feature_problems() {
+  return {
+      {.dtype = DType::f16,
+       .head_dim = 192,
+       .head_dim_v = 128,
+       .band = true,
+       .softcap = true,
+       .alibi = true,
+       .bias = true},
+      {.dtype = DType::bf16,
+       .head_dim = 8,
+       .head_dim_v = 8,
+       .band = true,
+       .varlen = true,
+       .softcap = true,
+       .alibi = true},
+      {.dtype = DType::bf16, .head_dim = 72, .head_dim_v = 72, .band = true, .bias = true},
+      {.dtype = DType::f16, .head_dim = 256, .head_dim_v = 256, .varlen = true, .softcap = true}};
+}
+
+// The feature problems' specs with the configs `config_target` gets.
+std::vector<kiln::KernelSpec> feature_specs(const char* config_target) {
+  std::vector<kiln::KernelSpec> specs;
+  for (const kiln::AttentionProblem& problem : feature_problems()) {
+    specs.push_back(kiln::attention_spec(problem, kiln::choose(problem, config_target)));
+  }
+  return specs;
 }
 
 }  // namespace
@@ -23,11 +64,7 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   const auto specs = kiln::attention_default_specs("sm_90a");
   REQUIRE(specs.size() == 12);
-  const kiln::WarmupReport report = rt.warmup(specs, {.threads = 2});
-  for (const kiln::WarmupItem& item : report.items) {
-    INFO(item.spec << ": " << item.error);
-    CHECK(item.status == kiln::WarmupStatus::compiled);
-  }
+  check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
@@ -38,31 +75,77 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
   }
 }
 
-TEST_CASE("attention with every feature on compiles for sm_80 and sm_90a", "[attention][compile]") {
+TEST_CASE("the default gfx90a attention specs compile with hipRTC, and with NVRTC for sm_90a",
+          "[attention][compile]") {
+  const auto specs = kiln::attention_default_specs("gfx90a");
+  REQUIRE(specs.size() == 12);
+  for (const kiln::KernelSpec& spec : specs) CHECK(spec.source == "attention/forward_portable.cuh");
+  kiln::test::TempDir dir;
+  kiln::Runtime amd = runtime_for(dir.path(), "gfx90a");
+  check_compiled(amd, specs);
+  // The same kernels on NVIDIA, where the [gpu] tests run them; no spills there.
+  kiln::Runtime nvidia = runtime_for(dir.path(), "sm_90a");
+  check_compiled(nvidia, specs);
+  for (const kiln::KernelSpec& spec : specs) {
+    const kiln::KernelInfo info = nvidia.compile(spec);
+    INFO(info.spec);
+    CHECK(info.spill_bytes == 0);
+  }
+}
+
+TEST_CASE("attention with every feature compiles for sm_80 and sm_90a", "[attention][compile]") {
   kiln::test::TempDir dir;
   for (const char* target : {"sm_80", "sm_90a"}) {
     kiln::Runtime rt = runtime_for(dir.path(), target);
-    const kiln::AttentionProblem problem{.dtype = kiln::DType::f16,
-                                         .head_dim = 192,
-                                         .head_dim_v = 128,
-                                         .band = true,
-                                         .varlen = false,
-                                         .softcap = true,
-                                         .alibi = true,
-                                         .bias = true};
-    CHECK(rt.compile(kiln::attention_spec(problem, kiln::choose(problem, target))).registers > 0);
-    kiln::AttentionProblem varlen = problem;
-    varlen.bias = false;
-    varlen.varlen = true;
-    varlen.head_dim = varlen.head_dim_v = 8;
-    CHECK(rt.compile(kiln::attention_spec(varlen, kiln::choose(varlen, target))).registers > 0);
+    check_compiled(rt, feature_specs(target));
+  }
+}
+
+TEST_CASE("the portable attention kernel compiles every feature for gfx90a and sm_90a",
+          "[attention][compile]") {
+  kiln::test::TempDir dir;
+  const std::vector<kiln::KernelSpec> specs = feature_specs("gfx90a");
+  for (const char* target : {"gfx90a", "sm_90a"}) {
+    kiln::Runtime rt = runtime_for(dir.path(), target);
+    check_compiled(rt, specs);
   }
 }
 
 TEST_CASE("attention refuses targets it cannot run on", "[attention][compile]") {
   const kiln::AttentionProblem problem{.head_dim = 128, .head_dim_v = 128};
-  CHECK_THROWS_WITH(kiln::choose(problem, "gfx90a"), Catch::Contains("not supported yet"));
   CHECK_THROWS_WITH(kiln::choose(problem, "sm_75"), Catch::Contains("sm_80 or newer"));
-  CHECK(kiln::choose(problem, "sm_90a").block_m == 128);
-  CHECK(kiln::attention_default_specs("gfx90a").empty());
+  CHECK_THROWS_WITH(kiln::choose(problem, "gfx1100"),
+                    Catch::Contains("gfx1100") && Catch::Contains("gfx9"));
+  CHECK(kiln::attention_default_specs("gfx1100").empty());
+  CHECK(kiln::attention_default_specs("sm_75").empty());
+  const kiln::AttentionConfig nvidia = kiln::choose(problem, "sm_90a");
+  CHECK(nvidia.block_m == 128);
+  CHECK_FALSE(nvidia.portable);
+  CHECK(kiln::choose(problem, "gfx90a").portable);
+  CHECK(kiln::choose(problem, "gfx942").portable);
+}
+
+TEST_CASE("attention with a given config: the tensor-core kernel is refused on AMD",
+          "[attention]") {
+  using kiln::test::view;
+  const kiln::TensorView q = view(0x1000000, DType::bf16, {1, 64, 2, 64});
+  const kiln::TensorView out = view(0x2000000, DType::bf16, {1, 64, 2, 64});
+  const auto call = [&](const kiln::AttentionConfig& config, const char* target) {
+    return kiln::test::refusal([&] {
+      kiln::attention(q, q, q, out, {}, config, nullptr, kiln::test::validating_runtime(target));
+    });
+  };
+  const kiln::AttentionConfig tensor_cores;
+  kiln::test::check_refusal(call(tensor_cores, "gfx90a"), kiln::ErrorCategory::unsupported,
+                            {"tensor-core", "gfx90a", "portable"});
+  kiln::test::check_refusal(call({.block_m = 0, .portable = true}, "sm_90a"),
+                            kiln::ErrorCategory::invalid_argument, {"block_m 0"});
+  // Accepted configs reach the kernel lookup, which finds nothing to load here.
+  const kiln::AttentionConfig portable{.block_m = 32, .block_n = 32, .warps = 8, .portable = true};
+  for (const char* target : {"gfx90a", "sm_90a"}) {
+    const kiln::test::Refusal r = call(portable, target);
+    CHECK(r.category == kiln::ErrorCategory::not_found);
+    CHECK_THAT(r.message, Catch::Contains("attention/forward_portable.cuh"));
+  }
+  CHECK_THAT(call(tensor_cores, "sm_90a").message, Catch::Contains("attention/forward.cuh"));
 }

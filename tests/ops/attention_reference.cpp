@@ -5,6 +5,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <sstream>
 #include <stdexcept>
 
 namespace kiln::test {
@@ -24,6 +25,7 @@ double from_bits(DType dtype, std::uint16_t bits) {
 }
 
 double round_to(DType dtype, double value) {
+  if (dtype == DType::f32) return static_cast<float>(value);
   return from_bits(dtype, to_bits(dtype, value));
 }
 
@@ -231,6 +233,22 @@ ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult
     }
   }
   return report;
+}
+
+std::string explain(const ErrorReport& report, const std::vector<double>& got,
+                    const ReferenceResult& ref, int heads, int dim_v) {
+  std::ostringstream s;
+  s << "max error " << report.max_error << " bound " << report.bound() << " (baseline "
+    << report.baseline_error << "), " << report.not_finite << " not finite (first "
+    << report.first_not_finite << ")";
+  if (report.worst >= 0) {
+    const auto w = static_cast<std::size_t>(report.worst);
+    const auto h = static_cast<std::size_t>(heads), dv = static_cast<std::size_t>(dim_v);
+    s << "; worst at token " << w / (h * dv) << " head " << w / dv % h << " col " << w % dv
+      << ": got " << got[w] << " want " << ref.out[w] << " (plain dtype " << ref.out_plain[w]
+      << ")";
+  }
+  return s.str();
 }
 
 LseReport compare_lse(const std::vector<double>& got, const std::vector<double>& want) {

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kiln/spec.hpp"
@@ -14,7 +15,7 @@ namespace kiln::test {
 // Host images of f16 and bf16: the stored bits and the value they hold, exactly.
 std::uint16_t to_bits(DType dtype, double value);  // round to nearest even
 double from_bits(DType dtype, std::uint16_t bits);
-double round_to(DType dtype, double value);  // what storing `value` in `dtype` keeps
+double round_to(DType dtype, double value);  // what storing `value` in `dtype` keeps; f32 too
 
 // `count` values drawn from a normal distribution (std 1), rounded to `dtype` so that host and
 // device see the same numbers.
@@ -95,6 +96,10 @@ struct ErrorReport {
   bool ok() const { return not_finite == 0 && max_error <= bound(); }
 };
 ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult& ref);
+// The report in words, with the worst element's (token, head, column) for `got` laid out
+// (tokens, heads, dim_v), as the reference's out is.
+std::string explain(const ErrorReport& report, const std::vector<double>& got,
+                    const ReferenceResult& ref, int heads, int dim_v);
 
 // LSE within 1e-3, relative above magnitude 1; -inf exactly where the reference has -inf.
 struct LseReport {

@@ -1,4 +1,5 @@
-// kiln::attention() on a GPU against the fp64 CPU reference: odd sizes, every head dim, both
+// kiln::attention() on a GPU against the fp64 CPU reference, every case with both kernels (the
+// one choose() picks and the portable one AMD targets run): odd sizes, every head dim, both
 // dtypes, masks, GQA, strided layouts, softcap, ALiBi, bias, LSE, varlen and empty problems;
 // and, with no GPU, the reference itself against hand-computed cases.
 #include <catch2/catch.hpp>
@@ -28,9 +29,12 @@ namespace fs = std::filesystem;
 using kiln::DType;
 using kiln::TensorView;
 using kiln::test::DeviceBuffer;
+using kiln::test::kPoison16;
+using kiln::test::kPoison32;
 using kiln::test::ReferenceProblem;
 using kiln::test::ReferenceResult;
 using kiln::test::Strided;
+using kiln::test::upload;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -355,8 +359,6 @@ std::string describe(const Case& c) {
   return s.str();
 }
 
-constexpr std::uint16_t kPoison16 = 0xffff;  // what DeviceBuffer::poison() leaves: NaN
-constexpr std::uint32_t kPoison32 = 0xffffffff;
 constexpr std::int64_t kGuard = 8;  // poisoned elements after every view, to catch overruns
 
 const fs::path& cache_dir() {
@@ -418,13 +420,6 @@ TensorView view_of(const DeviceBuffer& buffer, DType dtype, const Strided& s) {
   std::copy(s.shape.begin(), s.shape.end(), t.shape.begin());
   std::copy(s.strides.begin(), s.strides.end(), t.strides.begin());
   return t;
-}
-
-template <class T>
-std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& host) {
-  auto buffer = std::make_unique<DeviceBuffer>(host.size() * sizeof(T));
-  buffer->upload(host);
-  return buffer;
 }
 
 // Positions of `image` outside every layout that no longer hold the poison.
@@ -590,16 +585,7 @@ void check_out(const Case& c, const Layouts& l, const std::vector<std::uint16_t>
                const ReferenceResult& want) {
   const auto got = kiln::test::gather(c.dtype, l.out, bits);
   const kiln::test::ErrorReport error = kiln::test::compare_output(got, want);
-  std::ostringstream where;
-  if (error.worst >= 0) {
-    const auto w = static_cast<std::size_t>(error.worst), dv = static_cast<std::size_t>(c.dim_v());
-    where << "worst at token " << w / (c.heads * dv) << " head " << w / dv % c.heads << " col "
-          << w % dv << ": got " << got[w] << " want " << want.out[w] << " (plain dtype "
-          << want.out_plain[w] << ")";
-  }
-  INFO("max error " << error.max_error << " bound " << error.bound() << " (baseline "
-                    << error.baseline_error << "), " << error.not_finite << " not finite (first "
-                    << error.first_not_finite << "); " << where.str());
+  INFO(kiln::test::explain(error, got, want, c.heads, c.dim_v()));
   CHECK(error.ok());
   CHECK(written_outside(bits, {&l.out}, kPoison16) == 0);
 }
@@ -629,8 +615,66 @@ void check_lse(const Case& c, const Layouts& l, const std::vector<std::uint32_t>
   CHECK(written_outside(bits, {&l.lse}, kPoison32) == 0);
 }
 
-// Runs `c` twice on `rt` (outputs poisoned each time) and checks out and lse against the
-// reference, the poisoned gaps and guards, bit-identical repeats and a memory hit the second time.
+// The config AMD targets run `c` with: the portable kernel, which runs on NVIDIA too.
+kiln::AttentionConfig amd_config(const Case& c) {
+  const kiln::AttentionProblem problem{
+      .dtype = c.dtype,
+      .head_dim = c.head_dim,
+      .head_dim_v = c.dim_v(),
+      .band = c.causal || c.window_left >= 0 || c.window_right >= 0,
+      .varlen = c.varlen(),
+      .softcap = c.softcap > 0,
+      .alibi = c.alibi != Alibi::none,
+      .bias = c.bias != Bias::none};
+  return kiln::choose(problem, "gfx90a");
+}
+
+// Runs the call in `d` twice on `rt` with `config`, or choose()'s when there is none (outputs
+// poisoned each time), and checks out and lse against the reference, the poisoned gaps and
+// guards, bit-identical repeats and a memory hit the second time. Without rows to compute
+// (`has_rows` false) no kernel may be looked up.
+void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase& d,
+                  const ReferenceResult& want, bool has_rows,
+                  const std::optional<kiln::AttentionConfig>& config) {
+  INFO((config ? "the portable kernel, with AMD's config" : "the kernel choose() picks"));
+  const auto run = [&] {
+    d.out_buffer->poison();
+    d.lse_buffer->poison();
+    if (config) {
+      kiln::attention(d.q, d.k, d.v, d.out, d.options, *config, nullptr, rt);
+    } else {
+      kiln::attention(d.q, d.k, d.v, d.out, d.options, nullptr, rt);
+    }
+    kiln::test::sync_and_check();
+    return std::pair{d.out_buffer->download<std::uint16_t>(),
+                     d.lse_buffer->download<std::uint32_t>()};
+  };
+  const kiln::Stats before = rt.stats();
+  const auto first = run();
+  const kiln::Stats after_first = rt.stats();
+  check_out(c, l, first.first, want);
+  check_lse(c, l, first.second, want);
+
+  // The same call again: the kernel comes from memory and the bits do not change.
+  const bool same_bits = run() == first;  // not CHECK(run() == first): it would print it all
+  CHECK(same_bits);
+  const kiln::Stats after_second = rt.stats();
+  if (has_rows) {
+    CHECK(after_first.compiles + after_first.disk_hits + after_first.memory_hits >
+          before.compiles + before.disk_hits + before.memory_hits);
+    CHECK(after_second.memory_hits == after_first.memory_hits + 1);
+    CHECK(after_second.compiles == after_first.compiles);
+    CHECK(after_second.disk_hits == after_first.disk_hits);
+  } else {
+    // Nothing to compute: no kernel looked up, and nothing written (checked above).
+    CHECK(after_second.memory_hits == before.memory_hits);
+    CHECK(after_second.compiles == before.compiles);
+    CHECK(after_second.disk_hits == before.disk_hits);
+  }
+}
+
+// Runs `c` with the kernel choose() picks and with the portable one AMD targets run, on the same
+// inputs, each checked by check_kernel against one fp64 reference.
 void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
   ReferenceProblem ref = reference_problem(c);
@@ -657,37 +701,10 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
   const ReferenceResult want = kiln::test::attention_reference(ref, q, k, v);
 
-  const auto run = [&] {
-    d.out_buffer->poison();
-    d.lse_buffer->poison();
-    kiln::attention(d.q, d.k, d.v, d.out, d.options, nullptr, rt);
-    kiln::test::sync_and_check();
-    return std::pair{d.out_buffer->download<std::uint16_t>(),
-                     d.lse_buffer->download<std::uint32_t>()};
-  };
-  const kiln::Stats before = rt.stats();
-  const auto first = run();
-  const kiln::Stats after_first = rt.stats();
-  check_out(c, l, first.first, want);
-  check_lse(c, l, first.second, want);
-
-  // The same call again: the kernel comes from memory and the bits do not change.
-  const bool same_bits = run() == first;  // not CHECK(run() == first): it would print it all
-  CHECK(same_bits);
-  const kiln::Stats after_second = rt.stats();
   const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;
-  if (ref.batch() > 0 && c.heads > 0 && rows > 0) {
-    CHECK(after_first.compiles + after_first.disk_hits + after_first.memory_hits >
-          before.compiles + before.disk_hits + before.memory_hits);
-    CHECK(after_second.memory_hits == after_first.memory_hits + 1);
-    CHECK(after_second.compiles == after_first.compiles);
-    CHECK(after_second.disk_hits == after_first.disk_hits);
-  } else {
-    // Nothing to compute: no kernel looked up, and nothing written (checked above).
-    CHECK(after_second.memory_hits == before.memory_hits);
-    CHECK(after_second.compiles == before.compiles);
-    CHECK(after_second.disk_hits == before.disk_hits);
-  }
+  const bool has_rows = ref.batch() > 0 && c.heads > 0 && rows > 0;
+  check_kernel(rt, c, l, d, want, has_rows, std::nullopt);
+  check_kernel(rt, c, l, d, want, has_rows, amd_config(c));
 }
 
 constexpr DType kDTypes[] = {DType::bf16, DType::f16};

@@ -7,32 +7,22 @@
 #include <cstdint>
 #include <limits>
 #include <string>
-#include <vector>
 
 #include "kiln/attention.hpp"
 #include "kiln/error.hpp"
-#include "support.hpp"
+#include "ops/validation_support.hpp"
 
 namespace {
 
 using kiln::DType;
 using kiln::ErrorCategory;
 using kiln::TensorView;
-
-// Fake device addresses, 16-byte aligned and far apart. Validation never dereferences them and
-// nothing can launch (see validating_runtime()), so these tests run on machines with no GPU.
-void* fake(std::uintptr_t address) {
-  return reinterpret_cast<void*>(address);
-}
-
-TensorView view(std::uintptr_t address, DType dtype, std::initializer_list<std::int64_t> shape) {
-  return TensorView::contiguous(fake(address), dtype, shape);
-}
-
-// The same tensor with another shape, contiguous again.
-TensorView reshaped(const TensorView& t, std::initializer_list<std::int64_t> shape) {
-  return TensorView::contiguous(t.data, t.dtype, shape, t.device);
-}
+using kiln::test::check_refusal;
+using kiln::test::fake;
+using kiln::test::refusal;
+using kiln::test::reshaped;
+using kiln::test::validating_runtime;
+using kiln::test::view;
 
 struct Call {
   TensorView q, k, v, out;
@@ -63,48 +53,16 @@ Call varlen_call() {
   return c;
 }
 
-// Compiling is off and the cache empty, so a call that passes validation stops at the kernel
-// lookup with a not_found error (KILN_JIT=off, or no driver to load with) instead of launching
-// on the fake pointers, GPU or not. The fixed target makes choose() work without a device.
-kiln::Runtime& validating_runtime() {
-  static kiln::test::TempDir cache;
-  static kiln::Runtime runtime([] {
-    kiln::Options options;
-    options.cache_dir = cache.path();
-    options.cache_ro_dirs = std::vector<std::filesystem::path>{};
-    options.kernels_dir = std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src";
-    options.jit = kiln::JitMode::off;
-    options.target = "sm_90a";
-    return options;
-  }());
-  return runtime;
-}
-
-struct Refusal {
-  ErrorCategory category;
-  std::string message;
-};
-
 // The error attention() refuses `c` with; is_supported() must refuse it with the same message.
-Refusal refusal(const Call& c) {
-  try {
-    kiln::attention(c.q, c.k, c.v, c.out, c.options, nullptr, validating_runtime());
-  } catch (const kiln::Error& e) {
-    std::string why;
-    CHECK_FALSE(kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime()));
-    CHECK(why == e.what());
-    return {e.category(), e.what()};
-  }
-  FAIL("attention() accepted the call");
-  return {};
-}
-
 void check_refused(const Call& c, ErrorCategory category,
                    std::initializer_list<const char*> words) {
-  const Refusal r = refusal(c);
-  INFO("message: " << r.message);
-  CHECK(std::string(kiln::to_string(r.category)) == std::string(kiln::to_string(category)));
-  for (const char* word : words) CHECK_THAT(r.message, Catch::Contains(word));
+  check_refusal(
+      refusal(
+          [&] { kiln::attention(c.q, c.k, c.v, c.out, c.options, nullptr, validating_runtime()); },
+          [&](std::string* why) {
+            return kiln::is_supported(c.q, c.k, c.v, c.out, c.options, why, validating_runtime());
+          }),
+      category, words);
 }
 
 void check_invalid(const Call& c, std::initializer_list<const char*> words) {
@@ -483,7 +441,7 @@ TEST_CASE("attention refuses windows below -1 and causal with a right window", "
   check_invalid(c, {"causal", "window_right is 4"});
 }
 
-TEST_CASE("attention refuses a negative or non-finite softcap and a non-finite scale",
+TEST_CASE("attention refuses a negative or non-finite softcap and a non-positive scale",
           "[attention]") {
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
@@ -500,6 +458,10 @@ TEST_CASE("attention refuses a negative or non-finite softcap and a non-finite s
   check_invalid(c, {"softmax_scale is nan", "finite"});
   c.options.softmax_scale = -inf;
   check_invalid(c, {"softmax_scale is -inf", "finite"});
+  c.options.softmax_scale = 0;
+  check_invalid(c, {"softmax_scale is 0", "positive"});
+  c.options.softmax_scale = -0.125f;
+  check_invalid(c, {"softmax_scale is -0.125", "positive"});
 }
 
 TEST_CASE("attention refuses misaligned pointers of its small tensors", "[attention]") {

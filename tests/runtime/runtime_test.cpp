@@ -5,7 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <array>
 #include <atomic>
+#include <functional>
 #include <thread>
 
 #include "cache/disk.hpp"
@@ -125,6 +127,69 @@ TEST_CASE("environment variables are read, and malformed ones named", "[runtime]
     CHECK(e.category() == kiln::ErrorCategory::invalid_argument);
     CHECK_THAT(e.what(), Catch::Contains("KILN_JIT") && Catch::Contains("sometimes"));
   }
+}
+
+TEST_CASE("KILN_DEBUG turns the debug checks on, Options::debug wins, bad values are named",
+          "[runtime]") {
+  kiln::test::TempDir dir;
+  kiln::Options options = options_for(dir.path());
+  {
+    kiln::test::ScopedEnv unset("KILN_DEBUG", nullptr);
+    CHECK_FALSE(kiln::Runtime(options).debug());
+  }
+  for (const char* on : {"1", "true", "on"}) {
+    kiln::test::ScopedEnv debug("KILN_DEBUG", on);
+    CHECK(kiln::Runtime(options).debug());
+  }
+  for (const char* off : {"0", "false", "off"}) {
+    kiln::test::ScopedEnv debug("KILN_DEBUG", off);
+    CHECK_FALSE(kiln::Runtime(options).debug());
+  }
+  kiln::test::ScopedEnv debug("KILN_DEBUG", "yes");
+  options.debug = false;  // the option wins, so the variable is not even read
+  CHECK_FALSE(kiln::Runtime(options).debug());
+  options.debug.reset();
+  try {
+    kiln::Runtime rt(options);
+    FAIL("no error");
+  } catch (const kiln::Error& e) {
+    CHECK(e.category() == kiln::ErrorCategory::invalid_argument);
+    CHECK_THAT(e.what(),
+               Catch::Contains("KILN_DEBUG is 'yes'") && Catch::Contains("1, true or on"));
+  }
+}
+
+TEST_CASE("device memory and device properties need the runtime's device, and say so",
+          "[runtime]") {
+  kiln::test::TempDir dir;
+  kiln::Runtime rt(options_for(dir.path()));
+  CHECK(rt.allocate_async(0, nullptr) == nullptr);  // nothing asked, nothing needed
+  CHECK_NOTHROW(rt.free_async(nullptr, nullptr));
+  if (kiln::test::gpu_unavailable_reason()) {
+    const auto refused = [](const std::function<void()>& call, const char* doing) {
+      try {
+        call();
+        FAIL("no error");
+      } catch (const kiln::Error& e) {
+        CHECK(e.category() == kiln::ErrorCategory::not_found);
+        CHECK_THAT(e.what(), Catch::Contains(doing));
+      }
+    };
+    refused([&] { rt.device_info(); }, "cannot read the device's properties");
+    refused([&] { rt.allocate_async(256, nullptr); }, "cannot allocate device memory");
+    int host = 0;
+    refused([&] { rt.copy_to_host(&host, &host, sizeof host, nullptr); },
+            "cannot copy device memory to the host");
+    return;
+  }
+  const kiln::DeviceInfo info = rt.device_info();
+  CHECK(info.multiprocessors > 0);
+  CHECK(info.ordinal == rt.device());
+  void* scratch = rt.allocate_async(4096, nullptr);
+  REQUIRE(scratch != nullptr);
+  std::array<std::byte, 4096> host{};
+  CHECK_NOTHROW(rt.copy_to_host(host.data(), scratch, host.size(), nullptr));
+  CHECK_NOTHROW(rt.free_async(scratch, nullptr));
 }
 
 TEST_CASE("many threads asking for one key compile it once", "[runtime]") {

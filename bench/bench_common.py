@@ -1,0 +1,139 @@
+"""What the torch benchmarks (attention.py, decode.py) share: the start of a run, warm-up until
+fast, CUDA-event medians with the backends taking turns, table cells, the git commit, results
+to $OUT."""
+import json
+import os
+import statistics
+import subprocess
+import time
+
+import torch
+
+import kiln_ctypes
+
+
+def start(args, header_lines):
+    """Seeds torch, loads libkiln (args.lib, else $KILN_LIB) and prints the run's header lines,
+    header_lines(kiln, args); returns (kiln, header)."""
+    torch.manual_seed(0)
+    kiln = kiln_ctypes.Kiln(args.lib)
+    header = header_lines(kiln, args)
+    for line in header:
+        print(line)
+    return kiln, header
+
+
+def save_results(name, results):
+    """Writes results as JSON to $OUT/name when $OUT is set, and says where."""
+    if os.environ.get("OUT"):
+        path = os.path.join(os.environ["OUT"], name)
+        with open(path, "w") as f:
+            json.dump(results, f, indent=1)
+        print(f"results: {path}")
+
+
+# ------------------------------------------------------------------------------------- timing
+def wall_ms(fn):
+    """Host wall time of one call until the GPU is done: for calls that may compile."""
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3
+
+
+def warm_until_fast(fn, min_calls=3, max_calls=50):
+    """Calls fn until a call is about as fast as the best before it; returns the first's time.
+
+    kiln compiles (or loads from its cache) on the first call and cuDNN builds a plan, so a
+    fixed count of warm-up calls could leave a slow call inside the timed ones.
+    """
+    times = [wall_ms(fn)]
+    while len(times) < max_calls:
+        times.append(wall_ms(fn))
+        if len(times) >= min_calls and times[-1] <= 1.25 * min(times[:-1]):
+            break
+    return times[0]
+
+
+def warm_up(calls, errors):
+    """warm_until_fast for every call; returns each first call's ms. A call that raises is
+    dropped, its message kept in errors."""
+    first_ms = {}
+    for name in list(calls):
+        try:
+            first_ms[name] = warm_until_fast(calls[name])
+        except Exception as ex:
+            errors[name] = describe(ex)
+            del calls[name]
+    return first_ms
+
+
+def time_interleaved(calls, reps, errors, per_sample=1, sleep_cycles=0):
+    """Median ms per call of each call: CUDA events around each sample of `per_sample` calls,
+    `reps` samples, the backends taking turns sample by sample.
+
+    Taking turns exposes all of them alike to clock and thermal drift. The events are recorded
+    back to back with one sync at the end, so the GPU queue stays full and host overhead
+    (ctypes, SDPA dispatch) is not counted unless it exceeds the kernel. For kernels shorter
+    than that overhead, sleep_cycles > 0 spins the GPU before each sample, so the host has
+    queued the whole sample by the time its first event fires. A backend that raises is dropped
+    from the row, its message kept in errors.
+    """
+    calls = dict(calls)
+    events = {n: [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+                  for _ in range(reps)] for n in calls}
+    for _ in range(2):  # untimed: the queue has work before the first timed event
+        run_each(calls, errors)
+    for i in range(reps):
+        for name in list(calls):
+            start, end = events[name][i]
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
+            start.record()
+            if all(run_one(calls, name, errors) for _ in range(per_sample)):
+                end.record()
+    torch.cuda.synchronize()
+    return {n: statistics.median(s.elapsed_time(e) for s, e in events[n]) / per_sample
+            for n in calls}
+
+
+def run_one(calls, name, errors):
+    """Calls calls[name]; on an exception keeps its message in errors and drops the call."""
+    if name not in calls:
+        return False
+    try:
+        calls[name]()
+        return True
+    except Exception as ex:  # an unsupported shape, a kiln error: this cell becomes n/a
+        errors[name] = describe(ex)
+        del calls[name]
+        return False
+
+
+def run_each(calls, errors):
+    for name in list(calls):
+        run_one(calls, name, errors)
+
+
+def describe(ex):
+    return f"{type(ex).__name__}: {ex}".strip()
+
+
+# ----------------------------------------------------------------------------------- printing
+def ratio(values, a, b):
+    """values[a] / values[b], or None when either is missing."""
+    return values[a] / values[b] if values.get(a) and values.get(b) else None
+
+
+def cell(x, fmt):
+    return format(x, fmt) if x is not None else format("n/a", ">" + fmt.split(".")[0])
+
+
+def git_commit():
+    try:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"  # a copy of the tree without .git

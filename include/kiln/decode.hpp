@@ -1,0 +1,114 @@
+// Decode attention over a KV cache (FlashAttention's flash_attn_with_kvcache semantics), and
+// merging attention states computed over disjoint key sets.
+#pragma once
+
+#include <optional>
+
+#include "kiln/runtime.hpp"
+#include "kiln/tensor.hpp"
+
+namespace kiln {
+
+// A KV cache, contiguous or paged; fp16 or bf16 like q. The head dims are q's head_dim for k and
+// out's head_dim_v for v.
+//   contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v;
+//               sequence b lives in cache row batch_idx[b] (b when batch_idx is absent).
+//   paged:      k (num_pages, page_size, heads_kv, head_dim), v likewise; key j of sequence b
+//               is row j % page_size of page block_table[b][j / page_size]. Any page_size >= 1.
+// Page indices are not checked on the device (a read per key would cost bandwidth): an index
+// outside [0, num_pages) reads or writes out of bounds. Options::debug (KILN_DEBUG=1) checks
+// block tables, seqlens and batch_idx on the host before each launch, at the price of a
+// synchronizing copy.
+struct KVCache {
+  TensorView k;
+  TensorView v;
+  // int32 (batch) on the device: keys already cached per sequence, before any append.
+  TensorView seqlens;
+  // int32 (batch) on the device, contiguous caches only: the cache row of each sequence.
+  std::optional<TensorView> batch_idx;
+  // int32 (batch, max_pages) on the device: a paged cache's page table.
+  std::optional<TensorView> block_table;
+};
+
+struct DecodeOptions {
+  std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
+
+  // The band of AttentionOptions, over the keys 0 .. seqlen_k - 1 of each sequence, where
+  // seqlen_k = seqlens[b] + seqlen_new: query i sees key j when
+  //   i + offset - window_left <= j <= i + offset + window_right,
+  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded.
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  bool top_left = false;
+
+  float softcap = 0;                       // > 0: logits = softcap * tanh(logits / softcap)
+  std::optional<TensorView> alibi_slopes;  // fp32 (heads) or (batch, heads)
+
+  // Append: k_new (batch, seqlen_new, heads_kv, head_dim) and v_new (..., head_dim_v), q's
+  // dtype, are written into the cache at positions seqlens[b] .. seqlens[b] + seqlen_new - 1
+  // before attending. seqlens is not advanced: the caller does that (as FlashAttention).
+  std::optional<TensorView> k_new;
+  std::optional<TensorView> v_new;
+
+  // Rotary embedding of q and k_new (needs k_new): cos and sin (seqlen_ro, rotary_dim / 2), q's
+  // dtype, rotary_dim even and <= head_dim. k_new token t of sequence b is rotated at position
+  // seqlens[b] + t; q token i at seqlens[b] + i with a band (causal or window) and at seqlens[b]
+  // without (FlashAttention's convention). interleaved: pairs (0, 1), (2, 3), ...; otherwise
+  // (i, i + rotary_dim / 2) (GPT-NeoX).
+  std::optional<TensorView> rotary_cos;
+  std::optional<TensorView> rotary_sin;
+  bool rotary_interleaved = false;
+
+  // Output: fp32 natural-log sum of exp per query row, (batch, heads, seqlen_q).
+  std::optional<TensorView> lse;
+
+  // Split-KV: 0 lets the heuristic choose from batch, heads_kv, cache capacity and the SM count;
+  // n >= 1 asks for at most n splits (1: one pass, no combine). At most 128.
+  int num_splits = 0;
+};
+
+// How the decode kernel runs; every config gives results within the same tolerance.
+struct DecodeConfig {
+  int num_splits = 1;  // key ranges per sequence, merged by the combine kernel when > 1
+  int block_n = 16;    // keys per warp and step
+  int warps = 4;       // warps per CTA, each streaming its own keys
+  int stages = 4;      // cp.async slots per warp
+};
+
+// out (batch, seqlen_q, heads, head_dim_v) = attention of q (batch, seqlen_q, heads, head_dim)
+// over each sequence's cached keys (plus the appended ones), on `stream`. The query heads that
+// share a kv head are processed together, so K and V are read once per group. No host
+// synchronization happens (unless Options::debug), so a decode step can be captured in a CUDA
+// graph; split-KV scratch comes from the stream-ordered allocator of the runtime's device.
+// Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take.
+void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
+                            const DecodeOptions& options = {}, void* stream = nullptr,
+                            Runtime& runtime = default_runtime());
+
+// Whether attention_with_kvcache() accepts these inputs, without compiling or launching.
+bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,
+                  const DecodeOptions& options = {}, std::string* why = nullptr,
+                  Runtime& runtime = default_runtime());
+
+// The config attention_with_kvcache() uses: splits from the heuristic (or options.num_splits)
+// for `batch` sequences of up to `capacity` keys on `multiprocessors` SMs, with
+// rows_per_kv_head = seqlen_q * heads / heads_kv.
+DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long long capacity,
+                           int head_dim, int head_dim_v, int multiprocessors, int requested_splits);
+
+// Merging attention states. A state is an attention output v (fp16, bf16 or fp32) over some
+// set of keys and its fp32 natural-log LSE s; the merge is the attention over the union:
+//   s_out = log(sum_i exp(s_i)),  v_out = sum_i exp(s_i - s_out) v_i.
+// States with s = -inf (no keys) contribute nothing; if all are -inf, v_out = 0, s_out = -inf.
+// Two states: v_a, v_b, v_out (tokens, heads, head_dim) and s_a, s_b, s_out (tokens, heads),
+// any strides with a contiguous last dim. s_out may be null.
+void merge_states(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,
+                  const TensorView& s_b, const TensorView& v_out, const TensorView* s_out = nullptr,
+                  void* stream = nullptr, Runtime& runtime = default_runtime());
+// Many states: v (tokens, states, heads, head_dim), s (tokens, states, heads).
+void merge_states(const TensorView& v, const TensorView& s, const TensorView& v_out,
+                  const TensorView* s_out = nullptr, void* stream = nullptr,
+                  Runtime& runtime = default_runtime());
+
+}  // namespace kiln

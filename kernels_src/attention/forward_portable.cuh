@@ -1,0 +1,274 @@
+// Forward attention without tensor cores or inline assembly, for AMD targets and as a
+// cross-check of the AMD path on NVIDIA: one CTA per (block_m query rows, head, batch) stages
+// K/V tiles in shared memory with plain 16-byte loads; a group of neighbouring lanes owns each
+// query row, with online softmax in fp32.
+//
+// Spec constants (as in attention/forward.cuh, less stages):
+//   dtype, head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias   as there.
+//   block_m   query rows per CTA.
+//   block_n   keys per shared-memory tile, a multiple of 16 from 16 to 128.
+//   warps     the CTA has warps * 32 threads on every vendor (an AMD wavefront of 64 lanes is
+//             two of them, so warps is even there); warps * 32 / block_m lanes share a row.
+//
+// The lanes of a row's group split its head dims in 8-element chunks: lane l of the group holds
+// chunks l, l + row_lanes, ... of q (as fp32) and of the output accumulators. A score is the
+// sum of the group's partial dot products, added up by xor shuffles, which leaves every score
+// of the row in every lane of its group: the softmax then needs no exchange at all.
+//
+// Launch: grid (ceil(seqlen_q / block_m), heads, batch), where seqlen_q is the longest sequence
+// for varlen; block warps * 32 threads; dynamic shared memory
+// attention_forward_portable_smem_bytes(head_dim, head_dim_v, block_n) from
+// "kiln/params/attention.h". Do not launch an empty grid (seqlen_q == 0 or batch == 0).
+#pragma once
+
+#include "attention/logits.cuh"
+#include "attention/mask.cuh"
+#include "attention/math.cuh"
+#include "attention/sequence.cuh"
+#include "attention/tile_copy.cuh"
+#include "attention/traits.cuh"
+#include "common/prelude.cuh"
+#include "kiln/params/attention.h"
+
+namespace kiln {
+namespace attention {
+
+template <class Spec>
+struct PortableTraits : HeadTraits<Spec> {
+  using Head = HeadTraits<Spec>;
+
+  static constexpr int block_m = static_cast<int>(Spec::block_m);
+  static constexpr int block_n = static_cast<int>(Spec::block_n);
+  static constexpr int threads = static_cast<int>(Spec::warps) * 32;
+  static constexpr int row_lanes = block_m >= 1 ? threads / block_m : 0;
+
+  static_assert(threads >= KILN_WARP_SIZE && threads <= 1024 && threads % KILN_WARP_SIZE == 0,
+                "warps * 32 must be a multiple of the warp size (64 on AMD, so an even number "
+                "of warps there) and at most 1024.");
+  static_assert(block_m >= 1 && block_m * row_lanes == threads && row_lanes <= 32 &&
+                    (row_lanes & (row_lanes - 1)) == 0,
+                "warps * 32 / block_m, the lanes that share a query row, must be 1, 2, 4, 8, 16 "
+                "or 32.");
+  static_assert(block_n % 16 == 0 && block_n >= 16 && block_n <= 128,
+                "block_n must be a multiple of 16 from 16 to 128.");
+
+  // 8-element (16-byte) chunks of a q/k row and of a v/out row, and how many of each a lane
+  // holds; the last round may leave some lanes of the group without one.
+  static constexpr int qk_chunks = Head::head_dim / 8;
+  static constexpr int v_chunks = Head::head_dim_v / 8;
+  static constexpr int qk_per_lane = (qk_chunks + row_lanes - 1) / row_lanes;
+  static constexpr int v_per_lane = (v_chunks + row_lanes - 1) / row_lanes;
+
+  // Shared memory, in elements: the K tile, then the V tile.
+  static constexpr int k_elems = block_n * Head::head_dim;
+  static constexpr long long smem_bytes =
+      attention_forward_portable_smem_bytes(Head::head_dim, Head::head_dim_v, block_n);
+  static_assert(smem_bytes == 2 * (k_elems + block_n * Head::head_dim_v),
+                "attention_forward_portable_smem_bytes disagrees with the kernel's layout.");
+  static_assert(smem_bytes <= 64 * 1024,
+                "the K and V tiles need more than 64 KiB of shared memory, an AMD workgroup's "
+                "limit: lower block_n.");
+};
+
+// Calls f(i, col) for each chunk this lane of a row's group holds in a row of Chunks chunks: i
+// counts the lane's chunks, col is the chunk's first element in the row. The last round may
+// leave some lanes of the group without one.
+template <int Chunks, int RowLanes, class F>
+__device__ __forceinline__ void for_lane_chunks(int lane, const F& f) {
+#pragma unroll
+  for (int i = 0; i < (Chunks + RowLanes - 1) / RowLanes; ++i) {
+    if (Chunks % RowLanes != 0 && i * RowLanes + lane >= Chunks) break;
+    f(i, (i * RowLanes + lane) * 8);
+  }
+}
+
+// 8 elements in one 16-byte access (at must be 16-byte aligned).
+template <class T>
+struct alignas(16) Chunk {
+  T x[8];
+};
+
+template <class T>
+__device__ __forceinline__ void load_chunk(float (&x)[8], const T* at) {
+  const Chunk<T> c = *reinterpret_cast<const Chunk<T>*>(at);
+#pragma unroll
+  for (int e = 0; e < 8; ++e) x[e] = to_float(c.x[e]);
+}
+
+template <class T>
+__device__ __forceinline__ void store_chunk(T* at, const float (&x)[8]) {
+  Chunk<T> c;
+#pragma unroll
+  for (int e = 0; e < 8; ++e) c.x[e] = from_float<T>(x[e]);
+  *reinterpret_cast<Chunk<T>*>(at) = c;
+}
+
+template <int Chunks>
+__device__ __forceinline__ void fill(float (&x)[Chunks][8], float value) {
+#pragma unroll
+  for (int i = 0; i < Chunks; ++i) {
+#pragma unroll
+    for (int e = 0; e < 8; ++e) x[i][e] = value;
+  }
+}
+
+// The sum of x over the group of Lanes neighbouring lanes (an aligned power of two), in each.
+template <int Lanes>
+__device__ __forceinline__ float group_sum(float x) {
+#pragma unroll
+  for (int mask = Lanes / 2; mask > 0; mask /= 2) x += shfl_xor(x, mask);
+  return x;
+}
+
+// s[j] = q . k_j for every key j of the K tile, in every lane of the row's group.
+template <class Tr>
+__device__ __forceinline__ void tile_scores(float (&s)[Tr::block_n],
+                                            const float (&q)[Tr::qk_per_lane][8],
+                                            const typename Tr::T* k_tile, int lane) {
+#pragma unroll
+  for (int j = 0; j < Tr::block_n; ++j) {
+    float dot = 0.f;
+    for_lane_chunks<Tr::qk_chunks, Tr::row_lanes>(lane, [&](int i, int col) {
+      float k[8];
+      load_chunk(k, k_tile + j * Tr::head_dim + col);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], k[e], dot);
+    });
+    s[j] = group_sum<Tr::row_lanes>(dot);
+  }
+}
+
+// o += P V over the V tile, for this lane's chunks of the output row.
+template <class Tr>
+__device__ __forceinline__ void tile_accumulate(float (&o)[Tr::v_per_lane][8],
+                                                const float (&probs)[Tr::block_n],
+                                                const typename Tr::T* v_tile, int lane) {
+#pragma unroll
+  for (int j = 0; j < Tr::block_n; ++j) {
+    for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(lane, [&](int i, int col) {
+      float v[8];
+      load_chunk(v, v_tile + j * Tr::head_dim_v + col);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[i][e] = fmaf(probs[j], v[e], o[i][e]);
+    });
+  }
+}
+
+// Online softmax of one query row whose every logit the thread holds: running max and sum in
+// fp32, rescaling the output accumulators when the max grows, normalizing once at the end.
+template <class Math, int Chunks>
+struct RowSoftmax {
+  float row_max;  // of the logits seen so far
+  float row_sum;  // of exp2(logit * to_log2 - shift), at the current max
+
+  __device__ __forceinline__ void init() {
+    row_max = neg_inf();
+    row_sum = 0.f;
+  }
+
+  // Turns logits s into unnormalized probabilities and rescales o to the new max.
+  template <int Keys>
+  __device__ __forceinline__ void update(float (&s)[Keys], float (&o)[Chunks][8], float to_log2) {
+    float m = row_max;
+#pragma unroll
+    for (int j = 0; j < Keys; ++j) m = fmaxf(m, s[j]);
+    const float shift = softmax_shift(m, to_log2);
+    const float rescale = softmax_rescale<Math>(row_max, m, shift, to_log2);
+    row_max = m;
+    float sum = row_sum * rescale;
+#pragma unroll
+    for (int j = 0; j < Keys; ++j) {
+      s[j] = Math::exp2(fmaf(s[j], to_log2, -shift));
+      sum += s[j];
+    }
+    row_sum = sum;
+    scale(o, rescale);
+  }
+
+  // Normalizes o by the row sum and returns the row's natural-log sum of exp of its logits
+  // (-inf, with o = 0, for a row that attended no key).
+  __device__ __forceinline__ float finish(float (&o)[Chunks][8], float to_log2) const {
+    scale(o, row_sum > 0.f ? 1.f / row_sum : 0.f);
+    return row_lse(row_max, row_sum, to_log2);
+  }
+
+  static __device__ __forceinline__ void scale(float (&o)[Chunks][8], float factor) {
+#pragma unroll
+    for (int i = 0; i < Chunks; ++i) {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) o[i][e] *= factor;
+    }
+  }
+};
+
+}  // namespace attention
+
+template <class Spec>
+__global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
+    attention_forward_portable(const KILN_GRID_CONSTANT AttentionParams p) {
+  using namespace attention;
+  using Tr = PortableTraits<Spec>;
+  using T = typename Tr::T;
+  using Math = LibraryMath;
+
+  extern __shared__ uint4 smem_chunks[];
+  T* const k_tile = reinterpret_cast<T*>(smem_chunks);
+  T* const v_tile = k_tile + Tr::k_elems;
+
+  const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
+  const RowBlock rows = cta_row_block<Tr::block_m>(seq);
+  if (rows.begin >= rows.end) return;
+
+  const int thread = threadIdx.x;
+  const int lane = thread % Tr::row_lanes;  // within the row's group
+  // This thread's row within the sequence. Rows past rows.end compute along (every lane of a
+  // warp takes part in the shuffles) but neither read q nor write anything.
+  const int row = rows.begin + thread / Tr::row_lanes;
+  const bool row_valid = row < rows.end;
+
+  const Band band = make_band<Spec::band>(p, seq);
+  const KeyBlocks blocks = key_blocks(band, rows.begin, rows.end, Tr::block_n);
+  const LogitTransform<Spec, Math> transform = make_logit_transform<Spec, Math>(p, seq, band);
+  const float to_log2 = transform.to_log2();
+
+  float q[Tr::qk_per_lane][8];
+  fill(q, 0.f);
+  if (row_valid) {
+    const T* const q_row = static_cast<const T*>(p.q) + seq.q_offset + row * p.q_seq_stride;
+    for_lane_chunks<Tr::qk_chunks, Tr::row_lanes>(
+        lane, [&](int i, int col) { load_chunk(q[i], q_row + col); });
+  }
+
+  float o[Tr::v_per_lane][8];
+  fill(o, 0.f);
+  RowSoftmax<Math, Tr::v_per_lane> softmax;
+  softmax.init();
+
+  const T* const k = static_cast<const T*>(p.k) + seq.k_offset;
+  const T* const v = static_cast<const T*>(p.v) + seq.v_offset;
+  for (int block = blocks.begin; block < blocks.end; ++block) {
+    const int key0 = block * Tr::block_n;
+    __syncthreads();  // every lane is done with the previous tiles
+    load_tile<Tr::block_n, Tr::head_dim, Tr::head_dim, Tr::threads>(
+        k_tile, k + key0 * p.k_seq_stride, p.k_seq_stride, seq.seqlen_k - key0, thread);
+    load_tile<Tr::block_n, Tr::head_dim_v, Tr::head_dim_v, Tr::threads>(
+        v_tile, v + key0 * p.v_seq_stride, p.v_seq_stride, seq.seqlen_k - key0, thread);
+    __syncthreads();
+
+    float s[Tr::block_n];
+    tile_scores<Tr>(s, q, k_tile, lane);
+    transform.apply_row(s, row, key0);
+    if (blocks.needs_mask(block, Tr::block_n)) mask_row(s, band, row, key0);
+    softmax.update(s, o, to_log2);
+    tile_accumulate<Tr>(o, s, v_tile, lane);
+  }
+
+  const float lse = softmax.finish(o, to_log2);
+  if (!row_valid) return;
+  T* const out_row = static_cast<T*>(p.out) + seq.out_offset + row * p.out_seq_stride;
+  for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(
+      lane, [&](int i, int col) { store_chunk(out_row + col, o[i]); });
+  if (p.maybe_lse != nullptr && lane == 0) p.maybe_lse[seq.lse_offset + row] = lse;
+}
+
+}  // namespace kiln

@@ -1,0 +1,105 @@
+// Appends k_new / v_new to a KV cache at each sequence's length, with the optional rotary
+// embedding of k_new and of q (into a contiguous copy the attention kernel then reads).
+//
+// Spec constants: dtype (kiln::f16 or kiln::bf16), head_dim, head_dim_v, paged (keys go
+// through the block table), rotary (rotate k_new, and write the rotated q to q_rotated).
+//
+// Launch: grid (max(seqlen_new, rotary ? seqlen_q : 0), batch), 128 threads, no shared memory.
+// Block (t, b) writes token t of sequence b: its heads_kv key and value rows, and with rotary
+// its q rows. A tiny kernel next to the attention: plain element loops, fp32 rotation.
+#pragma once
+
+#include "common/prelude.cuh"
+#include "kiln/params/decode.h"
+
+namespace kiln {
+namespace decode {
+
+// Element c of a row x rotated at `position`: pairs (c, c + rotary_dim / 2), or (2i, 2i + 1)
+// when interleaved, turn by the angle whose cos and sin are in row `position` of the tables.
+// Elements at or past rotary_dim pass through.
+template <class T>
+__device__ __forceinline__ float rotate(const T* x, int c, int position, const DecodeParams& p) {
+  const float value = to_float(x[c]);
+  if (c >= p.rotary_dim) return value;
+  const int half = p.rotary_dim / 2;
+  int pair;  // index into the cos/sin row
+  int other;
+  bool first;
+  if (p.rotary_interleaved) {
+    pair = c / 2;
+    first = c % 2 == 0;
+    other = first ? c + 1 : c - 1;
+  } else {
+    first = c < half;
+    pair = first ? c : c - half;
+    other = first ? c + half : c - half;
+  }
+  const long long at = position * p.rotary_stride + pair;
+  const float cosine = to_float(static_cast<const T*>(p.maybe_rotary_cos)[at]);
+  const float sine = to_float(static_cast<const T*>(p.maybe_rotary_sin)[at]);
+  const float partner = to_float(x[other]);
+  return first ? value * cosine - partner * sine : value * cosine + partner * sine;
+}
+
+}  // namespace decode
+
+template <class Spec>
+__global__ void __launch_bounds__(128) decode_append(const KILN_GRID_CONSTANT DecodeParams p) {
+  using T = typename Spec::dtype;
+  constexpr int head_dim = static_cast<int>(Spec::head_dim);
+  constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);
+  const int t = blockIdx.x;
+  const int batch = blockIdx.y;
+  const int cached = p.seqlens[batch];
+
+  if (t < p.seqlen_new) {
+    const int position = cached + t;
+    long long k_row, v_row;  // element offsets of the destination token at kv head 0
+    if constexpr (Spec::paged) {
+      const long long page =
+          p.maybe_block_table[batch * p.block_table_stride + position / p.page_size];
+      const long long in_page = position % p.page_size;
+      k_row = page * p.k_batch_stride + in_page * p.k_seq_stride;
+      v_row = page * p.v_batch_stride + in_page * p.v_seq_stride;
+    } else {
+      const long long row = p.maybe_batch_idx != nullptr ? p.maybe_batch_idx[batch] : batch;
+      k_row = row * p.k_batch_stride + position * p.k_seq_stride;
+      v_row = row * p.v_batch_stride + position * p.v_seq_stride;
+    }
+    const T* const k_new = static_cast<const T*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
+                           t * p.k_new_seq_stride;
+    const T* const v_new = static_cast<const T*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
+                           t * p.v_new_seq_stride;
+    T* const k = static_cast<T*>(p.k) + k_row;
+    T* const v = static_cast<T*>(p.v) + v_row;
+    for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
+      const int h = e / head_dim, c = e % head_dim;
+      const T* const src = k_new + h * p.k_new_head_stride;
+      if constexpr (Spec::rotary) {
+        k[h * p.k_head_stride + c] = from_float<T>(decode::rotate(src, c, position, p));
+      } else {
+        k[h * p.k_head_stride + c] = src[c];
+      }
+    }
+    for (int e = threadIdx.x; e < p.heads_kv * head_dim_v; e += blockDim.x) {
+      const int h = e / head_dim_v, c = e % head_dim_v;
+      v[h * p.v_head_stride + c] = v_new[h * p.v_new_head_stride + c];
+    }
+  }
+
+  if constexpr (Spec::rotary) {
+    if (t < p.seqlen_q) {
+      const int position = cached + (p.rotary_q_causal ? t : 0);
+      const T* const q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + t * p.q_seq_stride;
+      T* const q_rotated = static_cast<T*>(p.maybe_q_rotated) +
+                           (static_cast<long long>(batch) * p.seqlen_q + t) * p.heads * head_dim;
+      for (int e = threadIdx.x; e < p.heads * head_dim; e += blockDim.x) {
+        const int h = e / head_dim, c = e % head_dim;
+        q_rotated[e] = from_float<T>(decode::rotate(q + h * p.q_head_stride, c, position, p));
+      }
+    }
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,489 @@
+// Decode attention (flash-decoding): a few query rows per sequence against a long KV cache,
+// contiguous or paged, its keys split across CTAs and, within a CTA, across warps.
+//
+// GQA packing: the seqlen_q * (heads / heads_kv) query rows that share a kv head are one row
+// block (packed row r is query token r / group of head kv_head * group + r % group), so each
+// K/V tile feeds all of them through the tensor cores and is read from memory once.
+//
+// Each warp streams its own K/V tiles (block_n keys, `stages` cp.async slots) with no CTA-wide
+// barrier in the loop: warp w takes tiles w, w + warps, ... of the CTA's key range. At the end
+// the warps' online-softmax states are merged through shared memory. With one split the CTA
+// writes out (and lse); with more, fp32 partial states that merge_states_kernel combines.
+//
+// Spec constants (all change the generated code):
+//   dtype        kiln::f16 or kiln::bf16: q, cache and out; fp32 accumulation.
+//   head_dim     of q and k, head_dim_v of v and out: multiples of 8 in [8, 256].
+//   m_tiles      packed rows per CTA / 16: 1, 2 or 4.
+//   block_n      keys per warp tile, a multiple of 16.
+//   warps        per CTA.
+//   stages       cp.async slots per warp, 2 to 8.
+//   paged        keys go through the block table.
+//   band         the runtime band (window_left, window_right, top_left) masks keys.
+//   has_softcap, has_alibi   as in the forward kernel.
+//
+// Launch: grid (row_blocks * num_splits, heads_kv, batch) with row_blocks =
+// ceil(seqlen_q * heads / heads_kv / (16 * m_tiles)); block warps * 32 threads; dynamic shared
+// memory attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages).
+#pragma once
+
+#include "attention/mask.cuh"
+#include "attention/softmax.cuh"
+#include "attention/tile_mma.cuh"
+#include "attention/traits.cuh"
+#include "common/mma.cuh"
+#include "common/prelude.cuh"
+#include "kiln/params/decode.h"
+
+namespace kiln {
+namespace decode {
+
+template <class Spec>
+struct DecodeTraits : attention::HeadTraits<Spec> {
+  using typename attention::HeadTraits<Spec>::T;
+  using attention::HeadTraits<Spec>::head_dim;
+  using attention::HeadTraits<Spec>::head_dim_v;
+
+  static constexpr int m_tiles = static_cast<int>(Spec::m_tiles);
+  static constexpr int block_n = static_cast<int>(Spec::block_n);
+  static constexpr int warps = static_cast<int>(Spec::warps);
+  static constexpr int stages = static_cast<int>(Spec::stages);
+  static constexpr int threads = warps * 32;
+
+  static_assert(m_tiles == 1 || m_tiles == 2 || m_tiles == 4, "m_tiles must be 1, 2 or 4.");
+  static_assert(block_n % 16 == 0 && block_n >= 16 && block_n <= 128,
+                "block_n must be a multiple of 16 from 16 to 128.");
+  static_assert(warps >= 1 && warps <= 16, "warps must be between 1 and 16.");
+  static_assert(stages >= 2 && stages <= 8, "stages must be between 2 and 8.");
+
+  static constexpr int rows = 16 * m_tiles;  // packed query rows per CTA
+  static constexpr int qk_dim = attention::round_up(head_dim, 16);
+  static constexpr int v_dim = attention::round_up(head_dim_v, 16);
+  static constexpr int qk_pitch = qk_dim + 8;
+  static constexpr int v_pitch = v_dim + 8;
+  static constexpr int s_tiles = block_n / 8;
+  static constexpr int o_tiles = v_dim / 8;
+  static constexpr int prefetch = 0;  // memory-bound: fragments just in time
+
+  // Shared memory, in elements: Q, then per warp `stages` slots of (K tile, V tile). The warp
+  // merge at the end reuses it as fp32: rows x merge_pitch outputs, then every warp's row
+  // maxima and sums.
+  static constexpr int q_elems = rows * qk_pitch;
+  static constexpr int k_elems = block_n * qk_pitch;
+  static constexpr int slot_elems = k_elems + block_n * v_pitch;
+  static constexpr int warp_elems = stages * slot_elems;
+  static constexpr int merge_pitch = v_dim + 4;
+  static constexpr int smem_bytes = static_cast<int>(
+      attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages));
+  static_assert(smem_bytes >= 2 * (q_elems + warps * warp_elems) &&
+                    smem_bytes >= 4 * rows * (merge_pitch + 2 * warps),
+                "attention_decode_smem_bytes disagrees with the kernel's layout.");
+  static_assert(smem_bytes <= 227 * 1024,
+                "the tiles need more than 227 KiB of shared memory: lower warps, block_n or "
+                "stages.");
+};
+
+// Where the rows of one (sequence, kv head) live in a contiguous or paged cache.
+template <bool Paged, class T>
+struct CacheRows {
+  const T* k;  // key 0 of the sequence (contiguous) or row 0 of page 0 (paged), at the kv head
+  const T* v;
+  long long k_seq_stride, v_seq_stride;
+  long long k_page_stride, v_page_stride;
+  const int* pages;  // the sequence's block-table row
+  int page_size;
+
+  // Element offsets of key `key` in k and v.
+  __device__ __forceinline__ void offsets(int key, long long& k_off, long long& v_off) const {
+    if constexpr (Paged) {
+      const int index = key / page_size;
+      at_page(pages[index], key - index * page_size, k_off, v_off);
+    } else {
+      k_off = key * k_seq_stride;
+      v_off = key * v_seq_stride;
+    }
+  }
+
+  __device__ __forceinline__ void at_page(long long page, long long row, long long& k_off,
+                                          long long& v_off) const {
+    k_off = page * k_page_stride + row * k_seq_stride;
+    v_off = page * v_page_stride + row * v_seq_stride;
+  }
+};
+
+// Offsets of the keys of one tile: with a paged cache, one block-table read serves the tile
+// when it lies within one page (page sizes that are multiples of block_n), else one per key.
+template <bool Paged, class T>
+struct TileRows {
+  const CacheRows<Paged, T>& cache;
+  int key0;
+  int in_page;  // key0's row in its page, or -1: the tile crosses pages
+  long long page;
+
+  __device__ __forceinline__ TileRows(const CacheRows<Paged, T>& c, int first_key, int keys)
+      : cache(c), key0(first_key), in_page(-1), page(0) {
+    if constexpr (Paged) {
+      const int index = key0 / c.page_size;
+      const int row = key0 - index * c.page_size;
+      if (row + keys <= c.page_size) {
+        in_page = row;
+        page = c.pages[index];
+      }
+    }
+  }
+
+  __device__ __forceinline__ void offsets(int row, long long& k_off, long long& v_off) const {
+    if (Paged && in_page >= 0) {
+      cache.at_page(page, in_page + row, k_off, v_off);
+    } else {
+      cache.offsets(key0 + row, k_off, v_off);
+    }
+  }
+};
+
+template <bool Paged, class T>
+__device__ __forceinline__ CacheRows<Paged, T> cache_rows(const DecodeParams& p, int batch,
+                                                          int kv_head) {
+  CacheRows<Paged, T> c;
+  long long k_base = kv_head * p.k_head_stride;
+  long long v_base = kv_head * p.v_head_stride;
+  if constexpr (Paged) {
+    c.pages = p.maybe_block_table + batch * p.block_table_stride;
+  } else {
+    const long long row = p.maybe_batch_idx != nullptr ? p.maybe_batch_idx[batch] : batch;
+    k_base += row * p.k_batch_stride;
+    v_base += row * p.v_batch_stride;
+    c.pages = nullptr;
+  }
+  c.k = static_cast<const T*>(p.k) + k_base;
+  c.v = static_cast<const T*>(p.v) + v_base;
+  c.k_seq_stride = p.k_seq_stride;
+  c.v_seq_stride = p.v_seq_stride;
+  c.k_page_stride = p.k_batch_stride;
+  c.v_page_stride = p.v_batch_stride;
+  c.page_size = p.page_size;
+  return c;
+}
+
+// Starts one warp's copy of keys [key0, key0 + block_n) into a slot: K rows then V rows, rows at
+// or past `valid` zero-filled without being read. Each lane keeps one 16-byte column and walks
+// down the rows; where K and V rows have the same chunk count one row lookup serves both.
+template <class Tr, bool Paged>
+__device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
+                                             const CacheRows<Paged, typename Tr::T>& c, int key0,
+                                             int valid, int lane) {
+  using T = typename Tr::T;
+  constexpr int k_chunks = Tr::qk_dim / 8;  // 16-byte chunks per padded row
+  constexpr int v_chunks = Tr::v_dim / 8;
+  constexpr int k_count = (Tr::block_n * k_chunks + 31) / 32;
+  constexpr int v_count = (Tr::block_n * v_chunks + 31) / 32;
+  T* const v_slot = slot + Tr::k_elems;
+  const TileRows<Paged, T> tile(c, key0, min(valid, Tr::block_n));
+#pragma unroll
+  for (int i = 0; i < (k_count > v_count ? k_count : v_count); ++i) {
+    const int k_chunk = lane + 32 * i;
+    const int k_row = k_chunk / k_chunks;
+    const int k_col = k_chunk % k_chunks * 8;
+    long long k_off = 0, v_off = 0;
+    const bool k_in = k_row < Tr::block_n && k_row < valid;
+    if (k_in) tile.offsets(k_row, k_off, v_off);
+    if (i < k_count && (Tr::block_n * k_chunks % 32 == 0 || k_row < Tr::block_n)) {
+      const bool ok = k_in && k_col < Tr::head_dim;
+      mma::cp_async_16(mma::smem_address(slot + k_row * Tr::qk_pitch + k_col),
+                       ok ? c.k + k_off + k_col : c.k, ok);
+    }
+    const int v_chunk = lane + 32 * i;
+    const int v_row = v_chunk / v_chunks;
+    const int v_col = v_chunk % v_chunks * 8;
+    if (i < v_count && (Tr::block_n * v_chunks % 32 == 0 || v_row < Tr::block_n)) {
+      const bool v_in = v_row < valid;
+      if (k_chunks != v_chunks && v_in) tile.offsets(v_row, k_off, v_off);
+      const bool ok = v_in && v_col < Tr::head_dim_v;
+      mma::cp_async_16(mma::smem_address(v_slot + v_row * Tr::v_pitch + v_col),
+                       ok ? c.v + v_off + v_col : c.v, ok);
+    }
+  }
+}
+
+// The packed rows one thread holds: rows row_begin + 16 * mt + 8 * half + lane / 4, r = 2 * mt +
+// half, with what the logits of each need.
+template <int MTiles>
+struct RowInfo {
+  int query[2 * MTiles];  // query token within the sequence
+  int head[2 * MTiles];
+  int first_key[2 * MTiles];  // the row's band, clipped to the CTA's keys: [first, last]
+  int last_key[2 * MTiles];
+  float alibi_slope[2 * MTiles];
+};
+
+template <class Spec>
+struct DecodeLogits {
+  static constexpr bool on = Spec::has_softcap || Spec::has_alibi;
+  float scale;
+  float softcap;
+  float inv_softcap;
+  int offset;  // of the band's diagonal, which ALiBi distances are measured from
+
+  // Logits times this are in log2 units (raw scores carry the softmax scale along).
+  __device__ __forceinline__ float to_log2() const {
+    return on ? attention::kLog2e : scale * attention::kLog2e;
+  }
+
+  // Applies softcap and ALiBi and masks keys outside each row's band.
+  template <int MTiles, int STiles>
+  __device__ __forceinline__ void apply(float (&s)[MTiles][STiles][4], const RowInfo<MTiles>& rows,
+                                        int key0, bool mask) const {
+#pragma unroll
+    for (int mt = 0; mt < MTiles; ++mt) {
+#pragma unroll
+      for (int nt = 0; nt < STiles; ++nt) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int r = 2 * mt + x / 2;
+          const int j = key0 + 8 * nt + x % 2;
+          float logit = s[mt][nt][x];
+          if constexpr (on) {
+            logit *= scale;
+            if constexpr (Spec::has_softcap)
+              logit = softcap * mma::tanh_approx(logit * inv_softcap);
+            if constexpr (Spec::has_alibi) {
+              logit -= rows.alibi_slope[r] * static_cast<float>(abs(rows.query[r] + offset - j));
+            }
+          }
+          if (mask && (j < rows.first_key[r] || j > rows.last_key[r])) {
+            logit = attention::neg_inf();
+          }
+          s[mt][nt][x] = logit;
+        }
+      }
+    }
+  }
+};
+
+}  // namespace decode
+
+template <class Spec>
+__global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
+    attention_decode(const KILN_GRID_CONSTANT DecodeParams p) {
+  using namespace decode;
+  using Tr = DecodeTraits<Spec>;
+  using T = typename Tr::T;
+
+  extern __shared__ __align__(128) unsigned char smem_bytes[];
+  T* const smem_q = reinterpret_cast<T*>(smem_bytes);
+
+  const int thread = threadIdx.x;
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  const int split = static_cast<int>(blockIdx.x) % p.num_splits;
+  const int row_block = static_cast<int>(blockIdx.x) / p.num_splits;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+
+  const int group = p.heads / p.heads_kv;
+  const int packed_rows = p.seqlen_q * group;
+  const int row_begin = row_block * Tr::rows;
+  const int row_end = min(row_begin + Tr::rows, packed_rows);
+  const int seqlen_k = p.seqlens[batch] + p.seqlen_new;
+
+  attention::Band band;
+  band.offset = p.top_left ? 0 : seqlen_k - p.seqlen_q;
+  band.left = Spec::band ? p.window_left : -1;
+  band.right = Spec::band ? p.window_right : -1;
+  band.seqlen_k = seqlen_k;
+
+  // The keys any row of the block attends, cut into num_splits ranges of whole CTA steps.
+  constexpr int step = Tr::warps * Tr::block_n;
+  const int first_query = row_begin / group;
+  const int last_query = (row_end - 1) / group;
+  const int lo = band.first_key(first_query);
+  const int hi = band.last_key(last_query) + 1;
+  const int steps = hi > lo ? (hi - lo + step - 1) / step : 0;
+  const int steps_per_split = (steps + p.num_splits - 1) / p.num_splits;
+  const int split_begin = lo + split * steps_per_split * step;
+  const int split_end = min(hi, split_begin + steps_per_split * step);
+  // Keys every row of the block attends: tiles inside need no mask.
+  const int unmasked_first = band.first_key(last_query);
+  const int unmasked_last = min(split_end - 1, band.last_key(first_query));
+
+  // Q rows of the block (zero past the last), all threads; the first cp.async group.
+  {
+    const T* const q =
+        static_cast<const T*>(p.q) + batch * p.q_batch_stride + kv_head * group * p.q_head_stride;
+    constexpr int chunks_per_row = Tr::qk_dim / 8;
+    constexpr int chunks = Tr::rows * chunks_per_row;
+#pragma unroll
+    for (int i = 0; i < (chunks + Tr::threads - 1) / Tr::threads; ++i) {
+      const int chunk = thread + i * Tr::threads;
+      if (chunks % Tr::threads != 0 && chunk >= chunks) break;
+      const int row = chunk / chunks_per_row;
+      const int col = chunk % chunks_per_row * 8;
+      const int r = row_begin + row;
+      const bool ok = r < row_end && col < Tr::head_dim;
+      const T* src = q + (r / group) * p.q_seq_stride + (r % group) * p.q_head_stride + col;
+      mma::cp_async_16(mma::smem_address(smem_q + row * Tr::qk_pitch + col), ok ? src : q, ok);
+    }
+    mma::cp_async_commit();
+  }
+
+  // This warp's tiles: keys split_begin + (warp + warps * t) * block_n.
+  const CacheRows<Spec::paged, T> cache = cache_rows<Spec::paged, T>(p, batch, kv_head);
+  T* const slots = smem_q + Tr::q_elems + warp * Tr::warp_elems;
+  const int warp_first = split_begin + warp * Tr::block_n;
+  const int tiles = warp_first < split_end ? (split_end - warp_first + step - 1) / step : 0;
+  auto load = [&](int t) {
+    if (t < tiles) {
+      const int key0 = warp_first + t * step;
+      load_kv_tile<Tr, Spec::paged>(slots + (t % Tr::stages) * Tr::slot_elems, cache, key0,
+                                    split_end - key0, lane);
+    }
+    mma::cp_async_commit();  // empty groups keep the wait count one constant
+  };
+#pragma unroll
+  for (int t = 0; t < Tr::stages - 1; ++t) load(t);
+
+  RowInfo<Tr::m_tiles> rows;
+#pragma unroll
+  for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
+    const int packed = min(row_begin + 8 * r + lane / 4, packed_rows - 1);
+    rows.query[r] = packed / group;
+    rows.head[r] = kv_head * group + packed % group;
+    rows.first_key[r] = band.first_key(rows.query[r]);
+    rows.last_key[r] = min(split_end - 1, band.last_key(rows.query[r]));
+    rows.alibi_slope[r] = 0.f;
+    if constexpr (Spec::has_alibi) {
+      rows.alibi_slope[r] = p.maybe_alibi_slopes[batch * p.alibi_batch_stride + rows.head[r]];
+    }
+  }
+  DecodeLogits<Spec> logits;
+  logits.scale = p.softmax_scale;
+  logits.softcap = p.softcap;
+  logits.inv_softcap = Spec::has_softcap ? 1.f / p.softcap : 0.f;
+  logits.offset = band.offset;
+  const float to_log2 = logits.to_log2();
+
+  const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);
+  const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
+  const unsigned slots_base = mma::smem_address(slots);
+
+  float o[Tr::m_tiles][Tr::o_tiles][4];
+#pragma unroll
+  for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < Tr::o_tiles; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) o[mt][j][x] = 0.f;
+    }
+  }
+  attention::OnlineSoftmax<Tr::m_tiles> softmax;
+  softmax.init();
+
+  // Q and this warp's first tile; Q came from every thread, so once across the CTA.
+  mma::cp_async_wait<Tr::stages - 2>();
+  __syncthreads();
+  for (int t = 0; t < tiles; ++t) {
+    mma::cp_async_wait<Tr::stages - 2>();
+    __syncwarp();  // tile t is visible to the warp, which is done with the slot refilled next
+    load(t + Tr::stages - 1);
+
+    const unsigned k_tile = slots_base + 2 * (t % Tr::stages) * Tr::slot_elems;
+    const unsigned v_tile = k_tile + 2 * Tr::k_elems;
+    float s[Tr::m_tiles][Tr::s_tiles][4];
+    attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k);
+    const int key0 = warp_first + t * step;
+    const bool mask = key0 < unmasked_first || key0 + Tr::block_n - 1 > unmasked_last;
+    logits.apply(s, rows, key0 + 2 * (lane % 4), mask);
+    softmax.update(s, o, to_log2);
+    attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v);
+  }
+
+  // Merge the warps' states through shared memory: first every warp's row maxima and sums
+  // (log2 units), then the outputs, each warp adding its rescaled rows in turn.
+  mma::cp_async_wait<0>();
+  __syncthreads();  // every warp is done with its slots, which the merge reuses
+  float* const merge_o = reinterpret_cast<float*>(smem_bytes);
+  float* const merge_max = merge_o + Tr::rows * Tr::merge_pitch;
+  float* const merge_sum = merge_max + Tr::warps * Tr::rows;
+#pragma unroll
+  for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
+    const float sum = mma::quad_sum(softmax.row_sum[r]);
+    if (lane % 4 == 0) {
+      const int row = 8 * r + lane / 4;
+      merge_max[warp * Tr::rows + row] =
+          sum > 0.f ? softmax.row_max[r] * to_log2 : attention::neg_inf();
+      merge_sum[warp * Tr::rows + row] = sum;
+    }
+  }
+  __syncthreads();
+  float weight[2 * Tr::m_tiles];  // this warp's share of each of its rows
+#pragma unroll
+  for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
+    const int row = 8 * r + lane / 4;
+    float top = attention::neg_inf();
+    for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
+    weight[r] = top == attention::neg_inf()
+                    ? 0.f
+                    : mma::exp2_approx(merge_max[warp * Tr::rows + row] - top);
+  }
+  for (int w = 0; w < Tr::warps; ++w) {
+    if (w == warp) {
+#pragma unroll
+      for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int r = 2 * mt + x / 2;
+          float* const out_row = merge_o + (8 * r + lane / 4) * Tr::merge_pitch + x % 2;
+#pragma unroll
+          for (int j = 0; j < Tr::o_tiles; ++j) {
+            const float value = weight[r] * o[mt][j][x];
+            float& slot = out_row[8 * j + 2 * (lane % 4)];
+            slot = w == 0 ? value : slot + value;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+
+  // Each thread finishes 4 consecutive columns of a row at a time.
+  const bool split_out = p.num_splits > 1;
+  constexpr int quads = Tr::head_dim_v / 4;
+  for (int item = thread; item < Tr::rows * quads; item += Tr::threads) {
+    const int row = item / quads;
+    const int col = item % quads * 4;
+    const int r = row_begin + row;
+    if (r >= row_end) break;  // items run row-major: every later one is past the end too
+    float top = attention::neg_inf();
+    for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
+    float total = 0.f;
+    if (top != attention::neg_inf()) {
+      for (int w = 0; w < Tr::warps; ++w) {
+        total +=
+            mma::exp2_approx(merge_max[w * Tr::rows + row] - top) * merge_sum[w * Tr::rows + row];
+      }
+    }
+    const float* const acc = merge_o + row * Tr::merge_pitch + col;
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+    const float lse = total > 0.f ? (top + log2f(total)) * attention::kLn2 : attention::neg_inf();
+    const int query = r / group;
+    const int head = kv_head * group + r % group;
+    if (split_out) {
+      const long long state =
+          ((static_cast<long long>(split) * p.batch + batch) * p.seqlen_q + query) * p.heads + head;
+      float4* const dst = reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col);
+      *dst = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      if (col == 0) p.partial_lse[state] = lse;
+    } else {
+      T* const dst = static_cast<T*>(p.out) + batch * p.out_batch_stride +
+                     query * p.out_seq_stride + head * p.out_head_stride + col;
+      uint2 packed;
+      packed.x = mma::pack2<T>(acc[0] * inv, acc[1] * inv);
+      packed.y = mma::pack2<T>(acc[2] * inv, acc[3] * inv);
+      *reinterpret_cast<uint2*>(dst) = packed;
+      if (col == 0 && p.maybe_lse != nullptr) {
+        p.maybe_lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
+      }
+    }
+  }
+}
+
+}  // namespace kiln

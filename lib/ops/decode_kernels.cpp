@@ -1,0 +1,256 @@
+// The decode family's kernels: config choice, specs and the launch sequence.
+#include "ops/decode_kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "kiln/error.hpp"
+
+namespace kiln {
+namespace {
+
+constexpr int kMaxSplits = 128;
+// The heuristic gives each split at least this many keys: a CTA's fixed costs (Q, the first
+// tiles' latency, the warp merge) need that much streaming to hide. Measured on an H200 at
+// 1 x 32768 (8 kv heads): 16 splits of 2048 keys ran at 3.0 TB/s, 33 splits at 2.7.
+constexpr long long kMinSplitKeys = 2048;
+// Shared memory one CTA aims to stay under, so that two fit an SM of sm_90 (227 KiB); and
+// what the split heuristic assumes an SM has.
+constexpr long long kSmemPerCta = 112 * 1024;
+constexpr long long kSmemPerSm = 227 * 1024;
+
+long long ceil_div(long long a, long long b) {
+  return (a + b - 1) / b;
+}
+
+long long smem_bytes(int head_dim, int head_dim_v, int m_tiles, const DecodeConfig& c) {
+  return attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, c.block_n, c.warps, c.stages);
+}
+
+// The fewest splits whose grid fills the GPU's CTA slots within 95% of the best any split
+// count achieves: a partial last wave leaves slots empty, and an SM running more CTAs than
+// the others finishes last.
+int split_heuristic(long long ctas, long long slots, int max_splits) {
+  if (ctas >= slots * 4 / 5) return 1;
+  auto efficiency = [&](int splits) {
+    const double waves = static_cast<double>(ctas * splits) / static_cast<double>(slots);
+    return waves / std::ceil(waves);
+  };
+  double best = 0;
+  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
+  for (int s = 1; s <= max_splits; ++s) {
+    if (efficiency(s) >= 0.95 * best) return s;
+  }
+  return 1;
+}
+
+}  // namespace
+
+DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long long capacity,
+                           int head_dim, int head_dim_v, int multiprocessors,
+                           int requested_splits) {
+  DecodeConfig c;
+  const int m_tiles = detail::decode_m_tiles(rows_per_kv_head, head_dim_v);
+  // As many cp.async slots per warp as fit kSmemPerCta, 2 to 4.
+  c.stages = 2;
+  while (c.stages < 4) {
+    DecodeConfig deeper = c;
+    ++deeper.stages;
+    if (smem_bytes(head_dim, head_dim_v, m_tiles, deeper) > kSmemPerCta) break;
+    c = deeper;
+  }
+  const long long step = static_cast<long long>(c.warps) * c.block_n;
+  const int max_splits =
+      static_cast<int>(std::clamp<long long>(ceil_div(capacity, step), 1, kMaxSplits));
+  if (requested_splits > 0) {
+    c.num_splits = std::min(requested_splits, max_splits);
+    return c;
+  }
+  const long long ctas =
+      static_cast<long long>(batch) * heads_kv * ceil_div(rows_per_kv_head, 16LL * m_tiles);
+  const int worthwhile =
+      static_cast<int>(std::clamp<long long>(ceil_div(capacity, kMinSplitKeys), 1, max_splits));
+  const long long per_sm = std::max(1LL, kSmemPerSm / smem_bytes(head_dim, head_dim_v, m_tiles, c));
+  c.num_splits = split_heuristic(ctas, std::max(1, multiprocessors) * per_sm, worthwhile);
+  return c;
+}
+
+namespace detail {
+namespace {
+
+// Device scratch of one call, handed back on the stream however the call ends.
+class Scratch {
+ public:
+  Scratch(Runtime& runtime, std::size_t bytes, void* stream)
+      : runtime_(runtime),
+        stream_(stream),
+        base_(bytes ? static_cast<std::byte*>(runtime.allocate_async(bytes, stream)) : nullptr) {}
+  ~Scratch() {
+    if (base_ == nullptr) return;
+    try {
+      runtime_.free_async(base_, stream_);
+    } catch (const Error&) {
+      // NOTE: only reachable when the driver is already failing; the error that got us here
+      // (or the next call's) reports it.
+    }
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+
+  std::byte* at(std::size_t offset) const { return base_ + offset; }
+
+ private:
+  Runtime& runtime_;
+  void* stream_;
+  std::byte* base_;
+};
+
+std::size_t align_up(std::size_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
+
+}  // namespace
+
+int decode_m_tiles(int rows_per_kv_head, int head_dim_v) {
+  // Output accumulators a thread holds: m_tiles * round_up(head_dim_v, 16) / 2; at most 128.
+  const int most = head_dim_v <= 64 ? 4 : head_dim_v <= 128 ? 2 : 1;
+  return std::min(most, rows_per_kv_head <= 16 ? 1 : rows_per_kv_head <= 32 ? 2 : 4);
+}
+
+KernelSpec decode_append_spec(const DecodeProblem& problem) {
+  KernelSpec spec{.source = "decode/append.cuh",
+                  .entry = "kiln::decode_append",
+                  .params = "kiln::DecodeParams"};
+  spec.set("dtype", problem.dtype)
+      .set("head_dim", problem.head_dim)
+      .set("head_dim_v", problem.head_dim_v)
+      .set("paged", problem.paged)
+      .set("rotary", problem.rotary);
+  return spec;
+}
+
+KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config) {
+  KernelSpec spec{.source = "decode/attention.cuh",
+                  .entry = "kiln::attention_decode",
+                  .params = "kiln::DecodeParams"};
+  spec.set("dtype", problem.dtype)
+      .set("head_dim", problem.head_dim)
+      .set("head_dim_v", problem.head_dim_v)
+      .set("m_tiles", decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v))
+      .set("block_n", config.block_n)
+      .set("warps", config.warps)
+      .set("stages", config.stages)
+      .set("paged", problem.paged)
+      .set("band", problem.band)
+      .set("has_softcap", problem.softcap)
+      .set("has_alibi", problem.alibi);
+  return spec;
+}
+
+KernelSpec merge_spec(DType in, DType out, int head_dim) {
+  KernelSpec spec{.source = "decode/merge.cuh",
+                  .entry = "kiln::merge_states_kernel",
+                  .params = "kiln::MergeParams"};
+  spec.set("dtype_in", in).set("dtype_out", out).set("head_dim", head_dim);
+  return spec;
+}
+
+std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config) {
+  std::vector<KernelSpec> specs;
+  if (problem.append) specs.push_back(decode_append_spec(problem));
+  specs.push_back(decode_attention_spec(problem, config));
+  if (config.num_splits > 1)
+    specs.push_back(merge_spec(DType::f32, problem.dtype, problem.head_dim_v));
+  return specs;
+}
+
+void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
+                  void* stream) {
+  const long long items = static_cast<long long>(p.seqlen) * p.heads * (head_dim / 4);
+  if (items == 0 || p.batch == 0) return;
+  const Kernel kernel = runtime.kernel(merge_spec(in, out, head_dim));
+  kernel.launch({.grid = {static_cast<std::uint32_t>(ceil_div(items, 128)),
+                          static_cast<std::uint32_t>(p.batch)},
+                 .block = {128},
+                 .stream = stream},
+                p);
+}
+
+void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
+                   DecodeParams p, void* stream) {
+  const int splits = config.num_splits;
+  const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
+  const std::size_t q_rotated_bytes =
+      problem.rotary ? align_up(rows * problem.head_dim * size_of(problem.dtype)) : 0;
+  const std::size_t partial_out_bytes =
+      splits > 1 ? align_up(splits * rows * problem.head_dim_v * sizeof(float)) : 0;
+  const std::size_t partial_lse_bytes = splits > 1 ? align_up(splits * rows * sizeof(float)) : 0;
+  const Scratch scratch(runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes, stream);
+
+  if (problem.append) {
+    p.maybe_q_rotated = problem.rotary ? scratch.at(0) : nullptr;
+    const int tokens = std::max(p.seqlen_new, problem.rotary ? p.seqlen_q : 0);
+    runtime.kernel(decode_append_spec(problem))
+        .launch({.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
+                 .block = {128},
+                 .stream = stream},
+                p);
+  }
+  if (problem.rotary) {
+    p.q = p.maybe_q_rotated;
+    p.q_head_stride = problem.head_dim;
+    p.q_seq_stride = static_cast<long long>(p.heads) * problem.head_dim;
+    p.q_batch_stride = p.seqlen_q * p.q_seq_stride;
+  }
+  p.num_splits = splits;
+  if (splits > 1) {
+    p.partial_out = reinterpret_cast<float*>(scratch.at(q_rotated_bytes));
+    p.partial_lse = reinterpret_cast<float*>(scratch.at(q_rotated_bytes + partial_out_bytes));
+  }
+
+  const int m_tiles = decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
+  const long long row_blocks = ceil_div(problem.rows_per_kv_head, 16LL * m_tiles);
+  runtime.kernel(decode_attention_spec(problem, config))
+      .launch(
+          {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
+                    static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},
+           .block = {static_cast<std::uint32_t>(config.warps * 32)},
+           .shared_bytes = static_cast<std::uint32_t>(
+               smem_bytes(problem.head_dim, problem.head_dim_v, m_tiles, config)),
+           .stream = stream},
+          p);
+
+  if (splits > 1) {
+    // The partial states are contiguous [split][batch][query][head].
+    MergeParams m{};
+    MergeSource& s = m.source[0];
+    s.v = p.partial_out;
+    s.lse = p.partial_lse;
+    s.states = splits;
+    s.lse_head_stride = 1;
+    s.lse_seq_stride = p.heads;
+    s.lse_batch_stride = static_cast<long long>(p.seqlen_q) * p.heads;
+    s.lse_state_stride = static_cast<long long>(rows);
+    s.v_head_stride = problem.head_dim_v;
+    s.v_seq_stride = s.lse_seq_stride * problem.head_dim_v;
+    s.v_batch_stride = s.lse_batch_stride * problem.head_dim_v;
+    s.v_state_stride = s.lse_state_stride * problem.head_dim_v;
+    m.sources = 1;
+    m.out = p.out;
+    m.out_batch_stride = p.out_batch_stride;
+    m.out_seq_stride = p.out_seq_stride;
+    m.out_head_stride = p.out_head_stride;
+    m.maybe_out_lse = p.maybe_lse;
+    m.out_lse_batch_stride = p.lse_batch_stride;
+    m.out_lse_seq_stride = 1;
+    m.out_lse_head_stride = p.lse_head_stride;
+    m.batch = p.batch;
+    m.seqlen = p.seqlen_q;
+    m.heads = p.heads;
+    launch_merge(runtime, DType::f32, problem.dtype, problem.head_dim_v, m, stream);
+  }
+}
+
+}  // namespace detail
+}  // namespace kiln

@@ -1,0 +1,49 @@
+// The decode family's kernels as the host sees them: what decides each compiled variant, the
+// specs, and the launch sequence (append, split-KV attention, merge). Validation lives in
+// decode.cpp; everything here assumes validated inputs.
+#pragma once
+
+#include "kiln/decode.hpp"
+#include "kiln/spec.hpp"
+#include "params/decode.h"
+
+namespace kiln::detail {
+
+// What changes the generated code of a decode call.
+struct DecodeProblem {
+  DType dtype = DType::bf16;
+  int head_dim = 0;
+  int head_dim_v = 0;
+  int rows_per_kv_head = 1;  // seqlen_q * (heads / heads_kv): the packed query rows of a group
+  bool paged = false;
+  bool band = false;
+  bool softcap = false;
+  bool alibi = false;
+  bool append = false;  // k_new / v_new given
+  bool rotary = false;
+};
+
+// m16 row tiles a CTA of attention_decode packs: 1, 2 or 4, fewer for wide heads (more rows
+// take more row blocks).
+int decode_m_tiles(int rows_per_kv_head, int head_dim_v);
+
+KernelSpec decode_append_spec(const DecodeProblem& problem);
+KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config);
+KernelSpec merge_spec(DType in, DType out, int head_dim);
+
+// Every spec one decode call compiles (for warm-up and `kiln warm`).
+std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config);
+
+// Runs a validated decode call: the append kernel when problem.append (which also writes the
+// rotated q into scratch when problem.rotary), then attention_decode, then, with more than one
+// split, the merge of the partial states into p.out and p.maybe_lse. Scratch comes from
+// runtime.allocate_async on `stream` and goes back the same way. p.num_splits, partial_out,
+// partial_lse, maybe_q_rotated are filled in here.
+void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
+                   DecodeParams p, void* stream);
+
+// Runs merge_states_kernel over a validated MergeParams; `in` is the dtype of the states' v.
+void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
+                  void* stream);
+
+}  // namespace kiln::detail

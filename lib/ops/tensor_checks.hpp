@@ -1,0 +1,70 @@
+// Input checks the attention and decode families share: each throws kiln::Error naming the
+// tensor, the expected and actual values, and the fix.
+#pragma once
+
+#include <cstdint>
+#include <initializer_list>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+
+#include "kiln/tensor.hpp"
+
+namespace kiln::detail {
+
+constexpr int kMaxHeadDim = 256;
+
+[[noreturn]] void invalid(const std::string& message);
+[[noreturn]] void unsupported(const std::string& message);
+
+// How messages write dim `dim` of `t`: "-1" for the last, else its index.
+std::string dim_name(const TensorView& t, int dim);
+
+void require_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout);
+void require_size(const TensorView& t, std::string_view name, int dim, std::int64_t expected,
+                  std::string_view what);
+void require_int32(std::int64_t value, std::string_view what);
+std::int64_t element_count(const TensorView& t);
+// Stride 1 on the last dim (unless it has one element).
+void require_contiguous_last(const TensorView& t, std::string_view name);
+
+// Shape, pointer and device checks every tensor gets.
+void check_common(const TensorView& t, std::string_view name, int device);
+
+// q, k, v, out and the like, read in 16-byte rows: `dtype`, stride 1 on the last dim, 16-byte
+// aligned pointers and other strides, and sizes that fit int32.
+void check_tile_tensors(
+    std::initializer_list<std::pair<const TensorView*, std::string_view>> tensors, DType dtype);
+
+// A head dim kiln compiles: a multiple of 8 from 8 to kMaxHeadDim.
+void check_head_dim(std::int64_t dim, std::string_view what);
+
+void check_int_vector(const TensorView& t, std::string_view name, std::int64_t length,
+                      std::string_view length_name);
+
+// GQA/MQA: `heads` query heads over `heads_kv` kv heads (those of tensor `k_name`).
+void check_heads(std::int64_t heads, std::int64_t heads_kv, std::string_view k_name);
+
+// The scalar options of the score: scale, softcap and the band.
+void check_score_options(std::optional<float> softmax_scale, float softcap, bool causal,
+                         int window_left, int window_right);
+
+// fp32 ALiBi slopes, (heads) or (batch, heads).
+void check_alibi_slopes(const TensorView& a, std::int64_t batch, std::int64_t heads, int device);
+
+// One expected size of a tensor and how messages name it: {8, "heads"}.
+struct Extent {
+  std::int64_t size;
+  std::string_view what;
+};
+
+// An fp32 LSE tensor of exactly `extents` (its rank is their count), described by `layout`,
+// with a contiguous last dim.
+void check_lse(const TensorView& l, std::string_view name, std::string_view layout,
+               std::initializer_list<Extent> extents, int device);
+
+// Whether `target` is an NVIDIA one with bf16 tensor cores: sm_80 or newer.
+bool is_sm80_or_newer(std::string_view target);
+
+}  // namespace kiln::detail

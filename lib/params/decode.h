@@ -1,0 +1,130 @@
+// Params of the decode family (append, split-KV attention, merge): compiled into the host
+// library and injected into each JIT compile as "kiln/params/decode.h".
+#pragma once
+
+#ifndef KILN_PARAMS_FN
+#if defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
+#define KILN_PARAMS_FN __host__ __device__
+#else
+#define KILN_PARAMS_FN
+#endif
+#endif
+
+namespace kiln {
+
+// The argument of decode_append and attention_decode (kernels_src/decode/). Layouts follow
+// FlashAttention's kvcache call: q (batch, seqlen_q, heads, head_dim), out like q with
+// head_dim_v; the cache is contiguous (batch_cache, seqlen_cache, heads_kv, dim) or paged
+// (num_pages, page_size, heads_kv, dim). Strides in elements, last dims contiguous, 16-byte
+// aligned rows (q, cache, out: strides multiples of 8 elements).
+struct DecodeParams {
+  const void* q;  // attention_decode reads q here (the rotated copy when rotary is on)
+  void* k;        // the cache, written by decode_append
+  void* v;
+  void* out;
+
+  long long q_batch_stride, q_seq_stride, q_head_stride;
+  // The "batch" stride steps a cache row (contiguous) or a page (paged).
+  long long k_batch_stride, k_seq_stride, k_head_stride;
+  long long v_batch_stride, v_seq_stride, v_head_stride;
+  long long out_batch_stride, out_seq_stride, out_head_stride;
+
+  // int32 on the device: keys cached per sequence before the append (batch entries).
+  const int* seqlens;
+  // Contiguous caches: sequence b is cache row maybe_batch_idx[b] (null: row b).
+  const int* maybe_batch_idx;
+  // Paged caches (spec paged): page p of sequence b is maybe_block_table[b * block_table_stride
+  // + p]; page_size keys per page.
+  const int* maybe_block_table;
+  long long block_table_stride;
+  int page_size;
+
+  int batch;
+  int heads;
+  int heads_kv;  // divides heads; query head h reads kv head h / (heads / heads_kv)
+  int seqlen_q;
+  int seqlen_new;  // appended keys per sequence: sequence b attends seqlens[b] + seqlen_new keys
+
+  float softmax_scale;
+  int window_left;  // the band of AttentionParams, offset = seqlen_k - seqlen_q unless top_left
+  int window_right;
+  int top_left;
+  float softcap;                    // spec has_softcap
+  const float* maybe_alibi_slopes;  // spec has_alibi: slope at [b * alibi_batch_stride + h]
+  long long alibi_batch_stride;
+
+  // fp32 LSE, element (b, h, i) at b * lse_batch_stride + h * lse_head_stride + i. Null: none.
+  float* maybe_lse;
+  long long lse_batch_stride, lse_head_stride;
+
+  // Split-KV. With num_splits > 1 attention_decode writes fp32 partial states instead of out
+  // and lse: partial_out[split][b][i][h][0, head_dim_v) and partial_lse[split][b][i][h]
+  // (natural log; -inf for a split with no keys), contiguous; the merge kernel combines them.
+  int num_splits;
+  float* partial_out;
+  float* partial_lse;
+
+  // decode_append only. k_new (batch, seqlen_new, heads_kv, head_dim), v_new likewise with
+  // head_dim_v, written into the cache at positions seqlens[b] + t.
+  const void* maybe_k_new;
+  const void* maybe_v_new;
+  long long k_new_batch_stride, k_new_seq_stride, k_new_head_stride;
+  long long v_new_batch_stride, v_new_seq_stride, v_new_head_stride;
+  // Rotary (spec rotary): cos/sin (seqlen_ro, rotary_dim / 2) in q's dtype, row stride
+  // rotary_stride. k_new token t is rotated at position seqlens[b] + t, q token i at
+  // seqlens[b] + (rotary_q_causal ? i : 0); the rotated q is written to q_rotated, contiguous
+  // (batch, seqlen_q, heads, head_dim).
+  const void* maybe_rotary_cos;
+  const void* maybe_rotary_sin;
+  long long rotary_stride;
+  int rotary_dim;
+  int rotary_interleaved;  // 1: pairs (2i, 2i + 1); 0: pairs (i, i + rotary_dim / 2)
+  int rotary_q_causal;
+  void* maybe_q_rotated;
+};
+
+// One input of the merge kernel: `states` attention states per (b, i, h) row, state s of row
+// (b, i, h) at v + s * v_state_stride + b * v_batch_stride + i * v_seq_stride + h *
+// v_head_stride (head_dim contiguous elements), its fp32 natural-log LSE likewise in lse.
+struct MergeSource {
+  const void* v;
+  const float* lse;
+  long long v_state_stride, v_batch_stride, v_seq_stride, v_head_stride;
+  long long lse_state_stride, lse_batch_stride, lse_seq_stride, lse_head_stride;
+  int states;
+};
+
+// The argument of merge_states_kernel (kernels_src/decode/merge.cuh): merges every state of
+// every source per row into out (and out_lse when set). Rows are (batch, seqlen, heads).
+struct MergeParams {
+  MergeSource source[2];
+  int sources;  // 1 or 2
+
+  void* out;
+  long long out_batch_stride, out_seq_stride, out_head_stride;
+  float* maybe_out_lse;
+  long long out_lse_batch_stride, out_lse_seq_stride, out_lse_head_stride;
+
+  int batch;
+  int seqlen;
+  int heads;
+};
+
+// Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
+// `stages` slots of (K tile, V tile) of block_n rows, rows padded as in the forward kernel
+// (round_up(dim, 16) + 8); plus the Q tile (16 * m_tiles rows) shared by the warps. The end of
+// the kernel reuses it to merge the warps' fp32 states: (16 * m_tiles) rows of
+// round_up(head_dim_v, 16) + 4 outputs, and a max and a sum per row and warp.
+KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(long long head_dim,
+                                                               long long head_dim_v,
+                                                               long long m_tiles, long long block_n,
+                                                               long long warps, long long stages) {
+  const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
+  const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
+  const long long rows = 16 * m_tiles;
+  const long long tiles = 2 * (rows * qk_pitch + warps * stages * block_n * (qk_pitch + v_pitch));
+  const long long merge = 4 * rows * ((head_dim_v + 15) / 16 * 16 + 4 + 2 * warps);
+  return tiles > merge ? tiles : merge;
+}
+
+}  // namespace kiln

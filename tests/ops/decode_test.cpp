@@ -1,0 +1,1024 @@
+// kiln::attention_with_kvcache() and merge_states() on a GPU against the fp64 CPU reference:
+// contiguous and paged caches, ragged lengths, GQA, speculative queries, split-KV, cache_batch_idx,
+// the append, rotary, masks, softcap, ALiBi, head dims, a CUDA graph replayed with new lengths,
+// and merging states, alone and end to end.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "decode_reference.hpp"
+#include "gpu.hpp"
+#include "kiln/decode.hpp"
+#include "support.hpp"
+
+namespace {
+
+using kiln::DType;
+using kiln::TensorView;
+using kiln::test::CacheMap;
+using kiln::test::DecodeInputs;
+using kiln::test::DecodeReferenceProblem;
+using kiln::test::DecodeReferenceResult;
+using kiln::test::DeviceBuffer;
+using kiln::test::ReferenceResult;
+using kiln::test::upload;
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr std::int64_t kGuard = 8;  // poisoned elements after every output, to catch overruns
+constexpr DType kDTypes[] = {DType::bf16, DType::f16};
+
+const std::filesystem::path& cache_dir() {
+  static const kiln::test::TempDir dir;  // one per file: later test cases hit on disk
+  return dir.path();
+}
+
+std::size_t at(std::int64_t i) {
+  return static_cast<std::size_t>(i);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Host values to and from device memory.
+
+std::vector<std::uint16_t> bits_of(DType dtype, const std::vector<double>& values) {
+  std::vector<std::uint16_t> bits(values.size());
+  std::transform(values.begin(), values.end(), bits.begin(),
+                 [dtype](double x) { return kiln::test::to_bits(dtype, x); });
+  return bits;
+}
+
+// A device copy of `values` stored as `dtype` (f16, bf16 or f32).
+std::unique_ptr<DeviceBuffer> upload_values(DType dtype, const std::vector<double>& values) {
+  if (dtype == DType::f32) return upload(std::vector<float>(values.begin(), values.end()));
+  return upload(bits_of(dtype, values));
+}
+
+// An output of `count` elements of `dtype` followed by kGuard more, all poisoned before a run.
+class Output {
+ public:
+  Output(DType dtype, std::int64_t count)
+      : dtype_(dtype), count_(count), buffer_(at(count + kGuard) * kiln::size_of(dtype)) {}
+
+  void* data() const { return buffer_.get(); }
+  void poison() { buffer_.poison(); }
+  std::vector<std::uint8_t> bytes() const { return buffer_.download<std::uint8_t>(); }
+
+  // The `count` values of a download, in fp64.
+  std::vector<double> values(const std::vector<std::uint8_t>& bytes) const {
+    std::vector<double> out(at(count_));
+    for (std::size_t i = 0; i < out.size(); ++i) {
+      if (dtype_ == DType::f32) {
+        float x;
+        std::memcpy(&x, &bytes[i * 4], 4);
+        out[i] = x;
+      } else {
+        std::uint16_t x;
+        std::memcpy(&x, &bytes[i * 2], 2);
+        out[i] = kiln::test::from_bits(dtype_, x);
+      }
+    }
+    return out;
+  }
+  // Whether nothing was written past the end, or, with `all`, anywhere.
+  bool untouched(const std::vector<std::uint8_t>& bytes, bool all = false) const {
+    const auto from = all ? bytes.begin() : bytes.begin() + count_ * kiln::size_of(dtype_);
+    return std::all_of(from, bytes.end(), [](std::uint8_t b) { return b == 0xff; });
+  }
+
+ private:
+  DType dtype_;
+  std::int64_t count_;
+  DeviceBuffer buffer_;
+};
+
+void check_out(const Output& out, const std::vector<std::uint8_t>& bytes,
+               const ReferenceResult& want, int heads, int dim_v) {
+  const auto got = out.values(bytes);
+  const kiln::test::ErrorReport error = kiln::test::compare_output(got, want);
+  INFO(kiln::test::explain(error, got, want, heads, dim_v));
+  CHECK(error.ok());
+  CHECK(out.untouched(bytes));
+}
+
+void check_lse(const Output& lse, const std::vector<std::uint8_t>& bytes,
+               const std::vector<double>& want) {
+  const auto got = lse.values(bytes);
+  const kiln::test::LseReport report = kiln::test::compare_lse(got, want);
+  const auto first = at(std::max<std::int64_t>(report.first_bad, 0));
+  INFO(report.bad << " lse values off; the first at index " << report.first_bad << ": got "
+                  << got[first] << " want " << want[first]);
+  CHECK(report.ok());
+  CHECK(lse.untouched(bytes));
+}
+
+// ---------------------------------------------------------------------------------------------
+// One decode case: the inputs, the reference, the device call, every output checked.
+
+enum class Alibi { none, per_head, per_batch_head };
+enum class Rotary { none, neox, interleaved };
+
+struct Case {
+  DType dtype = DType::bf16;
+  int heads = 8;
+  int heads_kv = 2;
+  int head_dim = 128;
+  int head_dim_v = 0;  // 0: head_dim
+  int seqlen_q = 1;
+  std::vector<int> seqlens = {0, 1, 17, 300, 129};  // cached keys per sequence; batch = size
+  int seqlen_new = 0;                               // appended keys per sequence
+  int page_size = 0;                                // 0: a contiguous cache
+  int capacity = 0;        // keys a sequence can hold; 0: its longest need plus 5
+  bool batch_idx = false;  // contiguous: sequences in shuffled cache rows, among two spare rows
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  bool top_left = false;
+  float softcap = 0;
+  std::optional<float> softmax_scale;
+  Alibi alibi = Alibi::none;
+  Rotary rotary = Rotary::none;
+  int rotary_dim = 0;  // 0: head_dim
+  bool lse = true;
+  int num_splits = 0;
+  bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
+
+  int batch() const { return static_cast<int>(seqlens.size()); }
+  int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
+  int capacity_or_default() const {
+    int longest = 0;
+    for (int n : seqlens) longest = std::max(longest, n + seqlen_new);
+    return capacity ? capacity : longest + 5;
+  }
+};
+
+std::string describe(const Case& c) {
+  std::ostringstream s;
+  s << kiln::to_string(c.dtype) << " heads " << c.heads << "/" << c.heads_kv << " d " << c.head_dim
+    << "/" << c.dim_v() << " seqlen_q " << c.seqlen_q << " seqlens";
+  for (int n : c.seqlens) s << " " << n;
+  if (c.seqlen_new) s << " append " << c.seqlen_new;
+  s << " capacity " << c.capacity_or_default();
+  if (c.page_size) s << " paged " << c.page_size;
+  if (c.batch_idx) s << " batch_idx";
+  if (c.causal) s << " causal";
+  if (c.window_left >= 0 || c.window_right >= 0) {
+    s << " window (" << c.window_left << ", " << c.window_right << ")";
+  }
+  if (c.top_left) s << " top-left";
+  if (c.softcap > 0) s << " softcap " << c.softcap;
+  if (c.softmax_scale) s << " scale " << *c.softmax_scale;
+  const char* alibis[] = {"", " alibi per head", " alibi per batch and head"};
+  const char* rotaries[] = {"", " rotary", " rotary interleaved"};
+  s << alibis[static_cast<int>(c.alibi)] << rotaries[static_cast<int>(c.rotary)];
+  if (c.rotary != Rotary::none && c.rotary_dim) s << " " << c.rotary_dim;
+  if (c.lse) s << " lse";
+  s << " splits " << c.num_splits;
+  if (c.nan_slots) s << " NaN in unused slots";
+  return s.str();
+}
+
+struct Setup {
+  DecodeReferenceProblem problem;
+  DecodeInputs inputs;
+};
+
+// Where the sequences' keys live: contiguous rows (shuffled with batch_idx), or pages handed
+// out in a shuffled order, with three pages that no sequence owns.
+CacheMap cache_map(const Case& c, std::mt19937& rng) {
+  CacheMap m;
+  const int batch = c.batch(), capacity = c.capacity_or_default();
+  if (c.page_size == 0) {
+    m.row_len = capacity;
+    m.rows = batch + (c.batch_idx ? 2 : 0);
+    if (c.batch_idx) {
+      std::vector<int> rows(at(m.rows));
+      std::iota(rows.begin(), rows.end(), 0);
+      std::shuffle(rows.begin(), rows.end(), rng);
+      m.batch_idx.assign(rows.begin(), rows.begin() + batch);
+    }
+    return m;
+  }
+  m.row_len = c.page_size;
+  m.max_pages = (capacity + c.page_size - 1) / c.page_size;
+  m.rows = batch * m.max_pages + 3;
+  std::vector<int> pages(at(m.rows));
+  std::iota(pages.begin(), pages.end(), 0);
+  std::shuffle(pages.begin(), pages.end(), rng);
+  m.block_table.assign(pages.begin(), pages.begin() + std::int64_t{batch} * m.max_pages);
+  return m;
+}
+
+// cos and sin of the usual frequencies (base 10000) for every position the cache can hold
+// (a paged cache: every page of the block table's row), as FlashAttention asks too.
+void add_rotary(const Case& c, DecodeReferenceProblem& p) {
+  p.rotary_dim = c.rotary_dim ? c.rotary_dim : c.head_dim;
+  p.rotary_interleaved = c.rotary == Rotary::interleaved;
+  const int positions = p.cache.paged() ? p.cache.max_pages * p.cache.row_len : p.cache.row_len;
+  for (int position = 0; position < positions; ++position) {
+    for (int i = 0; i < p.rotary_dim / 2; ++i) {
+      const double theta = position * std::pow(10000.0, -2.0 * i / p.rotary_dim);
+      p.rotary_cos.push_back(kiln::test::round_to(c.dtype, std::cos(theta)));
+      p.rotary_sin.push_back(kiln::test::round_to(c.dtype, std::sin(theta)));
+    }
+  }
+}
+
+// Fresh random q and new tokens for the problem's lengths.
+void randomize_queries(const Case& c, Setup& s, std::mt19937& rng) {
+  const std::int64_t batch = c.batch();
+  s.inputs.q =
+      kiln::test::random_normal(c.dtype, at(batch * c.seqlen_q * c.heads * c.head_dim), rng);
+  s.inputs.k_new.clear();
+  s.inputs.v_new.clear();
+  if (c.seqlen_new > 0) {
+    const std::int64_t tokens = batch * c.seqlen_new * c.heads_kv;
+    s.inputs.k_new = kiln::test::random_normal(c.dtype, at(tokens * c.head_dim), rng);
+    s.inputs.v_new = kiln::test::random_normal(c.dtype, at(tokens * c.dim_v()), rng);
+  }
+}
+
+// NaN in every slot no sequence reads or appends to: a key past a sequence's end must not leak
+// into its output, not even through 0 * NaN.
+void poison_unreached_slots(const Case& c, Setup& s) {
+  const CacheMap& m = s.problem.cache;
+  std::vector<bool> reached(at(m.slots()), false);
+  for (int b = 0; b < c.batch(); ++b) {
+    for (int j = 0; j < c.seqlens[at(b)] + c.seqlen_new; ++j) reached[at(m.slot(b, j))] = true;
+  }
+  const auto k_slot = at(c.heads_kv * c.head_dim), v_slot = at(c.heads_kv * c.dim_v());
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  for (std::size_t slot = 0; slot < reached.size(); ++slot) {
+    if (reached[slot]) continue;
+    std::fill_n(&s.inputs.k_cache[slot * k_slot], k_slot, nan);
+    std::fill_n(&s.inputs.v_cache[slot * v_slot], v_slot, nan);
+  }
+}
+
+Setup make_setup(const Case& c, std::mt19937& rng) {
+  Setup s;
+  DecodeReferenceProblem& p = s.problem;
+  kiln::test::ReferenceProblem& a = p.attention;
+  a.dtype = c.dtype;
+  a.heads = c.heads;
+  a.heads_kv = c.heads_kv;
+  a.head_dim = c.head_dim;
+  a.head_dim_v = c.dim_v();
+  // kiln's default is computed in float; the reference takes the same float.
+  a.softmax_scale = c.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
+  a.window_left = c.window_left;
+  a.window_right = c.causal ? 0 : c.window_right;
+  a.top_left = c.top_left;
+  a.softcap = c.softcap;
+  if (c.alibi != Alibi::none) {
+    const int rows = c.alibi == Alibi::per_batch_head ? c.batch() : 1;
+    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
+    for (int i = 0; i < rows * c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
+  }
+  p.cache = cache_map(c, rng);
+  p.seqlens = c.seqlens;
+  p.seqlen_q = c.seqlen_q;
+  p.seqlen_new = c.seqlen_new;
+  if (c.rotary != Rotary::none) add_rotary(c, p);
+
+  const auto slots = at(p.cache.slots());
+  s.inputs.k_cache = kiln::test::random_normal(c.dtype, slots * at(c.heads_kv * c.head_dim), rng);
+  s.inputs.v_cache = kiln::test::random_normal(c.dtype, slots * at(c.heads_kv * c.dim_v()), rng);
+  randomize_queries(c, s, rng);
+  if (c.nan_slots) poison_unreached_slots(c, s);
+  return s;
+}
+
+// Everything on the device for one case, and the views and options that point into it.
+struct DeviceDecode {
+  std::vector<std::unique_ptr<DeviceBuffer>> inputs;  // kept alive for the views
+  std::unique_ptr<DeviceBuffer> k_cache, v_cache;
+  std::unique_ptr<Output> out, lse;
+  TensorView q, out_view;
+  kiln::KVCache cache;
+  kiln::DecodeOptions options;
+
+  void* keep(std::unique_ptr<DeviceBuffer> buffer) {
+    inputs.push_back(std::move(buffer));
+    return inputs.back()->get();
+  }
+};
+
+void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
+  const DecodeReferenceProblem& p = s.problem;
+  const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
+  d.options.softmax_scale = c.softmax_scale;
+  d.options.causal = c.causal;
+  d.options.window_left = c.window_left;
+  d.options.window_right = c.window_right;
+  d.options.top_left = c.top_left;
+  d.options.softcap = c.softcap;
+  d.options.num_splits = c.num_splits;
+  const auto& slopes = p.attention.alibi_slopes;
+  if (!slopes.empty()) {
+    void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));
+    d.options.alibi_slopes =
+        c.alibi == Alibi::per_head
+            ? TensorView::contiguous(data, DType::f32, {c.heads})
+            : TensorView::contiguous(data, DType::f32, {batch, std::int64_t{c.heads}});
+  }
+  if (c.seqlen_new > 0) {
+    d.options.k_new = TensorView::contiguous(
+        d.keep(upload_values(c.dtype, s.inputs.k_new)), c.dtype,
+        {batch, std::int64_t{c.seqlen_new}, heads_kv, std::int64_t{c.head_dim}});
+    d.options.v_new = TensorView::contiguous(
+        d.keep(upload_values(c.dtype, s.inputs.v_new)), c.dtype,
+        {batch, std::int64_t{c.seqlen_new}, heads_kv, std::int64_t{c.dim_v()}});
+  }
+  if (p.rotary_dim > 0) {
+    const std::int64_t half = p.rotary_dim / 2;
+    const auto rows = static_cast<std::int64_t>(p.rotary_cos.size()) / half;
+    d.options.rotary_cos =
+        TensorView::contiguous(d.keep(upload_values(c.dtype, p.rotary_cos)), c.dtype, {rows, half});
+    d.options.rotary_sin =
+        TensorView::contiguous(d.keep(upload_values(c.dtype, p.rotary_sin)), c.dtype, {rows, half});
+    d.options.rotary_interleaved = p.rotary_interleaved;
+  }
+  if (c.lse) {
+    d.options.lse = TensorView::contiguous(
+        d.lse->data(), DType::f32, {batch, std::int64_t{c.heads}, std::int64_t{c.seqlen_q}});
+  }
+}
+
+DeviceDecode upload_case(const Case& c, const Setup& s) {
+  const CacheMap& m = s.problem.cache;
+  const std::int64_t batch = c.batch(), heads = c.heads, heads_kv = c.heads_kv;
+  const std::int64_t seqlen_q = c.seqlen_q, dim = c.head_dim, dim_v = c.dim_v();
+  DeviceDecode d;
+  d.q = TensorView::contiguous(d.keep(upload_values(c.dtype, s.inputs.q)), c.dtype,
+                               {batch, seqlen_q, heads, dim});
+  d.k_cache = upload_values(c.dtype, s.inputs.k_cache);
+  d.v_cache = upload_values(c.dtype, s.inputs.v_cache);
+  d.cache.k = TensorView::contiguous(
+      d.k_cache->get(), c.dtype, {std::int64_t{m.rows}, std::int64_t{m.row_len}, heads_kv, dim});
+  d.cache.v = TensorView::contiguous(
+      d.v_cache->get(), c.dtype, {std::int64_t{m.rows}, std::int64_t{m.row_len}, heads_kv, dim_v});
+  d.cache.seqlens = TensorView::contiguous(d.keep(upload(s.problem.seqlens)), DType::i32, {batch});
+  if (!m.batch_idx.empty()) {
+    d.cache.batch_idx = TensorView::contiguous(d.keep(upload(m.batch_idx)), DType::i32, {batch});
+  }
+  if (m.paged()) {
+    d.cache.block_table = TensorView::contiguous(d.keep(upload(m.block_table)), DType::i32,
+                                                 {batch, std::int64_t{m.max_pages}});
+  }
+  d.out = std::make_unique<Output>(c.dtype, batch * seqlen_q * heads * dim_v);
+  d.out_view = TensorView::contiguous(d.out->data(), c.dtype, {batch, seqlen_q, heads, dim_v});
+  d.lse = std::make_unique<Output>(DType::f32, batch * heads * seqlen_q);
+  set_options(c, s, d);
+  return d;
+}
+
+struct Downloaded {
+  std::vector<std::uint8_t> out, lse;
+  std::vector<std::uint16_t> k_cache, v_cache;
+  bool operator==(const Downloaded&) const = default;
+};
+
+Downloaded download(const DeviceDecode& d) {
+  return {d.out->bytes(), d.lse->bytes(), d.k_cache->download<std::uint16_t>(),
+          d.v_cache->download<std::uint16_t>()};
+}
+
+// One call with out and lse poisoned first.
+Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
+  d.out->poison();
+  d.lse->poison();
+  kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, nullptr, rt);
+  kiln::test::sync_and_check();
+  return download(d);
+}
+
+// The cache after the call: appended slots hold k_new and v_new (k_new rotated, within an ulp
+// of the fp64 rotation: the device rotates in fp32), every other slot keeps its bits.
+void check_cache(const Case& c, const Setup& s, const Downloaded& got,
+                 const DecodeReferenceResult& want) {
+  struct Side {
+    const char* name;
+    const std::vector<double>& before;
+    const std::vector<double>& after;
+    const std::vector<std::uint16_t>& got;
+    bool rotated;
+  };
+  const Side sides[] = {
+      {"k", s.inputs.k_cache, want.k_cache, got.k_cache, s.problem.rotary_dim > 0},
+      {"v", s.inputs.v_cache, want.v_cache, got.v_cache, false}};
+  const double ulp = c.dtype == DType::bf16 ? 0x1p-7 : 0x1p-10;  // relative, at most
+  for (const Side& side : sides) {
+    const std::size_t per_slot = side.after.size() / want.appended.size();
+    const std::vector<std::uint16_t> before = bits_of(c.dtype, side.before);
+    std::int64_t changed = 0, wrong = 0, first_wrong = -1;
+    for (std::size_t i = 0; i < side.got.size(); ++i) {
+      if (!want.appended[i / per_slot]) {
+        changed += side.got[i] != before[i];
+        continue;
+      }
+      const double g = kiln::test::from_bits(c.dtype, side.got[i]), w = side.after[i];
+      const bool ok = side.rotated ? std::fabs(g - w) <= ulp * std::max(std::fabs(g), std::fabs(w))
+                                   : side.got[i] == kiln::test::to_bits(c.dtype, w);
+      if (!ok && wrong++ == 0) first_wrong = static_cast<std::int64_t>(i);
+    }
+    INFO(side.name << " cache: " << changed << " elements changed that the append does not write; "
+                   << wrong << " appended elements off, the first at " << first_wrong << " (slot "
+                   << first_wrong / static_cast<std::int64_t>(per_slot) << ")");
+    CHECK(changed == 0);
+    CHECK(wrong == 0);
+  }
+}
+
+void check_outputs(const Case& c, const Setup& s, const DeviceDecode& d, const Downloaded& got,
+                   const DecodeReferenceResult& want) {
+  check_out(*d.out, got.out, want.attention, c.heads, c.dim_v());
+  if (c.lse) {
+    check_lse(*d.lse, got.lse, want.lse);
+  } else {
+    CHECK(d.lse->untouched(got.lse, true));  // nothing asked, nothing written
+  }
+  check_cache(c, s, got, want);
+}
+
+// Runs `c` twice and checks out, lse and the cache against the reference, the guards, and that
+// the second call (the same append onto the cache the first left) changes no bit.
+void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
+  INFO(describe(c));
+  const Setup s = make_setup(c, rng);
+  const DecodeReferenceResult want = kiln::test::decode_reference(s.problem, s.inputs);
+  DeviceDecode d = upload_case(c, s);
+  const Downloaded first = run(rt, d);
+  check_outputs(c, s, d, first, want);
+  const bool same_bits = run(rt, d) == first;  // not CHECK(run() == first): it would print it all
+  CHECK(same_bits);
+}
+
+kiln::Runtime make_runtime() {
+  return kiln::Runtime(kiln::test::isolated_options(cache_dir()));
+}
+
+}  // namespace
+
+TEST_CASE("decode over contiguous and paged caches of ragged lengths", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(1);
+  // Sequence 0 has no keys: out 0 and lse -inf. Page 1 puts every key on its own page; 256 puts
+  // the longest sequence on two.
+  for (DType dtype : kDTypes) {
+    for (int page_size : {0, 1, 16, 256}) {
+      run_case(rt, {.dtype = dtype, .page_size = page_size}, rng);
+    }
+  }
+  // Past each sequence's end the cache holds NaN: the tail of a sequence's last page, whole
+  // pages of its block table and rows no sequence owns.
+  for (int page_size : {0, 16}) {
+    run_case(rt, {.seqlens = {0, 1, 17, 33, 300}, .page_size = page_size, .nan_slots = true}, rng);
+  }
+  // Without the lse output, and with a page size that is not a power of two.
+  run_case(rt, {.seqlens = {5, 64, 1}, .page_size = 48, .lse = false}, rng);
+}
+
+TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(2);
+  for (auto [heads, heads_kv] : {std::pair{2, 2}, {4, 2}, {8, 2}, {16, 2}, {8, 1}}) {
+    Case c{.heads = heads, .heads_kv = heads_kv, .seqlens = {0, 1, 3, 40, 200}};
+    run_case(rt, c, rng);
+    // Speculative decoding: four queries, bottom-right causal, so the queries of a sequence of
+    // one key are all masked but the last.
+    c.seqlen_q = 4;
+    c.causal = true;
+    run_case(rt, c, rng);
+    c.page_size = 16;
+    run_case(rt, c, rng);
+  }
+}
+
+TEST_CASE("decode split-KV over a long cache: 1, 2, 7, 64 splits and the heuristic",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(3);
+  const int sms = rt.device_info().multiprocessors;
+  for (int splits : {1, 2, 7, 0, 64}) {
+    const kiln::DecodeConfig config = kiln::choose_decode(3, 2, 4, 3005, 128, 128, sms, splits);
+    INFO("choose_decode gives " << config.num_splits << " splits for " << splits << " asked");
+    CHECK(config.num_splits >= 1);
+    CHECK(config.num_splits <= (splits ? splits : 128));
+    run_case(rt, {.seqlens = {3000, 2111, 1}, .num_splits = splits}, rng);
+  }
+  // Paged, with four causal queries per sequence.
+  for (int splits : {7, 0}) {
+    run_case(rt,
+             {.seqlen_q = 4,
+              .seqlens = {3000, 2111, 1},
+              .page_size = 16,
+              .causal = true,
+              .num_splits = splits},
+             rng);
+  }
+  // Short sequences split into many ranges leave some ranges without keys.
+  run_case(rt, {.seqlens = {0, 1, 9, 100}, .num_splits = 64}, rng);
+}
+
+TEST_CASE("decode with cache_batch_idx: sequences in shuffled cache rows", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(4);
+  for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype, .seqlens = {5, 0, 300, 1}, .batch_idx = true};
+    run_case(rt, c, rng);
+    c.seqlen_q = 2;
+    c.seqlen_new = 2;
+    c.causal = true;
+    c.num_splits = 3;
+    run_case(rt, c, rng);
+  }
+}
+
+TEST_CASE("decode appends k_new and v_new before attending", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(5);
+  // Appends into an empty sequence, across page boundaries (15 + 1 fills a page of 16, 16 + 4
+  // starts one) and into the last free slots (capacity 305 = 300 + 5).
+  for (int page_size : {0, 1, 16, 256}) {
+    Case c{.seqlens = {0, 1, 15, 16, 300}, .seqlen_new = 1, .page_size = page_size};
+    run_case(rt, c, rng);
+    c.seqlen_new = 5;
+    c.seqlen_q = 5;
+    c.causal = true;
+    c.capacity = 305;
+    run_case(rt, c, rng);
+  }
+  // f16; more new keys than queries; without causal a query sees the keys appended after it.
+  for (bool causal : {false, true}) {
+    run_case(rt,
+             {.dtype = DType::f16,
+              .seqlen_q = 2,
+              .seqlens = {7, 0, 64},
+              .seqlen_new = 3,
+              .page_size = 16,
+              .causal = causal,
+              .num_splits = 2},
+             rng);
+  }
+}
+
+TEST_CASE("decode rotary, interleaved and GPT-NeoX, with and without a band", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(6);
+  // With a band q token i sits at seqlens[b] + i, without one every q token at seqlens[b].
+  for (Rotary rotary : {Rotary::neox, Rotary::interleaved}) {
+    for (bool causal : {false, true}) {
+      Case c{.seqlens = {0, 1, 40, 200}, .seqlen_new = 1, .causal = causal, .rotary = rotary};
+      run_case(rt, c, rng);
+      c.seqlen_q = c.seqlen_new = 3;
+      c.page_size = 16;
+      run_case(rt, c, rng);
+      c.rotary_dim = 64;  // half the head rotated, half left alone
+      c.dtype = DType::f16;
+      run_case(rt, c, rng);
+    }
+    // A window without causal is a band too.
+    run_case(
+        rt,
+        {.seqlen_q = 3, .seqlens = {10, 200}, .seqlen_new = 3, .window_left = 16, .rotary = rotary},
+        rng);
+  }
+}
+
+TEST_CASE("decode sliding windows, softcap and ALiBi", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(7);
+  for (int seqlen_q : {1, 4}) {
+    Case c{.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}};
+    c.window_left = 32;  // keys right of the diagonal stay visible: window_right unbounded
+    run_case(rt, c, rng);
+    c.causal = true;
+    c.page_size = 16;
+    run_case(rt, c, rng);
+    c.causal = false;
+    c.window_left = 0;
+    c.window_right = 2;
+    c.top_left = true;
+    run_case(rt, c, rng);
+
+    // Logits of std 1 barely reach a cap of 30: cap them at 2, or raise them to std 11 under 10.
+    c = {.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}, .softcap = 2};
+    run_case(rt, c, rng);
+    c.softcap = 10;
+    c.softmax_scale = 1.0f;
+    c.causal = true;
+    c.num_splits = 3;
+    run_case(rt, c, rng);
+
+    for (Alibi alibi : {Alibi::per_head, Alibi::per_batch_head}) {
+      c = {.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}, .causal = true, .alibi = alibi};
+      run_case(rt, c, rng);
+    }
+  }
+}
+
+TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(8);
+  // One case a dim (each compiles its own kernels), features spread over them.
+  run_case(rt, {.head_dim = 64, .seqlens = {0, 1, 77, 300}}, rng);
+  run_case(rt,
+           {.dtype = DType::f16,
+            .head_dim = 72,
+            .seqlen_q = 4,
+            .seqlens = {1, 77, 300},
+            .seqlen_new = 4,
+            .page_size = 16,
+            .causal = true,
+            .num_splits = 3},
+           rng);
+  run_case(rt, {.head_dim = 256, .seqlens = {0, 1, 77, 300}, .page_size = 16, .num_splits = 3},
+           rng);
+  run_case(rt,
+           {.head_dim = 192,
+            .head_dim_v = 128,
+            .seqlen_q = 2,
+            .seqlens = {0, 1, 300},
+            .seqlen_new = 2,
+            .page_size = 16,
+            .causal = true,
+            .num_splits = 4},
+           rng);
+}
+
+TEST_CASE("decode with every feature at once", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(9);
+  for (DType dtype : kDTypes) {
+    run_case(rt,
+             {.dtype = dtype,
+              .heads = 16,
+              .heads_kv = 2,
+              .seqlen_q = 3,
+              .seqlens = {0, 1, 45, 500},
+              .seqlen_new = 3,
+              .page_size = 16,
+              .causal = true,
+              .window_left = 64,
+              .softcap = 5,
+              .alibi = Alibi::per_batch_head,
+              .rotary = Rotary::interleaved,
+              .num_splits = 3,
+              .nan_slots = true},
+             rng);
+    run_case(rt,
+             {.dtype = dtype,
+              .heads = 8,
+              .heads_kv = 1,
+              .seqlen_q = 2,
+              .seqlens = {31, 0, 250},
+              .seqlen_new = 2,
+              .batch_idx = true,
+              .causal = true,
+              .softcap = 5,
+              .alibi = Alibi::per_head,
+              .rotary = Rotary::neox,
+              .rotary_dim = 32,
+              .num_splits = 0},
+             rng);
+  }
+}
+
+namespace {
+
+// A stream, graph and graph instance destroyed with the object.
+struct GraphOnStream {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GraphOnStream() { KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~GraphOnStream() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+  GraphOnStream(const GraphOnStream&) = delete;
+  GraphOnStream& operator=(const GraphOnStream&) = delete;
+
+  // Captures what `work` queues on the stream and instantiates it; a capture that fails is
+  // ended before the error goes on, so the stream stays usable.
+  void capture(const std::function<void()>& work) {
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    try {
+      work();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      cudaGetLastError();
+      throw;
+    }
+    KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+};
+
+template <class T>
+void copy_async(const TensorView& to, const std::vector<T>& from, cudaStream_t stream) {
+  KILN_CUDA_CHECK(cudaMemcpyAsync(to.data, from.data(), from.size() * sizeof(T),
+                                  cudaMemcpyHostToDevice, stream));
+}
+
+}  // namespace
+
+TEST_CASE("decode step captured in a CUDA graph, replayed with new cache lengths",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Options options = kiln::test::isolated_options(cache_dir());
+  options.debug = false;  // the debug checks copy to the host, which a capture forbids
+  kiln::Runtime rt(options);
+  std::mt19937 rng(10);
+  // One token appended per sequence and four splits, so the graph holds the append, the split
+  // attention, the combine and the scratch's allocation and release.
+  Case c{
+      .seqlens = {40, 0, 200}, .seqlen_new = 1, .page_size = 16, .capacity = 512, .num_splits = 4};
+  Setup s = make_setup(c, rng);
+  DeviceDecode d = upload_case(c, s);
+  GraphOnStream g;
+  const auto call = [&] {
+    kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, g.stream, rt);
+  };
+
+  // An eager step first, on the same stream: it compiles and loads the kernels, which a capture
+  // cannot do (as with any library, warm up before capturing).
+  DecodeReferenceResult want = kiln::test::decode_reference(s.problem, s.inputs);
+  {
+    INFO("eager step: " << describe(c));
+    d.out->poison();
+    d.lse->poison();
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // a non-blocking stream does not wait for it
+    call();
+    KILN_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+    kiln::test::sync_and_check();
+    check_outputs(c, s, d, download(d), want);
+  }
+  g.capture(call);
+
+  // Each replay: the caller advances the lengths (or jumps: a new sequence in a slot, one that
+  // fills its last free slot) and writes new q and new tokens into the same buffers.
+  for (const std::vector<int>& seqlens : {std::vector<int>{41, 1, 201}, {300, 0, 511}}) {
+    c.seqlens = seqlens;
+    INFO("replay: " << describe(c));
+    s.problem.seqlens = seqlens;
+    s.inputs.k_cache = want.k_cache;
+    s.inputs.v_cache = want.v_cache;
+    randomize_queries(c, s, rng);
+    want = kiln::test::decode_reference(s.problem, s.inputs);
+
+    d.out->poison();
+    d.lse->poison();
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the poison runs on the legacy stream
+    const auto q = bits_of(c.dtype, s.inputs.q), k_new = bits_of(c.dtype, s.inputs.k_new),
+               v_new = bits_of(c.dtype, s.inputs.v_new);
+    copy_async(d.cache.seqlens, seqlens, g.stream);
+    copy_async(d.q, q, g.stream);
+    copy_async(*d.options.k_new, k_new, g.stream);
+    copy_async(*d.options.v_new, v_new, g.stream);
+    KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.stream));
+    KILN_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+    kiln::test::sync_and_check();
+    check_outputs(c, s, d, download(d), want);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// merge_states
+
+namespace {
+
+struct MergeCase {
+  DType in = DType::f32;
+  DType out = DType::f32;
+  bool two = true;  // merge_states' two-state form; states must be 2
+  int tokens = 37;
+  int states = 2;
+  int heads = 5;
+  int dim = 64;
+  bool out_lse = true;
+};
+
+std::string describe(const MergeCase& c) {
+  std::ostringstream s;
+  s << (c.two ? "two states " : "many states ") << kiln::to_string(c.in) << " -> "
+    << kiln::to_string(c.out) << " tokens " << c.tokens << " states " << c.states << " heads "
+    << c.heads << " dim " << c.dim << (c.out_lse ? " lse out" : "");
+  return s.str();
+}
+
+// LSEs in [-5, 5], -inf in a pattern by token: state 0 empty, the last state empty, all empty.
+std::vector<double> random_lse(const MergeCase& c, std::mt19937& rng) {
+  std::uniform_real_distribution<double> uniform(-5.0, 5.0);
+  std::vector<double> lse(at(std::int64_t{c.tokens} * c.states * c.heads));
+  for (std::size_t i = 0; i < lse.size(); ++i) {
+    const std::size_t token = i / at(c.states * c.heads), state = i / at(c.heads) % at(c.states);
+    const bool empty = (token % 5 == 1 && state == 0) ||
+                       (token % 5 == 2 && state == at(c.states) - 1) || token % 5 == 3;
+    lse[i] = empty ? -kInf : static_cast<float>(uniform(rng));
+  }
+  return lse;
+}
+
+// The reference's lse (heads, tokens) in merge_states' order (tokens, heads).
+std::vector<double> tokens_major(const std::vector<double>& lse, int tokens, int heads) {
+  std::vector<double> out(lse.size());
+  for (std::size_t t = 0; t < at(tokens); ++t) {
+    for (std::size_t h = 0; h < at(heads); ++h) out[t * at(heads) + h] = lse[h * at(tokens) + t];
+  }
+  return out;
+}
+
+void run_merge(kiln::Runtime& rt, const MergeCase& c, std::mt19937& rng) {
+  INFO(describe(c));
+  const std::int64_t tokens = c.tokens, states = c.states, heads = c.heads, dim = c.dim;
+  // Both forms read v (tokens, states, heads, dim) and s (tokens, states, heads); the two-state
+  // form sees states 0 and 1 through strided views of them.
+  const auto v = kiln::test::random_normal(c.in, at(tokens * states * heads * dim), rng);
+  const auto s = random_lse(c, rng);
+  const ReferenceResult want =
+      kiln::test::merge_reference(c.out, c.tokens, c.states, c.heads, c.dim, v, s);
+  const auto v_buffer = upload_values(c.in, v);
+  const auto s_buffer = upload_values(DType::f32, s);
+  Output out(c.out, tokens * heads * dim), out_lse(DType::f32, tokens * heads);
+  const TensorView out_view = TensorView::contiguous(out.data(), c.out, {tokens, heads, dim});
+  const TensorView out_lse_view =
+      TensorView::contiguous(out_lse.data(), DType::f32, {tokens, heads});
+  const TensorView* s_out = c.out_lse ? &out_lse_view : nullptr;
+  out.poison();
+  out_lse.poison();
+  if (c.two) {
+    REQUIRE(c.states == 2);
+    const auto state_view = [&](const DeviceBuffer& buffer, DType dtype, std::int64_t state,
+                                bool is_v) {
+      TensorView t;
+      t.data = static_cast<std::byte*>(buffer.get()) +
+               state * heads * (is_v ? dim : 1) * static_cast<std::int64_t>(kiln::size_of(dtype));
+      t.dtype = dtype;
+      t.rank = is_v ? 3 : 2;
+      t.shape = {tokens, heads, dim, 0};
+      t.strides = {states * heads * (is_v ? dim : 1), is_v ? dim : 1, 1, 0};
+      return t;
+    };
+    kiln::merge_states(state_view(*v_buffer, c.in, 0, true),
+                       state_view(*s_buffer, DType::f32, 0, false),
+                       state_view(*v_buffer, c.in, 1, true),
+                       state_view(*s_buffer, DType::f32, 1, false), out_view, s_out, nullptr, rt);
+  } else {
+    kiln::merge_states(TensorView::contiguous(v_buffer->get(), c.in, {tokens, states, heads, dim}),
+                       TensorView::contiguous(s_buffer->get(), DType::f32, {tokens, states, heads}),
+                       out_view, s_out, nullptr, rt);
+  }
+  kiln::test::sync_and_check();
+  check_out(out, out.bytes(), want, c.heads, c.dim);
+  const auto lse_bytes = out_lse.bytes();
+  if (c.out_lse) {
+    check_lse(out_lse, lse_bytes, tokens_major(want.lse, c.tokens, c.heads));
+  } else {
+    CHECK(out_lse.untouched(lse_bytes, true));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("merge_states of two states: f32, bf16 and f16, empty states, strided views",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(11);
+  for (auto [in, out] : {std::pair{DType::f32, DType::f32},
+                         {DType::bf16, DType::bf16},
+                         {DType::f16, DType::f16},
+                         {DType::f32, DType::bf16}}) {
+    run_merge(rt, {.in = in, .out = out}, rng);
+  }
+  run_merge(rt, {.in = DType::bf16, .out = DType::bf16, .tokens = 1, .dim = 72, .out_lse = false},
+            rng);
+}
+
+TEST_CASE("merge_states of many states: 1, 3 and 16 states, empty states", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(12);
+  for (int states : {1, 3, 16}) {
+    run_merge(rt,
+              {.in = DType::f32, .out = DType::bf16, .two = false, .states = states, .dim = 128},
+              rng);
+    run_merge(rt, {.in = DType::bf16, .out = DType::bf16, .two = false, .states = states}, rng);
+  }
+  run_merge(rt,
+            {.in = DType::f32,
+             .out = DType::f32,
+             .two = false,
+             .tokens = 9,
+             .states = 5,
+             .out_lse = false},
+            rng);
+}
+
+namespace {
+
+// A setup whose sequence b holds keys [from[b], to[b]) of `full`'s, with the same queries.
+Setup key_range(const Case& c, const Setup& full, const std::vector<int>& from,
+                const std::vector<int>& to) {
+  Setup s = full;
+  const auto k_slot = at(c.heads_kv * c.head_dim), v_slot = at(c.heads_kv * c.dim_v());
+  for (int b = 0; b < c.batch(); ++b) {
+    s.problem.seqlens[at(b)] = to[at(b)] - from[at(b)];
+    for (int j = from[at(b)]; j < to[at(b)]; ++j) {
+      const auto src = at(full.problem.cache.slot(b, j));
+      const auto dst = at(s.problem.cache.slot(b, j - from[at(b)]));
+      std::copy_n(&full.inputs.k_cache[src * k_slot], k_slot, &s.inputs.k_cache[dst * k_slot]);
+      std::copy_n(&full.inputs.v_cache[src * v_slot], v_slot, &s.inputs.v_cache[dst * v_slot]);
+    }
+  }
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("merge_states of attention over keys [0, m) and [m, n) is attention over [0, n)",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(13);
+  // Sequence 0 has no keys on either side, 1 none in the first part, 4 none in the second.
+  const std::vector<int> m = {0, 0, 77, 350, 50}, n = {0, 1, 200, 700, 50};
+  for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype, .seqlens = n};
+    const Setup full = make_setup(c, rng);
+    const std::vector<int> zero(n.size(), 0);
+    const Setup parts[] = {key_range(c, full, zero, m), key_range(c, full, m, n)};
+    std::vector<std::unique_ptr<DeviceDecode>> devices;
+    std::vector<DecodeReferenceResult> wants;
+    for (const Setup& part : parts) {
+      c.seqlens = part.problem.seqlens;
+      INFO("part: " << describe(c));
+      wants.push_back(kiln::test::decode_reference(part.problem, part.inputs));
+      devices.push_back(std::make_unique<DeviceDecode>(upload_case(c, part)));
+      check_outputs(c, part, *devices.back(), run(rt, *devices.back()), wants.back());
+    }
+
+    // Merge the parts' outputs as they are: seqlen_q 1 makes out (batch, heads, d) and lse
+    // (batch, heads).
+    const std::int64_t batch = c.batch(), heads = c.heads, dim = c.head_dim;
+    Output out(dtype, batch * heads * dim), out_lse(DType::f32, batch * heads);
+    out.poison();
+    out_lse.poison();
+    const TensorView out_lse_view =
+        TensorView::contiguous(out_lse.data(), DType::f32, {batch, heads});
+    const auto v_of = [&](const DeviceDecode& d) {
+      return TensorView::contiguous(d.out->data(), dtype, {batch, heads, dim});
+    };
+    const auto s_of = [&](const DeviceDecode& d) {
+      return TensorView::contiguous(d.lse->data(), DType::f32, {batch, heads});
+    };
+    kiln::merge_states(v_of(*devices[0]), s_of(*devices[0]), v_of(*devices[1]), s_of(*devices[1]),
+                       TensorView::contiguous(out.data(), dtype, {batch, heads, dim}),
+                       &out_lse_view, nullptr, rt);
+    kiln::test::sync_and_check();
+
+    // Against attention over all keys in fp64; the plain-dtype baseline is each part done
+    // plainly in the dtype, merged and rounded to it.
+    const DecodeReferenceResult whole = kiln::test::decode_reference(full.problem, full.inputs);
+    std::vector<double> plain_states, lse_states;
+    for (std::int64_t b = 0; b < batch; ++b) {
+      for (const DecodeReferenceResult& part : wants) {
+        const auto row = at(b * heads * dim);
+        plain_states.insert(plain_states.end(), &part.attention.out_plain[row],
+                            &part.attention.out_plain[row + at(heads * dim)]);
+        lse_states.insert(lse_states.end(), &part.lse[at(b * heads)],
+                          &part.lse[at((b + 1) * heads)]);
+      }
+    }
+    ReferenceResult want = whole.attention;
+    want.out_plain = kiln::test::merge_reference(dtype, c.batch(), 2, c.heads, c.head_dim,
+                                                 plain_states, lse_states)
+                         .out_plain;
+    INFO("merged: " << kiln::to_string(dtype));
+    check_out(out, out.bytes(), want, c.heads, c.head_dim);
+    check_lse(out_lse, out_lse.bytes(), whole.lse);
+  }
+}
