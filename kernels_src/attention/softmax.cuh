@@ -8,8 +8,9 @@
 namespace kiln::attention {
 
 // Each thread holds rows g and g + 8 (g = lane / 4) of each of the warp's MTiles m16 tiles,
-// shared with the 3 other lanes of its quad: row r = 2 * tile + half.
-template <int MTiles>
+// shared with the 3 other lanes of its quad: row r = 2 * tile + half. VoteFrom: the output
+// accumulators per thread from which rescale_output votes to skip the multiplies.
+template <int MTiles, int VoteFrom = 128>
 struct OnlineSoftmax {
   static constexpr int rows = 2 * MTiles;
   float row_max[rows];  // of logits seen so far, equal across the quad
@@ -61,12 +62,13 @@ struct OnlineSoftmax {
   }
 
   // o *= rescale per row. Once the row maxima settle most steps leave every rescale at 1; when
-  // o is large (>= 128 accumulators a thread) a warp vote that skips the multiplies then pays
-  // for itself (measured: +3-6% at head dims 128 and 256, -7% at 64).
+  // o is large a warp vote that skips the multiplies then pays for itself. Measured on an H200:
+  // in the forward kernel +3-6% at head dims 128 and 256 (>= 128 accumulators), -7% at 64; the
+  // decode kernel, issue-bound with one warp per scheduler, votes from 64.
   template <int OTiles>
   __device__ __forceinline__ void rescale_output(float (&o)[MTiles][OTiles][4],
                                                  const float (&rescale)[rows]) {
-    if constexpr (MTiles * OTiles * 4 >= 128) {
+    if constexpr (MTiles * OTiles * 4 >= VoteFrom) {
       bool grew = false;
 #pragma unroll
       for (int r = 0; r < rows; ++r) grew |= rescale[r] != 1.f;

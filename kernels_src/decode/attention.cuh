@@ -28,6 +28,7 @@
 
 #include "attention/mask.cuh"
 #include "attention/softmax.cuh"
+#include "attention/tile_io.cuh"
 #include "attention/tile_mma.cuh"
 #include "attention/traits.cuh"
 #include "common/mma.cuh"
@@ -165,19 +166,29 @@ __device__ __forceinline__ CacheRows<Paged, T> cache_rows(const DecodeParams& p,
 }
 
 // Starts one warp's copy of keys [key0, key0 + block_n) into a slot: K rows then V rows, rows at
-// or past `valid` zero-filled without being read. Each lane keeps one 16-byte column and walks
-// down the rows; where K and V rows have the same chunk count one row lookup serves both.
+// or past `valid` zero-filled without being read. A tile in one stretch of rows (contiguous
+// cache, or within one page) goes as two strided tiles, one pointer step per row pass;
+// otherwise each lane looks up the page of each row it copies.
 template <class Tr, bool Paged>
 __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
                                              const CacheRows<Paged, typename Tr::T>& c, int key0,
                                              int valid, int lane) {
   using T = typename Tr::T;
+  T* const v_slot = slot + Tr::k_elems;
+  const TileRows<Paged, T> tile(c, key0, min(valid, Tr::block_n));
+  if (!Paged || tile.in_page >= 0) {
+    long long k_off, v_off;
+    tile.offsets(0, k_off, v_off);
+    attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32>(
+        slot, c.k + k_off, c.k_seq_stride, valid, lane);
+    attention::load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32>(
+        v_slot, c.v + v_off, c.v_seq_stride, valid, lane);
+    return;
+  }
   constexpr int k_chunks = Tr::qk_dim / 8;  // 16-byte chunks per padded row
   constexpr int v_chunks = Tr::v_dim / 8;
   constexpr int k_count = (Tr::block_n * k_chunks + 31) / 32;
   constexpr int v_count = (Tr::block_n * v_chunks + 31) / 32;
-  T* const v_slot = slot + Tr::k_elems;
-  const TileRows<Paged, T> tile(c, key0, min(valid, Tr::block_n));
 #pragma unroll
   for (int i = 0; i < (k_count > v_count ? k_count : v_count); ++i) {
     const int k_chunk = lane + 32 * i;
@@ -185,7 +196,7 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
     const int k_col = k_chunk % k_chunks * 8;
     long long k_off = 0, v_off = 0;
     const bool k_in = k_row < Tr::block_n && k_row < valid;
-    if (k_in) tile.offsets(k_row, k_off, v_off);
+    if (k_in) c.offsets(key0 + k_row, k_off, v_off);
     if (i < k_count && (Tr::block_n * k_chunks % 32 == 0 || k_row < Tr::block_n)) {
       const bool ok = k_in && k_col < Tr::head_dim;
       mma::cp_async_16(mma::smem_address(slot + k_row * Tr::qk_pitch + k_col),
@@ -196,7 +207,7 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
     const int v_col = v_chunk % v_chunks * 8;
     if (i < v_count && (Tr::block_n * v_chunks % 32 == 0 || v_row < Tr::block_n)) {
       const bool v_in = v_row < valid;
-      if (k_chunks != v_chunks && v_in) tile.offsets(v_row, k_off, v_off);
+      if (k_chunks != v_chunks && v_in) c.offsets(key0 + v_row, k_off, v_off);
       const bool ok = v_in && v_col < Tr::head_dim_v;
       mma::cp_async_16(mma::smem_address(v_slot + v_row * Tr::v_pitch + v_col),
                        ok ? c.v + v_off + v_col : c.v, ok);
@@ -374,7 +385,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
       for (int x = 0; x < 4; ++x) o[mt][j][x] = 0.f;
     }
   }
-  attention::OnlineSoftmax<Tr::m_tiles> softmax;
+  attention::OnlineSoftmax<Tr::m_tiles, 64> softmax;
   softmax.init();
 
   // Q and this warp's first tile; Q came from every thread, so once across the CTA.
