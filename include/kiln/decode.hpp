@@ -3,6 +3,8 @@
 #pragma once
 
 #include <optional>
+#include <string_view>
+#include <vector>
 
 #include "kiln/runtime.hpp"
 #include "kiln/tensor.hpp"
@@ -96,6 +98,11 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
 // rows_per_kv_head = seqlen_q * heads / heads_kv.
 DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long long capacity,
                            int head_dim, int head_dim_v, int multiprocessors, int requested_splits);
+
+// The specs `kiln warm` compiles by default for decode on `target` (sm_80 or newer; none
+// elsewhere): bf16 and fp16, head dims 64 and 128, contiguous and paged caches, one query token
+// with GQA groups of up to 16 heads, and the merge of split-KV.
+std::vector<KernelSpec> decode_default_specs(std::string_view target);
 
 // Merging attention states. A state is an attention output v (fp16, bf16 or fp32) over some
 // set of keys and its fp32 natural-log LSE s; the merge is the attention over the union:

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kiln/error.hpp"
+#include "ops/tensor_checks.hpp"
 
 namespace kiln {
 namespace {
@@ -74,6 +75,33 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
   const long long per_sm = std::max(1LL, kSmemPerSm / smem_bytes(head_dim, head_dim_v, m_tiles, c));
   c.num_splits = split_heuristic(ctas, std::max(1, multiprocessors) * per_sm, worthwhile);
   return c;
+}
+
+std::vector<KernelSpec> decode_default_specs(std::string_view target) {
+  std::vector<KernelSpec> specs;
+  if (!detail::is_sm80_or_newer(target)) return specs;
+  // A long cache on few sequences, so that the config splits and the merge is included.
+  constexpr int kBatch = 1, kHeadsKv = 8, kRows = 4, kSms = 132;
+  constexpr long long kCapacity = 32768;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int dim : {64, 128}) {
+      for (bool paged : {false, true}) {
+        const detail::DecodeProblem problem{.dtype = dtype,
+                                            .head_dim = dim,
+                                            .head_dim_v = dim,
+                                            .rows_per_kv_head = kRows,
+                                            .paged = paged};
+        const DecodeConfig config =
+            choose_decode(kBatch, kHeadsKv, kRows, kCapacity, dim, dim, kSms, 0);
+        for (KernelSpec& spec : detail::decode_specs(problem, config)) {
+          if (std::find(specs.begin(), specs.end(), spec) == specs.end()) {
+            specs.push_back(std::move(spec));
+          }
+        }
+      }
+    }
+  }
+  return specs;
 }
 
 namespace detail {

@@ -1,10 +1,11 @@
-// Every attention variant the hot path picks by default compiles with no GPU: the tensor-core
-// kernel through NVRTC, the portable kernel through hipRTC for gfx90a and through NVRTC.
+// Every attention and decode variant the hot path picks by default compiles with no GPU: the
+// tensor-core kernels through NVRTC, the portable kernel through hipRTC for gfx90a and NVRTC.
 #include <catch2/catch.hpp>
 
 #include <vector>
 
 #include "kiln/attention.hpp"
+#include "kiln/decode.hpp"
 #include "ops/validation_support.hpp"
 #include "support.hpp"
 
@@ -148,4 +149,21 @@ TEST_CASE("attention with a given config: the tensor-core kernel is refused on A
     CHECK_THAT(r.message, Catch::Contains("attention/forward_portable.cuh"));
   }
   CHECK_THAT(call(tensor_cores, "sm_90a").message, Catch::Contains("attention/forward.cuh"));
+}
+
+TEST_CASE("the default decode specs compile for sm_90a without spilling; none for gfx90a",
+          "[decode][compile]") {
+  kiln::test::TempDir dir;
+  kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
+  const auto specs = kiln::decode_default_specs("sm_90a");
+  // bf16 and f16, head dims 64 and 128, contiguous and paged: 8 attention kernels and 4 merges.
+  REQUIRE(specs.size() == 12);
+  check_compiled(rt, specs);
+  for (const kiln::KernelSpec& spec : specs) {
+    const kiln::KernelInfo info = rt.compile(spec);
+    INFO(info.spec);
+    CHECK(info.spill_bytes == 0);
+  }
+  CHECK(kiln::decode_default_specs("gfx90a").empty());
+  CHECK(kiln::decode_default_specs("sm_75").empty());
 }
