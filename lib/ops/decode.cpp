@@ -18,7 +18,6 @@ namespace kiln {
 namespace detail {
 namespace {
 
-constexpr int kMaxSplits = 128;
 constexpr std::int64_t kMaxGridYZ = 65535;
 
 // The sizes of one decode call, read off the validated tensors.
@@ -201,9 +200,9 @@ void check_rotary(const DecodeOptions& o, const TensorView& q, const Shape& s, i
 
 void check_options(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
   check_score_options(o.softmax_scale, o.softcap, o.causal, o.window_left, o.window_right);
-  if (o.num_splits < 0 || o.num_splits > kMaxSplits) {
+  if (o.num_splits < 0 || o.num_splits > kMaxDecodeSplits) {
     invalid(fmt::format("num_splits is {}: use 0 (the heuristic chooses) or 1 to {}", o.num_splits,
-                        kMaxSplits));
+                        kMaxDecodeSplits));
   }
   if (o.alibi_slopes) check_alibi_slopes(*o.alibi_slopes, s.batch, s.heads, device);
   if (o.lse) {

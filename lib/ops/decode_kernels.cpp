@@ -11,7 +11,6 @@
 namespace kiln {
 namespace {
 
-constexpr int kMaxSplits = 128;
 // The heuristic gives each split at least this many keys: a CTA's fixed costs (Q, the first
 // tiles' latency, the warp merge) need that much streaming to hide. Measured on an H200 at
 // 1 x 32768 (8 kv heads): 16 splits of 2048 keys ran at 3.0 TB/s, 33 splits at 2.7.
@@ -62,8 +61,8 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
     c = deeper;
   }
   const long long step = static_cast<long long>(c.warps) * c.block_n;
-  const int max_splits =
-      static_cast<int>(std::clamp<long long>(ceil_div(capacity, step), 1, kMaxSplits));
+  const int max_splits = static_cast<int>(
+      std::clamp<long long>(ceil_div(capacity, step), 1, detail::kMaxDecodeSplits));
   if (requested_splits > 0) {
     c.num_splits = std::min(requested_splits, max_splits);
     return c;

@@ -9,6 +9,9 @@
 
 namespace kiln::detail {
 
+// The most key splits one call takes (DecodeOptions::num_splits and the heuristic).
+constexpr int kMaxDecodeSplits = 128;
+
 // What changes the generated code of a decode call.
 struct DecodeProblem {
   DType dtype = DType::bf16;
