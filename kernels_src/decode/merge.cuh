@@ -5,9 +5,11 @@
 // Spec constants: dtype_in (kiln::f32, f16 or bf16: the states' v), dtype_out (out), head_dim
 // (a multiple of 4 up to 256).
 //
-// Launch: grid (ceil(seqlen * heads * head_dim / 4 / 128), batch), 128 threads, no shared
-// memory. Each thread merges 4 consecutive elements of one (batch, token, head) row; the LSEs
-// it reads are the same for the row's threads, so they come from cache.
+// Launch: grid (seqlen * heads, batch), 128 threads, no dynamic shared memory. One CTA merges
+// one (batch, token, head) row: its 4 warps take every 4th state, each lane 4 consecutive
+// elements (two quads at head dims above 128), with a running max so that one pass over the
+// states suffices and their loads overlap; the warps' partial merges then meet in shared
+// memory. Split-KV merges few rows of many states, so latency is what this is built against.
 #pragma once
 
 #include "attention/math.cuh"
@@ -15,6 +17,52 @@
 #include "kiln/params/decode.h"
 
 namespace kiln {
+namespace decode {
+
+// A partial merge: the running max of the LSEs seen, the sum of exp(lse - max), and the
+// weighted sum of their v.
+template <int Quads>
+struct MergeAccumulator {
+  float top;
+  float total;
+  float acc[Quads][4];
+
+  __device__ __forceinline__ void init() {
+    top = attention::neg_inf();
+    total = 0.f;
+#pragma unroll
+    for (int q = 0; q < Quads; ++q) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[q][e] = 0.f;
+    }
+  }
+
+  // Adds a state of LSE `lse` whose v elements are `v`; weight * v is skipped when the weight
+  // is 0, since an empty state (-inf) may hold anything, NaN included.
+  __device__ __forceinline__ void add(float lse, const float (&v)[Quads][4]) {
+    if (lse == attention::neg_inf()) return;
+    if (lse > top) {
+      const float rescale =
+          top == attention::neg_inf() ? 0.f : exp2f((top - lse) * attention::kLog2e);
+      total *= rescale;
+#pragma unroll
+      for (int q = 0; q < Quads; ++q) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) acc[q][e] *= rescale;
+      }
+      top = lse;
+    }
+    const float weight = exp2f((lse - top) * attention::kLog2e);
+    total += weight;
+#pragma unroll
+    for (int q = 0; q < Quads; ++q) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[q][e] += weight * v[q][e];
+    }
+  }
+};
+
+}  // namespace decode
 
 template <class Spec>
 __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONSTANT MergeParams p) {
@@ -23,59 +71,84 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONST
   constexpr int head_dim = static_cast<int>(Spec::head_dim);
   static_assert(head_dim % 4 == 0 && head_dim >= 4 && head_dim <= 256,
                 "head_dim must be a multiple of 4 up to 256.");
-  constexpr int quads = head_dim / 4;
+  constexpr int warps = 4;
+  constexpr int quads = head_dim / 4 > 32 ? 2 : 1;  // per lane
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
 
-  const long long item = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (item >= static_cast<long long>(p.seqlen) * p.heads * quads) return;
-  const int row = static_cast<int>(item / quads);
-  const int col = static_cast<int>(item % quads) * 4;
+  const int row = blockIdx.x;
   const int token = row / p.heads;
   const int head = row % p.heads;
   const int batch = blockIdx.y;
 
-  // The state loops are unrolled so that their independent loads overlap: with few rows (one
-  // decode token) each thread walks many states, and latency is all there is.
-  float top = attention::neg_inf();
+  // This lane's columns: 4 * (lane + 32 q), those below head_dim.
+  bool has[quads];
+#pragma unroll
+  for (int q = 0; q < quads; ++q) has[q] = 4 * (lane + 32 * q) < head_dim;
+
+  decode::MergeAccumulator<quads> merged;
+  merged.init();
   for (int src = 0; src < p.sources; ++src) {
     const MergeSource& m = p.source[src];
     const float* const lse =
         m.lse + batch * m.lse_batch_stride + token * m.lse_seq_stride + head * m.lse_head_stride;
-#pragma unroll 8
-    for (int s = 0; s < m.states; ++s) top = fmaxf(top, lse[s * m.lse_state_stride]);
-  }
-
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  float total = 0.f;
-  if (top != attention::neg_inf()) {
-    for (int src = 0; src < p.sources; ++src) {
-      const MergeSource& m = p.source[src];
-      const float* const lse =
-          m.lse + batch * m.lse_batch_stride + token * m.lse_seq_stride + head * m.lse_head_stride;
-      const In* const v = static_cast<const In*>(m.v) + batch * m.v_batch_stride +
-                          token * m.v_seq_stride + head * m.v_head_stride + col;
-#pragma unroll 8
-      for (int s = 0; s < m.states; ++s) {
-        const float weight = exp2f((lse[s * m.lse_state_stride] - top) * attention::kLog2e);
-        const In* const state = v + s * m.v_state_stride;
-        total += weight;
+    const In* const v = static_cast<const In*>(m.v) + batch * m.v_batch_stride +
+                        token * m.v_seq_stride + head * m.v_head_stride + 4 * lane;
+#pragma unroll 4
+    for (int s = warp; s < m.states; s += warps) {
+      const In* const state = v + s * m.v_state_stride;
+      float x[quads][4];
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          // An empty state (-inf, weight 0) may hold anything, NaN included: select, not scale.
-          const float x = to_float(state[e]);
-          acc[e] += weight == 0.f ? 0.f : weight * x;
-        }
+      for (int q = 0; q < quads; ++q) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) x[q][e] = has[q] ? to_float(state[32 * 4 * q + e]) : 0.f;
       }
+      merged.add(lse[s * m.lse_state_stride], x);
     }
   }
-  const float inv = total > 0.f ? 1.f / total : 0.f;
-  Out* const out = static_cast<Out*>(p.out) + batch * p.out_batch_stride +
-                   token * p.out_seq_stride + head * p.out_head_stride + col;
+
+  // Warps 1..3 hand their partial merges to warp 0.
+  __shared__ float shared_top[warps];
+  __shared__ float shared_total[warps];
+  __shared__ float shared_acc[warps][quads][32][4];
+  if (lane == 0) {
+    shared_top[warp] = merged.top;
+    shared_total[warp] = merged.total;
+  }
 #pragma unroll
-  for (int e = 0; e < 4; ++e) out[e] = from_float<Out>(acc[e] * inv);
-  if (col == 0 && p.maybe_out_lse != nullptr) {
+  for (int q = 0; q < quads; ++q) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) shared_acc[warp][q][lane][e] = merged.acc[q][e];
+  }
+  __syncthreads();
+  if (warp != 0) return;
+  decode::MergeAccumulator<quads> all;
+  all.init();
+  for (int w = 0; w < warps; ++w) {
+    // A partial merge is a state of LSE top + log(total) whose v is acc / total.
+    const float total = shared_total[w];
+    float x[quads][4];
+#pragma unroll
+    for (int q = 0; q < quads; ++q) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) x[q][e] = total > 0.f ? shared_acc[w][q][lane][e] / total : 0.f;
+    }
+    all.add(total > 0.f ? shared_top[w] + logf(total) : attention::neg_inf(), x);
+  }
+
+  const float inv = all.total > 0.f ? 1.f / all.total : 0.f;
+  Out* const out = static_cast<Out*>(p.out) + batch * p.out_batch_stride +
+                   token * p.out_seq_stride + head * p.out_head_stride + 4 * lane;
+#pragma unroll
+  for (int q = 0; q < quads; ++q) {
+    if (!has[q]) continue;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) out[32 * 4 * q + e] = from_float<Out>(all.acc[q][e] * inv);
+  }
+  if (lane == 0 && p.maybe_out_lse != nullptr) {
     p.maybe_out_lse[batch * p.out_lse_batch_stride + token * p.out_lse_seq_stride +
                     head * p.out_lse_head_stride] =
-        total > 0.f ? top + logf(total) : attention::neg_inf();
+        all.total > 0.f ? all.top + logf(all.total) : attention::neg_inf();
   }
 }
 

@@ -4,6 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
+
+#include <fmt/format.h>
 
 #include "kiln/error.hpp"
 #include "ops/tensor_checks.hpp"
@@ -194,11 +197,15 @@ std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeC
 
 void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
                   void* stream) {
-  const long long items = static_cast<long long>(p.seqlen) * p.heads * (head_dim / 4);
-  if (items == 0 || p.batch == 0) return;
+  const long long rows = static_cast<long long>(p.seqlen) * p.heads;
+  if (rows == 0 || p.batch == 0) return;
+  if (rows > std::numeric_limits<std::int32_t>::max()) {
+    throw Error(ErrorCategory::unsupported,
+                fmt::format("merging {} tokens x {} heads: the launch grid allows at most {} rows",
+                            p.seqlen, p.heads, std::numeric_limits<std::int32_t>::max()));
+  }
   const Kernel kernel = runtime.kernel(merge_spec(in, out, head_dim));
-  kernel.launch({.grid = {static_cast<std::uint32_t>(ceil_div(items, 128)),
-                          static_cast<std::uint32_t>(p.batch)},
+  kernel.launch({.grid = {static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(p.batch)},
                  .block = {128},
                  .stream = stream},
                 p);
