@@ -72,7 +72,7 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int slot_elems = k_elems + block_n * v_pitch;
   static constexpr int warp_elems = stages * slot_elems;
-  static constexpr int merge_pitch = v_dim + 4;
+  static constexpr int merge_pitch = v_dim + 4;  // column v_dim holds the row's LSE
   static constexpr int smem_bytes = static_cast<int>(
       attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages));
   static_assert(smem_bytes >= 2 * (q_elems + warps * warp_elems) &&
@@ -425,15 +425,26 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     }
   }
   __syncthreads();
-  float weight[2 * Tr::m_tiles];  // this warp's share of each of its rows
+  // Each row's merged max and sum, the same in every warp; a warp's share of the normalized
+  // output is exp2(its max - top) / total. Warp 0 leaves each row's LSE (natural log) in the
+  // padding column head_dim_v.. of merge_o.
+  float weight[2 * Tr::m_tiles];
+  float lse[2 * Tr::m_tiles];
 #pragma unroll
   for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
     const int row = 8 * r + lane / 4;
     float top = attention::neg_inf();
     for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
-    weight[r] = top == attention::neg_inf()
-                    ? 0.f
-                    : mma::exp2_approx(merge_max[warp * Tr::rows + row] - top);
+    float total = 0.f;
+    if (top != attention::neg_inf()) {
+      for (int w = 0; w < Tr::warps; ++w) {
+        total +=
+            mma::exp2_approx(merge_max[w * Tr::rows + row] - top) * merge_sum[w * Tr::rows + row];
+      }
+    }
+    weight[r] =
+        total > 0.f ? mma::exp2_approx(merge_max[warp * Tr::rows + row] - top) / total : 0.f;
+    lse[r] = total > 0.f ? (top + log2f(total)) * attention::kLn2 : attention::neg_inf();
   }
   for (int w = 0; w < Tr::warps; ++w) {
     if (w == warp) {
@@ -442,13 +453,14 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           const int r = 2 * mt + x / 2;
-          float* const out_row = merge_o + (8 * r + lane / 4) * Tr::merge_pitch + x % 2;
+          float* const out_row = merge_o + (8 * r + lane / 4) * Tr::merge_pitch;
 #pragma unroll
           for (int j = 0; j < Tr::o_tiles; ++j) {
             const float value = weight[r] * o[mt][j][x];
-            float& slot = out_row[8 * j + 2 * (lane % 4)];
+            float& slot = out_row[8 * j + 2 * (lane % 4) + x % 2];
             slot = w == 0 ? value : slot + value;
           }
+          if (w == 0 && lane % 4 == 0 && x % 2 == 0) out_row[Tr::v_dim] = lse[r];
         }
       }
     }
@@ -463,32 +475,22 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     const int col = item % quads * 4;
     const int r = row_begin + row;
     if (r >= row_end) break;  // items run row-major: every later one is past the end too
-    float top = attention::neg_inf();
-    for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
-    float total = 0.f;
-    if (top != attention::neg_inf()) {
-      for (int w = 0; w < Tr::warps; ++w) {
-        total +=
-            mma::exp2_approx(merge_max[w * Tr::rows + row] - top) * merge_sum[w * Tr::rows + row];
-      }
-    }
     const float* const acc = merge_o + row * Tr::merge_pitch + col;
-    const float inv = total > 0.f ? 1.f / total : 0.f;
-    const float lse = total > 0.f ? (top + log2f(total)) * attention::kLn2 : attention::neg_inf();
+    const float lse = merge_o[row * Tr::merge_pitch + Tr::v_dim];
     const int query = r / group;
     const int head = kv_head * group + r % group;
     if (split_out) {
       const long long state =
           ((static_cast<long long>(split) * p.batch + batch) * p.seqlen_q + query) * p.heads + head;
       float4* const dst = reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col);
-      *dst = make_float4(acc[0] * inv, acc[1] * inv, acc[2] * inv, acc[3] * inv);
+      *dst = make_float4(acc[0], acc[1], acc[2], acc[3]);
       if (col == 0) p.partial_lse[state] = lse;
     } else {
       T* const dst = static_cast<T*>(p.out) + batch * p.out_batch_stride +
                      query * p.out_seq_stride + head * p.out_head_stride + col;
       uint2 packed;
-      packed.x = mma::pack2<T>(acc[0] * inv, acc[1] * inv);
-      packed.y = mma::pack2<T>(acc[2] * inv, acc[3] * inv);
+      packed.x = mma::pack2<T>(acc[0], acc[1]);
+      packed.y = mma::pack2<T>(acc[2], acc[3]);
       *reinterpret_cast<uint2*>(dst) = packed;
       if (col == 0 && p.maybe_lse != nullptr) {
         p.maybe_lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
