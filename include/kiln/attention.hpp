@@ -62,21 +62,28 @@ struct AttentionProblem {
   bool bias = false;
 };
 
-// How it runs. Every config gives results within the same tolerance.
-struct AttentionConfig {
-  int block_m = 128;  // query rows per CTA
-  int block_n = 64;   // keys per step
-  int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps)
-  int stages = 1;     // K/V tile slots in shared memory; the portable kernel has one
-  // false: the tensor-core kernel (attention/forward.cuh), NVIDIA sm_80 and newer. true: the
-  // portable kernel (attention/forward_portable.cuh: plain loads and fp32 arithmetic, no inline
-  // assembly), which AMD targets run and which runs on NVIDIA too.
-  bool portable = false;
+// The forward kernels attention() can run.
+enum class AttentionKernel {
+  mma,       // attention/forward.cuh: mma.sync tensor cores, NVIDIA sm_80 and newer
+  wgmma,     // attention/forward_wgmma.cuh: Hopper's warpgroup MMA, sm_90a only
+  portable,  // attention/forward_portable.cuh: plain loads and fp32 arithmetic, no inline
+             // assembly; AMD targets run it, and it runs on NVIDIA too
 };
 
-// The config the hot path, is_supported() and warm-up use for `problem` on `target`: the
-// tensor-core kernel on sm_80 and newer, the portable one on AMD gfx9 targets (gfx90a, gfx942).
-// Throws kiln::Error (unsupported) for any other target.
+// How it runs. Every config gives results within the same tolerance.
+struct AttentionConfig {
+  int block_m = 128;  // query rows per CTA; wgmma: 64, 128 or 192 (a warpgroup per 64 rows)
+  int block_n = 64;   // keys per step; wgmma: a multiple of 64 up to 256
+  int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps);
+                      // wgmma ignores it (block_m / 16)
+  int stages = 1;     // K/V tile slots in shared memory; portable has one, wgmma 2 to 4
+  AttentionKernel kernel = AttentionKernel::mma;
+};
+
+// The config the hot path, is_supported() and warm-up use for `problem` on `target`: the wgmma
+// kernel on sm_90a for head dims above 64 (padded at most 25% to its 64-column tiles), the mma
+// kernel on other sm_80+ targets and dims, the portable one on AMD gfx9 targets (gfx90a,
+// gfx942). Throws kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 
@@ -89,8 +96,8 @@ void attention(const TensorView& q, const TensorView& k, const TensorView& v, co
 
 // As above, with `config` instead of choose()'s: to test or tune a config, or to run the
 // portable kernel on NVIDIA (config = choose(problem, "gfx90a") gives AMD's). A config the
-// kernel cannot take fails its compile with the kernel's reason; the tensor-core kernel on an
-// AMD target throws kiln::Error (unsupported).
+// kernel cannot take fails its compile with the kernel's reason; a kernel the target cannot run
+// (mma or wgmma on AMD, wgmma off sm_90a) throws kiln::Error (unsupported).
 void attention(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
                const AttentionOptions& options, const AttentionConfig& config,
                void* stream = nullptr, Runtime& runtime = default_runtime());

@@ -1,10 +1,10 @@
 // CUDA PTX wrappers for tensor-core kernels (sm_80+): cp.async, ldmatrix, mma.sync m16n8k16,
 // fragment packing, quad reductions and warp votes, and the fast exp2/tanh of the softmax.
 //
-// NOTE: this is the only header with inline PTX. AMD targets run attention through the portable
-// kernel (attention/forward_portable.cuh), which does not include this header; an MFMA path
-// would give the same function names here, chosen through vendor.cuh's KILN_HIP, so kernels
-// above this layer stay vendor-free.
+// NOTE: this header and common/wgmma.cuh (Hopper only) hold all the inline PTX. AMD targets run
+// attention through the portable kernel (attention/forward_portable.cuh), which includes
+// neither; an MFMA path would give the same function names here, chosen through vendor.cuh's
+// KILN_HIP, so kernels above this layer stay vendor-free.
 #pragma once
 
 #include "common/prelude.cuh"

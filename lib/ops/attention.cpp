@@ -233,7 +233,7 @@ bool runs_on(std::string_view target) {
                                    : detail::is_sm80_or_newer(target);
 }
 
-void require_target(std::string_view target, bool portable) {
+void require_target(std::string_view target, AttentionKernel kernel) {
   if (target.starts_with("gfx")) {
     if (!amd_target_supported(target)) {
       unsupported(
@@ -241,12 +241,12 @@ void require_target(std::string_view target, bool portable) {
                       "(wave64, such as gfx90a and gfx942)",
                       target));
     }
-    if (!portable) {
+    if (kernel != AttentionKernel::portable) {
       unsupported(
-          fmt::format("the tensor-core attention kernel uses NVIDIA instructions and cannot "
-                      "run on {}: use a portable config (AttentionConfig::portable), as "
-                      "choose() gives AMD targets",
-                      target));
+          fmt::format("the {} attention kernel uses NVIDIA instructions and cannot run on {}: "
+                      "use a portable config (AttentionKernel::portable), as choose() gives AMD "
+                      "targets",
+                      kernel == AttentionKernel::mma ? "mma" : "wgmma", target));
     }
     return;
   }
@@ -256,25 +256,46 @@ void require_target(std::string_view target, bool portable) {
                     "one; the target is {}",
                     target));
   }
+  if (kernel == AttentionKernel::wgmma && target != "sm_90a") {
+    unsupported(fmt::format(
+        "the wgmma attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
+        "the mma kernel (AttentionKernel::mma)",
+        target));
+  }
+}
+
+// Whether the wgmma kernel's 64-column tiles pad `dim` by at most a quarter.
+bool fits_wgmma_tiles(int dim) {
+  return (dim + 63) / 64 * 64 * 4 <= dim * 5;
 }
 
 }  // namespace
 
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target) {
   const bool amd = target.starts_with("gfx");
-  require_target(target, amd);
+  require_target(target, amd ? AttentionKernel::portable : AttentionKernel::mma);
   const int widest = std::max(problem.head_dim, problem.head_dim_v);
   if (amd) {
     // The portable kernel, not tuned on AMD hardware: CTAs of 256 threads (4 wavefronts) with
     // 4, 8 or 16 lanes on each query row, so that every lane holds at most 2 chunks (16
     // columns) of q and of the output. 32 keys a step: with 64, hipRTC gave head dim 128 417
     // VGPRs on gfx90a (260 with 32).
-    if (widest <= 64) return {.block_m = 64, .block_n = 32, .warps = 8, .portable = true};
-    if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .portable = true};
-    return {.block_m = 16, .block_n = 32, .warps = 8, .portable = true};
+    constexpr AttentionKernel portable = AttentionKernel::portable;
+    if (widest <= 64) return {.block_m = 64, .block_n = 32, .warps = 8, .kernel = portable};
+    if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .kernel = portable};
+    return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
-  // Tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every sm_80+ part
-  // fits these, sm_86/89's 99 KiB included.
+  // Measured on an H200 (bench/RESULTS.md): against the mma kernel, wgmma runs 1.2-1.4x at head
+  // dim 128 and 1.4-1.6x at 256, and 0.92-1.0x at 64, where mma stays. Two warpgroups (128
+  // rows) share each K/V tile; 192 KiB of smem at 256 holds only 64 keys a step.
+  if (target == "sm_90a" && widest > 64 && fits_wgmma_tiles(problem.head_dim) &&
+      fits_wgmma_tiles(problem.head_dim_v)) {
+    constexpr AttentionKernel wgmma = AttentionKernel::wgmma;
+    if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = wgmma};
+    return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = wgmma};
+  }
+  // The mma kernel, tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every
+  // sm_80+ part fits these, sm_86/89's 99 KiB included.
   if (widest <= 64)
     return problem.band ? AttentionConfig{128, 128, 4, 2} : AttentionConfig{128, 64, 4, 2};
   if (widest <= 128) return {128, 64, 4, 1};
@@ -283,20 +304,27 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
 
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {
   KernelSpec spec{.params = "kiln::AttentionParams"};
-  if (config.portable) {
-    spec.source = "attention/forward_portable.cuh";
-    spec.entry = "kiln::attention_forward_portable";
-  } else {
-    spec.source = "attention/forward.cuh";
-    spec.entry = "kiln::attention_forward";
+  switch (config.kernel) {
+    case AttentionKernel::mma:
+      spec.source = "attention/forward.cuh";
+      spec.entry = "kiln::attention_forward";
+      break;
+    case AttentionKernel::wgmma:
+      spec.source = "attention/forward_wgmma.cuh";
+      spec.entry = "kiln::attention_forward_wgmma";
+      break;
+    case AttentionKernel::portable:
+      spec.source = "attention/forward_portable.cuh";
+      spec.entry = "kiln::attention_forward_portable";
+      break;
   }
   spec.set("dtype", problem.dtype)
       .set("head_dim", problem.head_dim)
       .set("head_dim_v", problem.head_dim_v)
       .set("block_m", config.block_m)
-      .set("block_n", config.block_n)
-      .set("warps", config.warps);
-  if (!config.portable) spec.set("stages", config.stages);
+      .set("block_n", config.block_n);
+  if (config.kernel != AttentionKernel::wgmma) spec.set("warps", config.warps);
+  if (config.kernel != AttentionKernel::portable) spec.set("stages", config.stages);
   spec.set("band", problem.band)
       .set("varlen", problem.varlen)
       .set("has_softcap", problem.softcap)
@@ -316,7 +344,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
   const std::string target = runtime.target();
   if (config) {
-    require_target(target, config->portable);
+    require_target(target, config->kernel);
     if (config->block_m < 1 || config->block_n < 1 || config->warps < 1 || config->stages < 1) {
       invalid(
           fmt::format("config (block_m {}, block_n {}, warps {}, stages {}) has a value "
@@ -327,13 +355,25 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const AttentionConfig c = config ? *config : choose(checked.problem, target);
   const Kernel kernel = runtime.kernel(attention_spec(checked.problem, c));
   const std::int64_t row_blocks = (s.seqlen_q + c.block_m - 1) / c.block_m;
-  const auto shared =
-      c.portable
-          ? attention_forward_portable_smem_bytes(s.head_dim, s.head_dim_v, c.block_n)
-          : attention_forward_smem_bytes(s.head_dim, s.head_dim_v, c.block_m, c.block_n, c.stages);
+  int threads = c.warps * 32;
+  long long shared = 0;
+  switch (c.kernel) {
+    case AttentionKernel::mma:
+      shared =
+          attention_forward_smem_bytes(s.head_dim, s.head_dim_v, c.block_m, c.block_n, c.stages);
+      break;
+    case AttentionKernel::wgmma:
+      threads = c.block_m * 2;  // a warpgroup per 64 rows
+      shared = attention_forward_wgmma_smem_bytes(s.head_dim, s.head_dim_v, c.block_m, c.block_n,
+                                                  c.stages);
+      break;
+    case AttentionKernel::portable:
+      shared = attention_forward_portable_smem_bytes(s.head_dim, s.head_dim_v, c.block_n);
+      break;
+  }
   kernel.launch({.grid = {static_cast<std::uint32_t>(row_blocks),
                           static_cast<std::uint32_t>(s.heads), static_cast<std::uint32_t>(s.batch)},
-                 .block = {static_cast<std::uint32_t>(c.warps * 32)},
+                 .block = {static_cast<std::uint32_t>(threads)},
                  .shared_bytes = static_cast<std::uint32_t>(shared),
                  .stream = stream},
                 params_of(q, k, v, out, options, s));

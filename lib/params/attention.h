@@ -95,6 +95,22 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(long long head_d
   return 2 * (tiles > staging ? tiles : staging);
 }
 
+// Dynamic shared memory of attention_forward_wgmma (sm_90a), in bytes: 1024 bytes of slack to
+// align the tiles for the 128-byte swizzle, then Q and `stages` (K, V) slots with head dims
+// rounded up to the swizzle's 64 columns, unpadded; the output staging tile (rows of
+// head_dim_v rounded to 64, plus 8) reuses them.
+KILN_PARAMS_FN constexpr long long attention_forward_wgmma_smem_bytes(long long head_dim,
+                                                                      long long head_dim_v,
+                                                                      long long block_m,
+                                                                      long long block_n,
+                                                                      long long stages) {
+  const long long qk_dim = (head_dim + 63) / 64 * 64;
+  const long long v_dim = (head_dim_v + 63) / 64 * 64;
+  const long long tiles = block_m * qk_dim + stages * block_n * (qk_dim + v_dim);
+  const long long staging = block_m * (v_dim + 8);
+  return 1024 + 2 * (tiles > staging ? tiles : staging);
+}
+
 // Dynamic shared memory of attention_forward_portable, in bytes: one K and one V tile of block_n
 // rows, unpadded (at each step a warp's lanes read 16-byte chunks of one key row, which fall in
 // distinct banks). Queries and outputs stay in registers.

@@ -1,5 +1,6 @@
 // Every attention and decode variant the hot path picks by default compiles with no GPU: the
-// tensor-core kernels through NVRTC, the portable kernel through hipRTC for gfx90a and NVRTC.
+// tensor-core kernels (mma, wgmma) through NVRTC, the portable kernel through hipRTC for gfx90a
+// and NVRTC.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -102,6 +103,21 @@ TEST_CASE("attention with every feature compiles for sm_80 and sm_90a", "[attent
   }
 }
 
+TEST_CASE("the wgmma attention kernel compiles every feature at padded head dims for sm_90a",
+          "[attention][compile]") {
+  // choose() gives wgmma only dims it pads little; any dim compiles (zero-padded to 64).
+  std::vector<kiln::KernelSpec> specs;
+  for (const kiln::AttentionProblem& problem : feature_problems()) {
+    specs.push_back(kiln::attention_spec(
+        problem,
+        {.block_m = 64, .block_n = 64, .stages = 3, .kernel = kiln::AttentionKernel::wgmma}));
+  }
+  kiln::test::TempDir dir;
+  kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
+  check_compiled(rt, specs);
+  for (const kiln::KernelSpec& spec : specs) CHECK(spec.source == "attention/forward_wgmma.cuh");
+}
+
 TEST_CASE("the portable attention kernel compiles every feature for gfx90a and sm_90a",
           "[attention][compile]") {
   kiln::test::TempDir dir;
@@ -119,15 +135,22 @@ TEST_CASE("attention refuses targets it cannot run on", "[attention][compile]") 
                     Catch::Contains("gfx1100") && Catch::Contains("gfx9"));
   CHECK(kiln::attention_default_specs("gfx1100").empty());
   CHECK(kiln::attention_default_specs("sm_75").empty());
-  const kiln::AttentionConfig nvidia = kiln::choose(problem, "sm_90a");
-  CHECK(nvidia.block_m == 128);
-  CHECK_FALSE(nvidia.portable);
-  CHECK(kiln::choose(problem, "gfx90a").portable);
-  CHECK(kiln::choose(problem, "gfx942").portable);
+  using kiln::AttentionKernel;
+  CHECK(kiln::choose(problem, "sm_90a").kernel == AttentionKernel::wgmma);
+  CHECK(kiln::choose(problem, "sm_80").kernel == AttentionKernel::mma);
+  CHECK(kiln::choose(problem, "sm_100a").kernel == AttentionKernel::mma);
+  // At 64 mma is as fast; at 96 wgmma would pad a third of its tiles.
+  for (int dim : {64, 96}) {
+    const kiln::AttentionProblem narrow{.head_dim = dim, .head_dim_v = dim};
+    CHECK(kiln::choose(narrow, "sm_90a").kernel == AttentionKernel::mma);
+  }
+  CHECK(kiln::choose(problem, "gfx90a").kernel == AttentionKernel::portable);
+  CHECK(kiln::choose(problem, "gfx942").kernel == AttentionKernel::portable);
 }
 
-TEST_CASE("attention with a given config: the tensor-core kernel is refused on AMD",
+TEST_CASE("attention with a given config: kernels are refused where they cannot run",
           "[attention]") {
+  using kiln::AttentionKernel;
   using kiln::test::view;
   const kiln::TensorView q = view(0x1000000, DType::bf16, {1, 64, 2, 64});
   const kiln::TensorView out = view(0x2000000, DType::bf16, {1, 64, 2, 64});
@@ -136,19 +159,26 @@ TEST_CASE("attention with a given config: the tensor-core kernel is refused on A
       kiln::attention(q, q, q, out, {}, config, nullptr, kiln::test::validating_runtime(target));
     });
   };
-  const kiln::AttentionConfig tensor_cores;
-  kiln::test::check_refusal(call(tensor_cores, "gfx90a"), kiln::ErrorCategory::unsupported,
-                            {"tensor-core", "gfx90a", "portable"});
-  kiln::test::check_refusal(call({.block_m = 0, .portable = true}, "sm_90a"),
+  const kiln::AttentionConfig mma;
+  const kiln::AttentionConfig wgmma{.block_n = 128, .stages = 2, .kernel = AttentionKernel::wgmma};
+  kiln::test::check_refusal(call(mma, "gfx90a"), kiln::ErrorCategory::unsupported,
+                            {"mma", "gfx90a", "portable"});
+  kiln::test::check_refusal(call(wgmma, "gfx90a"), kiln::ErrorCategory::unsupported,
+                            {"wgmma", "gfx90a", "portable"});
+  kiln::test::check_refusal(call(wgmma, "sm_80"), kiln::ErrorCategory::unsupported,
+                            {"wgmma", "sm_90a", "sm_80", "AttentionKernel::mma"});
+  kiln::test::check_refusal(call({.block_m = 0, .kernel = AttentionKernel::portable}, "sm_90a"),
                             kiln::ErrorCategory::invalid_argument, {"block_m 0"});
   // Accepted configs reach the kernel lookup, which finds nothing to load here.
-  const kiln::AttentionConfig portable{.block_m = 32, .block_n = 32, .warps = 8, .portable = true};
+  const kiln::AttentionConfig portable{
+      .block_m = 32, .block_n = 32, .warps = 8, .kernel = AttentionKernel::portable};
   for (const char* target : {"gfx90a", "sm_90a"}) {
     const kiln::test::Refusal r = call(portable, target);
     CHECK(r.category == kiln::ErrorCategory::not_found);
     CHECK_THAT(r.message, Catch::Contains("attention/forward_portable.cuh"));
   }
-  CHECK_THAT(call(tensor_cores, "sm_90a").message, Catch::Contains("attention/forward.cuh"));
+  CHECK_THAT(call(mma, "sm_90a").message, Catch::Contains("attention/forward.cuh"));
+  CHECK_THAT(call(wgmma, "sm_90a").message, Catch::Contains("attention/forward_wgmma.cuh"));
 }
 
 TEST_CASE("the default decode specs compile for sm_90a without spilling; none for gfx90a",

@@ -615,18 +615,24 @@ void check_lse(const Case& c, const Layouts& l, const std::vector<std::uint32_t>
   CHECK(written_outside(bits, {&l.lse}, kPoison32) == 0);
 }
 
-// The config AMD targets run `c` with: the portable kernel, which runs on NVIDIA too.
-kiln::AttentionConfig amd_config(const Case& c) {
-  const kiln::AttentionProblem problem{
-      .dtype = c.dtype,
-      .head_dim = c.head_dim,
-      .head_dim_v = c.dim_v(),
-      .band = c.causal || c.window_left >= 0 || c.window_right >= 0,
-      .varlen = c.varlen(),
-      .softcap = c.softcap > 0,
-      .alibi = c.alibi != Alibi::none,
-      .bias = c.bias != Bias::none};
-  return kiln::choose(problem, "gfx90a");
+kiln::AttentionProblem problem_of(const Case& c) {
+  return {.dtype = c.dtype,
+          .head_dim = c.head_dim,
+          .head_dim_v = c.dim_v(),
+          .band = c.causal || c.window_left >= 0 || c.window_right >= 0,
+          .varlen = c.varlen(),
+          .softcap = c.softcap > 0,
+          .alibi = c.alibi != Alibi::none,
+          .bias = c.bias != Bias::none};
+}
+
+// A wgmma config for the dims choose() leaves to the mma kernel on sm_90a (zero-padded to the
+// kernel's 64-column tiles); 128 keys a step fit up to 128 + 128 dims.
+kiln::AttentionConfig wgmma_config(const Case& c) {
+  return {.block_m = 128,
+          .block_n = std::max(c.head_dim, c.dim_v()) <= 128 ? 128 : 64,
+          .stages = 2,
+          .kernel = kiln::AttentionKernel::wgmma};
 }
 
 // Runs the call in `d` twice on `rt` with `config`, or choose()'s when there is none (outputs
@@ -635,8 +641,8 @@ kiln::AttentionConfig amd_config(const Case& c) {
 // (`has_rows` false) no kernel may be looked up.
 void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase& d,
                   const ReferenceResult& want, bool has_rows,
-                  const std::optional<kiln::AttentionConfig>& config) {
-  INFO((config ? "the portable kernel, with AMD's config" : "the kernel choose() picks"));
+                  const std::optional<kiln::AttentionConfig>& config, const char* which) {
+  INFO(which);
   const auto run = [&] {
     d.out_buffer->poison();
     d.lse_buffer->poison();
@@ -673,8 +679,9 @@ void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase
   }
 }
 
-// Runs `c` with the kernel choose() picks and with the portable one AMD targets run, on the same
-// inputs, each checked by check_kernel against one fp64 reference.
+// Runs `c` with the kernel choose() picks, with the portable one AMD targets run and, on sm_90a,
+// with the wgmma kernel where choose() picks another, on the same inputs, each checked by
+// check_kernel against one fp64 reference.
 void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
   ReferenceProblem ref = reference_problem(c);
@@ -703,8 +710,13 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
 
   const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;
   const bool has_rows = ref.batch() > 0 && c.heads > 0 && rows > 0;
-  check_kernel(rt, c, l, d, want, has_rows, std::nullopt);
-  check_kernel(rt, c, l, d, want, has_rows, amd_config(c));
+  check_kernel(rt, c, l, d, want, has_rows, std::nullopt, "the kernel choose() picks");
+  check_kernel(rt, c, l, d, want, has_rows, kiln::choose(problem_of(c), "gfx90a"),
+               "the portable kernel, with AMD's config");
+  if (rt.target() == "sm_90a" &&
+      kiln::choose(problem_of(c), "sm_90a").kernel != kiln::AttentionKernel::wgmma) {
+    check_kernel(rt, c, l, d, want, has_rows, wgmma_config(c), "the wgmma kernel");
+  }
 }
 
 constexpr DType kDTypes[] = {DType::bf16, DType::f16};

@@ -1,0 +1,249 @@
+// Forward attention on Hopper's warpgroup MMA (sm_90a): FlashAttention-2's algorithm with
+// S = Q K^T and O += P V as wgmma.mma_async. Each warpgroup (4 warps) owns 64 query rows; the
+// CTA's warpgroups share K/V tiles streamed through a cp.async pipeline into 128-byte-swizzled
+// shared memory, which wgmma reads through descriptors (no ldmatrix). P stays in registers as
+// the A operand of the PV product. Scores, masks, logit transforms and the online softmax are
+// the mma.sync kernel's, on the same fragment layout.
+//
+// Spec constants: those of attention_forward (forward.cuh) without warps, which is
+// block_m / 16:
+//   block_m      64, 128 or 192: one warpgroup per 64 query rows.
+//   block_n      keys per pipeline step, 64, 128, 192 or 256.
+//   stages       K/V tile slots in shared memory, 2 to 4 (stages - 1 steps in flight).
+// head_dim and head_dim_v are padded with zeros to multiples of 64 in shared memory (the swizzle
+// width); config choice keeps the waste small.
+//
+// Launch: grid as attention_forward; block block_m * 2 threads; dynamic shared memory
+// attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages) from
+// "kiln/params/attention.h" (always above 48 KiB: the max-dynamic-smem attribute is needed).
+#pragma once
+
+#include "attention/forward.cuh"
+#include "common/wgmma.cuh"
+
+namespace kiln {
+namespace attention {
+
+template <class Spec>
+struct WgmmaTraits : HeadTraits<Spec> {
+  using typename HeadTraits<Spec>::T;
+  using HeadTraits<Spec>::head_dim;
+  using HeadTraits<Spec>::head_dim_v;
+
+  static constexpr int block_m = static_cast<int>(Spec::block_m);
+  static constexpr int block_n = static_cast<int>(Spec::block_n);
+  static constexpr int stages = static_cast<int>(Spec::stages);
+  static_assert(block_m == 64 || block_m == 128 || block_m == 192,
+                "block_m must be 64, 128 or 192: one warpgroup per 64 query rows.");
+  static_assert(block_n % 64 == 0 && block_n >= 64 && block_n <= 256,
+                "block_n must be 64, 128, 192 or 256.");
+  static_assert(stages >= 2 && stages <= 4, "stages must be 2, 3 or 4.");
+
+  static constexpr int warps = block_m / 16;
+  static constexpr int threads = warps * 32;
+  static constexpr int qk_dim = round_up(head_dim, 64);
+  static constexpr int v_dim = round_up(head_dim_v, 64);
+
+  // The fragment shapes the shared softmax, logit and output code expects (forward.cuh).
+  static constexpr int rows_per_warp = 16;
+  static constexpr int m_tiles = 1;
+  static constexpr int s_tiles = block_n / 8;
+  static constexpr int o_tiles = v_dim / 8;
+  static constexpr int v_pitch = v_dim + 8;  // the output staging tile
+
+  // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots.
+  static constexpr int q_bytes = block_m * qk_dim * 2;
+  static constexpr int k_bytes = block_n * qk_dim * 2;
+  static constexpr int slot_bytes = k_bytes + block_n * v_dim * 2;
+  static constexpr int smem_bytes = static_cast<int>(
+      attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages));
+  static_assert(smem_bytes >= 1024 + q_bytes + stages * slot_bytes &&
+                    smem_bytes >= 1024 + 2 * block_m * v_pitch,
+                "attention_forward_wgmma_smem_bytes disagrees with the kernel's layout.");
+  static_assert(smem_bytes <= 227 * 1024,
+                "the tiles need more than 227 KiB of shared memory: lower block_m, block_n or "
+                "stages.");
+};
+
+// Starts copying a Rows x PaddedDim tile into the swizzled layout of common/wgmma.cuh at shared
+// address `tile`; global row r is at gmem + r * row_stride and has Dim elements. Rows at or past
+// valid_rows and columns in [Dim, PaddedDim) are zero-filled without being read. Commits nothing.
+template <int Rows, int Dim, int PaddedDim, int Threads, class T>
+__device__ __forceinline__ void load_tile_swizzled(unsigned tile, const T* gmem,
+                                                   long long row_stride, int valid_rows,
+                                                   int thread) {
+  constexpr int pieces = PaddedDim / 8;
+  constexpr int rows_per_pass = Threads / pieces;
+  constexpr int passes = (Rows + rows_per_pass - 1) / rows_per_pass;
+  const int row = thread / pieces;
+  const int piece = thread % pieces;
+  if (Threads % pieces != 0 && row >= rows_per_pass) return;  // the threads left over sit out
+  const bool col_valid = piece * 8 < Dim;
+  const T* src = gmem + row * row_stride + piece * 8;
+  const long long pass_stride = rows_per_pass * row_stride;
+#pragma unroll
+  for (int i = 0; i < passes; ++i) {
+    const int r = row + i * rows_per_pass;
+    if (Rows % rows_per_pass != 0 && r >= Rows) break;
+    const bool valid = col_valid && r < valid_rows;
+    mma::cp_async_16(tile + wgmma::swizzled_offset(Rows, r, piece), valid ? src : gmem, valid);
+    src = mma::opaque(src + pass_stride);  // see load_tile_async
+  }
+}
+
+// The A fragment of PV's k16 step kk: probabilities of keys 16 kk .. 16 kk + 15, rounded to T.
+template <class T, int STiles>
+__device__ __forceinline__ void probability_fragment(unsigned (&a)[4],
+                                                     const float (&s)[1][STiles][4], int kk) {
+  a[0] = mma::pack2<T>(s[0][2 * kk][0], s[0][2 * kk][1]);
+  a[1] = mma::pack2<T>(s[0][2 * kk][2], s[0][2 * kk][3]);
+  a[2] = mma::pack2<T>(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
+  a[3] = mma::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
+}
+
+// Columns 64 c .. 64 c + 63 of a warpgroup accumulator held as n8 tiles.
+template <int Tiles>
+__device__ __forceinline__ float (&columns64(float (&acc)[1][Tiles][4], int c))[32] {
+  return *reinterpret_cast<float(*)[32]>(&acc[0][8 * c][0]);
+}
+
+}  // namespace attention
+
+template <class Spec>
+__global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
+    attention_forward_wgmma(const KILN_GRID_CONSTANT AttentionParams p) {
+  using namespace attention;
+  using Tr = WgmmaTraits<Spec>;
+  using T = typename Tr::T;
+
+  extern __shared__ __align__(1024) unsigned char wgmma_smem[];
+  const unsigned smem_raw = mma::smem_address(wgmma_smem);
+  const unsigned q_tile = (smem_raw + 1023) & ~1023u;
+  const unsigned kv_base = q_tile + Tr::q_bytes;
+  T* const staging = reinterpret_cast<T*>(wgmma_smem + (q_tile - smem_raw));
+
+  const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
+  const RowBlock rows = cta_row_block<Tr::block_m>(seq);
+  if (rows.begin >= rows.end) return;
+  const int row_begin = rows.begin;
+  const int row_end = rows.end;
+
+  const int thread = threadIdx.x;
+  const int warp = thread / 32;
+  const int lane = thread % 32;
+  const int warpgroup = warp / 4;
+
+  const Band band = make_band<Spec::band>(p, seq);
+  const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
+  const LogitTransform<Spec, mma::ApproxMath> transform =
+      make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);
+  const float to_log2 = transform.to_log2();
+  const int row0 = row_begin + warp * Tr::rows_per_warp + lane / 4;
+
+  const T* const q = static_cast<const T*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
+  const T* const k = static_cast<const T*>(p.k) + seq.k_offset;
+  const T* const v = static_cast<const T*>(p.v) + seq.v_offset;
+  auto load_kv = [&](int block, int slot) {
+    const int key0 = block * Tr::block_n;
+    const unsigned k_tile = kv_base + slot * Tr::slot_bytes;
+    load_tile_swizzled<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::threads>(
+        k_tile, k + key0 * p.k_seq_stride, p.k_seq_stride, seq.seqlen_k - key0, thread);
+    load_tile_swizzled<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::threads>(
+        k_tile + Tr::k_bytes, v + key0 * p.v_seq_stride, p.v_seq_stride, seq.seqlen_k - key0,
+        thread);
+  };
+
+  // Prologue: Q joins the first group; stages - 1 groups, empty or not, stay in flight so that
+  // the loop's wait count is one constant.
+  load_tile_swizzled<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::threads>(
+      q_tile, q, p.q_seq_stride, row_end - row_begin, thread);
+#pragma unroll
+  for (int stage = 0; stage < Tr::stages - 1; ++stage) {
+    if (blocks.begin + stage < blocks.end) load_kv(blocks.begin + stage, stage);
+    mma::cp_async_commit();
+  }
+
+  float o[1][Tr::o_tiles][4];
+#pragma unroll
+  for (int j = 0; j < Tr::o_tiles; ++j) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) o[0][j][x] = 0.f;
+  }
+  OnlineSoftmax<1> softmax;
+  softmax.init();
+
+  // This warpgroup's 64 rows of Q; 8-row groups are 1024 bytes apart in every chunk.
+  const unsigned q_rows = q_tile + warpgroup * 64 * 128;
+  int read_slot = 0;
+  for (int block = blocks.begin; block < blocks.end; ++block) {
+    mma::cp_async_wait<Tr::stages - 2>();
+    wgmma::fence_shared_for_async();
+    __syncthreads();  // the tile is visible to all, and every warpgroup is done with the oldest
+    const int write_slot = read_slot == 0 ? Tr::stages - 1 : read_slot - 1;
+    if (block + Tr::stages - 1 < blocks.end) load_kv(block + Tr::stages - 1, write_slot);
+    mma::cp_async_commit();
+
+    const unsigned k_tile = kv_base + read_slot * Tr::slot_bytes;
+    const unsigned v_tile = k_tile + Tr::k_bytes;
+
+    // S = Q K^T: k16 steps walk 32 bytes within a 128-byte chunk, then to the next chunk.
+    float s[1][Tr::s_tiles][4];
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
+      const unsigned k_offset = (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32;
+      const unsigned long long a =
+          wgmma::descriptor(q_rows + (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32, 0, 1024);
+#pragma unroll
+      for (int c = 0; c < Tr::block_n / 64; ++c) {
+        const unsigned long long b = wgmma::descriptor(k_tile + k_offset + c * 64 * 128, 0, 1024);
+        wgmma::mma_ss<T, false>(columns64(s, c), a, b, kk > 0);
+      }
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int c = 0; c < Tr::block_n / 64; ++c) wgmma::pin(columns64(s, c));
+
+    const int key0 = block * Tr::block_n + 2 * (lane % 4);
+    transform.apply(s, row0, key0);
+    if (blocks.needs_mask(block, Tr::block_n)) mask_logits(s, band, row0, key0);
+    softmax.update(s, o, to_log2);
+
+    // O += P V: V is N-major (head dim contiguous); k16 steps are 16 key rows, 2048 bytes.
+    unsigned a[Tr::block_n / 16][4];
+#pragma unroll
+    for (int kk = 0; kk < Tr::block_n / 16; ++kk) probability_fragment<T>(a[kk], s, kk);
+    wgmma::fence();
+#pragma unroll
+    for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
+#pragma unroll
+      for (int c = 0; c < Tr::v_dim / 64; ++c) {
+        const unsigned long long b = wgmma::descriptor(
+            v_tile + c * Tr::block_n * 128 + kk * 16 * 128, Tr::block_n * 128, 1024);
+        wgmma::mma_rs<T, true>(columns64(o, c), a[kk], b, true);
+      }
+    }
+    wgmma::commit();
+    wgmma::wait<0>();
+#pragma unroll
+    for (int c = 0; c < Tr::v_dim / 64; ++c) wgmma::pin(columns64(o, c));
+
+    read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
+  }
+
+  float lse[2];
+  softmax.finish(o, to_log2, lse);
+
+  mma::cp_async_wait<0>();
+  __syncthreads();  // every warpgroup is done reading Q, K and V before the output overwrites them
+  stage_output<Tr>(staging, o, warp, lane);
+  __syncthreads();
+  T* const out = static_cast<T*>(p.out) + seq.out_offset + row_begin * p.out_seq_stride;
+  store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(out, p.out_seq_stride, staging,
+                                                                    row_end - row_begin, thread);
+  if (p.maybe_lse != nullptr)
+    store_lse<Tr>(p.maybe_lse + seq.lse_offset, lse, row0, seq.seqlen_q, lane);
+}
+
+}  // namespace kiln
