@@ -188,7 +188,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     const unsigned k_tile = kv_base + 2 * read_slot * Tr::slot_elems;
     const unsigned v_tile = k_tile + 2 * Tr::k_elems;
     float s[Tr::m_tiles][Tr::s_tiles][4];
-    qk_scores<Tr>(s, q_lane, k_tile + lanes.k);
+    qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
 
     const int key0 = block * Tr::block_n + 2 * (lane % 4);
     transform.apply(s, row0, key0);
@@ -200,7 +200,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       mma::cp_async_commit();
     }
     softmax.update(s, o, to_log2);
-    pv_accumulate<Tr>(o, s, v_tile + lanes.v);
+    pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
 
     if constexpr (Tr::stages > 1) read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }

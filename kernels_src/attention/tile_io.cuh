@@ -3,18 +3,20 @@
 #pragma once
 
 #include "attention/tile_copy.cuh"
+#include "attention/traits.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {
 
-// Starts copying a Rows x PaddedDim tile into smem rows of Pitch elements: global row r is at
-// gmem + r * row_stride and has Dim elements. Rows at or past valid_rows and columns in
-// [Dim, PaddedDim) are zero-filled without being read. Commits nothing.
+// Starts copying a Rows x PaddedDim tile into smem rows of Pitch elements, laid out as
+// tile_offset<Pitch, Swizzle> (traits.cuh): global row r is at gmem + r * row_stride and has Dim
+// elements. Rows at or past valid_rows and columns in [Dim, PaddedDim) are zero-filled without
+// being read. Commits nothing.
 //
 // Each thread keeps one 16-byte column and walks down the rows, a pass of
 // Threads / chunks_per_row rows at a time (the threads left over when the row's chunk count
 // does not divide Threads sit out).
-template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, class T>
+template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, int Swizzle = 1, class T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long long row_stride,
                                                 int valid_rows, int thread) {
   constexpr int chunks_per_row = PaddedDim / 8;
@@ -25,14 +27,16 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long lon
   const int col = thread % chunks_per_row * 8;
   if (Threads % chunks_per_row != 0 && row >= rows_per_pass) return;
   const bool col_valid = col < Dim;
-  const unsigned dst = mma::smem_address(smem + row * Pitch + col);
+  const unsigned dst = mma::smem_address(smem + row * Pitch);
   const T* src = gmem + row * row_stride + col;
   const long long pass_stride = rows_per_pass * row_stride;
 #pragma unroll
   for (int i = 0; i < passes; ++i) {
-    if (Rows % rows_per_pass != 0 && row + i * rows_per_pass >= Rows) break;
-    const bool valid = col_valid && row + i * rows_per_pass < valid_rows;
-    mma::cp_async_16(dst + i * rows_per_pass * Pitch * 2, valid ? src : gmem, valid);
+    const int r = row + i * rows_per_pass;
+    if (Rows % rows_per_pass != 0 && r >= Rows) break;
+    const bool valid = col_valid && r < valid_rows;
+    mma::cp_async_16(dst + i * rows_per_pass * Pitch * 2 + 2 * tile_offset<0, Swizzle>(r, col),
+                     valid ? src : gmem, valid);
     // NOTE: stepping one pointer (hidden from the optimizer) rather than computing each pass's
     // address keeps the compiler from hoisting a 64-bit offset per pass out of the KV loop,
     // which cost ~80 registers and spills.

@@ -1,19 +1,56 @@
 // The two tensor-core products of an attention step for one warp's m16 row tiles, over tiles in
 // shared memory: scores S = Q K^T and the output update O += P V. Shared by the forward and
 // decode kernels; Tr (their traits) gives T, m_tiles, s_tiles, o_tiles, qk_dim, qk_pitch,
-// v_pitch, block_n and prefetch.
+// v_pitch, qk_swizzle, v_swizzle (the tile layouts of traits.cuh), block_n and prefetch.
 #pragma once
 
+#include "attention/traits.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {
+
+// Shared-memory byte addresses each lane hands ldmatrix, relative to its tile's start, as the
+// start of the lane's row (q, k, v) and its chunk within the row (q_x, k_x, v_x: the byte
+// offset of the lane's 16-byte chunk in the row's first k16 step, which chunk_bytes moves):
+// Q (A operand, row-major m16k16): rows first_q_row + lane % 16, columns 8 * (lane / 16).
+// K (B operand, keys as n): keys lane % 8 + 8 * (lane / 16), columns 8 * (lane / 8 % 2).
+// V (B operand through .trans, keys as k): keys lane % 16, columns 8 * (lane / 16).
+// Row blocks an mma step adds (16 rows) leave row % 8, and so the swizzle, unchanged.
+struct LaneOffsets {
+  unsigned q, q_x;
+  unsigned k, k_x;
+  unsigned v, v_x;
+};
+
+template <class Tr>
+__device__ __forceinline__ LaneOffsets lane_offsets(int first_q_row, int lane) {
+  const int q_row = first_q_row + lane % 16;
+  const int k_row = lane % 8 + 8 * (lane / 16);
+  const int v_row = lane % 16;
+  LaneOffsets off;
+  off.q = 2 * q_row * Tr::qk_pitch;
+  off.q_x = 2 * tile_offset<0, Tr::qk_swizzle>(q_row, 8 * (lane / 16));
+  off.k = 2 * k_row * Tr::qk_pitch;
+  off.k_x = 2 * tile_offset<0, Tr::qk_swizzle>(k_row, 8 * (lane / 8 % 2));
+  off.v = 2 * v_row * Tr::v_pitch;
+  off.v_x = 2 * tile_offset<0, Tr::v_swizzle>(v_row, 8 * (lane / 16));
+  return off;
+}
+
+// Byte offset within a row of the chunk `step_bytes` (a multiple of 32: whole k16 steps) past
+// the lane's chunk x: plain addition in padded tiles, where the compiler folds the constant into
+// the address; XOR in swizzled ones (x only flips the chunk index's low bits).
+template <int Swizzle>
+__device__ __forceinline__ unsigned chunk_bytes(unsigned step_bytes, unsigned x) {
+  return Swizzle > 1 ? step_bytes ^ x : step_bytes + x;
+}
 
 // s = Q K^T for the warp's rows and one K tile. q_lane and k_lane are this lane's ldmatrix row
 // addresses (see lane_offsets). Step i of the (kk, np) loop loads its fragments Tr::prefetch
 // steps early, into register rings.
 template <class Tr>
 __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4], unsigned q_lane,
-                                          unsigned k_lane) {
+                                          unsigned k_lane, const LaneOffsets& lanes) {
   constexpr int row_bytes = Tr::qk_pitch * 2;
 #pragma unroll
   for (int mt = 0; mt < Tr::m_tiles; ++mt) {
@@ -34,10 +71,12 @@ __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4
     if (np == 0) {
 #pragma unroll
       for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::ldmatrix_x4(a[kk % a_ring][mt], q_lane + mt * 16 * row_bytes + kk * 32);
+        mma::ldmatrix_x4(a[kk % a_ring][mt], q_lane + mt * 16 * row_bytes +
+                                                 chunk_bytes<Tr::qk_swizzle>(kk * 32, lanes.q_x));
       }
     }
-    mma::ldmatrix_x4(b[i % b_ring], k_lane + np * 16 * row_bytes + kk * 32);
+    mma::ldmatrix_x4(b[i % b_ring], k_lane + np * 16 * row_bytes +
+                                        chunk_bytes<Tr::qk_swizzle>(kk * 32, lanes.k_x));
   };
 #pragma unroll
   for (int i = 0; i < Tr::prefetch; ++i) load(i);
@@ -65,7 +104,7 @@ __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4
 template <class Tr>
 __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                               const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
-                                              unsigned v_lane) {
+                                              unsigned v_lane, const LaneOffsets& lanes) {
   using T = typename Tr::T;
   constexpr int row_bytes = Tr::v_pitch * 2;
   constexpr int dp_count = Tr::o_tiles / 2;
@@ -74,7 +113,8 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tile
   unsigned b[b_ring][4];
   auto load = [&](int i) {
     const int kk = i / dp_count, dp = i % dp_count;
-    mma::ldmatrix_x4_trans(b[i % b_ring], v_lane + kk * 16 * row_bytes + dp * 32);
+    mma::ldmatrix_x4_trans(b[i % b_ring], v_lane + kk * 16 * row_bytes +
+                                              chunk_bytes<Tr::v_swizzle>(dp * 32, lanes.v_x));
   };
 #pragma unroll
   for (int i = 0; i < Tr::prefetch; ++i) load(i);
@@ -100,25 +140,6 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tile
       }
     }
   }
-}
-
-// Shared-memory byte addresses each lane hands ldmatrix, relative to its tile's start:
-// Q (A operand, row-major m16k16): rows first_q_row + lane % 16, columns 8 * (lane / 16).
-// K (B operand, keys as n): keys lane % 8 + 8 * (lane / 16), columns 8 * (lane / 8 % 2).
-// V (B operand through .trans, keys as k): keys lane % 16, columns 8 * (lane / 16).
-struct LaneOffsets {
-  unsigned q;
-  unsigned k;
-  unsigned v;
-};
-
-template <class Tr>
-__device__ __forceinline__ LaneOffsets lane_offsets(int first_q_row, int lane) {
-  LaneOffsets off;
-  off.q = 2 * ((first_q_row + lane % 16) * Tr::qk_pitch + 8 * (lane / 16));
-  off.k = 2 * ((lane % 8 + 8 * (lane / 16)) * Tr::qk_pitch + 8 * (lane / 8 % 2));
-  off.v = 2 * ((lane % 16) * Tr::v_pitch + 8 * (lane / 16));
-  return off;
 }
 
 }  // namespace kiln::attention

@@ -59,8 +59,11 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
   static constexpr int rows = 16 * m_tiles;  // packed query rows per CTA
   static constexpr int qk_dim = attention::round_up(head_dim, 16);
   static constexpr int v_dim = attention::round_up(head_dim_v, 16);
-  static constexpr int qk_pitch = qk_dim + 8;
-  static constexpr int v_pitch = v_dim + 8;
+  // Swizzled tiles (traits.cuh): unpadded rows keep the streaming cp.async requests whole.
+  static constexpr int qk_pitch = qk_dim;
+  static constexpr int v_pitch = v_dim;
+  static constexpr int qk_swizzle = attention::swizzle_for(qk_dim / 8);
+  static constexpr int v_swizzle = attention::swizzle_for(v_dim / 8);
   static constexpr int s_tiles = block_n / 8;
   static constexpr int o_tiles = v_dim / 8;
   static constexpr int prefetch = 0;  // memory-bound: fragments just in time
@@ -179,10 +182,10 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
   if (!Paged || tile.in_page >= 0) {
     long long k_off, v_off;
     tile.offsets(0, k_off, v_off);
-    attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32>(
-        slot, c.k + k_off, c.k_seq_stride, valid, lane);
-    attention::load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32>(
-        v_slot, c.v + v_off, c.v_seq_stride, valid, lane);
+    attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32,
+                               Tr::qk_swizzle>(slot, c.k + k_off, c.k_seq_stride, valid, lane);
+    attention::load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32,
+                               Tr::v_swizzle>(v_slot, c.v + v_off, c.v_seq_stride, valid, lane);
     return;
   }
   constexpr int k_chunks = Tr::qk_dim / 8;  // 16-byte chunks per padded row
@@ -199,8 +202,10 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
     if (k_in) c.offsets(key0 + k_row, k_off, v_off);
     if (i < k_count && (Tr::block_n * k_chunks % 32 == 0 || k_row < Tr::block_n)) {
       const bool ok = k_in && k_col < Tr::head_dim;
-      mma::cp_async_16(mma::smem_address(slot + k_row * Tr::qk_pitch + k_col),
-                       ok ? c.k + k_off + k_col : c.k, ok);
+      mma::cp_async_16(
+          mma::smem_address(slot +
+                            attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(k_row, k_col)),
+          ok ? c.k + k_off + k_col : c.k, ok);
     }
     const int v_chunk = lane + 32 * i;
     const int v_row = v_chunk / v_chunks;
@@ -209,8 +214,10 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
       const bool v_in = v_row < valid;
       if (k_chunks != v_chunks && v_in) c.offsets(key0 + v_row, k_off, v_off);
       const bool ok = v_in && v_col < Tr::head_dim_v;
-      mma::cp_async_16(mma::smem_address(v_slot + v_row * Tr::v_pitch + v_col),
-                       ok ? c.v + v_off + v_col : c.v, ok);
+      mma::cp_async_16(
+          mma::smem_address(v_slot +
+                            attention::tile_offset<Tr::v_pitch, Tr::v_swizzle>(v_row, v_col)),
+          ok ? c.v + v_off + v_col : c.v, ok);
     }
   }
 }
@@ -331,7 +338,9 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
       const int r = row_begin + row;
       const bool ok = r < row_end && col < Tr::head_dim;
       const T* src = q + (r / group) * p.q_seq_stride + (r % group) * p.q_head_stride + col;
-      mma::cp_async_16(mma::smem_address(smem_q + row * Tr::qk_pitch + col), ok ? src : q, ok);
+      mma::cp_async_16(mma::smem_address(
+                           smem_q + attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(row, col)),
+                       ok ? src : q, ok);
     }
     mma::cp_async_commit();
   }
@@ -399,12 +408,12 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     const unsigned k_tile = slots_base + 2 * (t % Tr::stages) * Tr::slot_elems;
     const unsigned v_tile = k_tile + 2 * Tr::k_elems;
     float s[Tr::m_tiles][Tr::s_tiles][4];
-    attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k);
+    attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
     const int key0 = warp_first + t * step;
     const bool mask = key0 < unmasked_first || key0 + Tr::block_n - 1 > unmasked_last;
     logits.apply(s, rows, key0 + 2 * (lane % 4), mask);
     softmax.update(s, o, to_log2);
-    attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v);
+    attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
   }
 
   // Merge the warps' states through shared memory: first every warp's row maxima and sums

@@ -111,16 +111,16 @@ struct MergeParams {
 };
 
 // Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
-// `stages` slots of (K tile, V tile) of block_n rows, rows padded as in the forward kernel
-// (round_up(dim, 16) + 8); plus the Q tile (16 * m_tiles rows) shared by the warps. The end of
+// `stages` slots of (K tile, V tile) of block_n rows of round_up(dim, 16) elements (swizzled,
+// unpadded); plus the Q tile (16 * m_tiles rows) shared by the warps. The end of
 // the kernel reuses it to merge the warps' fp32 states: (16 * m_tiles) rows of
 // round_up(head_dim_v, 16) + 4 outputs, and a max and a sum per row and warp.
 KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(long long head_dim,
                                                                long long head_dim_v,
                                                                long long m_tiles, long long block_n,
                                                                long long warps, long long stages) {
-  const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
-  const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
+  const long long qk_pitch = (head_dim + 15) / 16 * 16;
+  const long long v_pitch = (head_dim_v + 15) / 16 * 16;
   const long long rows = 16 * m_tiles;
   const long long tiles = 2 * (rows * qk_pitch + warps * stages * block_n * (qk_pitch + v_pitch));
   const long long merge = 4 * rows * ((head_dim_v + 15) / 16 * 16 + 4 + 2 * warps);
