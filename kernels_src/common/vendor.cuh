@@ -82,4 +82,20 @@ __device__ __forceinline__ float shfl_xor(float x, int lane_mask) {
 #endif
 }
 
+// Programmatic dependent launch (LaunchConfig::overlap_previous). wait_for_previous_grid: blocks
+// until the kernel before this one on the stream has finished and its writes are visible;
+// allow_next_grid: lets the kernel after this one start being scheduled. No-ops before sm_90,
+// on AMD, and when the launch did not ask for the overlap.
+__device__ __forceinline__ void wait_for_previous_grid() {
+#if KILN_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void allow_next_grid() {
+#if KILN_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+
 }  // namespace kiln

@@ -23,7 +23,8 @@
 //
 // Launch: grid (row_blocks * num_splits, heads_kv, batch) with row_blocks =
 // ceil(seqlen_q * heads / heads_kv / (16 * m_tiles)); block warps * 32 threads; dynamic shared
-// memory attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages).
+// memory attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages);
+// LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
 #include "attention/mask.cuh"
@@ -288,6 +289,13 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   T* const smem_q = reinterpret_cast<T*>(smem_bytes);
+
+  // Launched to overlap the kernel before it (LaunchConfig::overlap_previous), which may have
+  // written q or the cache: nothing global is touched before this point. The kernel after this
+  // one (the merge of split states, or the next call's) may be scheduled from here on; it waits
+  // for this grid to finish in the same way.
+  wait_for_previous_grid();
+  allow_next_grid();
 
   const int thread = threadIdx.x;
   const int warp = thread / 32;

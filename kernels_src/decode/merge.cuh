@@ -5,7 +5,8 @@
 // Spec constants: dtype_in (kiln::f32, f16 or bf16: the states' v), dtype_out (out), head_dim
 // (a multiple of 4 up to 256).
 //
-// Launch: grid (seqlen * heads, batch), 128 threads, no dynamic shared memory. One CTA merges
+// Launch: grid (seqlen * heads, batch), 128 threads, no dynamic shared memory, with
+// LaunchConfig::overlap_previous (it waits for the previous grid first). One CTA merges
 // one (batch, token, head) row: its 4 warps take every 4th state, each lane 4 consecutive
 // elements (two quads at head dims above 128), with a running max so that one pass over the
 // states suffices and their loads overlap; the warps' partial merges then meet in shared
@@ -75,6 +76,10 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONST
   constexpr int quads = head_dim / 4 > 32 ? 2 : 1;  // per lane
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  // Launched to overlap the kernel before it (split-KV's first stage): its states are complete
+  // only past this point. The kernel after this one may be scheduled from here on.
+  wait_for_previous_grid();
+  allow_next_grid();
 
   const int row = blockIdx.x;
   const int token = row / p.heads;

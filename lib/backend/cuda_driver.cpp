@@ -34,6 +34,28 @@ constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+
+// cuLaunchKernelEx's configuration, laid out as cuda.h has it: a 64-byte, 8-aligned value union
+// after a 4-byte id and 4 bytes of padding. Only the attribute kiln sets is named.
+union CUlaunchAttributeValue {
+  alignas(8) char pad[64];
+  int programmaticStreamSerializationAllowed;
+};
+struct CUlaunchAttribute {
+  int id;
+  char pad[4];
+  CUlaunchAttributeValue value;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72);
+struct CUlaunchConfig {
+  unsigned gridDimX, gridDimY, gridDimZ;
+  unsigned blockDimX, blockDimY, blockDimZ;
+  unsigned sharedMemBytes;
+  CUstream hStream;
+  CUlaunchAttribute* attrs;
+  unsigned numAttrs;
+};
 
 // Dynamic shared memory a launch may use before the function has to opt in to more.
 constexpr std::uint32_t kDefaultSharedLimit = 48 * 1024;
@@ -57,7 +79,8 @@ struct CudaApi {
     lib.bind(cuFuncGetAttribute, "cuFuncGetAttribute");
     lib.bind(cuFuncSetAttribute, "cuFuncSetAttribute");
     lib.bind(cuLaunchKernel, "cuLaunchKernel");
-    lib.bind_optional(cuMemAllocAsync, "cuMemAllocAsync");  // CUDA 11.2
+    lib.bind_optional(cuLaunchKernelEx, "cuLaunchKernelEx");  // CUDA 12.0
+    lib.bind_optional(cuMemAllocAsync, "cuMemAllocAsync");    // CUDA 11.2
     lib.bind_optional(cuMemFreeAsync, "cuMemFreeAsync");
     lib.bind(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
     lib.bind(cuStreamSynchronize, "cuStreamSynchronize");
@@ -85,6 +108,8 @@ struct CudaApi {
   CUresult (*cuLaunchKernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned,
                              unsigned shared_bytes, CUstream, void** params,
                              void** extra) = nullptr;
+  CUresult (*cuLaunchKernelEx)(const CUlaunchConfig*, CUfunction, void** params,
+                               void** extra) = nullptr;
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, std::size_t, CUstream) = nullptr;
@@ -125,7 +150,9 @@ class CudaFunction final : public Function {
       : api_(std::move(api)),
         device_(device),
         shared_optin_(
-            api_->attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)) {
+            api_->attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device)),
+        can_overlap_(api_->cuLaunchKernelEx != nullptr &&
+                     api_->attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device) >= 9) {
     api_->check(api_->cuDevicePrimaryCtxRetain(&context_, device_), "cuDevicePrimaryCtxRetain");
   }
 
@@ -159,6 +186,23 @@ class CudaFunction final : public Function {
       raise_shared_limit(config.shared_bytes);
     }
     std::array<void*, 1> args = {const_cast<void*>(params)};
+    if (config.overlap_previous && can_overlap_) {
+      CUlaunchAttribute overlap{};
+      overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+      overlap.value.programmaticStreamSerializationAllowed = 1;
+      const CUlaunchConfig ex{.gridDimX = config.grid.x,
+                              .gridDimY = config.grid.y,
+                              .gridDimZ = config.grid.z,
+                              .blockDimX = config.block.x,
+                              .blockDimY = config.block.y,
+                              .blockDimZ = config.block.z,
+                              .sharedMemBytes = config.shared_bytes,
+                              .hStream = static_cast<CUstream>(config.stream),
+                              .attrs = &overlap,
+                              .numAttrs = 1};
+      api_->check(api_->cuLaunchKernelEx(&ex, function_, args.data(), nullptr), "cuLaunchKernelEx");
+      return;
+    }
     api_->check(
         api_->cuLaunchKernel(function_, config.grid.x, config.grid.y, config.grid.z, config.block.x,
                              config.block.y, config.block.z, config.shared_bytes,
@@ -192,6 +236,7 @@ class CudaFunction final : public Function {
   std::shared_ptr<const CudaApi> api_;
   CUdevice device_;
   int shared_optin_;
+  bool can_overlap_;  // programmatic dependent launch: sm_90+ and a driver with cuLaunchKernelEx
   CUcontext context_ = nullptr;
   CUmodule module_ = nullptr;
   CUfunction function_ = nullptr;

@@ -205,9 +205,11 @@ void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const Mer
                             p.seqlen, p.heads, std::numeric_limits<std::int32_t>::max()));
   }
   const Kernel kernel = runtime.kernel(merge_spec(in, out, head_dim));
+  // The kernel waits for the previous grid before touching memory, so it may start early.
   kernel.launch({.grid = {static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(p.batch)},
                  .block = {128},
-                 .stream = stream},
+                 .stream = stream,
+                 .overlap_previous = true},
                 p);
 }
 
@@ -245,6 +247,8 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
 
   const int m_tiles = decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
   const long long row_blocks = ceil_div(problem.rows_per_kv_head, 16LL * m_tiles);
+  // Both kernels wait for the previous grid before touching memory, so each may be scheduled
+  // while the one before it finishes.
   runtime.kernel(decode_attention_spec(problem, config))
       .launch(
           {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
@@ -252,7 +256,8 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
            .block = {static_cast<std::uint32_t>(config.warps * 32)},
            .shared_bytes = static_cast<std::uint32_t>(
                smem_bytes(problem.head_dim, problem.head_dim_v, m_tiles, config)),
-           .stream = stream},
+           .stream = stream,
+           .overlap_previous = true},
           p);
 
   if (splits > 1) {
