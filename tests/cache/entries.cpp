@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <stdexcept>
 
@@ -23,16 +25,16 @@ detail::Entry sample_entry(int seed, std::size_t binary_bytes) {
   for (std::size_t i = 0; i < entry.key.bytes.size(); ++i) {
     entry.key.bytes[i] = static_cast<std::uint8_t>(seed * 53 + static_cast<int>(i) * 29 + 7);
   }
-  entry.meta.spec = "elementwise(op=relu,dtype=f16,seed=" + std::to_string(seed) + ")";
+  entry.meta.spec = fmt::format("elementwise(op=relu,dtype=f16,seed={})", seed);
   entry.meta.target = "sm_90a";
   entry.meta.compiler = "nvrtc 12.4";
-  entry.meta.lowered_name = "_Z6kernelILi" + std::to_string(seed) + "EEvv";
+  entry.meta.lowered_name = fmt::format("_Z6kernelILi{}EEvv", seed);
   entry.meta.compile_ms = 812.25 + seed;
   entry.meta.registers = 40 + seed;
   entry.meta.spill_bytes = 0;
   entry.meta.shared_bytes = 16384;
   entry.meta.stack_bytes = 8;
-  entry.meta.log = "line 1: \"quoted\"\n\tline 2 \\ backslash, seed " + std::to_string(seed);
+  entry.meta.log = fmt::format("line 1: \"quoted\"\n\tline 2 \\ backslash, seed {}", seed);
   entry.binary.resize(binary_bytes);
   for (std::size_t i = 0; i < binary_bytes; ++i) {
     entry.binary[i] = static_cast<std::byte>((static_cast<std::size_t>(seed) * 131 + i * 7) % 251);
@@ -67,7 +69,7 @@ void check_same_entry(const detail::Entry& actual, const detail::Entry& expected
 
 fs::path entry_path(const fs::path& root, const detail::Key& key) {
   const std::string hex = key.hex();
-  return root / ("v" + std::to_string(detail::kCacheFormatVersion)) / hex.substr(0, 2) /
+  return root / fmt::format("v{}", detail::kCacheFormatVersion) / hex.substr(0, 2) /
          (hex + ".kbin");
 }
 
