@@ -78,6 +78,13 @@ std::string entry_file(const Key& key) {
   return key.hex() + std::string(kEntrySuffix);
 }
 
+// Whether `name` is the directory of a cache format other than this one's (v<digits>).
+bool is_other_format_dir(std::string_view name) {
+  const auto is_digit = [](char c) { return c >= '0' && c <= '9'; };
+  return name.size() >= 2 && name[0] == 'v' && name != version_dir() &&
+         std::all_of(name.begin() + 1, name.end(), is_digit);
+}
+
 bool is_shard_dir(std::string_view name) {
   const auto is_hex = [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); };
   return name.size() == 2 && is_hex(name[0]) && is_hex(name[1]);
@@ -310,7 +317,8 @@ struct TierFile {
 
 std::vector<std::string> dir_names(int dir) {
   std::vector<std::string> names;
-  // NOTE: fdopendir takes ownership of its descriptor, so it gets a duplicate.
+  // NOTE: fdopendir takes ownership of its descriptor, so it gets a duplicate. The duplicate
+  // shares the directory's read position, which the last listing left at the end: rewind.
   const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
   if (copy < 0) return names;
   DIR* stream = ::fdopendir(copy);
@@ -318,6 +326,7 @@ std::vector<std::string> dir_names(int dir) {
     ::close(copy);
     return names;
   }
+  ::rewinddir(stream);
   while (const dirent* item = ::readdir(stream)) {
     const std::string_view name = item->d_name;
     if (name != "." && name != "..") names.emplace_back(name);
@@ -350,6 +359,18 @@ std::vector<TierFile> tier_files(int tier) {
     }
   }
   return files;
+}
+
+// Removes `name` of `dir`, a directory with everything under it, following no link (a link is
+// removed, not what it points to); returns whether it is gone.
+bool remove_tree(int dir, const std::string& name) {
+  struct stat info {};
+  if (::fstatat(dir, name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) return errno == ENOENT;
+  if (!S_ISDIR(info.st_mode)) return ::unlinkat(dir, name.c_str(), 0) == 0;
+  if (const Fd tree = open_subdir(dir, name); tree.ok()) {
+    for (const std::string& child : dir_names(tree.get())) remove_tree(tree.get(), child);
+  }
+  return ::unlinkat(dir, name.c_str(), AT_REMOVEDIR) == 0;
 }
 
 std::vector<TierFile> tier_entries(int tier) {
@@ -613,6 +634,21 @@ std::vector<EntryStatus> DiskCache::list(bool verify_entries) const {
   return statuses;
 }
 
+std::vector<std::string> DiskCache::other_formats() const {
+  std::vector<std::string> names;
+  if (!writable()) return names;
+  for (std::string& name : dir_names(impl_->root.get())) {
+    struct stat info {};
+    if (is_other_format_dir(name) &&
+        ::fstatat(impl_->root.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
+        (S_ISDIR(info.st_mode) || S_ISLNK(info.st_mode))) {
+      names.push_back(std::move(name));
+    }
+  }
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
 std::uint64_t DiskCache::size_bytes() const {
   std::uint64_t total = 0;
   for (const EntryStatus& status : list(/*verify=*/false)) total += status.size;
@@ -630,6 +666,14 @@ std::size_t DiskCache::remove_invalid() {
     const TierFile file{status.path.parent_path().filename().string(),
                         status.path.filename().string()};
     if (remove_file(impl_->root.get(), file) == 0) ++removed;
+  }
+  return removed;
+}
+
+std::size_t DiskCache::remove_other_formats() {
+  std::size_t removed = 0;
+  for (const std::string& name : other_formats()) {
+    if (remove_tree(impl_->root.get(), name)) ++removed;
   }
   return removed;
 }

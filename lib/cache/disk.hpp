@@ -108,6 +108,12 @@ class DiskCache {
   std::size_t prune(std::uint64_t max_bytes);  // evicts LRU until under max_bytes; returns count
   std::size_t remove_invalid();                // returns count
   std::size_t clear();                         // returns count
+  // The writable tier's directories (or links to them) of other cache formats (<root>/v<N>,
+  // names only): another kiln version's entries and notes, which this one never reads. Nothing
+  // removes them but remove_other_formats (`kiln cache clear`), which follows no link and
+  // returns how many went.
+  std::vector<std::string> other_formats() const;
+  std::size_t remove_other_formats();
 
  private:
   struct Impl;

@@ -1,6 +1,7 @@
 // `kiln cache ls|verify|prune|clear`: inspects and trims the writable disk cache tier.
 #include <fmt/chrono.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <ctime>
 #include <memory>
@@ -85,6 +86,12 @@ int ls(const LsArgs& args) {
   }
   print_table(stdout, {"KEY", "SIZE", "LAST USED", "SPEC"}, rows);
   fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), cache.root()->string());
+  if (const std::vector<std::string> others = cache.other_formats(); !others.empty()) {
+    fmt::print(
+        "also there, in formats this kiln does not read: {} (`kiln cache clear` removes "
+        "them)\n",
+        fmt::join(others, ", "));
+  }
   return kSuccess;
 }
 
@@ -127,7 +134,12 @@ int clear(const CommonArgs& args) {
   detail::DiskCache cache = open_disk_cache(to_options(args));
   require_writable(cache);
   fmt::print("removed {} entries from {}\n", cache.clear(), cache.root()->string());
-  return kSuccess;
+  const std::vector<std::string> others = cache.other_formats();
+  if (others.empty()) return kSuccess;
+  const std::size_t removed = cache.remove_other_formats();
+  fmt::print("removed {} of {} directories of other cache formats ({})\n", removed, others.size(),
+             fmt::join(others, ", "));
+  return removed == others.size() ? kSuccess : kFailure;
 }
 
 }  // namespace
@@ -160,7 +172,8 @@ void add_cache_commands(CLI::App& app, int& exit_code) {
   prune_command->callback([prune_args, &exit_code] { exit_code = prune(*prune_args); });
 
   auto clear_args = std::make_shared<CommonArgs>();
-  CLI::App* clear_command = cache->add_subcommand("clear", "Remove every entry");
+  CLI::App* clear_command =
+      cache->add_subcommand("clear", "Remove every entry, and other cache formats' directories");
   add_common_options(*clear_command, *clear_args, TargetCount::one);
   clear_command->callback([clear_args, &exit_code] { exit_code = clear(*clear_args); });
 }

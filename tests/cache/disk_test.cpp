@@ -1,6 +1,7 @@
 // Tests of the disk cache's entries: round trips, the documented layout, and damaged files.
 #include "cache/disk.hpp"
 
+#include <fmt/format.h>
 #include <sys/stat.h>
 
 #include <catch2/catch.hpp>
@@ -80,7 +81,7 @@ TEST_CASE("entries live at <root>/v<format>/<2 hex>/<32 hex>.kbin in 0700 direct
   cache.store(entry);
 
   const std::string hex = entry.key.hex();
-  const fs::path version = root / ("v" + std::to_string(kCacheFormatVersion));
+  const fs::path version = root / fmt::format("v{}", kCacheFormatVersion);
   const fs::path path = version / hex.substr(0, 2) / (hex + ".kbin");
   REQUIRE(fs::is_regular_file(fs::symlink_status(path)));
   CHECK(test::files_under(root) == std::vector<fs::path>{path});

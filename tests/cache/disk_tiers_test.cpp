@@ -1,7 +1,10 @@
 // Tests of the disk cache's tiers: the root, links, read-only tiers, eviction and maintenance.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 #include "cache/disk.hpp"
 #include "cache/entries.hpp"
@@ -122,7 +125,7 @@ TEST_CASE("links below the root are never followed, to read or to write", "[cach
   }
   SECTION("a version directory that links outside") {
     fs::create_directory(root);
-    fs::create_directory_symlink(outside, root / ("v" + std::to_string(kCacheFormatVersion)));
+    fs::create_directory_symlink(outside, root / fmt::format("v{}", kCacheFormatVersion));
     CapturedStderr captured;
     DiskCache cache(DiskCacheConfig{root});
     CHECK_FALSE(cache.writable());
@@ -284,6 +287,45 @@ TEST_CASE("list, remove_invalid and clear maintain the writable tier", "[cache]"
   CHECK(files_under(root).empty());
   CHECK(fs::is_directory(root));
   CHECK_FALSE(cache.load(a.key));
+  cache.store(a);
+  CHECK(cache.load(a.key));
+}
+
+TEST_CASE("other formats' directories are listed, and removed only on request", "[cache]") {
+  TempDir dir;
+  const fs::path root = dir.path() / "cache";
+  DiskCache cache(DiskCacheConfig{root});
+  const Entry a = sample_entry(40);
+  cache.store(a);
+  const std::string ours = entry_path(root, a.key).parent_path().parent_path().filename();
+  // Another kiln's entries and memo, a link to a directory outside, and look-alikes that are
+  // not format directories.
+  for (const char* sub : {"v0/ab", "v0/compilers", "v12/cd", "vx", "v"}) {
+    fs::create_directories(root / sub);
+  }
+  write_file(root / "v0" / "ab" / (a.key.hex() + ".kbin"), "old entry");
+  write_file(root / "v0" / "compilers" / "cuda.json", "{}");
+  write_file(root / "v12" / "cd" / "x.kbin", "old entry");
+  const fs::path outside = dir.path() / "outside";
+  fs::create_directories(outside);
+  write_file(outside / "keep", "not the cache's");
+  fs::create_directory_symlink(outside, root / "v7");
+  write_file(root / "v5", "a file, not a directory");
+
+  CHECK(cache.other_formats() == std::vector<std::string>{"v0", "v12", "v7"});
+  CHECK(cache.clear() == 1);  // this format's entries only
+  CHECK(fs::exists(root / "v0" / "compilers" / "cuda.json"));
+
+  CHECK(cache.remove_other_formats() == 3);
+  CHECK(cache.other_formats().empty());
+  CHECK_FALSE(fs::exists(root / "v0"));
+  CHECK_FALSE(fs::exists(root / "v12"));
+  CHECK_FALSE(fs::is_symlink(root / "v7"));
+  CHECK(read_file(outside / "keep") == "not the cache's");
+  CHECK(fs::exists(root / "v5"));
+  CHECK(fs::is_directory(root / "vx"));
+  CHECK(fs::is_directory(root / "v"));
+  CHECK(fs::is_directory(root / ours));
   cache.store(a);
   CHECK(cache.load(a.key));
 }

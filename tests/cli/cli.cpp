@@ -318,6 +318,22 @@ TEST_CASE("kiln cache clear removes every entry", "[cli]") {
   CHECK(contains(cli.run({"cache", "ls"}).out, "0 entries"));
 }
 
+TEST_CASE("kiln cache ls names other formats' directories and clear removes them", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  fs::create_directories(cli.cache() / "v0" / "ab");
+  write_file(cli.cache() / "v0" / "ab" / "old.kbin", "another kiln's entry");
+  const Result listed = cli.run({"cache", "ls"});
+  CHECK(listed.code == 0);
+  CHECK(contains(listed.out, "in formats this kiln does not read: v0"));
+  const Result cleared = cli.run({"cache", "clear"});
+  CHECK(cleared.code == 0);
+  CHECK(contains(cleared.out, "removed 2 entries from " + cli.cache().string()));
+  CHECK(contains(cleared.out, "removed 1 of 1 directories of other cache formats (v0)"));
+  CHECK_FALSE(fs::exists(cli.cache() / "v0"));
+  CHECK_FALSE(contains(cli.run({"cache", "ls"}).out, "formats this kiln does not read"));
+}
+
 TEST_CASE("kiln cache refuses a cache directory it cannot write", "[cli]") {
   const Cli cli;
   write_file(cli.dir() / "file", "not a directory");
