@@ -48,10 +48,10 @@ struct LaunchConfig {
   Dim3 block;
   std::uint32_t shared_bytes = 0;  // dynamic shared memory; above 48 KB the limit is raised
   void* stream = nullptr;          // CUstream or hipStream_t; null: the default stream
-  // Programmatic dependent launch (CUDA, sm_90 and newer): the kernel may start while the one
-  // before it on the stream is finishing, and must execute `griddepcontrol.wait` before it reads
-  // what that one wrote (wait_for_previous_grid in kernels_src/common/vendor.cuh). Elsewhere a
-  // plain launch.
+  // Programmatic dependent launch (CUDA, sm_90 and newer, a driver with cuLaunchKernelEx): the
+  // kernel may be scheduled while the one before it on the stream is finishing, so it must run
+  // `griddepcontrol.wait` (wait_for_previous_grid in kernels_src/common/vendor.cuh) before it
+  // touches global memory, reads or writes. Elsewhere, or if the driver refuses, a plain launch.
   bool overlap_previous = false;
 };
 

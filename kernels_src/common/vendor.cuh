@@ -83,9 +83,11 @@ __device__ __forceinline__ float shfl_xor(float x, int lane_mask) {
 }
 
 // Programmatic dependent launch (LaunchConfig::overlap_previous). wait_for_previous_grid: blocks
-// until the kernel before this one on the stream has finished and its writes are visible;
-// allow_next_grid: lets the kernel after this one start being scheduled. No-ops before sm_90,
-// on AMD, and when the launch did not ask for the overlap.
+// until the grids before this one on the stream have finished and their writes are visible;
+// a kernel launched to overlap calls it before touching global memory. allow_next_grid: once
+// every CTA of this grid has called it (or exited), the kernel after this one may be scheduled;
+// it makes none of this grid's writes visible. No-ops before sm_90 and on AMD; without the
+// overlap requested, the stream orders the kernels anyway.
 __device__ __forceinline__ void wait_for_previous_grid() {
 #if KILN_CUDA && defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");

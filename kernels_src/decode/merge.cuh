@@ -76,8 +76,9 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONST
   constexpr int quads = head_dim / 4 > 32 ? 2 : 1;  // per lane
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
-  // Launched to overlap the kernel before it (split-KV's first stage): its states are complete
-  // only past this point. The kernel after this one may be scheduled from here on.
+  // Launched to overlap the kernel before it (split-KV's first stage, or whatever the caller of
+  // merge_states ran), whose states are complete only past this point. The kernel after this
+  // one may be scheduled from here on.
   wait_for_previous_grid();
   allow_next_grid();
 

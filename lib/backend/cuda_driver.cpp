@@ -1,6 +1,7 @@
 // The CUDA driver API, opened with dlopen: devices, module loading and kernel launches.
 #include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -10,6 +11,7 @@
 #include "backend/backend.hpp"
 #include "backend/dynlib.hpp"
 #include "kiln/error.hpp"
+#include "log.hpp"
 
 namespace kiln::detail {
 
@@ -47,7 +49,8 @@ struct CUlaunchAttribute {
   char pad[4];
   CUlaunchAttributeValue value;
 };
-static_assert(sizeof(CUlaunchAttribute) == 72);
+static_assert(sizeof(CUlaunchAttributeValue) == 64 && alignof(CUlaunchAttributeValue) == 8);
+static_assert(sizeof(CUlaunchAttribute) == 72 && offsetof(CUlaunchAttribute, value) == 8);
 struct CUlaunchConfig {
   unsigned gridDimX, gridDimY, gridDimZ;
   unsigned blockDimX, blockDimY, blockDimZ;
@@ -56,6 +59,8 @@ struct CUlaunchConfig {
   CUlaunchAttribute* attrs;
   unsigned numAttrs;
 };
+static_assert(sizeof(CUlaunchConfig) == 56 && offsetof(CUlaunchConfig, hStream) == 32 &&
+              offsetof(CUlaunchConfig, attrs) == 40 && offsetof(CUlaunchConfig, numAttrs) == 48);
 
 // Dynamic shared memory a launch may use before the function has to opt in to more.
 constexpr std::uint32_t kDefaultSharedLimit = 48 * 1024;
@@ -79,7 +84,7 @@ struct CudaApi {
     lib.bind(cuFuncGetAttribute, "cuFuncGetAttribute");
     lib.bind(cuFuncSetAttribute, "cuFuncSetAttribute");
     lib.bind(cuLaunchKernel, "cuLaunchKernel");
-    lib.bind_optional(cuLaunchKernelEx, "cuLaunchKernelEx");  // CUDA 12.0
+    lib.bind_optional(cuLaunchKernelEx, "cuLaunchKernelEx");  // CUDA 11.8
     lib.bind_optional(cuMemAllocAsync, "cuMemAllocAsync");    // CUDA 11.2
     lib.bind_optional(cuMemFreeAsync, "cuMemFreeAsync");
     lib.bind(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
@@ -186,7 +191,7 @@ class CudaFunction final : public Function {
       raise_shared_limit(config.shared_bytes);
     }
     std::array<void*, 1> args = {const_cast<void*>(params)};
-    if (config.overlap_previous && can_overlap_) {
+    if (config.overlap_previous && can_overlap_.load(std::memory_order_relaxed)) {
       CUlaunchAttribute overlap{};
       overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
       overlap.value.programmaticStreamSerializationAllowed = 1;
@@ -200,8 +205,12 @@ class CudaFunction final : public Function {
                               .hStream = static_cast<CUstream>(config.stream),
                               .attrs = &overlap,
                               .numAttrs = 1};
-      api_->check(api_->cuLaunchKernelEx(&ex, function_, args.data(), nullptr), "cuLaunchKernelEx");
-      return;
+      if (api_->cuLaunchKernelEx(&ex, function_, args.data(), nullptr) == CUDA_SUCCESS) return;
+      // The overlap only saves time: a driver that refuses it gets plain launches from now on,
+      // and a failure that is not about the overlap fails the plain launch too, which reports it.
+      can_overlap_.store(false, std::memory_order_relaxed);
+      log(LogLevel::debug,
+          "cuLaunchKernelEx refused programmatic dependent launch: plain launches");
     }
     api_->check(
         api_->cuLaunchKernel(function_, config.grid.x, config.grid.y, config.grid.z, config.block.x,
@@ -236,7 +245,8 @@ class CudaFunction final : public Function {
   std::shared_ptr<const CudaApi> api_;
   CUdevice device_;
   int shared_optin_;
-  bool can_overlap_;  // programmatic dependent launch: sm_90+ and a driver with cuLaunchKernelEx
+  // Programmatic dependent launch: sm_90+, a driver with cuLaunchKernelEx, none refused yet.
+  std::atomic<bool> can_overlap_;
   CUcontext context_ = nullptr;
   CUmodule module_ = nullptr;
   CUfunction function_ = nullptr;

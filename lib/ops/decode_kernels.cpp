@@ -110,6 +110,9 @@ namespace detail {
 namespace {
 
 // Device scratch of one call, handed back on the stream however the call ends.
+// NOTE: the next call's kernels may be scheduled while this call's merge still reads the
+// scratch that the stream-ordered allocator hands them again; that is safe only because every
+// kernel launched with overlap_previous touches no global memory before wait_for_previous_grid.
 class Scratch {
  public:
   Scratch(Runtime& runtime, std::size_t bytes, void* stream)

@@ -41,6 +41,42 @@ struct FillParams {
 
 constexpr std::uint32_t kMultiplier = 7;
 
+// Two kernels for programmatic dependent launch: the first lets its dependent be scheduled at
+// once, then spins before writing `first`; the second, launched to overlap it, waits for it and
+// then reads `first`. Without the wait (or with the launch misconfigured) the second reads what
+// `first` held before: the poison, or the previous round's values.
+constexpr std::string_view kChainSource = R"(#include "chain.h"
+namespace test {
+__global__ void slow_fill(const __grid_constant__ ChainParams p) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+  const long long start = clock64();
+  while (clock64() - start < p.spin_cycles) {
+  }
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < p.n) p.first[i] = 3 * i + p.round;
+}
+__global__ void add_one_after_wait(const __grid_constant__ ChainParams p) {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+  const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < p.n) p.second[i] = p.first[i] + 1;
+}
+}  // namespace test
+)";
+
+constexpr std::string_view kChainHeader = R"(#pragma once
+struct ChainParams {
+  unsigned* first;
+  unsigned* second;
+  unsigned n;
+  unsigned round;
+  long long spin_cycles;
+};
+)";
+
 using CUdeviceptr = unsigned long long;
 
 // The host side of FillParams.
@@ -49,6 +85,15 @@ struct FillParams {
   std::uint32_t n = 0;
   std::uint32_t offset = 0;
   std::uint32_t shared_words = 0;
+};
+
+// The host side of ChainParams.
+struct ChainParams {
+  CUdeviceptr first = 0;
+  CUdeviceptr second = 0;
+  std::uint32_t n = 0;
+  std::uint32_t round = 0;
+  std::int64_t spin_cycles = 0;
 };
 
 // Device memory, which the Driver interface leaves to kiln's callers, straight from libcuda. It
@@ -102,19 +147,26 @@ std::unique_ptr<Driver> open_device_or_warn() {
   return nullptr;
 }
 
-CompileResult compile_fill(const std::string& target) {
+CompileResult compile_kernel(const std::string& target, std::string_view source,
+                             std::string_view header_name, std::string_view header,
+                             const std::string& name_expression) {
   const auto nvrtc = open_nvrtc();
   CompileRequest request;
-  request.name = "kiln_fill.cu";
-  request.source = kSource;
-  request.headers = {{"fill.h", std::string(kHeader)}};
+  request.name = "kiln_test.cu";
+  request.source = source;
+  request.headers = {{std::string(header_name), std::string(header)}};
   request.options = nvrtc->canonical_options(target);
   request.target = target;
-  request.name_expression = "test::fill<" + std::to_string(kMultiplier) + ">";
+  request.name_expression = name_expression;
   CompileResult result = nvrtc->compile(request);
   INFO(result.log);
   REQUIRE(result.ok);
   return result;
+}
+
+CompileResult compile_fill(const std::string& target) {
+  return compile_kernel(target, kSource, "fill.h", kHeader,
+                        "test::fill<" + std::to_string(kMultiplier) + ">");
 }
 
 void check_pattern(const std::vector<std::uint32_t>& words, const FillParams& params) {
@@ -201,6 +253,42 @@ TEST_CASE("CUDA driver loads an NVRTC cubin and launches it", "[backend][gpu]") 
       CHECK(e.category() == ErrorCategory::invalid_argument);
       CHECK_THAT(e.what(), Catch::Contains("1048576 bytes of dynamic shared memory"));
     }
+  }
+}
+
+TEST_CASE("CUDA driver launches a kernel to overlap the one before it", "[backend][gpu]") {
+  KILN_REQUIRE_GPU();
+  const auto driver = open_device_or_warn();
+  if (!driver) return;
+  const std::string target = driver->device(0).target;
+  const CompileResult fill =
+      compile_kernel(target, kChainSource, "chain.h", kChainHeader, "test::slow_fill");
+  const CompileResult add =
+      compile_kernel(target, kChainSource, "chain.h", kChainHeader, "test::add_one_after_wait");
+  const auto slow_fill = driver->load(0, fill.binary, fill.lowered_name);
+  const auto add_one = driver->load(0, add.binary, add.lowered_name);
+
+  ChainParams params;
+  params.n = 4099;
+  params.spin_cycles = 2'000'000;  // about a millisecond, far longer than a launch
+  DeviceWords first(params.n);     // poisoned
+  DeviceWords second(params.n);
+  params.first = first.get();
+  params.second = second.get();
+  LaunchConfig config;
+  config.block.x = 128;
+  config.grid.x = (params.n + config.block.x - 1) / config.block.x;
+  LaunchConfig overlapping = config;
+  overlapping.overlap_previous = true;
+  for (params.round = 1; params.round <= 3; ++params.round) {
+    slow_fill->launch(config, &params);
+    add_one->launch(overlapping, &params);
+    const std::vector<std::uint32_t> words = second.read();
+    std::size_t wrong = 0;
+    for (std::uint32_t i = 0; i < words.size(); ++i) {
+      if (words[i] != 3 * i + params.round + 1) ++wrong;
+    }
+    CHECK(wrong == 0);
   }
 }
 
