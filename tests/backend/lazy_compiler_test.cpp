@@ -8,6 +8,7 @@
 
 #include "backend/lazy_compiler.hpp"
 #include "kiln/error.hpp"
+#include "stub_compiler.hpp"
 #include "support.hpp"
 
 namespace kiln::detail {
@@ -19,23 +20,11 @@ using json = nlohmann::json;
 // What the stand-in compiler says it is: a test changes it to play a compiler upgrade.
 std::string installed_identity = "stand-in 1.0";
 
-class StandIn final : public Compiler {
- public:
-  std::string_view vendor() const override { return "stand-in"; }
-  std::string identity() const override { return identity_; }
-  std::vector<std::string> canonical_options(std::string_view target) const override {
-    return {"--arch=" + std::string(target)};
-  }
-  bool accepts(std::string_view target) const override { return target.starts_with("sm_"); }
-  CompileResult compile(const CompileRequest&) const override { return {}; }
-
- private:
-  std::string identity_ = installed_identity;
-};
-
 CompilerLibrary stand_in(std::vector<std::string> candidates = {"libc.so.6"}) {
   return {"stand-in", "the stand-in compiler", std::move(candidates), "nothing to fix",
-          [](DynLib) -> std::unique_ptr<Compiler> { return std::make_unique<StandIn>(); }};
+          [](DynLib) -> std::unique_ptr<Compiler> {
+            return std::make_unique<test::StubCompiler>("stand-in", installed_identity);
+          }};
 }
 
 fs::path memo_file(const fs::path& cache) {

@@ -9,28 +9,15 @@
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
+#include "stub_compiler.hpp"
 #include "support.hpp"
 
 namespace {
 
-using kiln::detail::CompileRequest;
-using kiln::detail::CompileResult;
+using kiln::test::StubCompiler;
 
-// A compiler that compiles nothing: the key needs only its identity and options.
-class FakeCompiler : public kiln::detail::Compiler {
- public:
-  explicit FakeCompiler(std::string identity = "fake 1.0") : identity_(std::move(identity)) {}
-  std::string_view vendor() const override { return "cuda"; }
-  std::string identity() const override { return identity_; }
-  std::vector<std::string> canonical_options(std::string_view target) const override {
-    return {"--arch=" + std::string(target)};
-  }
-  bool accepts(std::string_view target) const override { return target.starts_with("sm_"); }
-  CompileResult compile(const CompileRequest&) const override { return {}; }
-
- private:
-  std::string identity_;
-};
+// The key needs only the compiler's identity and options.
+const StubCompiler kCompiler("cuda", "fake 1.0");
 
 kiln::KernelSpec sample() {
   kiln::KernelSpec spec{.source = "elementwise/unary.cuh",
@@ -47,7 +34,7 @@ std::filesystem::path source_tree() {
 }
 
 std::string key_of(const kiln::KernelSpec& spec, const std::filesystem::path& tree = source_tree(),
-                   const FakeCompiler& compiler = FakeCompiler()) {
+                   const StubCompiler& compiler = kCompiler) {
   const auto sources = kiln::detail::SourceTree::locate(tree);
   return kiln::detail::make_unit(spec, sources, compiler).key.hex();
 }
@@ -77,8 +64,8 @@ TEST_CASE("each field of the spec changes the key", "[jit][key]") {
 }
 
 TEST_CASE("the compiler's identity changes the key", "[jit][key]") {
-  CHECK(key_of(sample(), source_tree(), FakeCompiler("fake 1.0")) !=
-        key_of(sample(), source_tree(), FakeCompiler("fake 1.1")));
+  CHECK(key_of(sample(), source_tree(), StubCompiler("cuda", "fake 1.0")) !=
+        key_of(sample(), source_tree(), StubCompiler("cuda", "fake 1.1")));
 }
 
 TEST_CASE("the key depends on file content, not on where the tree is", "[jit][key]") {
@@ -132,7 +119,7 @@ TEST_CASE("equal inputs give equal keys across processes", "[jit][key]") {
 TEST_CASE("the include closure holds the source, its includes and the Params header",
           "[jit][key]") {
   const auto sources = kiln::detail::SourceTree::locate(source_tree());
-  const auto unit = kiln::detail::make_unit(sample(), sources, FakeCompiler());
+  const auto unit = kiln::detail::make_unit(sample(), sources, kCompiler);
   std::vector<std::string> names;
   for (const auto& header : unit.headers) names.push_back(header.name);
   CHECK(names == std::vector<std::string>{"kiln/params/elementwise.h", "elementwise/unary.cuh",
