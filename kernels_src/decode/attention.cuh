@@ -8,7 +8,9 @@
 // Each warp streams its own K/V tiles (block_n keys, `stages` cp.async slots) with no CTA-wide
 // barrier in the loop: warp w takes tiles w, w + warps, ... of the CTA's key range. At the end
 // the warps' online-softmax states are merged through shared memory. With one split the CTA
-// writes out (and lse); with more, fp32 partial states that merge_states_kernel combines.
+// writes out (and lse). With more, each CTA writes an fp32 partial state and flags it with the
+// call's tag (publish_split); a split that finds all of its row block's flags set merges the
+// states into out, so split-KV takes one launch.
 //
 // Spec constants (all change the generated code):
 //   dtype        kiln::f16 or kiln::bf16: q, cache and out; fp32 accumulation.
@@ -34,6 +36,7 @@
 #include "attention/traits.cuh"
 #include "common/mma.cuh"
 #include "common/prelude.cuh"
+#include "decode/merge_state.cuh"
 #include "kiln/params/decode.h"
 
 namespace kiln {
@@ -70,17 +73,17 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
   static constexpr int prefetch = 0;  // memory-bound: fragments just in time
 
   // Shared memory, in elements: Q, then per warp `stages` slots of (K tile, V tile). The warp
-  // merge at the end reuses it as fp32: rows x merge_pitch outputs, then every warp's row
-  // maxima and sums.
+  // merge at the end reuses it as fp32: per warp rows x merge_pitch outputs, then every warp's
+  // row maxima and sums.
   static constexpr int q_elems = rows * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int slot_elems = k_elems + block_n * v_pitch;
   static constexpr int warp_elems = stages * slot_elems;
-  static constexpr int merge_pitch = v_dim + 4;  // column v_dim holds the row's LSE
+  static constexpr int merge_pitch = v_dim + 8;  // float2 stores of 8 rows meet no bank twice
   static constexpr int smem_bytes = static_cast<int>(
       attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages));
   static_assert(smem_bytes >= 2 * (q_elems + warps * warp_elems) &&
-                    smem_bytes >= 4 * rows * (merge_pitch + 2 * warps),
+                    smem_bytes >= 4 * warps * rows * (merge_pitch + 2),
                 "attention_decode_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
                 "the tiles need more than 227 KiB of shared memory: lower warps, block_n or "
@@ -278,6 +281,27 @@ struct DecodeLogits {
   }
 };
 
+// Split-KV's hand-off (DecodeParams::split_flags), run by one warp of each split's CTA once the
+// whole CTA has written its partial state: sets the split's flag to the call's tag, then reads
+// every split's flag of the row block; true when all carry the tag. A flag needs no zeroing
+// before the call: any other value (scratch an earlier call or another program left) is unset.
+// The fences are sequentially consistent, so of splits finishing together at least one sees all
+// flags set; several may, and each then merges the same states into the same bytes.
+__device__ __forceinline__ bool publish_split(unsigned long long* flags, int split, int splits,
+                                              unsigned long long tag, int lane) {
+  __threadfence();  // the CTA's partial state is visible device-wide before the flag
+  if (lane == 0) *static_cast<volatile unsigned long long*>(flags + split) = tag;
+  __threadfence();  // the flag is, before the others are read
+  bool all = true;
+  for (int s = lane; s < splits; s += 32) {
+    // Acquire: the states of the splits seen done are read after this, by the whole CTA.
+    unsigned long long flag;
+    asm volatile("ld.acquire.gpu.global.u64 %0, [%1];\n" : "=l"(flag) : "l"(flags + s) : "memory");
+    all = all && flag == tag;
+  }
+  return __all_sync(0xffffffffu, all);
+}
+
 }  // namespace decode
 
 template <class Spec>
@@ -292,8 +316,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
 
   // Launched to overlap the kernel before it (LaunchConfig::overlap_previous), which may have
   // written q or the cache: nothing global is touched before this point. The kernel after this
-  // one (the merge of split states, or the next call's) may be scheduled from here on; it waits
-  // for this grid to finish in the same way.
+  // one may be scheduled from here on; it waits for this grid to finish in the same way.
   wait_for_previous_grid();
   allow_next_grid();
 
@@ -424,96 +447,147 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
   }
 
-  // Merge the warps' states through shared memory: first every warp's row maxima and sums
-  // (log2 units), then the outputs, each warp adding its rescaled rows in turn.
+  // Merge the warps' states through shared memory in one step: every warp leaves its row
+  // maxima (log2 units) and sums, and its unscaled outputs of the block's rows, in its own
+  // region; then each thread weighs the warps' parts of 4 columns of a row.
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done with its slots, which the merge reuses
+  const int valid_rows = row_end - row_begin;
   float* const merge_o = reinterpret_cast<float*>(smem_bytes);
-  float* const merge_max = merge_o + Tr::rows * Tr::merge_pitch;
+  float* const merge_max = merge_o + Tr::warps * Tr::rows * Tr::merge_pitch;
   float* const merge_sum = merge_max + Tr::warps * Tr::rows;
+  {
+    float* const warp_o = merge_o + warp * Tr::rows * Tr::merge_pitch;
 #pragma unroll
-  for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
-    const float sum = mma::quad_sum(softmax.row_sum[r]);
-    if (lane % 4 == 0) {
+    for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
       const int row = 8 * r + lane / 4;
-      merge_max[warp * Tr::rows + row] =
-          sum > 0.f ? softmax.row_max[r] * to_log2 : attention::neg_inf();
-      merge_sum[warp * Tr::rows + row] = sum;
-    }
-  }
-  __syncthreads();
-  // Each row's merged max and sum, the same in every warp; a warp's share of the normalized
-  // output is exp2(its max - top) / total. Warp 0 leaves each row's LSE (natural log) in the
-  // padding column head_dim_v.. of merge_o.
-  float weight[2 * Tr::m_tiles];
-  float lse[2 * Tr::m_tiles];
-#pragma unroll
-  for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
-    const int row = 8 * r + lane / 4;
-    float top = attention::neg_inf();
-    for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
-    float total = 0.f;
-    if (top != attention::neg_inf()) {
-      for (int w = 0; w < Tr::warps; ++w) {
-        total +=
-            mma::exp2_approx(merge_max[w * Tr::rows + row] - top) * merge_sum[w * Tr::rows + row];
+      const float sum = mma::quad_sum(softmax.row_sum[r]);
+      if (lane % 4 == 0) {
+        merge_max[warp * Tr::rows + row] =
+            sum > 0.f ? softmax.row_max[r] * to_log2 : attention::neg_inf();
+        merge_sum[warp * Tr::rows + row] = sum;
       }
-    }
-    weight[r] =
-        total > 0.f ? mma::exp2_approx(merge_max[warp * Tr::rows + row] - top) / total : 0.f;
-    lse[r] = total > 0.f ? (top + log2f(total)) * attention::kLn2 : attention::neg_inf();
-  }
-  for (int w = 0; w < Tr::warps; ++w) {
-    if (w == warp) {
+      if (row < valid_rows) {
+        const int mt = r / 2, x = 2 * (r % 2);
 #pragma unroll
-      for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int r = 2 * mt + x / 2;
-          float* const out_row = merge_o + (8 * r + lane / 4) * Tr::merge_pitch;
-#pragma unroll
-          for (int j = 0; j < Tr::o_tiles; ++j) {
-            const float value = weight[r] * o[mt][j][x];
-            float& slot = out_row[8 * j + 2 * (lane % 4) + x % 2];
-            slot = w == 0 ? value : slot + value;
-          }
-          if (w == 0 && lane % 4 == 0 && x % 2 == 0) out_row[Tr::v_dim] = lse[r];
+        for (int j = 0; j < Tr::o_tiles; ++j) {
+          *reinterpret_cast<float2*>(warp_o + row * Tr::merge_pitch + 8 * j + 2 * (lane % 4)) =
+              make_float2(o[mt][j][x], o[mt][j][x + 1]);
         }
       }
     }
-    __syncthreads();
   }
+  __syncthreads();
+
+  // A row of the block and its finished 4 columns from `col`: to out (and lse) or, with
+  // several splits, to this split's fp32 partial state.
+  const long long split_stride = static_cast<long long>(p.batch) * p.seqlen_q * p.heads;
+  auto state_of = [&](int s, int query, int head) {
+    return s * split_stride + (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
+  };
+  auto store_out = [&](int query, int head, int col, const float(&acc)[4], float lse) {
+    T* const dst = static_cast<T*>(p.out) + batch * p.out_batch_stride + query * p.out_seq_stride +
+                   head * p.out_head_stride + col;
+    uint2 packed;
+    packed.x = mma::pack2<T>(acc[0], acc[1]);
+    packed.y = mma::pack2<T>(acc[2], acc[3]);
+    *reinterpret_cast<uint2*>(dst) = packed;
+    if (col == 0 && p.maybe_lse != nullptr) {
+      p.maybe_lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
+    }
+  };
 
   // Each thread finishes 4 consecutive columns of a row at a time.
   const bool split_out = p.num_splits > 1;
   constexpr int quads = Tr::head_dim_v / 4;
+  for (int item = thread; item < valid_rows * quads; item += Tr::threads) {
+    const int row = item / quads;
+    const int col = item % quads * 4;
+    // The row's merged max and sum; each warp's part weighs exp2(its max - top) / total.
+    float top = attention::neg_inf();
+    for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
+    float total = 0.f;
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    if (top != attention::neg_inf()) {
+      for (int w = 0; w < Tr::warps; ++w) {
+        const float scale = mma::exp2_approx(merge_max[w * Tr::rows + row] - top);
+        total += scale * merge_sum[w * Tr::rows + row];
+        const float4 part = *reinterpret_cast<const float4*>(
+            merge_o + (w * Tr::rows + row) * Tr::merge_pitch + col);
+        acc[0] += scale * part.x;
+        acc[1] += scale * part.y;
+        acc[2] += scale * part.z;
+        acc[3] += scale * part.w;
+      }
+    }
+    const float inv = total > 0.f ? 1.f / total : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    const float lse = total > 0.f ? (top + log2f(total)) * attention::kLn2 : attention::neg_inf();
+    const int r = row_begin + row;
+    const int query = r / group;
+    const int head = kv_head * group + r % group;
+    if (split_out) {
+      const long long state = state_of(split, query, head);
+      *reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col) =
+          make_float4(acc[0], acc[1], acc[2], acc[3]);
+      if (col == 0) p.partial_lse[state] = lse;
+    } else {
+      store_out(query, head, col, acc, lse);
+    }
+  }
+  if (!split_out) return;
+
+  // The split that finds every split of its row block done merges all of their states (in
+  // split order, so the result does not depend on which CTA that is).
+  unsigned long long* const flags =
+      p.split_flags +
+      ((static_cast<long long>(batch) * p.heads_kv + kv_head) * (gridDim.x / p.num_splits) +
+       row_block) *
+          p.num_splits;
+  __shared__ bool merges;
+  __syncthreads();  // the CTA's partial state is written
+  if (warp == 0) {
+    const bool all = publish_split(flags, split, p.num_splits, p.split_tag, lane);
+    if (lane == 0) merges = all;
+  }
+  __syncthreads();
+  if (!merges) return;
   for (int item = thread; item < Tr::rows * quads; item += Tr::threads) {
     const int row = item / quads;
     const int col = item % quads * 4;
     const int r = row_begin + row;
-    if (r >= row_end) break;  // items run row-major: every later one is past the end too
-    const float* const acc = merge_o + row * Tr::merge_pitch + col;
-    const float lse = merge_o[row * Tr::merge_pitch + Tr::v_dim];
+    if (r >= row_end) break;
     const int query = r / group;
     const int head = kv_head * group + r % group;
-    if (split_out) {
-      const long long state =
-          ((static_cast<long long>(split) * p.batch + batch) * p.seqlen_q + query) * p.heads + head;
-      float4* const dst = reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col);
-      *dst = make_float4(acc[0], acc[1], acc[2], acc[3]);
-      if (col == 0) p.partial_lse[state] = lse;
-    } else {
-      T* const dst = static_cast<T*>(p.out) + batch * p.out_batch_stride +
-                     query * p.out_seq_stride + head * p.out_head_stride + col;
-      uint2 packed;
-      packed.x = mma::pack2<T>(acc[0], acc[1]);
-      packed.y = mma::pack2<T>(acc[2], acc[3]);
-      *reinterpret_cast<uint2*>(dst) = packed;
-      if (col == 0 && p.maybe_lse != nullptr) {
-        p.maybe_lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
+    // Loads of 16 states go out together, ahead of the math that waits on them.
+    constexpr int batched = 16;
+    MergeAccumulator<1> all;
+    all.init();
+    for (int s0 = 0; s0 < p.num_splits; s0 += batched) {
+      float lse[batched];
+      float v[batched][1][4];
+#pragma unroll
+      for (int j = 0; j < batched; ++j) {
+        const long long state = state_of(min(s0 + j, p.num_splits - 1), query, head);
+        const float4 x =
+            __ldcg(reinterpret_cast<const float4*>(p.partial_out + state * Tr::head_dim_v + col));
+        v[j][0][0] = x.x;
+        v[j][0][1] = x.y;
+        v[j][0][2] = x.z;
+        v[j][0][3] = x.w;
+        lse[j] = s0 + j < p.num_splits ? __ldcg(p.partial_lse + state) : attention::neg_inf();
       }
+      all.add(lse, v);
     }
+    const float inv = all.total > 0.f ? 1.f / all.total : 0.f;
+    const float acc[4] = {all.acc[0][0] * inv, all.acc[0][1] * inv, all.acc[0][2] * inv,
+                          all.acc[0][3] * inv};
+    store_out(query, head, col, acc,
+              all.total > 0.f ? all.top + logf(all.total) : attention::neg_inf());
   }
+  // A replayed CUDA graph keeps the tag it was captured with: leave the flags unset for it.
+  for (int s = thread; s < p.num_splits; s += Tr::threads) flags[s] = 0;
 }
 
 }  // namespace kiln

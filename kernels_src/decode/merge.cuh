@@ -13,57 +13,11 @@
 // memory. Split-KV merges few rows of many states, so latency is what this is built against.
 #pragma once
 
-#include "attention/math.cuh"
 #include "common/prelude.cuh"
+#include "decode/merge_state.cuh"
 #include "kiln/params/decode.h"
 
 namespace kiln {
-namespace decode {
-
-// A partial merge: the running max of the LSEs seen, the sum of exp(lse - max), and the
-// weighted sum of their v.
-template <int Quads>
-struct MergeAccumulator {
-  float top;
-  float total;
-  float acc[Quads][4];
-
-  __device__ __forceinline__ void init() {
-    top = attention::neg_inf();
-    total = 0.f;
-#pragma unroll
-    for (int q = 0; q < Quads; ++q) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[q][e] = 0.f;
-    }
-  }
-
-  // Adds a state of LSE `lse` whose v elements are `v`; weight * v is skipped when the weight
-  // is 0, since an empty state (-inf) may hold anything, NaN included.
-  __device__ __forceinline__ void add(float lse, const float (&v)[Quads][4]) {
-    if (lse == attention::neg_inf()) return;
-    if (lse > top) {
-      const float rescale =
-          top == attention::neg_inf() ? 0.f : exp2f((top - lse) * attention::kLog2e);
-      total *= rescale;
-#pragma unroll
-      for (int q = 0; q < Quads; ++q) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) acc[q][e] *= rescale;
-      }
-      top = lse;
-    }
-    const float weight = exp2f((lse - top) * attention::kLog2e);
-    total += weight;
-#pragma unroll
-    for (int q = 0; q < Quads; ++q) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[q][e] += weight * v[q][e];
-    }
-  }
-};
-
-}  // namespace decode
 
 template <class Spec>
 __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONSTANT MergeParams p) {

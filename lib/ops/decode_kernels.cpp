@@ -2,9 +2,11 @@
 #include "ops/decode_kernels.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <random>
 
 #include <fmt/format.h>
 
@@ -82,7 +84,7 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
 std::vector<KernelSpec> decode_default_specs(std::string_view target) {
   std::vector<KernelSpec> specs;
   if (!detail::is_sm80_or_newer(target)) return specs;
-  // A long cache on few sequences, so that the config splits and the merge is included.
+  // A long cache on few sequences, so that the config is the split one.
   constexpr int kBatch = 1, kHeadsKv = 8, kRows = 4, kSms = 132;
   constexpr long long kCapacity = 32768;
   for (DType dtype : {DType::bf16, DType::f16}) {
@@ -95,12 +97,10 @@ std::vector<KernelSpec> decode_default_specs(std::string_view target) {
                                             .paged = paged};
         const DecodeConfig config =
             choose_decode(kBatch, kHeadsKv, kRows, kCapacity, dim, dim, kSms, 0);
-        for (KernelSpec& spec : detail::decode_specs(problem, config)) {
-          if (std::find(specs.begin(), specs.end(), spec) == specs.end()) {
-            specs.push_back(std::move(spec));
-          }
-        }
+        specs.push_back(detail::decode_attention_spec(problem, config));
       }
+      // merge_states over the outputs of two such calls.
+      specs.push_back(detail::merge_spec(dtype, dtype, dim));
     }
   }
   return specs;
@@ -110,7 +110,7 @@ namespace detail {
 namespace {
 
 // Device scratch of one call, handed back on the stream however the call ends.
-// NOTE: the next call's kernels may be scheduled while this call's merge still reads the
+// NOTE: the next call's kernels may be scheduled while this call's kernel still uses the
 // scratch that the stream-ordered allocator hands them again; that is safe only because every
 // kernel launched with overlap_previous touches no global memory before wait_for_previous_grid.
 class Scratch {
@@ -141,6 +141,18 @@ class Scratch {
 
 std::size_t align_up(std::size_t bytes) {
   return (bytes + 255) / 256 * 256;
+}
+
+// A fresh tag for a split call's flags (DecodeParams::split_tag): 1 to 2^48 - 2, counting on
+// from a random start, so that no word left in the scratch by an earlier call, or by anything
+// else that used the memory, carries it.
+unsigned long long next_split_tag() {
+  constexpr std::uint64_t kTags = (std::uint64_t{1} << 48) - 2;
+  static std::atomic<std::uint64_t> next{[] {
+    std::random_device random;
+    return std::uint64_t{random()} << 32 | random();
+  }()};
+  return next.fetch_add(1, std::memory_order_relaxed) % kTags + 1;
 }
 
 }  // namespace
@@ -193,8 +205,6 @@ std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeC
   std::vector<KernelSpec> specs;
   if (problem.append) specs.push_back(decode_append_spec(problem));
   specs.push_back(decode_attention_spec(problem, config));
-  if (config.num_splits > 1)
-    specs.push_back(merge_spec(DType::f32, problem.dtype, problem.head_dim_v));
   return specs;
 }
 
@@ -219,13 +229,20 @@ void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const Mer
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
                    DecodeParams p, void* stream) {
   const int splits = config.num_splits;
+  const int m_tiles = decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
+  const long long row_blocks = ceil_div(problem.rows_per_kv_head, 16LL * m_tiles);
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
   const std::size_t q_rotated_bytes =
       problem.rotary ? align_up(rows * problem.head_dim * size_of(problem.dtype)) : 0;
   const std::size_t partial_out_bytes =
       splits > 1 ? align_up(splits * rows * problem.head_dim_v * sizeof(float)) : 0;
   const std::size_t partial_lse_bytes = splits > 1 ? align_up(splits * rows * sizeof(float)) : 0;
-  const Scratch scratch(runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes, stream);
+  const std::size_t flag_bytes = splits > 1
+                                     ? align_up(static_cast<std::size_t>(p.batch) * p.heads_kv *
+                                                row_blocks * splits * sizeof(unsigned long long))
+                                     : 0;
+  const Scratch scratch(
+      runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + flag_bytes, stream);
 
   if (problem.append) {
     p.maybe_q_rotated = problem.rotary ? scratch.at(0) : nullptr;
@@ -244,13 +261,16 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
   }
   p.num_splits = splits;
   if (splits > 1) {
-    p.partial_out = reinterpret_cast<float*>(scratch.at(q_rotated_bytes));
-    p.partial_lse = reinterpret_cast<float*>(scratch.at(q_rotated_bytes + partial_out_bytes));
+    std::size_t at = q_rotated_bytes;
+    p.partial_out = reinterpret_cast<float*>(scratch.at(at));
+    at += partial_out_bytes;
+    p.partial_lse = reinterpret_cast<float*>(scratch.at(at));
+    at += partial_lse_bytes;
+    p.split_flags = reinterpret_cast<unsigned long long*>(scratch.at(at));
+    p.split_tag = next_split_tag();
   }
 
-  const int m_tiles = decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
-  const long long row_blocks = ceil_div(problem.rows_per_kv_head, 16LL * m_tiles);
-  // Both kernels wait for the previous grid before touching memory, so each may be scheduled
+  // The kernel waits for the previous grid before touching memory, so it may be scheduled
   // while the one before it finishes.
   runtime.kernel(decode_attention_spec(problem, config))
       .launch(
@@ -262,36 +282,6 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
            .stream = stream,
            .overlap_previous = true},
           p);
-
-  if (splits > 1) {
-    // The partial states are contiguous [split][batch][query][head].
-    MergeParams m{};
-    MergeSource& s = m.source[0];
-    s.v = p.partial_out;
-    s.lse = p.partial_lse;
-    s.states = splits;
-    s.lse_head_stride = 1;
-    s.lse_seq_stride = p.heads;
-    s.lse_batch_stride = static_cast<long long>(p.seqlen_q) * p.heads;
-    s.lse_state_stride = static_cast<long long>(rows);
-    s.v_head_stride = problem.head_dim_v;
-    s.v_seq_stride = s.lse_seq_stride * problem.head_dim_v;
-    s.v_batch_stride = s.lse_batch_stride * problem.head_dim_v;
-    s.v_state_stride = s.lse_state_stride * problem.head_dim_v;
-    m.sources = 1;
-    m.out = p.out;
-    m.out_batch_stride = p.out_batch_stride;
-    m.out_seq_stride = p.out_seq_stride;
-    m.out_head_stride = p.out_head_stride;
-    m.maybe_out_lse = p.maybe_lse;
-    m.out_lse_batch_stride = p.lse_batch_stride;
-    m.out_lse_seq_stride = 1;
-    m.out_lse_head_stride = p.lse_head_stride;
-    m.batch = p.batch;
-    m.seqlen = p.seqlen_q;
-    m.heads = p.heads;
-    launch_merge(runtime, DType::f32, problem.dtype, problem.head_dim_v, m, stream);
-  }
 }
 
 }  // namespace detail

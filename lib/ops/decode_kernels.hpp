@@ -1,6 +1,6 @@
 // The decode family's kernels as the host sees them: what decides each compiled variant, the
-// specs, and the launch sequence (append, split-KV attention, merge). Validation lives in
-// decode.cpp; everything here assumes validated inputs.
+// specs, and the launch sequences (append and split-KV attention; merge_states). Validation lives
+// in decode.cpp; everything here assumes validated inputs.
 #pragma once
 
 #include "kiln/decode.hpp"
@@ -32,16 +32,17 @@ int decode_m_tiles(int rows_per_kv_head, int head_dim_v);
 
 KernelSpec decode_append_spec(const DecodeProblem& problem);
 KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config);
+// The merge_states kernel of states whose v has dtype `in`.
 KernelSpec merge_spec(DType in, DType out, int head_dim);
 
 // Every spec one decode call compiles (for warm-up and `kiln warm`).
 std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config);
 
 // Runs a validated decode call: the append kernel when problem.append (which also writes the
-// rotated q into scratch when problem.rotary), then attention_decode, then, with more than one
-// split, the merge of the partial states into p.out and p.maybe_lse. Scratch comes from
+// rotated q into scratch when problem.rotary), then attention_decode, whose splits merge their
+// partial states into p.out and p.maybe_lse themselves. Scratch comes from
 // runtime.allocate_async on `stream` and goes back the same way. p.num_splits, partial_out,
-// partial_lse, maybe_q_rotated are filled in here.
+// partial_lse, split_flags, split_tag and maybe_q_rotated are filled in here.
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
                    DecodeParams p, void* stream);
 

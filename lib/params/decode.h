@@ -57,12 +57,18 @@ struct DecodeParams {
   float* maybe_lse;
   long long lse_batch_stride, lse_head_stride;
 
-  // Split-KV. With num_splits > 1 attention_decode writes fp32 partial states instead of out
-  // and lse: partial_out[split][b][i][h][0, head_dim_v) and partial_lse[split][b][i][h]
-  // (natural log; -inf for a split with no keys), contiguous; the merge kernel combines them.
+  // Split-KV. With num_splits > 1 each CTA of attention_decode writes an fp32 partial state,
+  // partial_out[split][b][i][h][0, head_dim_v) and partial_lse[split][b][i][h] (natural log;
+  // -inf for a split with no keys), contiguous, then sets its flag in split_flags[row block]
+  // [split], row blocks numbered (b * heads_kv + kv head) * row_blocks + row block, to
+  // split_tag; a split that finds all flags of its row block set merges the states into out and
+  // lse. The flags may hold anything before the call (a flag counts as set only with
+  // split_tag, 1 to 2^48 - 2 and fresh per call), and the call leaves them 0.
   int num_splits;
   float* partial_out;
   float* partial_lse;
+  unsigned long long* split_flags;
+  unsigned long long split_tag;
 
   // decode_append only. k_new (batch, seqlen_new, heads_kv, head_dim), v_new likewise with
   // head_dim_v, written into the cache at positions seqlens[b] + t.
@@ -113,8 +119,8 @@ struct MergeParams {
 // Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
 // `stages` slots of (K tile, V tile) of block_n rows of round_up(dim, 16) elements (swizzled,
 // unpadded); plus the Q tile (16 * m_tiles rows) shared by the warps. The end of
-// the kernel reuses it to merge the warps' fp32 states: (16 * m_tiles) rows of
-// round_up(head_dim_v, 16) + 4 outputs, and a max and a sum per row and warp.
+// the kernel reuses it to merge the warps' fp32 states: per warp, (16 * m_tiles) rows of
+// round_up(head_dim_v, 16) + 8 outputs, and a max and a sum per row.
 KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(long long head_dim,
                                                                long long head_dim_v,
                                                                long long m_tiles, long long block_n,
@@ -123,7 +129,7 @@ KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(long long head_di
   const long long v_pitch = (head_dim_v + 15) / 16 * 16;
   const long long rows = 16 * m_tiles;
   const long long tiles = 2 * (rows * qk_pitch + warps * stages * block_n * (qk_pitch + v_pitch));
-  const long long merge = 4 * rows * ((head_dim_v + 15) / 16 * 16 + 4 + 2 * warps);
+  const long long merge = 4 * warps * rows * ((head_dim_v + 15) / 16 * 16 + 8 + 2);
   return tiles > merge ? tiles : merge;
 }
 

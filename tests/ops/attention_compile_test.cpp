@@ -186,7 +186,8 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling; none fo
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   const auto specs = kiln::decode_default_specs("sm_90a");
-  // bf16 and f16, head dims 64 and 128, contiguous and paged: 8 attention kernels and 4 merges.
+  // bf16 and f16, head dims 64 and 128: contiguous and paged attention (8), and merge_states
+  // of each (4).
   REQUIRE(specs.size() == 12);
   check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {

@@ -705,6 +705,47 @@ TEST_CASE("decode with every feature at once", "[gpu][decode]") {
   }
 }
 
+TEST_CASE("decode split-KV hands off between splits whatever its scratch held", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(12);
+  // The splits' flags live in scratch from the device's default pool, handed out in stream
+  // order: a block filled and freed on the call's stream just before is what the call gets
+  // (the pool keeps freed memory while its release threshold is high). First every byte 0xff,
+  // then words in the range of the calls' tags.
+  cudaMemPool_t pool = nullptr;
+  KILN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
+  std::uint64_t threshold = 0;
+  KILN_CUDA_CHECK(cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+  std::uint64_t keep = std::numeric_limits<std::uint64_t>::max();
+  KILN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  constexpr std::size_t kWords = std::size_t{1} << 22;  // 32 MiB, more than the call takes
+  std::vector<std::uint64_t> tag_like(kWords);
+  for (std::uint64_t& word : tag_like) word = (std::uint64_t{rng()} << 32 | rng()) >> 16;
+  const Case c{.seqlens = {3000, 2111, 1, 700}, .num_splits = 7};
+  for (bool ones : {true, false}) {
+    INFO((ones ? "scratch of 0xff bytes" : "scratch of tag-like words"));
+    const Setup s = make_setup(c, rng);
+    const DecodeReferenceResult want = kiln::test::decode_reference(s.problem, s.inputs);
+    DeviceDecode d = upload_case(c, s);
+    d.out->poison();
+    d.lse->poison();
+    void* dirty = nullptr;
+    KILN_CUDA_CHECK(cudaMallocAsync(&dirty, kWords * sizeof(std::uint64_t), nullptr));
+    if (ones) {
+      KILN_CUDA_CHECK(cudaMemsetAsync(dirty, 0xff, kWords * sizeof(std::uint64_t), nullptr));
+    } else {
+      KILN_CUDA_CHECK(cudaMemcpyAsync(dirty, tag_like.data(), kWords * sizeof(std::uint64_t),
+                                      cudaMemcpyHostToDevice, nullptr));
+    }
+    KILN_CUDA_CHECK(cudaFreeAsync(dirty, nullptr));
+    kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, nullptr, rt);
+    kiln::test::sync_and_check();
+    check_outputs(c, s, d, download(d), want);
+  }
+  KILN_CUDA_CHECK(cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &threshold));
+}
+
 namespace {
 
 // A stream, graph and graph instance destroyed with the object.
