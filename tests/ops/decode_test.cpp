@@ -1,7 +1,7 @@
 // kiln::attention_with_kvcache() and merge_states() on a GPU against the fp64 CPU reference:
 // contiguous and paged caches, ragged lengths, GQA, speculative queries, split-KV, cache_batch_idx,
-// the append, rotary, masks, softcap, ALiBi, head dims, a CUDA graph replayed with new lengths,
-// and merging states, alone and end to end.
+// the append, rotary, masks, softcap, ALiBi, head dims, split hand-off over dirty scratch, a CUDA
+// graph replayed with new lengths, and merging states, alone and end to end.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
