@@ -11,11 +11,15 @@ Decode reads K and V once, so it is measured as bandwidth: batch * length * head
 caches of 16 and 256 keys a page whose block tables are random permutations. SDPA takes
 (batch, heads_kv, length, d) views of the contiguous cache with enable_gqa=True; a backend that
 refuses that gets K and V repeated to 32 heads, and the row says so (it then reads 4x the
-bytes the TB/s count). Each row checks every kiln output against SDPA's; a mismatch, or a row
-kiln could not run, makes the exit status 1. With $OUT set, the results go to $OUT/decode.json.
+bytes the TB/s count). Every backend takes turns over --sets independent sets of inputs (2 by
+default), so a call never reads the K and V that the call before it read: an L2 of 50 MB cannot
+hold a row's K and V, but would otherwise keep whatever of them it happens to keep from one
+call to the next. Each row checks every kiln output against SDPA's; a mismatch, or a row kiln
+could not run, makes the exit status 1. With $OUT set, the results go to $OUT/decode.json.
 """
 import argparse
 import datetime
+import itertools
 import os
 import sys
 import warnings
@@ -45,6 +49,10 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help=f"rows {QUICK_ROWS} only")
     p.add_argument("--samples", type=int, default=10, help="timed samples per backend and row")
     p.add_argument("--per-sample", type=int, default=20, help="calls per timed sample")
+    p.add_argument("--sets", type=int, default=2,
+                   help="independent input sets the calls take turns over (default 2)")
+    p.add_argument("--rows", default=None,
+                   help="comma-separated BATCHxLENGTH rows instead of the default ones")
     p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB)")
     p.add_argument("--splits", type=int, default=0,
                    help="kiln's num_splits (default 0: its heuristic)")
@@ -141,14 +149,25 @@ def sdpa_calls(q, k, v, row):
 
 
 # ---------------------------------------------------------------------------------------- rows
+def taking_turns(calls):
+    """One call that runs calls[0], calls[1], ... in turn, one per call."""
+    turn = itertools.count()
+    return lambda: calls[next(turn) % len(calls)]()
+
+
 def bench_row(kiln, batch, length, args):
-    q, k, v, seqlens = make_cache(batch, length)
     row = {"batch": batch, "length": length, "bytes": batch * length * HEADS_KV * HEAD_DIM * 2 * 2,
-           "errors": {}, "sdpa_kv": {}}
-    calls, outs = kiln_calls(kiln, q, k, v, seqlens, args.splits)
-    calls.update(sdpa_calls(q, k, v, row))
+           "errors": {}, "sdpa_kv": {}, "sets": args.sets}
+    sets = []
+    for _ in range(args.sets):
+        q, k, v, seqlens = make_cache(batch, length)
+        calls, outs = kiln_calls(kiln, q, k, v, seqlens, args.splits)
+        calls.update(sdpa_calls(q, k, v, row))
+        sets.append((calls, outs, q, k, v))
+    calls, outs, q, k, v = sets[0]
     row["first_call_ms"] = warm_up(calls, row["errors"])
-    ms = time_interleaved(calls, args.samples, row["errors"], per_sample=args.per_sample,
+    timed = {n: taking_turns([c[n] for c, *_ in sets]) for n in calls}
+    ms = time_interleaved(timed, args.samples, row["errors"], per_sample=args.per_sample,
                           sleep_cycles=SLEEP_CYCLES)
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
     row["tbps"] = {n: (row["bytes"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
@@ -195,8 +214,8 @@ def header_lines(kiln, args):
         "random-permutation block tables; SDPA: (batch, heads_kv, length, d) views of the "
         "contiguous cache, enable_gqa=True unless noted",
         f"timing: CUDA events around {args.per_sample} back-to-back calls after a GPU spin, "
-        f"median of {args.samples} samples per backend, backends taking turns, after warm-up "
-        f"until a call is fast",
+        f"the calls taking turns over {args.sets} input sets, median of {args.samples} samples "
+        f"per backend, backends taking turns, after warm-up until a call is fast",
         f"TB/s: batch*length*{HEADS_KV}*{HEAD_DIM}*2 bytes*2 (K and V) / time; check: "
         f"max |kiln - SDPA| / max |SDPA| < {args.tol:g} for every kiln column",
     ]
@@ -250,12 +269,18 @@ def summary_lines(rows):
 
 
 # -------------------------------------------------------------------------------------- main
+def row_shapes(args):
+    if args.rows:
+        return [tuple(int(x) for x in r.split("x")) for r in args.rows.split(",")]
+    return QUICK_ROWS if args.quick else ROWS
+
+
 def main():
     args = parse_args()
     kiln, header = start(args, header_lines)
     print("\n" + TABLE_HEAD + "\n" + TABLE_RULE, flush=True)
     rows = []
-    for batch, length in (QUICK_ROWS if args.quick else ROWS):
+    for batch, length in row_shapes(args):
         rows.append(bench_row(kiln, batch, length, args))
         print(row_line(rows[-1]), flush=True)
         torch.cuda.empty_cache()
