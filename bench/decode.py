@@ -12,9 +12,9 @@ caches of 16 and 256 keys a page whose block tables are random permutations. SDP
 (batch, heads_kv, length, d) views of the contiguous cache with enable_gqa=True; a backend that
 refuses that gets K and V repeated to 32 heads, and the row says so (it then reads 4x the
 bytes the TB/s count). Every backend takes turns over --sets independent sets of inputs (2 by
-default), so a call never reads the K and V that the call before it read: an L2 of 50 MB cannot
-hold a row's K and V, but would otherwise keep whatever of them it happens to keep from one
-call to the next. Each row checks every kiln output against SDPA's; a mismatch, or a row kiln
+default), so a call never reads the K and V that the call before it read: the L2 (50 MB on an
+H100, 60 on an H200) cannot hold a row's K and V, but would otherwise keep whatever of them it
+happens to keep from one call to the next. Each row checks every kiln output against SDPA's; a mismatch, or a row kiln
 could not run, makes the exit status 1. With $OUT set, the results go to $OUT/decode.json.
 """
 import argparse
@@ -58,7 +58,15 @@ def parse_args():
                    help="kiln's num_splits (default 0: its heuristic)")
     p.add_argument("--tol", type=float, default=2e-2,
                    help="max |kiln - SDPA| relative to max |SDPA| (default 2e-2)")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.sets < 1:
+        p.error(f"--sets is {args.sets}: at least one input set is needed")
+    if args.rows:
+        try:
+            args.rows = [tuple(int(x) for x in r.split("x", 1)) for r in args.rows.split(",")]
+        except ValueError:
+            p.error(f"--rows {args.rows!r}: write rows as BATCHxLENGTH, e.g. 1x32768,8x8192")
+    return args
 
 
 # ------------------------------------------------------------------------------------- inputs
@@ -269,18 +277,12 @@ def summary_lines(rows):
 
 
 # -------------------------------------------------------------------------------------- main
-def row_shapes(args):
-    if args.rows:
-        return [tuple(int(x) for x in r.split("x")) for r in args.rows.split(",")]
-    return QUICK_ROWS if args.quick else ROWS
-
-
 def main():
     args = parse_args()
     kiln, header = start(args, header_lines)
     print("\n" + TABLE_HEAD + "\n" + TABLE_RULE, flush=True)
     rows = []
-    for batch, length in row_shapes(args):
+    for batch, length in args.rows or (QUICK_ROWS if args.quick else ROWS):
         rows.append(bench_row(kiln, batch, length, args))
         print(row_line(rows[-1]), flush=True)
         torch.cuda.empty_cache()
