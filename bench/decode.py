@@ -14,8 +14,9 @@ refuses that gets K and V repeated to 32 heads, and the row says so (it then rea
 bytes the TB/s count). Every backend takes turns over --sets independent sets of inputs (2 by
 default), so a call never reads the K and V that the call before it read: the L2 (50 MB on an
 H100, 60 on an H200) cannot hold a row's K and V, but would otherwise keep whatever of them it
-happens to keep from one call to the next. Each row checks every kiln output against SDPA's; a mismatch, or a row kiln
-could not run, makes the exit status 1. With $OUT set, the results go to $OUT/decode.json.
+happens to keep from one call to the next. Each row checks every kiln output of every set
+against SDPA's; a mismatch, or a row kiln could not run, makes the exit status 1. With $OUT
+set, the results go to $OUT/decode.json.
 """
 import argparse
 import datetime
@@ -62,10 +63,14 @@ def parse_args():
     if args.sets < 1:
         p.error(f"--sets is {args.sets}: at least one input set is needed")
     if args.rows:
+        given = args.rows
         try:
-            args.rows = [tuple(int(x) for x in r.split("x", 1)) for r in args.rows.split(",")]
+            args.rows = [tuple(int(x) for x in r.split("x")) for r in given.split(",")]
         except ValueError:
-            p.error(f"--rows {args.rows!r}: write rows as BATCHxLENGTH, e.g. 1x32768,8x8192")
+            args.rows = None
+        if not args.rows or any(len(r) != 2 or min(r) < 1 for r in args.rows):
+            p.error(f"--rows {given!r}: write rows as BATCHxLENGTH with both at least 1, e.g. "
+                    "1x32768,8x8192")
     return args
 
 
@@ -172,7 +177,7 @@ def bench_row(kiln, batch, length, args):
         calls, outs = kiln_calls(kiln, q, k, v, seqlens, args.splits)
         calls.update(sdpa_calls(q, k, v, row))
         sets.append((calls, outs, q, k, v))
-    calls, outs, q, k, v = sets[0]
+    calls = sets[0][0]
     row["first_call_ms"] = warm_up(calls, row["errors"])
     timed = {n: taking_turns([c[n] for c, *_ in sets]) for n in calls}
     ms = time_interleaved(timed, args.samples, row["errors"], per_sample=args.per_sample,
@@ -181,8 +186,16 @@ def bench_row(kiln, batch, length, args):
     row["tbps"] = {n: (row["bytes"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
     row["kiln_over_flash"] = ratio(row["tbps"], "kiln", "flash")
     row["kiln_over_cudnn"] = ratio(row["tbps"], "kiln", "cudnn")
-    row["check"] = check_row(calls, outs, q, k, v, args.tol)
+    row["check"] = worst_check([check_row(c, o, *t, args.tol) for c, o, *t in sets])
     return row
+
+
+def worst_check(checks):
+    """Of one row's checks (a set each), the first that failed, else the largest difference."""
+    failed = [c for c in checks if c["ok"] is False]
+    if failed:
+        return failed[0]
+    return max(checks, key=lambda c: max(c["rel_diff"].values(), default=0.0))
 
 
 def check_row(calls, outs, q, k, v, tol):
