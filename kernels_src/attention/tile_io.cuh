@@ -11,12 +11,13 @@ namespace kiln::attention {
 // Starts copying a Rows x PaddedDim tile into smem rows of Pitch elements, laid out as
 // tile_offset<Pitch, Swizzle> (traits.cuh): global row r is at gmem + r * row_stride and has Dim
 // elements. Rows at or past valid_rows and columns in [Dim, PaddedDim) are zero-filled without
-// being read. Commits nothing.
+// being read. Policy: how long the L2 keeps the tile (mma::L2). Commits nothing.
 //
 // Each thread keeps one 16-byte column and walks down the rows, a pass of
 // Threads / chunks_per_row rows at a time (the threads left over when the row's chunk count
 // does not divide Threads sit out).
-template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, int Swizzle = 1, class T>
+template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, int Swizzle = 1,
+          mma::L2 Policy = mma::L2::keep, class T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long long row_stride,
                                                 int valid_rows, int thread) {
   constexpr int chunks_per_row = PaddedDim / 8;
@@ -35,8 +36,9 @@ __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long lon
     const int r = row + i * rows_per_pass;
     if (Rows % rows_per_pass != 0 && r >= Rows) break;
     const bool valid = col_valid && r < valid_rows;
-    mma::cp_async_16(dst + i * rows_per_pass * Pitch * 2 + 2 * tile_offset<0, Swizzle>(r, col),
-                     valid ? src : gmem, valid);
+    mma::cp_async_16<Policy>(
+        dst + i * rows_per_pass * Pitch * 2 + 2 * tile_offset<0, Swizzle>(r, col),
+        valid ? src : gmem, valid);
     // NOTE: stepping one pointer (hidden from the optimizer) rather than computing each pass's
     // address keeps the compiler from hoisting a 64-bit offset per pass out of the KV loop,
     // which cost ~80 registers and spills.

@@ -1,5 +1,6 @@
 // CUDA PTX wrappers for tensor-core kernels (sm_80+): cp.async, ldmatrix, mma.sync m16n8k16,
-// fragment packing, quad reductions and warp votes, and the fast exp2/tanh of the softmax.
+// fragment packing, quad reductions and warp votes, and the MUFU approximations (exp2, tanh,
+// reciprocal, log2) of the softmax and the merges.
 //
 // NOTE: this header and common/wgmma.cuh (Hopper only) hold all the inline PTX. AMD targets run
 // attention through the portable kernel (attention/forward_portable.cuh), which includes
@@ -25,10 +26,23 @@ __device__ __forceinline__ const T* opaque(const T* pointer) {
 
 // Copies 16 bytes global -> shared without blocking; when !valid it reads nothing and writes
 // 16 zero bytes, which is how tiles are padded past the end of a tensor.
+// How long the L2 keeps what a cp.async reads. keep: the default, for data other CTAs read
+// again. stream: evicted first, for data read once (decode's KV cache), so that a long stream
+// does not push out what is still needed, the kernel's own code among it.
+enum class L2 { keep, stream };
+
+template <L2 Policy = L2::keep>
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(src_bytes));
+  if constexpr (Policy == L2::keep) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+                 "r"(src_bytes));
+  } else {
+    unsigned long long policy;
+    asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(policy));
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst),
+                 "l"(src), "r"(src_bytes), "l"(policy));
+  }
 }
 
 __device__ __forceinline__ void cp_async_commit() {
@@ -97,6 +111,19 @@ __device__ __forceinline__ unsigned pack2(float lo, float hi) {
 __device__ __forceinline__ float exp2_approx(float x) {
   float r;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+// 1 / x and log2(x) in one MUFU op each; for x of normal range (subnormals flush to 0).
+__device__ __forceinline__ float rcp_approx(float x) {
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
+  return r;
+}
+
+__device__ __forceinline__ float log2_approx(float x) {
+  float r;
+  asm("lg2.approx.ftz.f32 %0, %1;\n" : "=f"(r) : "f"(x));
   return r;
 }
 

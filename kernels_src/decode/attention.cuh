@@ -12,6 +12,11 @@
 // call's tag (publish_split); a split that finds all of its row block's flags set merges the
 // states into out, so split-KV takes one launch.
 //
+// K and V go through the L2 marked evict-first (mma::L2::stream): read once, they would
+// otherwise push out what the end of the kernel needs from there, its code and the split
+// states. That end runs with one warp per scheduler, so it is all latency: its row offsets
+// are worked out before the loop and its math is MUFU approximations.
+//
 // Spec constants (all change the generated code):
 //   dtype        kiln::f16 or kiln::bf16: q, cache and out; fp32 accumulation.
 //   head_dim     of q and k, head_dim_v of v and out: multiples of 8 in [8, 256].
@@ -187,9 +192,11 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
     long long k_off, v_off;
     tile.offsets(0, k_off, v_off);
     attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32,
-                               Tr::qk_swizzle>(slot, c.k + k_off, c.k_seq_stride, valid, lane);
+                               Tr::qk_swizzle, mma::L2::stream>(slot, c.k + k_off, c.k_seq_stride,
+                                                                valid, lane);
     attention::load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32,
-                               Tr::v_swizzle>(v_slot, c.v + v_off, c.v_seq_stride, valid, lane);
+                               Tr::v_swizzle, mma::L2::stream>(v_slot, c.v + v_off, c.v_seq_stride,
+                                                               valid, lane);
     return;
   }
   constexpr int k_chunks = Tr::qk_dim / 8;  // 16-byte chunks per padded row
@@ -206,7 +213,7 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
     if (k_in) c.offsets(key0 + k_row, k_off, v_off);
     if (i < k_count && (Tr::block_n * k_chunks % 32 == 0 || k_row < Tr::block_n)) {
       const bool ok = k_in && k_col < Tr::head_dim;
-      mma::cp_async_16(
+      mma::cp_async_16<mma::L2::stream>(
           mma::smem_address(slot +
                             attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(k_row, k_col)),
           ok ? c.k + k_off + k_col : c.k, ok);
@@ -218,7 +225,7 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
       const bool v_in = v_row < valid;
       if (k_chunks != v_chunks && v_in) c.offsets(key0 + v_row, k_off, v_off);
       const bool ok = v_in && v_col < Tr::head_dim_v;
-      mma::cp_async_16(
+      mma::cp_async_16<mma::L2::stream>(
           mma::smem_address(v_slot +
                             attention::tile_offset<Tr::v_pitch, Tr::v_swizzle>(v_row, v_col)),
           ok ? c.v + v_off + v_col : c.v, ok);
@@ -290,9 +297,12 @@ struct DecodeLogits {
 __device__ __forceinline__ bool publish_split(unsigned long long* flags, int split, int splits,
                                               unsigned long long tag, int lane) {
   __threadfence();  // the CTA's partial state is visible device-wide before the flag
-  if (lane == 0) *static_cast<volatile unsigned long long*>(flags + split) = tag;
+  if (lane == 0) {
+    asm volatile("st.relaxed.gpu.global.u64 [%0], %1;\n" ::"l"(flags + split), "l"(tag) : "memory");
+  }
   __threadfence();  // the flag is, before the others are read
   bool all = true;
+#pragma unroll 1
   for (int s = lane; s < splits; s += 32) {
     // Acquire: the states of the splits seen done are read after this, by the whole CTA.
     unsigned long long flag;
@@ -392,6 +402,21 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
 #pragma unroll
   for (int t = 0; t < Tr::stages - 1; ++t) load(t);
 
+  // Where each packed row's results go, worked out while the first tiles load: the end of the
+  // kernel runs with one warp per scheduler, so every instruction there is latency.
+  __shared__ long long row_state[Tr::rows];  // (batch, query, head) state index
+  __shared__ long long row_out[Tr::rows];    // element offset in out
+  __shared__ long long row_lse[Tr::rows];    // element offset in lse
+  if (thread < Tr::rows) {
+    const int r = min(row_begin + thread, packed_rows - 1);
+    const int query = r / group;
+    const int head = kv_head * group + r % group;
+    row_state[thread] = (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
+    row_out[thread] =
+        batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
+    row_lse[thread] = batch * p.lse_batch_stride + head * p.lse_head_stride + query;
+  }
+
   RowInfo<Tr::m_tiles> rows;
 #pragma unroll
   for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
@@ -482,19 +507,13 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   // A row of the block and its finished 4 columns from `col`: to out (and lse) or, with
   // several splits, to this split's fp32 partial state.
   const long long split_stride = static_cast<long long>(p.batch) * p.seqlen_q * p.heads;
-  auto state_of = [&](int s, int query, int head) {
-    return s * split_stride + (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
-  };
-  auto store_out = [&](int query, int head, int col, const float(&acc)[4], float lse) {
-    T* const dst = static_cast<T*>(p.out) + batch * p.out_batch_stride + query * p.out_seq_stride +
-                   head * p.out_head_stride + col;
+  auto store_out = [&](int row, int col, const float(&acc)[4], float lse) {
+    T* const dst = static_cast<T*>(p.out) + row_out[row] + col;
     uint2 packed;
     packed.x = mma::pack2<T>(acc[0], acc[1]);
     packed.y = mma::pack2<T>(acc[2], acc[3]);
     *reinterpret_cast<uint2*>(dst) = packed;
-    if (col == 0 && p.maybe_lse != nullptr) {
-      p.maybe_lse[batch * p.lse_batch_stride + head * p.lse_head_stride + query] = lse;
-    }
+    if (col == 0 && p.maybe_lse != nullptr) p.maybe_lse[row_lse[row]] = lse;
   };
 
   // Each thread finishes 4 consecutive columns of a row at a time.
@@ -504,13 +523,19 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     const int row = item / quads;
     const int col = item % quads * 4;
     // The row's merged max and sum; each warp's part weighs exp2(its max - top) / total.
+    float row_max[Tr::warps];
     float top = attention::neg_inf();
-    for (int w = 0; w < Tr::warps; ++w) top = fmaxf(top, merge_max[w * Tr::rows + row]);
+#pragma unroll
+    for (int w = 0; w < Tr::warps; ++w) {
+      row_max[w] = merge_max[w * Tr::rows + row];
+      top = fmaxf(top, row_max[w]);
+    }
     float total = 0.f;
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
     if (top != attention::neg_inf()) {
+#pragma unroll
       for (int w = 0; w < Tr::warps; ++w) {
-        const float scale = mma::exp2_approx(merge_max[w * Tr::rows + row] - top);
+        const float scale = mma::exp2_approx(row_max[w] - top);
         total += scale * merge_sum[w * Tr::rows + row];
         const float4 part = *reinterpret_cast<const float4*>(
             merge_o + (w * Tr::rows + row) * Tr::merge_pitch + col);
@@ -520,20 +545,19 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
         acc[3] += scale * part.w;
       }
     }
-    const float inv = total > 0.f ? 1.f / total : 0.f;
+    // total >= 1 when top is finite (the top part's own sum), so the approximations hold.
+    const float inv = total > 0.f ? mma::rcp_approx(total) : 0.f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    const float lse = total > 0.f ? (top + log2f(total)) * attention::kLn2 : attention::neg_inf();
-    const int r = row_begin + row;
-    const int query = r / group;
-    const int head = kv_head * group + r % group;
+    const float lse =
+        total > 0.f ? (top + mma::log2_approx(total)) * attention::kLn2 : attention::neg_inf();
     if (split_out) {
-      const long long state = state_of(split, query, head);
+      const long long state = split * split_stride + row_state[row];
       *reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
       if (col == 0) p.partial_lse[state] = lse;
     } else {
-      store_out(query, head, col, acc, lse);
+      store_out(row, col, acc, lse);
     }
   }
   if (!split_out) return;
@@ -541,10 +565,8 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   // The split that finds every split of its row block done merges all of their states (in
   // split order, so the result does not depend on which CTA that is).
   unsigned long long* const flags =
-      p.split_flags +
-      ((static_cast<long long>(batch) * p.heads_kv + kv_head) * (gridDim.x / p.num_splits) +
-       row_block) *
-          p.num_splits;
+      p.split_flags + (static_cast<long long>(batch) * p.heads_kv + kv_head) * gridDim.x +
+      row_block * p.num_splits;
   __shared__ bool merges;
   __syncthreads();  // the CTA's partial state is written
   if (warp == 0) {
@@ -556,35 +578,39 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   for (int item = thread; item < Tr::rows * quads; item += Tr::threads) {
     const int row = item / quads;
     const int col = item % quads * 4;
-    const int r = row_begin + row;
-    if (r >= row_end) break;
-    const int query = r / group;
-    const int head = kv_head * group + r % group;
+    if (row >= valid_rows) break;
     // Loads of 16 states go out together, ahead of the math that waits on them.
     constexpr int batched = 16;
+    const float* const out_states = p.partial_out + row_state[row] * Tr::head_dim_v + col;
+    const float* const lse_states = p.partial_lse + row_state[row];
+    const long long out_step = split_stride * Tr::head_dim_v;
     MergeAccumulator<1> all;
     all.init();
+#pragma unroll 1
     for (int s0 = 0; s0 < p.num_splits; s0 += batched) {
       float lse[batched];
       float v[batched][1][4];
 #pragma unroll
       for (int j = 0; j < batched; ++j) {
-        const long long state = state_of(min(s0 + j, p.num_splits - 1), query, head);
+        const bool ok = s0 + j < p.num_splits;
         const float4 x =
-            __ldcg(reinterpret_cast<const float4*>(p.partial_out + state * Tr::head_dim_v + col));
+            ok ? __ldcg(reinterpret_cast<const float4*>(out_states + (s0 + j) * out_step))
+               : make_float4(0.f, 0.f, 0.f, 0.f);
         v[j][0][0] = x.x;
         v[j][0][1] = x.y;
         v[j][0][2] = x.z;
         v[j][0][3] = x.w;
-        lse[j] = s0 + j < p.num_splits ? __ldcg(p.partial_lse + state) : attention::neg_inf();
+        lse[j] = ok ? __ldcg(lse_states + (s0 + j) * split_stride) : attention::neg_inf();
       }
       all.add(lse, v);
     }
-    const float inv = all.total > 0.f ? 1.f / all.total : 0.f;
+    // all.total >= 1 when any state has keys (the top state's weight is 1).
+    const float inv = all.total > 0.f ? mma::rcp_approx(all.total) : 0.f;
     const float acc[4] = {all.acc[0][0] * inv, all.acc[0][1] * inv, all.acc[0][2] * inv,
                           all.acc[0][3] * inv};
-    store_out(query, head, col, acc,
-              all.total > 0.f ? all.top + logf(all.total) : attention::neg_inf());
+    store_out(row, col, acc,
+              all.total > 0.f ? all.top + mma::log2_approx(all.total) * attention::kLn2
+                              : attention::neg_inf());
   }
   // A replayed CUDA graph keeps the tag it was captured with: leave the flags unset for it.
   for (int s = thread; s < p.num_splits; s += Tr::threads) flags[s] = 0;
