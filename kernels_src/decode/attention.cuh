@@ -407,14 +407,13 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   __shared__ long long row_state[Tr::rows];  // (batch, query, head) state index
   __shared__ long long row_out[Tr::rows];    // element offset in out
   __shared__ long long row_lse[Tr::rows];    // element offset in lse
-  if (thread < Tr::rows) {
-    const int r = min(row_begin + thread, packed_rows - 1);
+  for (int row = thread; row < Tr::rows; row += Tr::threads) {
+    const int r = min(row_begin + row, packed_rows - 1);
     const int query = r / group;
     const int head = kv_head * group + r % group;
-    row_state[thread] = (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
-    row_out[thread] =
-        batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
-    row_lse[thread] = batch * p.lse_batch_stride + head * p.lse_head_stride + query;
+    row_state[row] = (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
+    row_out[row] = batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
+    row_lse[row] = batch * p.lse_batch_stride + head * p.lse_head_stride + query;
   }
 
   RowInfo<Tr::m_tiles> rows;
