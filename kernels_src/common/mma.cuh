@@ -24,13 +24,13 @@ __device__ __forceinline__ const T* opaque(const T* pointer) {
   return pointer;
 }
 
-// Copies 16 bytes global -> shared without blocking; when !valid it reads nothing and writes
-// 16 zero bytes, which is how tiles are padded past the end of a tensor.
 // How long the L2 keeps what a cp.async reads. keep: the default, for data other CTAs read
 // again. stream: evicted first, for data read once (decode's KV cache), so that a long stream
 // does not push out what is still needed, the kernel's own code among it.
 enum class L2 { keep, stream };
 
+// Copies 16 bytes global -> shared without blocking; when !valid it reads nothing and writes
+// 16 zero bytes, which is how tiles are padded past the end of a tensor.
 template <L2 Policy = L2::keep>
 __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
   const int src_bytes = valid ? 16 : 0;
