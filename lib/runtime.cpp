@@ -15,6 +15,7 @@
 #include "backend/backend.hpp"
 #include "backend/compiler_library.hpp"
 #include "backend/lazy_compiler.hpp"
+#include "backend/stream_zeros.hpp"
 #include "cache/disk.hpp"
 #include "cache/single_flight.hpp"
 #include "config.hpp"
@@ -309,13 +310,24 @@ struct Runtime::Impl {
   }
 
   // Memory, then disk, then compile; a disk entry the driver rejects is rebuilt, never trusted.
-  std::pair<std::shared_ptr<LoadedKernel>, WarmupStatus> loaded(const Unit& unit, bool hot_path) {
+  // `stream`: the hot path's launch stream, checked for graph capture before anything loads.
+  std::pair<std::shared_ptr<LoadedKernel>, WarmupStatus> loaded(const Unit& unit, bool hot_path,
+                                                                void* stream = nullptr) {
     require_device(unit);
     bool computed = false;
     WarmupStatus status = WarmupStatus::memory_hit;
     auto kernel = memory.get(
         unit.key,
         [&] {
+          if (hot_path && driver()->is_capturing(config.device, stream)) {
+            throw Error(ErrorCategory::invalid_argument,
+                        fmt::format("not warmed: {} (key {}) is not loaded, and its stream is "
+                                    "capturing a graph, during which no kernel can be loaded or "
+                                    "compiled: warm these specs before capturing (Runtime::warmup, "
+                                    "kiln_warmup, `kiln warm` plus one call, or one uncaptured "
+                                    "call with the same shapes)",
+                                    unit.spec, unit.key.hex()));
+          }
           Obtained found = obtain(unit, hot_path);
           status = found.status;
           try {
@@ -425,6 +437,9 @@ struct Runtime::Impl {
   std::once_flag device_info_once;
   DeviceInfo device_info_value;
 
+  // NOTE: declared after `drivers`, so its memory goes back while the driver is still open.
+  detail::StreamZeros stream_zeros;
+
   detail::SingleFlight<std::shared_ptr<LoadedKernel>> memory;
   detail::SingleFlight<KernelInfo> on_disk;
   // The hot path's shortcut: canonical spec as the caller wrote it -> loaded kernel.
@@ -438,7 +453,7 @@ struct Runtime::Impl {
 Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(options)) {}
 Runtime::~Runtime() = default;
 
-Kernel Runtime::kernel(const KernelSpec& spec) {
+Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
   const std::string canonical = to_string(spec);
   {
     std::shared_lock lock(impl_->by_spec_mutex);
@@ -447,7 +462,7 @@ Kernel Runtime::kernel(const KernelSpec& spec) {
       return Kernel(it->second);
     }
   }
-  auto kernel = impl_->loaded(impl_->unit_of(spec), true).first;
+  auto kernel = impl_->loaded(impl_->unit_of(spec), true, stream).first;
   std::unique_lock lock(impl_->by_spec_mutex);
   impl_->by_spec.emplace(canonical, kernel);
   return Kernel(std::move(kernel));
@@ -537,6 +552,21 @@ void* Runtime::allocate_async(std::size_t bytes, void* stream) {
 void Runtime::free_async(void* pointer, void* stream) {
   if (pointer == nullptr) return;
   impl_->device_driver("free device memory", "").free_async(impl_->config.device, pointer, stream);
+}
+
+void Runtime::zero_async(void* pointer, std::size_t bytes, void* stream) {
+  if (bytes == 0) return;
+  impl_->device_driver("zero device memory", "")
+      .zero_async(impl_->config.device, pointer, bytes, stream);
+}
+
+void* Runtime::stream_zeros(std::size_t bytes, void* stream) {
+  if (bytes == 0) return nullptr;
+  Driver& d = impl_->device_driver("allocate device memory", "");
+  const int device = impl_->config.device;
+  const std::optional<std::uint64_t> id = d.stream_id(device, stream);
+  if (!id || d.is_capturing(device, stream)) return nullptr;
+  return impl_->stream_zeros.get(d, device, *id, bytes, stream);
 }
 
 void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t bytes,

@@ -1,8 +1,19 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds, runs every test through ctest. With no GPU
-# the [gpu] tests report "skipped" with the reason.
+# The test command: installs dependencies, builds, runs every test through ctest; then builds
+# again with AddressSanitizer and UndefinedBehaviorSanitizer and runs the tests once more. With
+# no GPU the [gpu] tests report "skipped" with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/build.sh
 ctest --test-dir "${BUILD:-build}" --output-on-failure -j 2
+
+# The sanitized build checks no kernels ahead and builds no benchmark or example; the consumer
+# test is left to the plain build (a consumer would have to link the sanitizers too).
+sanitized="${BUILD_SANITIZE:-build-sanitize}"
+BUILD="$sanitized" bash scripts/build.sh -DCMAKE_BUILD_TYPE=Debug -DKILN_SANITIZE=ON \
+  -DKILN_CHECK_KERNELS=OFF -DKILN_BUILD_BENCH=OFF -DKILN_BUILD_EXAMPLES=OFF
+export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:strict_string_checks=1"
+export LSAN_OPTIONS="suppressions=$PWD/scripts/lsan.supp:print_suppressions=0"
+export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
+ctest --test-dir "$sanitized" --output-on-failure -j 2 -E '^consumer_find_package$'

@@ -173,7 +173,9 @@ class Runtime {
 
   // The hot path: a memory hit, else a disk hit, else a compile (as KILN_JIT allows); then
   // loaded on the runtime's device. Thread-safe; one compile per key however many threads ask.
-  Kernel kernel(const KernelSpec& spec);
+  // `stream` is the one the kernel will be launched on: while it captures a graph, where
+  // loading a module is illegal, a kernel not loaded yet is an error that names its spec.
+  Kernel kernel(const KernelSpec& spec, void* stream = nullptr);
 
   // Compiles (or finds on disk) without loading: works with no device, for any target whose
   // compiler is installed.
@@ -197,6 +199,14 @@ class Runtime {
   // 0 bytes gives nullptr, and freeing nullptr does nothing.
   void* allocate_async(std::size_t bytes, void* stream);
   void free_async(void* pointer, void* stream);
+  // Queues a fill of `bytes` of device memory with zeros on `stream`.
+  void zero_async(void* pointer, std::size_t bytes, void* stream);
+  // At least `bytes` of device memory private to `stream`, which the runtime keeps from call to
+  // call: zero when first handed out, and the work queued with it must leave it zero. Null
+  // while `stream` captures a graph (a replay may run on any stream, beside this one), or when
+  // the driver cannot tell streams apart (CUDA before 12.0, HIP): then take allocate_async and
+  // zero_async.
+  void* stream_zeros(std::size_t bytes, void* stream);
   // Copies device memory to the host once the work queued on `stream` is done (it synchronizes
   // the stream): for the debug checks only.
   void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, void* stream);

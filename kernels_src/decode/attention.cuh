@@ -290,8 +290,8 @@ struct DecodeLogits {
 
 // Split-KV's hand-off (DecodeParams::split_flags), run by one warp of each split's CTA once the
 // whole CTA has written its partial state: sets the split's flag to the call's tag, then reads
-// every split's flag of the row block; true when all carry the tag. A flag needs no zeroing
-// before the call: any other value (scratch an earlier call or another program left) is unset.
+// every split's flag of the row block; true when all carry the tag. The flags are 0 before the
+// call, and any value but the call's tag (one a failed earlier call left) counts as unset.
 // The fences are sequentially consistent, so of splits finishing together at least one sees all
 // flags set; several may, and each then merges the same states into the same bytes.
 __device__ __forceinline__ bool publish_split(unsigned long long* flags, int split, int splits,

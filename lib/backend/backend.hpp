@@ -4,7 +4,9 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -85,6 +87,19 @@ class Driver {
   // failed call, or (not_found) when the installed driver predates the entry point.
   virtual void* allocate_async(int ordinal, std::size_t bytes, void* stream) = 0;
   virtual void free_async(int ordinal, void* pointer, void* stream) = 0;
+  // Device memory on `ordinal` outside any stream's order (cuMemAlloc): free() waits for the
+  // work that may still use it, so it can be freed whatever stream last used it. Not while a
+  // stream of the process captures a graph.
+  virtual void* allocate(int ordinal, std::size_t bytes) = 0;
+  virtual void free(int ordinal, void* pointer) = 0;
+  // Queues a fill of `bytes` of device memory with zeros on `stream`.
+  virtual void zero_async(int ordinal, void* pointer, std::size_t bytes, void* stream) = 0;
+  // Whether `stream` is capturing a graph, during which loading a module is illegal.
+  virtual bool is_capturing(int ordinal, void* stream) = 0;
+  // A number that names `stream` and no other stream of the process, ever (cuStreamGetId; each
+  // thread's per-thread default stream is a stream of its own); nullopt when the driver has no
+  // such number (CUDA before 12.0, HIP).
+  virtual std::optional<std::uint64_t> stream_id(int ordinal, void* stream) = 0;
   // Queues a copy of `bytes` from device memory to `host` on `stream` and waits for the stream.
   virtual void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,
                             void* stream) = 0;

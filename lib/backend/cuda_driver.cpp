@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 #include "backend/backend.hpp"
@@ -37,6 +38,7 @@ constexpr int CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN = 97;
 constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
+constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 
 // cuLaunchKernelEx's configuration, laid out as cuda.h has it: a 64-byte, 8-aligned value union
 // after a 4-byte id and 4 bytes of padding. Only the attribute kiln sets is named.
@@ -87,7 +89,12 @@ struct CudaApi {
     lib.bind_optional(cuLaunchKernelEx, "cuLaunchKernelEx");  // CUDA 11.8
     lib.bind_optional(cuMemAllocAsync, "cuMemAllocAsync");    // CUDA 11.2
     lib.bind_optional(cuMemFreeAsync, "cuMemFreeAsync");
+    lib.bind(cuMemAlloc, "cuMemAlloc_v2");
+    lib.bind(cuMemFree, "cuMemFree_v2");
+    lib.bind(cuMemsetD8Async, "cuMemsetD8Async");
     lib.bind(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
+    lib.bind(cuStreamIsCapturing, "cuStreamIsCapturing");
+    lib.bind_optional(cuStreamGetId, "cuStreamGetId");  // CUDA 12.0
     lib.bind(cuStreamSynchronize, "cuStreamSynchronize");
     lib.bind(cuGetErrorName, "cuGetErrorName");
     lib.bind(cuGetErrorString, "cuGetErrorString");
@@ -117,7 +124,12 @@ struct CudaApi {
                                void** extra) = nullptr;
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
+  CUresult (*cuMemAlloc)(CUdeviceptr*, std::size_t) = nullptr;
+  CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
+  CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, std::size_t, CUstream) = nullptr;
+  CUresult (*cuStreamIsCapturing)(CUstream, int* status) = nullptr;
+  CUresult (*cuStreamGetId)(CUstream, unsigned long long*) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
@@ -331,6 +343,43 @@ class CudaDriver final : public Driver {
     api_->check(
         api_->cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(pointer), static_cast<CUstream>(stream)),
         "cuMemFreeAsync");
+  }
+
+  void* allocate(int ordinal, std::size_t bytes) override {
+    use_primary_context(ordinal);
+    CUdeviceptr pointer = 0;
+    api_->check(
+        api_->cuMemAlloc(&pointer, bytes), "cuMemAlloc_v2",
+        "allocating " + std::to_string(bytes) + " bytes on CUDA device " + std::to_string(ordinal));
+    return reinterpret_cast<void*>(pointer);
+  }
+
+  void free(int ordinal, void* pointer) override {
+    use_primary_context(ordinal);
+    api_->check(api_->cuMemFree(reinterpret_cast<CUdeviceptr>(pointer)), "cuMemFree_v2");
+  }
+
+  void zero_async(int ordinal, void* pointer, std::size_t bytes, void* stream) override {
+    use_primary_context(ordinal);
+    api_->check(api_->cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(pointer), 0, bytes,
+                                      static_cast<CUstream>(stream)),
+                "cuMemsetD8Async");
+  }
+
+  bool is_capturing(int ordinal, void* stream) override {
+    use_primary_context(ordinal);
+    int status = CU_STREAM_CAPTURE_STATUS_NONE;
+    api_->check(api_->cuStreamIsCapturing(static_cast<CUstream>(stream), &status),
+                "cuStreamIsCapturing");
+    return status != CU_STREAM_CAPTURE_STATUS_NONE;
+  }
+
+  std::optional<std::uint64_t> stream_id(int ordinal, void* stream) override {
+    if (api_->cuStreamGetId == nullptr) return std::nullopt;
+    use_primary_context(ordinal);
+    unsigned long long id = 0;
+    api_->check(api_->cuStreamGetId(static_cast<CUstream>(stream), &id), "cuStreamGetId");
+    return id;
   }
 
   void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,

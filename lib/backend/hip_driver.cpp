@@ -3,6 +3,7 @@
 #include <array>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <utility>
 
 #include "backend/backend.hpp"
@@ -48,7 +49,11 @@ struct HipApi {
     lib.bind(hipModuleLaunchKernel, "hipModuleLaunchKernel");
     lib.bind_optional(hipMallocAsync, "hipMallocAsync");  // ROCm 5.2
     lib.bind_optional(hipFreeAsync, "hipFreeAsync");
+    lib.bind(hipMalloc, "hipMalloc");
+    lib.bind(hipFree, "hipFree");
+    lib.bind(hipMemsetAsync, "hipMemsetAsync");
     lib.bind(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync");
+    lib.bind_optional(hipStreamIsCapturing, "hipStreamIsCapturing");  // no graphs without it
     lib.bind(hipStreamSynchronize, "hipStreamSynchronize");
     lib.bind(hipGetErrorName, "hipGetErrorName");
     lib.bind(hipGetErrorString, "hipGetErrorString");
@@ -72,7 +77,11 @@ struct HipApi {
                                       void** params, void** extra) = nullptr;
   hipError_t (*hipMallocAsync)(void**, std::size_t, hipStream_t) = nullptr;
   hipError_t (*hipFreeAsync)(void*, hipStream_t) = nullptr;
+  hipError_t (*hipMalloc)(void**, std::size_t) = nullptr;
+  hipError_t (*hipFree)(void*) = nullptr;
+  hipError_t (*hipMemsetAsync)(void*, int, std::size_t, hipStream_t) = nullptr;
   hipError_t (*hipMemcpyDtoHAsync)(void*, void*, std::size_t, hipStream_t) = nullptr;
+  hipError_t (*hipStreamIsCapturing)(hipStream_t, int* status) = nullptr;
   hipError_t (*hipStreamSynchronize)(hipStream_t) = nullptr;
   const char* (*hipGetErrorName)(hipError_t) = nullptr;
   const char* (*hipGetErrorString)(hipError_t) = nullptr;
@@ -215,6 +224,41 @@ class HipDriver final : public Driver {
     api_->use_device(ordinal);
     api_->check(api_->hipFreeAsync(pointer, static_cast<hipStream_t>(stream)), "hipFreeAsync");
   }
+
+  void* allocate(int ordinal, std::size_t bytes) override {
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    void* pointer = nullptr;
+    api_->check(
+        api_->hipMalloc(&pointer, bytes), "hipMalloc",
+        "allocating " + std::to_string(bytes) + " bytes on HIP device " + std::to_string(ordinal));
+    return pointer;
+  }
+
+  void free(int ordinal, void* pointer) override {
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    api_->check(api_->hipFree(pointer), "hipFree");
+  }
+
+  void zero_async(int ordinal, void* pointer, std::size_t bytes, void* stream) override {
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    api_->check(api_->hipMemsetAsync(pointer, 0, bytes, static_cast<hipStream_t>(stream)),
+                "hipMemsetAsync");
+  }
+
+  bool is_capturing(int ordinal, void* stream) override {
+    if (api_->hipStreamIsCapturing == nullptr) return false;
+    check_ordinal(ordinal);
+    api_->use_device(ordinal);
+    int status = 0;  // hipStreamCaptureStatusNone
+    api_->check(api_->hipStreamIsCapturing(static_cast<hipStream_t>(stream), &status),
+                "hipStreamIsCapturing");
+    return status != 0;
+  }
+
+  std::optional<std::uint64_t> stream_id(int, void*) override { return std::nullopt; }
 
   void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,
                     void* stream) override {

@@ -353,7 +353,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     }
   }
   const AttentionConfig c = config ? *config : choose(checked.problem, target);
-  const Kernel kernel = runtime.kernel(attention_spec(checked.problem, c));
+  const Kernel kernel = runtime.kernel(attention_spec(checked.problem, c), stream);
   const std::int64_t row_blocks = (s.seqlen_q + c.block_m - 1) / c.block_m;
   int threads = c.warps * 32;
   long long shared = 0;

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
-#include <random>
 
 #include <fmt/format.h>
 
@@ -143,15 +142,12 @@ std::size_t align_up(std::size_t bytes) {
   return (bytes + 255) / 256 * 256;
 }
 
-// A fresh tag for a split call's flags (DecodeParams::split_tag): 1 to 2^48 - 2, counting on
-// from a random start, so that no word left in the scratch by an earlier call, or by anything
-// else that used the memory, carries it.
+// A fresh tag for a split call's flags (DecodeParams::split_tag): 1 to 2^48 - 2, a new one for
+// each call of the process, so a word an earlier call left set (one that failed half-way) never
+// reads as set.
 unsigned long long next_split_tag() {
   constexpr std::uint64_t kTags = (std::uint64_t{1} << 48) - 2;
-  static std::atomic<std::uint64_t> next{[] {
-    std::random_device random;
-    return std::uint64_t{random()} << 32 | random();
-  }()};
+  static std::atomic<std::uint64_t> next{0};
   return next.fetch_add(1, std::memory_order_relaxed) % kTags + 1;
 }
 
@@ -217,7 +213,7 @@ void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const Mer
                 fmt::format("merging {} tokens x {} heads: the launch grid allows at most {} rows",
                             p.seqlen, p.heads, std::numeric_limits<std::int32_t>::max()));
   }
-  const Kernel kernel = runtime.kernel(merge_spec(in, out, head_dim));
+  const Kernel kernel = runtime.kernel(merge_spec(in, out, head_dim), stream);
   // The kernel waits for the previous grid before touching memory, so it may start early.
   kernel.launch({.grid = {static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(p.batch)},
                  .block = {128},
@@ -241,13 +237,18 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
                                      ? align_up(static_cast<std::size_t>(p.batch) * p.heads_kv *
                                                 row_blocks * splits * sizeof(unsigned long long))
                                      : 0;
+  // The split flags start zero and the kernel leaves them zero: the stream's kept zeros, or,
+  // where it has none (graph capture), zeroed scratch of this call.
+  void* kept_flags = runtime.stream_zeros(flag_bytes, stream);
+  const std::size_t scratch_flag_bytes = kept_flags ? 0 : flag_bytes;
   const Scratch scratch(
-      runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + flag_bytes, stream);
+      runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + scratch_flag_bytes,
+      stream);
 
   if (problem.append) {
     p.maybe_q_rotated = problem.rotary ? scratch.at(0) : nullptr;
     const int tokens = std::max(p.seqlen_new, problem.rotary ? p.seqlen_q : 0);
-    runtime.kernel(decode_append_spec(problem))
+    runtime.kernel(decode_append_spec(problem), stream)
         .launch({.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
                  .block = {128},
                  .stream = stream},
@@ -266,13 +267,18 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
     at += partial_out_bytes;
     p.partial_lse = reinterpret_cast<float*>(scratch.at(at));
     at += partial_lse_bytes;
-    p.split_flags = reinterpret_cast<unsigned long long*>(scratch.at(at));
+    void* flags = kept_flags;
+    if (!flags) {
+      flags = scratch.at(at);
+      runtime.zero_async(flags, flag_bytes, stream);
+    }
+    p.split_flags = static_cast<unsigned long long*>(flags);
     p.split_tag = next_split_tag();
   }
 
   // The kernel waits for the previous grid before touching memory, so it may be scheduled
   // while the one before it finishes.
-  runtime.kernel(decode_attention_spec(problem, config))
+  runtime.kernel(decode_attention_spec(problem, config), stream)
       .launch(
           {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
                     static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},

@@ -95,7 +95,7 @@ void unary(const UnaryArgs& args, Runtime& runtime) {
 void unary(const UnaryArgs& args, const UnaryConfig& config, Runtime& runtime) {
   validate(args, config);
   if (args.n == 0) return;
-  const Kernel kernel = runtime.kernel(unary_spec(args.op, args.dtype, config));
+  const Kernel kernel = runtime.kernel(unary_spec(args.op, args.dtype, config), args.stream);
   const std::int64_t per_block = std::int64_t{config.block_size} * config.items_per_thread;
   const std::int64_t blocks = (args.n + per_block - 1) / per_block;
   if (blocks > 0x7fffffff) {

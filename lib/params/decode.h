@@ -62,8 +62,9 @@ struct DecodeParams {
   // -inf for a split with no keys), contiguous, then sets its flag in split_flags[row block]
   // [split], row blocks numbered (b * heads_kv + kv head) * row_blocks + row block, to
   // split_tag; a split that finds all flags of its row block set merges the states into out and
-  // lse. The flags may hold anything before the call (a flag counts as set only with
-  // split_tag, 1 to 2^48 - 2 and fresh per call), and the call leaves them 0.
+  // lse. The flags are 0 before the call (memory kept zero for the stream, or zeroed for the
+  // call) and the call leaves them 0; a flag counts as set only with split_tag, 1 to 2^48 - 2
+  // and fresh per call.
   int num_splits;
   float* partial_out;
   float* partial_lse;

@@ -1,10 +1,12 @@
 // kiln::attention_with_kvcache() and merge_states() on a GPU against the fp64 CPU reference:
 // contiguous and paged caches, ragged lengths, GQA, speculative queries, split-KV, cache_batch_idx,
-// the append, rotary, masks, softcap, ALiBi, head dims, split hand-off over dirty scratch, a CUDA
-// graph replayed with new lengths, and merging states, alone and end to end.
+// the append, rotary, masks, softcap, ALiBi, head dims, split hand-off over dirty scratch and on
+// many streams, a CUDA graph replayed with new lengths, a miss under capture, and merging states,
+// alone and end to end.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/stream_zeros.hpp"
 #include "decode_reference.hpp"
 #include "gpu.hpp"
 #include "kiln/decode.hpp"
@@ -705,14 +708,14 @@ TEST_CASE("decode with every feature at once", "[gpu][decode]") {
   }
 }
 
-TEST_CASE("decode split-KV hands off between splits whatever its scratch held", "[gpu][decode]") {
+TEST_CASE("decode split-KV is right whatever its scratch held", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt = make_runtime();
   std::mt19937 rng(12);
-  // The splits' flags live in scratch from the device's default pool, handed out in stream
-  // order: a block filled and freed on the call's stream just before is what the call gets
-  // (the pool keeps freed memory while its release threshold is high). First every byte 0xff,
-  // then words in the range of the calls' tags.
+  // The splits' partial states live in scratch from the device's default pool, handed out in
+  // stream order: a block filled and freed on the call's stream just before is what the call
+  // gets (the pool keeps freed memory while its release threshold is high). First every byte
+  // 0xff, then words in the range of the calls' tags.
   cudaMemPool_t pool = nullptr;
   KILN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
   std::uint64_t threshold = 0;
@@ -844,6 +847,106 @@ TEST_CASE("decode step captured in a CUDA graph, replayed with new cache lengths
     kiln::test::sync_and_check();
     check_outputs(c, s, d, download(d), want);
   }
+}
+
+TEST_CASE("decode split-KV flags kept per stream: streams at once, growth, more streams than kept",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(13);
+  // Two streams running at once, each with a call that needs few flag words, then one that needs
+  // more than the stream keeps, three rounds each, so their calls interleave on the device.
+  std::array<cudaStream_t, 2> streams{};
+  for (cudaStream_t& stream : streams) {
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  }
+  for (const Case& c : {Case{.seqlens = {900, 31}, .num_splits = 5},
+                        Case{.seqlens = {3000, 2111, 1, 700, 1500, 64}, .num_splits = 16}}) {
+    INFO(describe(c));
+    std::vector<Setup> setups;
+    std::vector<DecodeReferenceResult> wants;
+    std::vector<DeviceDecode> devices;
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      setups.push_back(make_setup(c, rng));
+      wants.push_back(kiln::test::decode_reference(setups[i].problem, setups[i].inputs));
+      devices.push_back(upload_case(c, setups[i]));
+      devices[i].out->poison();
+      devices[i].lse->poison();
+    }
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // non-blocking streams do not wait for the poison
+    for (int round = 0; round < 3; ++round) {
+      for (std::size_t i = 0; i < streams.size(); ++i) {
+        DeviceDecode& d = devices[i];
+        kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, streams[i], rt);
+      }
+    }
+    kiln::test::sync_and_check();
+    for (std::size_t i = 0; i < streams.size(); ++i) {
+      check_outputs(c, setups[i], devices[i], download(devices[i]), wants[i]);
+    }
+  }
+  for (cudaStream_t stream : streams) KILN_CUDA_CHECK(cudaStreamDestroy(stream));
+
+  // A stream each call, more than the runtime keeps flags for: the least recently used stream's
+  // flags go back, and every call is still right.
+  const Case c{.seqlens = {700, 90}, .num_splits = 3};
+  INFO(describe(c));
+  const Setup s = make_setup(c, rng);
+  const DecodeReferenceResult want = kiln::test::decode_reference(s.problem, s.inputs);
+  DeviceDecode d = upload_case(c, s);
+  for (std::size_t i = 0; i < kiln::detail::StreamZeros::kStreams + 3; ++i) {
+    INFO("stream " << i);
+    cudaStream_t stream = nullptr;
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    d.out->poison();
+    d.lse->poison();
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, stream, rt);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+    KILN_CUDA_CHECK(cudaStreamDestroy(stream));
+    kiln::test::sync_and_check();
+    check_outputs(c, s, d, download(d), want);
+  }
+}
+
+TEST_CASE("a kernel not loaded yet fails a call under graph capture, naming its spec",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Options options = kiln::test::isolated_options(cache_dir());
+  options.debug = false;
+  kiln::Runtime rt(options);  // nothing loaded yet
+  std::mt19937 rng(14);
+  const Case c{.seqlens = {40, 200}, .num_splits = 2};
+  const Setup s = make_setup(c, rng);
+  const DecodeReferenceResult want = kiln::test::decode_reference(s.problem, s.inputs);
+  DeviceDecode d = upload_case(c, s);
+  const auto call = [&](cudaStream_t stream) {
+    kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, stream, rt);
+  };
+  {
+    GraphOnStream g;
+    const auto captured = [&] { g.capture([&] { call(g.stream); }); };
+    CHECK_THROWS_WITH(captured(), Catch::Contains("not warmed") &&
+                                      Catch::Contains("decode/attention.cuh") &&
+                                      Catch::Contains("warm these specs before capturing"));
+  }
+  // Nothing was left broken: the same call runs eagerly, and then captures and replays.
+  GraphOnStream g;
+  d.out->poison();
+  d.lse->poison();
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  call(g.stream);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  kiln::test::sync_and_check();
+  check_outputs(c, s, d, download(d), want);
+  g.capture([&] { call(g.stream); });
+  d.out->poison();
+  d.lse->poison();
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.stream));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+  kiln::test::sync_and_check();
+  check_outputs(c, s, d, download(d), want);
 }
 
 // ---------------------------------------------------------------------------------------------
