@@ -564,9 +564,10 @@ void* Runtime::stream_zeros(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   Driver& d = impl_->device_driver("allocate device memory", "");
   const int device = impl_->config.device;
+  // NOTE: capture first: the driver refuses to name a capturing stream.
+  if (d.is_capturing(device, stream)) return nullptr;
   const std::optional<std::uint64_t> id = d.stream_id(device, stream);
-  if (!id || d.is_capturing(device, stream)) return nullptr;
-  return impl_->stream_zeros.get(d, device, *id, bytes, stream);
+  return id ? impl_->stream_zeros.get(d, device, *id, bytes, stream) : nullptr;
 }
 
 void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t bytes,
