@@ -111,6 +111,11 @@ Config resolve_config(const Options& options) {
   } else if (auto dirs = env("KILN_CACHE_RO_DIRS")) {
     config.cache_ro_dirs = split_paths(*dirs);
   }
+  if (options.cache_ro_trust) {
+    config.cache_ro_trust = *options.cache_ro_trust;
+  } else if (auto trust = env("KILN_CACHE_RO_TRUST")) {
+    config.cache_ro_trust = parse_switch(*trust, "KILN_CACHE_RO_TRUST");
+  }
   if (options.cache_max_bytes) {
     config.cache_max_bytes = *options.cache_max_bytes;
   } else if (auto bytes = env("KILN_CACHE_MAX_BYTES")) {

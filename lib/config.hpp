@@ -17,6 +17,7 @@ struct Config {
   std::optional<std::filesystem::path> kernels_dir;  // from Options or KILN_KERNELS_DIR
   std::optional<std::filesystem::path> cache_dir;    // nullopt: no usable default (no HOME)
   std::vector<std::filesystem::path> cache_ro_dirs;
+  bool cache_ro_trust = false;
   std::uint64_t cache_max_bytes = 0;
   JitMode jit = JitMode::on;
   LogLevel log_level = LogLevel::warn;

@@ -92,8 +92,8 @@ struct Runtime::Impl {
   explicit Impl(const Options& options)
       : config(detail::resolve_config(options)),
         sources(detail::SourceTree::locate(config.kernels_dir)),
-        disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs,
-                                     config.cache_max_bytes}) {
+        disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
+                                     config.cache_ro_trust}) {
     detail::set_log_level(config.log_level);
     backend = choose_backend();
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}", backend,
@@ -275,7 +275,7 @@ struct Runtime::Impl {
   }
 
   Obtained obtain(const Unit& unit, bool hot_path) {
-    if (auto entry = disk.load(unit.key)) {
+    if (auto entry = disk.load(unit.key, unit.spec)) {
       stats_disk_hits.fetch_add(1);
       return {std::move(*entry), WarmupStatus::disk_hit};
     }
@@ -288,7 +288,7 @@ struct Runtime::Impl {
     }
     // Another process may be compiling the same key: wait for it, then look again.
     const auto lock = disk.lock(unit.key);
-    if (auto entry = disk.load(unit.key)) {
+    if (auto entry = disk.load(unit.key, unit.spec)) {
       stats_disk_hits.fetch_add(1);
       return {std::move(*entry), WarmupStatus::disk_hit};
     }

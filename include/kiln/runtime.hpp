@@ -29,6 +29,9 @@ struct Options {
   std::optional<std::filesystem::path> kernels_dir;
   std::optional<std::filesystem::path> cache_dir;
   std::optional<std::vector<std::filesystem::path>> cache_ro_dirs;
+  // Load from the read-only tiers whatever their directories' owners and modes; default:
+  // KILN_CACHE_RO_TRUST=1 (README, "Disk cache").
+  std::optional<bool> cache_ro_trust;
   std::optional<std::uint64_t> cache_max_bytes;  // 0: no cap
   std::optional<JitMode> jit;
   std::optional<LogLevel> log_level;

@@ -14,10 +14,12 @@
 #include <span>
 #include <string_view>
 #include <system_error>
+#include <thread>
 #include <tuple>
 #include <utility>
 
 #include "cache/entry_file.hpp"
+#include "cache/trust.hpp"
 #include "kiln/error.hpp"
 #include "log.hpp"
 
@@ -36,7 +38,11 @@ constexpr mode_t kFileMode = 0644;
 // Temp names are unique per process already; retries only matter for a leftover of a dead
 // process with the same pid, or another host sharing the directory.
 constexpr int kTempAttempts = 100;
-
+// A temp file this old belongs to a publisher that died before its rename: publishing takes
+// milliseconds. Pids cannot tell, as they are per host and per namespace.
+constexpr std::chrono::hours kStaleTempAge{1};
+// How often lock() tries again for a key's lock that another process holds.
+constexpr std::chrono::milliseconds kLockRetry{10};
 // An owned file descriptor, or the errno of the call that failed to open it.
 class Fd {
  public:
@@ -124,15 +130,53 @@ Fd make_subdir(int dir, const std::string& name) {
   return open_subdir(dir, name);
 }
 
-// `key`'s shard directory in a tier, reached one component at a time without following links,
-// and created (0700) where missing when `create`. `path` receives the last component's path.
-Fd open_shard(int tier, const fs::path& tier_path, const Key& key, bool create, fs::path& path) {
+// Why the open directory `dir` at `path` must not hold what kiln loads (cache/trust.hpp), or
+// empty.
+std::string untrusted_open_dir(int dir, const fs::path& path) {
+  struct stat info {};
+  if (::fstat(dir, &info) != 0) {
+    return fmt::format("{} cannot be checked ({})", path.string(), describe(errno));
+  }
+  return untrusted_dir(path, info, ::geteuid(), DirPlace::tier);
+}
+
+// A tier as the functions below reach it: its open root directory, its path for messages, and
+// whether its directories are held to the rules of cache/trust.hpp (all but read-only tiers
+// trusted with KILN_CACHE_RO_TRUST).
+struct Tier {
+  int fd;
+  const fs::path& path;
+  bool checked;
+};
+
+// A directory of a tier, reached from its root one component at a time without following links
+// and checked at each: `fd`, or the errno of the call that failed, or why the directory may not
+// be trusted. `path` names the last directory reached or tried.
+struct TierDir {
+  Fd fd;
+  fs::path path;
+  std::string untrusted;
+};
+
+// The directory <root>/<parts...>, each component created (0700) where missing when `create`.
+TierDir open_tier_dir(const Tier& tier, std::span<const std::string> parts, bool create) {
   const auto open = create ? make_subdir : open_subdir;
-  path = tier_path / version_dir();
-  Fd version = open(tier, version_dir());
-  if (!version.ok()) return version;
-  path /= shard_dir(key);
-  return open(version.get(), shard_dir(key));
+  TierDir dir{Fd(), tier.path, {}};
+  for (const std::string& part : parts) {
+    dir.path /= part;
+    Fd next = open(dir.fd.ok() ? dir.fd.get() : tier.fd, part);  // the root's first
+    if (next.ok() && tier.checked) dir.untrusted = untrusted_open_dir(next.get(), dir.path);
+    if (!dir.untrusted.empty()) next = Fd();
+    dir.fd = std::move(next);
+    if (!dir.fd.ok()) break;
+  }
+  return dir;
+}
+
+// `key`'s shard directory in a tier.
+TierDir open_shard(const Tier& tier, const Key& key, bool create) {
+  const std::string parts[] = {version_dir(), shard_dir(key)};
+  return open_tier_dir(tier, parts, create);
 }
 
 struct TempFile {
@@ -178,15 +222,18 @@ int publish(int dir, const std::string& name, Write&& write) {
 enum class Upkeep { none, stamp_and_clean };
 
 // Removes `name` from `dir` unless it is no longer the file `seen` (another process may have
-// published a good entry there since it was opened).
-void remove_if_same(int dir, const std::string& name, const struct stat& seen) {
+// published a good entry there since it was opened). Returns whether it did.
+bool remove_if_same(int dir, const std::string& name, const struct stat& seen) {
   struct stat now {};
-  if (::fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return;
-  if (now.st_dev == seen.st_dev && now.st_ino == seen.st_ino) ::unlinkat(dir, name.c_str(), 0);
+  if (::fstatat(dir, name.c_str(), &now, AT_SYMLINK_NOFOLLOW) != 0) return false;
+  return now.st_dev == seen.st_dev && now.st_ino == seen.st_ino &&
+         ::unlinkat(dir, name.c_str(), 0) == 0;
 }
 
-// `key`'s entry from the file `name` in the open shard directory `shard`, never through a link.
-EntryRead read_entry_at(int shard, const std::string& name, const Key& key, Upkeep upkeep) {
+// `key`'s entry from the file `name` in the open shard directory `shard`, never through a link;
+// with `spec`, only if compiled from that spec.
+EntryRead read_entry_at(int shard, const std::string& name, const Key& key,
+                        std::optional<std::string_view> spec, Upkeep upkeep) {
   // NOTE: O_NONBLOCK so that a FIFO planted under an entry's name cannot block the open.
   const Fd file(::openat(shard, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!file.ok() && file.error() == ELOOP) {
@@ -198,7 +245,7 @@ EntryRead read_entry_at(int shard, const std::string& name, const Key& key, Upke
     return EntryRead{std::nullopt, 0, describe(ELOOP)};
   }
   if (!file.ok()) return EntryRead{std::nullopt, file.error(), {}};
-  EntryRead read = read_entry(file.get(), key);
+  EntryRead read = read_entry(file.get(), key, spec);
   if (upkeep == Upkeep::none) return read;
   if (read.entry) {
     // The last-used stamp that eviction sorts by; if it fails the entry merely looks older.
@@ -210,27 +257,33 @@ EntryRead read_entry_at(int shard, const std::string& name, const Key& key, Upke
   return read;
 }
 
-void warn_unreadable_dir(const fs::path& path, int error) {
-  if (is_plain_miss(error)) return;
-  warn_once(path.string(),
-            fmt::format("cache directory {} cannot be used ({}); entries under it are ignored; "
-                        "check it or remove it",
-                        path.string(), describe(error)));
+// Warns once that nothing is read below a directory of a tier that could not be opened or
+// trusted; a plain miss says nothing.
+void warn_unusable_dir(const TierDir& dir) {
+  if (!dir.untrusted.empty()) {
+    warn_once(dir.path.string(), fmt::format("will not load kernels from below {}: {}",
+                                             dir.path.string(), dir.untrusted));
+  } else if (!is_plain_miss(dir.fd.error())) {
+    warn_once(dir.path.string(),
+              fmt::format("cache directory {} cannot be used ({}); entries under it are ignored; "
+                          "check it or remove it",
+                          dir.path.string(), describe(dir.fd.error())));
+  }
 }
 
-std::optional<Entry> load_from(int tier, const fs::path& tier_path, const Key& key, bool writable) {
-  fs::path shard_path;
-  const Fd shard = open_shard(tier, tier_path, key, /*create=*/false, shard_path);
-  if (!shard.ok()) {
-    warn_unreadable_dir(shard_path, shard.error());
+std::optional<Entry> load_from(const Tier& tier, const Key& key, std::string_view spec,
+                               bool writable) {
+  const TierDir shard = open_shard(tier, key, /*create=*/false);
+  if (!shard.fd.ok()) {
+    warn_unusable_dir(shard);
     return std::nullopt;
   }
   const std::string name = entry_file(key);
-  EntryRead read =
-      read_entry_at(shard.get(), name, key, writable ? Upkeep::stamp_and_clean : Upkeep::none);
+  EntryRead read = read_entry_at(shard.fd.get(), name, key, spec,
+                                 writable ? Upkeep::stamp_and_clean : Upkeep::none);
   if (read.entry || is_plain_miss(read.error)) return std::move(read.entry);
 
-  const std::string path = (shard_path / name).string();
+  const std::string path = (shard.path / name).string();
   if (read.error != 0) {
     warn_once(path, fmt::format("cannot read cache entry {} ({}); treating it as a miss; check the "
                                 "disk or remove the file",
@@ -245,6 +298,16 @@ std::optional<Entry> load_from(int tier, const fs::path& tier_path, const Key& k
                                 path, read.problem));
   }
   return std::nullopt;
+}
+
+// Why a tier, open at `tier.fd`, is not to be read: a directory above it or it breaks the rules
+// of cache/trust.hpp. Empty when it may be read; its own directories are checked as they are
+// opened.
+std::string untrusted_root(const Tier& tier) {
+  if (!tier.checked) return {};
+  std::string why = untrusted_above(tier.path);
+  if (why.empty()) why = untrusted_open_dir(tier.fd, tier.path);
+  return why;
 }
 
 void warn_store_failed(const fs::path& root, const fs::path& path, int error) {
@@ -277,43 +340,23 @@ int make_dirs(const fs::path& path, fs::path& failed) {
   return 0;
 }
 
-// Proves that entries can be published in the tier by creating and removing a temp file.
+// Whether a failure to create says the file system is full rather than closed to this process.
+bool is_full(int error) {
+  return error == ENOSPC || error == EDQUOT;
+}
+
+// Proves that entries can be published in the tier by creating and removing a temp file. A full
+// disk passes: stores warn until there is room, and reading entries and the maintenance that
+// frees room (`kiln cache prune`, `clear`) need none.
 int probe_writable(int root, const fs::path& root_path, fs::path& failed) {
   failed = root_path / version_dir();
   const Fd version = make_subdir(root, version_dir());
-  if (!version.ok()) return version.error();
+  if (!version.ok()) return is_full(version.error()) ? 0 : version.error();
   const TempFile probe = create_temp(version.get(), "probe");
-  if (!probe.fd.ok()) return probe.fd.error();
+  if (!probe.fd.ok()) return is_full(probe.fd.error()) ? 0 : probe.fd.error();
   ::unlinkat(version.get(), probe.name.c_str(), 0);
   return 0;
 }
-
-// The writable tier's directory, opened once (the root itself may be a symbolic link: the user
-// chose it). Not ok(), after one warning, when it cannot be created or written.
-Fd open_writable_root(const fs::path& root) {
-  fs::path failed = root;
-  Fd dir;
-  int error = make_dirs(root, failed);
-  if (error == 0) {
-    dir = Fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    error = dir.error();
-  }
-  if (error == 0) error = probe_writable(dir.get(), root, failed);
-  if (error == 0) return dir;
-  warn_once("cache-root:" + root.string(),
-            fmt::format("cannot use {} as the kernel cache ({}: {}); compiled kernels are kept in "
-                        "memory only and compiled again in each process; set KILN_CACHE_DIR to a "
-                        "writable directory",
-                        root.string(), failed.string(), describe(error)));
-  return Fd();
-}
-
-// One file found in a tier's shard directories, with its lstat.
-struct TierFile {
-  std::string shard;
-  std::string name;
-  struct stat info {};
-};
 
 std::vector<std::string> dir_names(int dir) {
   std::vector<std::string> names;
@@ -335,30 +378,157 @@ std::vector<std::string> dir_names(int dir) {
   return names;
 }
 
-Fd open_shard_named(int tier, const std::string& shard) {
-  Fd version = open_subdir(tier, version_dir());
-  if (!version.ok()) return version;
-  return open_subdir(version.get(), shard);
+// Why the writable tier open at `tier.fd` must not be used although its root may: its
+// v<format>, or a directory in that (shards, notes), breaks the rules of cache/trust.hpp.
+// Deeper directories are checked as they are opened.
+std::string untrusted_below_root(const Tier& tier) {
+  const std::string version_name = version_dir();
+  const TierDir version = open_tier_dir(tier, {&version_name, 1}, /*create=*/false);
+  if (!version.fd.ok()) return version.untrusted;
+  for (const std::string& name : dir_names(version.fd.get())) {
+    struct stat info {};
+    if (::fstatat(version.fd.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0 ||
+        !S_ISDIR(info.st_mode)) {
+      continue;
+    }
+    std::string why = untrusted_dir(version.path / name, info, ::geteuid(), DirPlace::tier);
+    if (!why.empty()) return why;
+  }
+  return {};
 }
 
-// Every file in the tier's shard directories of this format version, links included but not
-// followed.
-std::vector<TierFile> tier_files(int tier) {
+// The writable tier as opened once (the root itself may be a symbolic link: the user chose it).
+struct WritableRoot {
+  Fd fd;                  // not ok(): memory-only
+  std::string untrusted;  // why, when the root could be used but must not be
+};
+
+// Opens the writable tier, creating it where missing; memory-only, after one warning, when it
+// cannot be created or written, or must not be trusted.
+WritableRoot open_writable_root(const fs::path& root) {
+  WritableRoot opened;
+  fs::path failed = root;
+  int error = make_dirs(root, failed);
+  if (error == 0) {
+    opened.fd = Fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    error = opened.fd.error();
+  }
+  const Tier tier{opened.fd.get(), root, /*checked=*/true};
+  // NOTE: the root is checked before the probe writes in it.
+  if (error == 0) opened.untrusted = untrusted_root(tier);
+  if (error == 0 && opened.untrusted.empty()) error = probe_writable(tier.fd, root, failed);
+  if (error == 0 && opened.untrusted.empty()) opened.untrusted = untrusted_below_root(tier);
+  if (error == 0 && opened.untrusted.empty()) return opened;
+  opened.fd = Fd();
+  if (!opened.untrusted.empty()) {
+    warn_once("cache-root:" + root.string(),
+              fmt::format("will not use {} as the kernel cache: {}; until then compiled kernels "
+                          "are kept in memory only and compiled again in each process (or set "
+                          "KILN_CACHE_DIR to a directory of your own)",
+                          root.string(), opened.untrusted));
+  } else {
+    warn_once("cache-root:" + root.string(),
+              fmt::format("cannot use {} as the kernel cache ({}: {}); compiled kernels are kept "
+                          "in memory only and compiled again in each process; set "
+                          "KILN_CACHE_DIR to a writable directory",
+                          root.string(), failed.string(), describe(error)));
+  }
+  return opened;
+}
+
+// One file found below a tier's v<format> directory, with its lstat.
+struct TierFile {
+  std::string dir;  // its directory below v<format>, components joined by '/'; empty: v<format>
+  std::string name;
+  struct stat info {};
+};
+
+// Something below v<format> where kiln needs a directory it can use and has none: a link or a
+// file named like a shard, or a directory that cannot be opened or must not be trusted.
+struct BadDir {
+  std::string dir;  // as TierFile::dir
+  std::string name;
+  std::string problem;  // what is wrong, and the fix
+};
+
+struct TierContents {
   std::vector<TierFile> files;
-  const Fd version = open_subdir(tier, version_dir());
-  if (!version.ok()) return files;
-  for (std::string& shard_name : dir_names(version.get())) {
-    if (!is_shard_dir(shard_name)) continue;
-    const Fd shard = open_subdir(version.get(), shard_name);
-    if (!shard.ok()) continue;
-    for (std::string& name : dir_names(shard.get())) {
-      TierFile file{shard_name, std::move(name)};
-      if (::fstatat(shard.get(), file.name.c_str(), &file.info, AT_SYMLINK_NOFOLLOW) == 0) {
-        files.push_back(std::move(file));
+  std::vector<BadDir> bad_dirs;
+};
+
+bool in_shard(const TierFile& file) {
+  return is_shard_dir(file.dir);
+}
+bool is_entry(const TierFile& file) {
+  return in_shard(file) && file.name.ends_with(kEntrySuffix);
+}
+bool is_temp(const TierFile& file) {
+  return file.name.ends_with(kTempSuffix);
+}
+bool is_lock(const TierFile& file) {
+  return in_shard(file) && file.name.ends_with(kLockSuffix);
+}
+// What a file adds to the tier's size as eviction counts it.
+std::uint64_t counted_bytes(const TierFile& file) {
+  return is_entry(file) || is_temp(file) ? static_cast<std::uint64_t>(file.info.st_size) : 0;
+}
+
+std::vector<std::string> split_dir(const std::string& dir) {
+  std::vector<std::string> parts{version_dir()};
+  for (std::size_t start = 0; start < dir.size();) {
+    const std::size_t slash = std::min(dir.find('/', start), dir.size());
+    parts.push_back(dir.substr(start, slash - start));
+    start = slash + 1;
+  }
+  return parts;
+}
+
+// The directory `dir` (as TierFile::dir) of a tier.
+TierDir open_contents_dir(const Tier& tier, const std::string& dir) {
+  return open_tier_dir(tier, split_dir(dir), /*create=*/false);
+}
+
+// Adds what is in the open directory `fd`, which is `dir` (as TierFile::dir), and below it.
+void collect(const Tier& tier, int fd, const std::string& dir, TierContents& contents) {
+  for (std::string& name : dir_names(fd)) {
+    struct stat info {};
+    if (::fstatat(fd, name.c_str(), &info, AT_SYMLINK_NOFOLLOW) != 0) continue;  // gone since
+    const bool shard_name = dir.empty() && is_shard_dir(name);
+    if (!S_ISDIR(info.st_mode)) {
+      if (!shard_name) {
+        contents.files.push_back({dir, std::move(name), info});
+      } else if (S_ISLNK(info.st_mode)) {
+        contents.bad_dirs.push_back({dir, std::move(name), describe(ELOOP) + ": remove the link"});
+      } else {
+        contents.bad_dirs.push_back({dir, std::move(name), "it is not a directory: remove it"});
       }
+      continue;
+    }
+    const std::string path = dir.empty() ? name : dir + "/" + name;
+    const TierDir sub = open_contents_dir(tier, path);
+    if (sub.fd.ok()) {
+      collect(tier, sub.fd.get(), path, contents);
+    } else if (!sub.untrusted.empty()) {
+      contents.bad_dirs.push_back({dir, std::move(name), sub.untrusted});
+    } else if (sub.fd.error() != ENOENT) {
+      contents.bad_dirs.push_back({dir, std::move(name), describe(sub.fd.error())});
     }
   }
-  return files;
+}
+
+// Every file below the tier's v<format> directory, links included but not followed, and every
+// place where a directory is needed and none can be used.
+TierContents tier_contents(const Tier& tier) {
+  TierContents contents;
+  const TierDir version = open_contents_dir(tier, "");
+  if (version.fd.ok()) collect(tier, version.fd.get(), "", contents);
+  return contents;
+}
+
+fs::path path_of(const Tier& tier, const std::string& dir, const std::string& name) {
+  fs::path path = tier.path / version_dir();
+  if (!dir.empty()) path /= dir;
+  return path / name;
 }
 
 // Removes `name` of `dir`, a directory with everything under it, following no link (a link is
@@ -373,55 +543,106 @@ bool remove_tree(int dir, const std::string& name) {
   return ::unlinkat(dir, name.c_str(), AT_REMOVEDIR) == 0;
 }
 
-std::vector<TierFile> tier_entries(int tier) {
-  std::vector<TierFile> files = tier_files(tier);
-  std::erase_if(files, [](const TierFile& file) { return !file.name.ends_with(kEntrySuffix); });
-  return files;
+// Removes the file or link `name` in the tier's directory `dir`, never a directory (unlinkat
+// without AT_REMOVEDIR refuses one); returns an errno.
+int remove_file(const Tier& tier, const std::string& dir, const std::string& name) {
+  const TierDir at = open_contents_dir(tier, dir);
+  if (!at.fd.ok()) return at.fd.error();
+  return ::unlinkat(at.fd.get(), name.c_str(), 0) == 0 ? 0 : errno;
 }
 
-int remove_file(int tier, const TierFile& file) {
-  const Fd shard = open_shard_named(tier, file.shard);
-  if (!shard.ok()) return shard.error();
-  return ::unlinkat(shard.get(), file.name.c_str(), 0) == 0 ? 0 : errno;
+// Removes the lock file `file` unless a process holds it; returns whether it did.
+bool remove_unheld_lock(const Tier& tier, const TierFile& file) {
+  const TierDir at = open_contents_dir(tier, file.dir);
+  if (!at.fd.ok()) return false;
+  const Fd lock(
+      ::openat(at.fd.get(), file.name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  struct stat seen {};
+  return lock.ok() && ::flock(lock.get(), LOCK_EX | LOCK_NB) == 0 &&
+         ::fstat(lock.get(), &seen) == 0 && remove_if_same(at.fd.get(), file.name, seen);
 }
 
-// Fills in whether `file` holds a valid entry for the key its name gives.
-void verify(int tier, const TierFile& file, EntryStatus& status) {
+bool is_stale_temp(const TierFile& file, std::chrono::system_clock::time_point now) {
+  const auto modified =
+      std::chrono::system_clock::time_point(std::chrono::seconds(file.info.st_mtim.tv_sec) +
+                                            std::chrono::nanoseconds(file.info.st_mtim.tv_nsec));
+  return is_temp(file) && now - modified > kStaleTempAge;
+}
+
+// Removes what publishers killed before their rename left behind (temp files older than
+// kStaleTempAge) and lock files no process holds, and drops them from `files`.
+void remove_stale_leftovers(const Tier& tier, std::vector<TierFile>& files) {
+  const auto now = std::chrono::system_clock::now();
+  std::erase_if(files, [&](const TierFile& file) {
+    if (is_stale_temp(file, now)) return remove_file(tier, file.dir, file.name) == 0;
+    return is_lock(file) && remove_unheld_lock(tier, file);
+  });
+}
+
+// The status of the entry file `file`, or nullopt when it is gone; with `verify`, whether it
+// holds a valid entry for the key its name gives.
+std::optional<EntryStatus> entry_status(const Tier& tier, const TierFile& file, bool verify) {
+  EntryStatus status;
+  status.path = path_of(tier, file.dir, file.name);
+  status.key =
+      Key::from_hex(std::string_view(file.name).substr(0, file.name.size() - kEntrySuffix.size()));
+  status.size = static_cast<std::uint64_t>(file.info.st_size);
+  status.last_used = file.info.st_mtim.tv_sec;
+  if (!verify) return status;
   if (!status.key) {
     status.problem = "its name is not <32 lowercase hex digits>.kbin";
-    return;
+    return status;
   }
-  if (shard_dir(*status.key) != file.shard) {
+  if (shard_dir(*status.key) != file.dir) {
     status.problem = fmt::format("it is not in its key's directory {}", shard_dir(*status.key));
-    return;
+    return status;
   }
-  const Fd shard = open_shard_named(tier, file.shard);
-  EntryRead read = shard.ok() ? read_entry_at(shard.get(), file.name, *status.key, Upkeep::none)
-                              : EntryRead{std::nullopt, shard.error(), {}};
+  const TierDir shard = open_contents_dir(tier, file.dir);
+  if (!shard.untrusted.empty()) {
+    status.problem = shard.untrusted;
+    return status;
+  }
+  EntryRead read = shard.fd.ok() ? read_entry_at(shard.fd.get(), file.name, *status.key,
+                                                 std::nullopt, Upkeep::none)
+                                 : EntryRead{std::nullopt, shard.fd.error(), {}};
+  // NOTE: eviction or `clear` in another process may remove an entry between the listing and
+  // this read: gone is not bad.
+  if (read.error == ENOENT) return std::nullopt;
   status.valid = read.entry.has_value();
   if (read.entry) status.meta = std::move(read.entry->meta);
   if (read.error != 0) status.problem = describe(read.error);
   if (!read.problem.empty()) status.problem = std::move(read.problem);
+  return status;
 }
 
-// Removes the least recently used entries until the tier's entries total at most `max_bytes`,
-// sparing `keep` (the entry just stored, however large). Returns how many it removed.
-std::size_t evict(int tier, std::uint64_t max_bytes, const std::optional<Key>& keep) {
-  std::vector<TierFile> entries = tier_entries(tier);
+EntryStatus bad_dir_status(const Tier& tier, const BadDir& bad) {
+  EntryStatus status;
+  status.path = path_of(tier, bad.dir, bad.name);
+  status.problem = bad.problem;
+  return status;
+}
+
+// Removes the least recently used entries until the tier's entries and temp files total at most
+// `max_bytes`, sparing `keep` (the entry just stored, however large), after its stale leftovers.
+// Returns how many entries it removed.
+std::size_t evict(const Tier& tier, std::uint64_t max_bytes, const std::optional<Key>& keep) {
+  std::vector<TierFile> files = tier_contents(tier).files;
+  remove_stale_leftovers(tier, files);
   std::uint64_t total = 0;
-  for (const TierFile& entry : entries) total += static_cast<std::uint64_t>(entry.info.st_size);
-  std::sort(entries.begin(), entries.end(), [](const TierFile& a, const TierFile& b) {
+  for (const TierFile& file : files) total += counted_bytes(file);
+  std::erase_if(files, [](const TierFile& file) { return !is_entry(file); });
+  std::sort(files.begin(), files.end(), [](const TierFile& a, const TierFile& b) {
     return std::tie(a.info.st_mtim.tv_sec, a.info.st_mtim.tv_nsec, a.name) <
            std::tie(b.info.st_mtim.tv_sec, b.info.st_mtim.tv_nsec, b.name);
   });
   const std::string kept = keep ? entry_file(*keep) : std::string();
   std::size_t removed = 0;
-  for (const TierFile& entry : entries) {
+  for (const TierFile& entry : files) {
     if (total <= max_bytes) break;
     if (entry.name == kept) continue;
-    const int error = remove_file(tier, entry);
+    const int error = remove_file(tier, entry.dir, entry.name);
     if (error == 0) ++removed;
-    if (error == 0 || error == ENOENT) total -= static_cast<std::uint64_t>(entry.info.st_size);
+    if (error == 0 || error == ENOENT) total -= counted_bytes(entry);
   }
   return removed;
 }
@@ -452,13 +673,11 @@ std::vector<std::string> note_parts(std::string_view name) {
   }
 }
 
-// The directory of the note whose name is `parts`, reached from the tier one component at a time
-// without following links, and created (0700) where missing when `create`.
-Fd open_note_dir(int tier, std::span<const std::string> parts, bool create) {
-  const auto open = create ? make_subdir : open_subdir;
-  Fd dir = open(tier, version_dir());
-  for (std::size_t i = 0; i + 1 < parts.size() && dir.ok(); ++i) dir = open(dir.get(), parts[i]);
-  return dir;
+// The directory of the note whose name is `parts`, created (0700) where missing when `create`.
+TierDir open_note_dir(const Tier& tier, std::span<const std::string> parts, bool create) {
+  std::vector<std::string> dirs{version_dir()};
+  dirs.insert(dirs.end(), parts.begin(), parts.end() - 1);
+  return open_tier_dir(tier, dirs, create);
 }
 
 int write_text(int fd, std::string_view text) {
@@ -496,7 +715,9 @@ std::optional<std::string> read_text(int fd, std::size_t max_bytes) {
 
 struct DiskCache::Impl {
   DiskCacheConfig config;
-  Fd root;  // the writable tier; not ok(): memory-only
+  WritableRoot root;  // fd not ok(): memory-only
+
+  Tier writable_tier() const { return Tier{root.fd.get(), *config.root, /*checked=*/true}; }
 };
 
 DiskCache::DiskCache(DiskCacheConfig config) : impl_(std::make_unique<Impl>()) {
@@ -506,45 +727,55 @@ DiskCache::DiskCache(DiskCacheConfig config) : impl_(std::make_unique<Impl>()) {
 
 DiskCache::~DiskCache() = default;
 
-std::optional<Entry> DiskCache::load(const Key& key) {
+std::optional<Entry> DiskCache::load(const Key& key, std::string_view spec) {
   if (writable()) {
-    if (auto entry = load_from(impl_->root.get(), *impl_->config.root, key, /*writable=*/true)) {
+    if (auto entry = load_from(impl_->writable_tier(), key, spec, /*writable=*/true)) {
       return entry;
     }
   }
   for (const fs::path& ro_root : impl_->config.ro_roots) {
-    const Fd tier(::open(ro_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (!tier.ok() && !is_plain_miss(tier.error())) {
+    const Fd fd(::open(ro_root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+    if (!fd.ok() && !is_plain_miss(fd.error())) {
       warn_once(ro_root.string(),
                 fmt::format("cannot read the read-only cache directory {} ({}); it is skipped; "
                             "fix it or drop it from KILN_CACHE_RO_DIRS",
-                            ro_root.string(), describe(tier.error())));
+                            ro_root.string(), describe(fd.error())));
     }
-    if (!tier.ok()) continue;
-    if (auto entry = load_from(tier.get(), ro_root, key, /*writable=*/false)) return entry;
+    if (!fd.ok()) continue;
+    const Tier tier{fd.get(), ro_root, !impl_->config.trust_ro_roots};
+    if (const std::string why = untrusted_root(tier); !why.empty()) {
+      warn_once(ro_root.string(),
+                fmt::format("will not load kernels from the read-only cache directory {}: {}; or, "
+                            "to trust every read-only tier whatever its owners and modes, set "
+                            "KILN_CACHE_RO_TRUST=1",
+                            ro_root.string(), why));
+      continue;
+    }
+    if (auto entry = load_from(tier, key, spec, /*writable=*/false)) return entry;
   }
   return std::nullopt;
 }
 
 void DiskCache::store(const Entry& entry) {
   if (!writable()) return;
-  const fs::path& root = *impl_->config.root;
-  fs::path shard_path;
-  const Fd shard = open_shard(impl_->root.get(), root, entry.key, /*create=*/true, shard_path);
-  if (!shard.ok()) return warn_store_failed(root, shard_path, shard.error());
+  const Tier tier = impl_->writable_tier();
+  const TierDir shard = open_shard(tier, entry.key, /*create=*/true);
+  if (!shard.fd.ok()) {
+    if (!shard.untrusted.empty()) return warn_unusable_dir(shard);
+    return warn_store_failed(tier.path, shard.path, shard.fd.error());
+  }
   const std::string name = entry_file(entry.key);
   if (const int error =
-          publish(shard.get(), name, [&](int fd) { return write_entry(fd, entry); })) {
-    return warn_store_failed(root, shard_path / name, error);
+          publish(shard.fd.get(), name, [&](int fd) { return write_entry(fd, entry); })) {
+    return warn_store_failed(tier.path, shard.path / name, error);
   }
-  if (impl_->config.max_bytes > 0) evict(impl_->root.get(), impl_->config.max_bytes, entry.key);
+  if (impl_->config.max_bytes > 0) evict(tier, impl_->config.max_bytes, entry.key);
 }
 
 void DiskCache::remove(const Key& key) {
   if (!writable()) return;
-  fs::path shard_path;
-  const Fd shard = open_shard(impl_->root.get(), *impl_->config.root, key, false, shard_path);
-  if (shard.ok()) ::unlinkat(shard.get(), entry_file(key).c_str(), 0);
+  const TierDir shard = open_shard(impl_->writable_tier(), key, /*create=*/false);
+  if (shard.fd.ok()) ::unlinkat(shard.fd.get(), entry_file(key).c_str(), 0);
 }
 
 DiskCache::Lock::Lock(Lock&& other) noexcept : fd_(std::exchange(other.fd_, -1)) {}
@@ -563,15 +794,25 @@ DiskCache::Lock::~Lock() {
 
 DiskCache::Lock DiskCache::lock(const Key& key) {
   if (!writable()) return Lock();
-  fs::path shard_path;
-  const Fd shard = open_shard(impl_->root.get(), *impl_->config.root, key, true, shard_path);
-  if (!shard.ok()) return Lock();
+  const TierDir shard = open_shard(impl_->writable_tier(), key, /*create=*/true);
+  if (!shard.fd.ok()) return Lock();
   const std::string name = key.hex() + std::string(kLockSuffix);
   Fd file(
-      ::openat(shard.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kFileMode));
+      ::openat(shard.fd.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kFileMode));
   if (!file.ok()) return Lock();
-  while (::flock(file.get(), LOCK_EX) != 0) {
-    if (errno != EINTR) return Lock();
+  // NOTE: a blocking flock would wait for ever on a holder that is stopped; polling bounds it.
+  const auto deadline = std::chrono::steady_clock::now() + impl_->config.lock_wait;
+  while (::flock(file.get(), LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) return Lock();
+    if (std::chrono::steady_clock::now() >= deadline) {
+      const fs::path path = shard.path / name;
+      warn_once("cache-lock:" + path.string(),
+                fmt::format("waited {} ms for {}, which another process holds while it compiles "
+                            "that kernel (or was stopped holding it); compiling it here too",
+                            impl_->config.lock_wait.count(), path.string()));
+      return Lock();
+    }
+    std::this_thread::sleep_for(kLockRetry);
   }
   return Lock(file.release());
 }
@@ -579,11 +820,11 @@ DiskCache::Lock DiskCache::lock(const Key& key) {
 std::optional<std::string> DiskCache::read_note(std::string_view name) const {
   const std::vector<std::string> parts = note_parts(name);
   if (!writable()) return std::nullopt;
-  const Fd dir = open_note_dir(impl_->root.get(), parts, /*create=*/false);
-  if (!dir.ok()) return std::nullopt;
+  const TierDir dir = open_note_dir(impl_->writable_tier(), parts, /*create=*/false);
+  if (!dir.fd.ok()) return std::nullopt;
   // NOTE: O_NONBLOCK so that a FIFO planted under the note's name cannot block the open.
   const Fd file(
-      ::openat(dir.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+      ::openat(dir.fd.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!file.ok()) return std::nullopt;
   return read_text(file.get(), kMaxNoteBytes);
 }
@@ -591,10 +832,11 @@ std::optional<std::string> DiskCache::read_note(std::string_view name) const {
 void DiskCache::write_note(std::string_view name, std::string_view text) {
   const std::vector<std::string> parts = note_parts(name);
   if (!writable()) return;
-  const Fd dir = open_note_dir(impl_->root.get(), parts, /*create=*/true);
-  const int error =
-      dir.ok() ? publish(dir.get(), parts.back(), [&](int fd) { return write_text(fd, text); })
-               : dir.error();
+  const TierDir dir = open_note_dir(impl_->writable_tier(), parts, /*create=*/true);
+  if (!dir.untrusted.empty()) return warn_unusable_dir(dir);
+  const int error = dir.fd.ok() ? publish(dir.fd.get(), parts.back(),
+                                          [&](int fd) { return write_text(fd, text); })
+                                : dir.fd.error();
   if (error == 0) return;
   const fs::path path = *impl_->config.root / version_dir() / name;
   warn_once("cache-note:" + path.string(),
@@ -604,7 +846,11 @@ void DiskCache::write_note(std::string_view name, std::string_view text) {
 }
 
 bool DiskCache::writable() const {
-  return impl_->root.ok();
+  return impl_->root.fd.ok();
+}
+
+const std::string& DiskCache::untrusted() const {
+  return impl_->root.untrusted;
 }
 
 const std::optional<std::filesystem::path>& DiskCache::root() const {
@@ -615,20 +861,18 @@ const std::vector<std::filesystem::path>& DiskCache::ro_roots() const {
   return impl_->config.ro_roots;
 }
 
-std::vector<EntryStatus> DiskCache::list(bool verify_entries) const {
+std::vector<EntryStatus> DiskCache::list(bool verify) const {
   std::vector<EntryStatus> statuses;
   if (!writable()) return statuses;
-  const fs::path version_path = *impl_->config.root / version_dir();
-  for (const TierFile& file : tier_entries(impl_->root.get())) {
-    EntryStatus status;
-    status.path = version_path / file.shard / file.name;
-    status.key = Key::from_hex(
-        std::string_view(file.name).substr(0, file.name.size() - kEntrySuffix.size()));
-    status.size = static_cast<std::uint64_t>(file.info.st_size);
-    status.last_used = file.info.st_mtim.tv_sec;
-    if (verify_entries) verify(impl_->root.get(), file, status);
-    statuses.push_back(std::move(status));
+  const Tier tier = impl_->writable_tier();
+  const TierContents contents = tier_contents(tier);
+  for (const TierFile& file : contents.files) {
+    if (!is_entry(file)) continue;
+    if (std::optional<EntryStatus> status = entry_status(tier, file, verify)) {
+      statuses.push_back(std::move(*status));
+    }
   }
+  for (const BadDir& bad : contents.bad_dirs) statuses.push_back(bad_dir_status(tier, bad));
   std::sort(statuses.begin(), statuses.end(),
             [](const EntryStatus& a, const EntryStatus& b) { return a.path < b.path; });
   return statuses;
@@ -637,10 +881,10 @@ std::vector<EntryStatus> DiskCache::list(bool verify_entries) const {
 std::vector<std::string> DiskCache::other_formats() const {
   std::vector<std::string> names;
   if (!writable()) return names;
-  for (std::string& name : dir_names(impl_->root.get())) {
+  for (std::string& name : dir_names(impl_->root.fd.get())) {
     struct stat info {};
     if (is_other_format_dir(name) &&
-        ::fstatat(impl_->root.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
+        ::fstatat(impl_->root.fd.get(), name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
         (S_ISDIR(info.st_mode) || S_ISLNK(info.st_mode))) {
       names.push_back(std::move(name));
     }
@@ -651,21 +895,42 @@ std::vector<std::string> DiskCache::other_formats() const {
 
 std::uint64_t DiskCache::size_bytes() const {
   std::uint64_t total = 0;
-  for (const EntryStatus& status : list(/*verify=*/false)) total += status.size;
+  if (!writable()) return total;
+  for (const TierFile& file : tier_contents(impl_->writable_tier()).files) {
+    total += counted_bytes(file);
+  }
   return total;
 }
 
+Leftovers DiskCache::leftovers() const {
+  Leftovers found;
+  if (!writable()) return found;
+  for (const TierFile& file : tier_contents(impl_->writable_tier()).files) {
+    if (is_temp(file)) {
+      ++found.temps;
+      found.temp_bytes += counted_bytes(file);
+    }
+    if (is_lock(file)) ++found.locks;
+  }
+  return found;
+}
+
 std::size_t DiskCache::prune(std::uint64_t max_bytes) {
-  return writable() ? evict(impl_->root.get(), max_bytes, std::nullopt) : 0;
+  return writable() ? evict(impl_->writable_tier(), max_bytes, std::nullopt) : 0;
 }
 
 std::size_t DiskCache::remove_invalid() {
+  if (!writable()) return 0;
+  const Tier tier = impl_->writable_tier();
+  const TierContents contents = tier_contents(tier);
   std::size_t removed = 0;
-  for (const EntryStatus& status : list(/*verify=*/true)) {
-    if (status.valid) continue;
-    const TierFile file{status.path.parent_path().filename().string(),
-                        status.path.filename().string()};
-    if (remove_file(impl_->root.get(), file) == 0) ++removed;
+  for (const TierFile& file : contents.files) {
+    if (!is_entry(file)) continue;
+    const std::optional<EntryStatus> status = entry_status(tier, file, /*verify=*/true);
+    if (status && !status->valid && remove_file(tier, file.dir, file.name) == 0) ++removed;
+  }
+  for (const BadDir& bad : contents.bad_dirs) {
+    if (remove_file(tier, bad.dir, bad.name) == 0) ++removed;
   }
   return removed;
 }
@@ -673,25 +938,25 @@ std::size_t DiskCache::remove_invalid() {
 std::size_t DiskCache::remove_other_formats() {
   std::size_t removed = 0;
   for (const std::string& name : other_formats()) {
-    if (remove_tree(impl_->root.get(), name)) ++removed;
+    if (remove_tree(impl_->root.fd.get(), name)) ++removed;
   }
   return removed;
 }
 
 std::size_t DiskCache::clear() {
   if (!writable()) return 0;
+  const Tier tier = impl_->writable_tier();
+  const TierContents contents = tier_contents(tier);
   std::size_t removed = 0;
-  for (const TierFile& file : tier_files(impl_->root.get())) {
-    const bool is_entry = file.name.ends_with(kEntrySuffix);
-    if (!is_entry && !file.name.ends_with(kTempSuffix) && !file.name.ends_with(kLockSuffix)) {
-      continue;
-    }
-    if (remove_file(impl_->root.get(), file) == 0 && is_entry) ++removed;
+  for (const TierFile& file : contents.files) {
+    if (!is_entry(file) && !is_temp(file) && !is_lock(file)) continue;
+    if (remove_file(tier, file.dir, file.name) == 0 && is_entry(file)) ++removed;
   }
+  for (const BadDir& bad : contents.bad_dirs) remove_file(tier, bad.dir, bad.name);
   // Empty shard directories go too; one still in use is not empty and stays.
-  if (const Fd version = open_subdir(impl_->root.get(), version_dir()); version.ok()) {
-    for (const std::string& name : dir_names(version.get())) {
-      if (is_shard_dir(name)) ::unlinkat(version.get(), name.c_str(), AT_REMOVEDIR);
+  if (const TierDir version = open_contents_dir(tier, ""); version.fd.ok()) {
+    for (const std::string& name : dir_names(version.fd.get())) {
+      if (is_shard_dir(name)) ::unlinkat(version.fd.get(), name.c_str(), AT_REMOVEDIR);
     }
   }
   return removed;

@@ -1,6 +1,7 @@
 // The disk cache: one writable tier and any number of read-only tiers of verified entries.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -43,15 +44,30 @@ struct EntryStatus {
   std::optional<Key> key;         // from the file name
   std::uint64_t size = 0;         // bytes on disk
   std::int64_t last_used = 0;     // seconds since the epoch
-  bool valid = false;             // header, checksum and key echo all agree
+  bool valid = false;             // header, checksum, key echo and metadata all agree
   std::string problem;            // why not, when not valid
   std::optional<EntryMeta> meta;  // when valid
 };
+
+// How long lock() waits for another process's compile of the same key before compiling too.
+inline constexpr std::chrono::milliseconds kLockWait{5000};
 
 struct DiskCacheConfig {
   std::optional<std::filesystem::path> root;  // writable tier; nullopt: memory-only
   std::vector<std::filesystem::path> ro_roots;
   std::uint64_t max_bytes = 0;  // 0: no cap
+  // Reads the read-only tiers whatever their directories' owners and modes
+  // (KILN_CACHE_RO_TRUST); otherwise they are held to the rules of cache/trust.hpp.
+  bool trust_ro_roots = false;
+  std::chrono::milliseconds lock_wait = kLockWait;
+};
+
+// Files in the writable tier that hold no entry: temp files of publishers at work, or killed
+// before their rename, and per-key lock files.
+struct Leftovers {
+  std::size_t temps = 0;
+  std::uint64_t temp_bytes = 0;
+  std::size_t locks = 0;
 };
 
 class DiskCache {
@@ -61,10 +77,12 @@ class DiskCache {
   DiskCache(const DiskCache&) = delete;
   DiskCache& operator=(const DiskCache&) = delete;
 
-  // A verified entry from the writable tier, then the read-only tiers in order. Anything
-  // unreadable, truncated, of another format version or whose key echo differs is a miss (with
-  // one warning per path). A hit in the writable tier refreshes its last-used stamp.
-  std::optional<Entry> load(const Key& key);
+  // A verified entry for `key`, compiled from the canonical `spec`, from the writable tier, then
+  // the read-only tiers in order. Anything unreadable, truncated, of another format version, or
+  // whose key echo or recorded spec differs is a miss (with one warning per path), as is
+  // everything below a directory that breaks the rules of cache/trust.hpp. A hit in the
+  // writable tier refreshes its last-used stamp.
+  std::optional<Entry> load(const Key& key, std::string_view spec);
 
   // Publishes atomically (unique temp file in the same directory, fsync, rename), replacing any
   // entry with that key, then evicts least recently used entries over max_bytes. Failures to
@@ -75,7 +93,9 @@ class DiskCache {
   void remove(const Key& key);
 
   // Held while compiling `key`, so that other processes wait instead of compiling it again.
-  // Purely an optimisation: correctness rests on the atomic rename.
+  // Purely an optimisation: correctness rests on the atomic rename. So a process that holds it
+  // and is stopped (SIGSTOP, a debugger, a hung file system) delays the others by at most
+  // `lock_wait`, after which they get an empty Lock and a warning, and compile as well.
   class Lock {
    public:
     Lock() = default;
@@ -99,15 +119,30 @@ class DiskCache {
   void write_note(std::string_view name, std::string_view text);
 
   bool writable() const;  // false: memory-only (the root was unusable, or none was given)
+  // Why the root was refused although usable: a directory from which another user could have
+  // planted a binary (cache/trust.hpp), named, with the fix. Empty otherwise.
+  const std::string& untrusted() const;
   const std::optional<std::filesystem::path>& root() const;
   const std::vector<std::filesystem::path>& ro_roots() const;
 
-  // Maintenance, for `kiln cache`.
-  std::vector<EntryStatus> list(bool verify) const;  // writable tier only
-  std::uint64_t size_bytes() const;
-  std::size_t prune(std::uint64_t max_bytes);  // evicts LRU until under max_bytes; returns count
-  std::size_t remove_invalid();                // returns count
-  std::size_t clear();                         // returns count
+  // Maintenance, for `kiln cache`: the writable tier only. None of it creates a file or a
+  // directory, so it works on a full disk.
+  //
+  // Every entry, and every directory below v<format> that kiln cannot use (a shard directory
+  // that is a link, say), as an invalid status whose problem says how to fix it. Entries removed
+  // while the listing runs are left out.
+  std::vector<EntryStatus> list(bool verify) const;
+  std::uint64_t size_bytes() const;  // entries and temp files
+  Leftovers leftovers() const;
+  // Removes stale leftovers (temp files an hour old, lock files no process holds), then evicts
+  // LRU entries until entries and temp files total at most max_bytes; returns the entries
+  // evicted. A store over max_bytes does the same.
+  std::size_t prune(std::uint64_t max_bytes);
+  // Removes what list(true) calls invalid (links, not their targets); returns the count.
+  std::size_t remove_invalid();
+  // Removes every entry, temp file and lock file, and every link or file where a shard
+  // directory belongs; returns the entries removed.
+  std::size_t clear();
   // The writable tier's directories (or links to them) of other cache formats (<root>/v<N>,
   // names only): another kiln version's entries and notes, which this one never reads. Nothing
   // removes them but remove_other_formats (`kiln cache clear`), which follows no link and

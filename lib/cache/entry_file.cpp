@@ -19,6 +19,9 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "kiln/error.hpp"
+#include "kiln/spec.hpp"
+
 namespace kiln::detail {
 namespace {
 
@@ -125,6 +128,21 @@ std::optional<EntryMeta> decode_meta(std::string_view text, std::string& problem
   }
   if (!read_field(object, kCompileMsField, meta.compile_ms)) return missing(kCompileMsField);
   return meta;
+}
+
+// Why `meta` does not describe one kernel consistently, or empty: its spec must be canonical (as
+// kiln::to_string prints it) and name the target recorded beside it. Messages never quote the
+// file's text, which may hold anything.
+std::string inconsistency(const EntryMeta& meta) {
+  KernelSpec spec;
+  try {
+    spec = parse_spec(meta.spec);
+  } catch (const Error&) {
+    return "its recorded spec is not a kernel spec";
+  }
+  if (to_string(spec) != meta.spec) return "its recorded spec is not in canonical form";
+  if (spec.target != meta.target) return "its recorded spec is for another target than recorded";
+  return {};
 }
 
 std::uint64_t payload_checksum(std::string_view meta, std::span<const std::byte> binary) {
@@ -249,7 +267,7 @@ int write_entry(int fd, const Entry& entry) {
   return 0;
 }
 
-EntryRead read_entry(int fd, const Key& key) {
+EntryRead read_entry(int fd, const Key& key, std::optional<std::string_view> spec) {
   struct stat info {};
   if (::fstat(fd, &info) != 0) return failed(errno);
   if (!S_ISREG(info.st_mode)) return invalid("it is not a regular file");
@@ -284,6 +302,10 @@ EntryRead read_entry(int fd, const Key& key) {
   }
   std::optional<EntryMeta> decoded = decode_meta(meta, problem);
   if (!decoded) return invalid(std::move(problem));
+  if (problem = inconsistency(*decoded); !problem.empty()) return invalid(std::move(problem));
+  if (spec && decoded->spec != *spec) {
+    return invalid("it was compiled from another spec than the one asked for (copied or renamed)");
+  }
   return EntryRead{Entry{key, std::move(*decoded), std::move(binary)}, 0, {}};
 }
 

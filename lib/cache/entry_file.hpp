@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "cache/disk.hpp"
 #include "cache/key.hpp"
@@ -34,8 +35,10 @@ struct EntryRead {
 int write_entry(int fd, const Entry& entry);
 
 // Reads the entry for `key` from the open file `fd`, verifying every field of the header, the
-// file's length, the checksum and the metadata. Never trusts a length before checking it against
-// the file's size, so no content can make it allocate more than the file holds.
-EntryRead read_entry(int fd, const Key& key);
+// file's length, the checksum and the metadata, which must describe one kernel consistently (a
+// canonical spec naming the target recorded) and, given `spec`, be that spec's. Never trusts a
+// length before checking it against the file's size, so no content can make it allocate more
+// than the file holds.
+EntryRead read_entry(int fd, const Key& key, std::optional<std::string_view> spec);
 
 }  // namespace kiln::detail

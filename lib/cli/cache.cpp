@@ -29,7 +29,8 @@ struct PruneArgs {
   std::string max_bytes;
 };
 
-// The maintenance commands act on files, so a memory-only cache is an error, not an empty one.
+}  // namespace
+
 void require_writable(const detail::DiskCache& cache) {
   if (cache.writable()) return;
   if (!cache.root()) {
@@ -37,11 +38,17 @@ void require_writable(const detail::DiskCache& cache) {
                 "there is no cache directory (HOME and XDG_CACHE_HOME are unset): pass "
                 "--cache-dir or set KILN_CACHE_DIR");
   }
+  if (!cache.untrusted().empty()) {
+    throw Error(ErrorCategory::cache, fmt::format("the cache directory {} is not safe to use: {}",
+                                                  cache.root()->string(), cache.untrusted()));
+  }
   throw Error(ErrorCategory::cache,
               fmt::format("the cache directory {} cannot be created or written: pass --cache-dir "
                           "or set KILN_CACHE_DIR to a writable directory",
                           cache.root()->string()));
 }
+
+namespace {
 
 std::string key_of(const detail::EntryStatus& entry) {
   return entry.key ? entry.key->hex() : entry.path.filename().string();
@@ -86,6 +93,12 @@ int ls(const LsArgs& args) {
   }
   print_table(stdout, {"KEY", "SIZE", "LAST USED", "SPEC"}, rows);
   fmt::print("{} entries, {} in {}\n", entries.size(), human_bytes(total), cache.root()->string());
+  if (const detail::Leftovers left = cache.leftovers(); left.temps > 0 || left.locks > 0) {
+    fmt::print(
+        "also {} temp files ({}) and {} lock files (`kiln cache prune` removes stale ones, "
+        "`kiln cache clear` all)\n",
+        left.temps, human_bytes(left.temp_bytes), left.locks);
+  }
   if (const std::vector<std::string> others = cache.other_formats(); !others.empty()) {
     fmt::print(
         "also there, in formats this kiln does not read: {} (`kiln cache clear` removes "

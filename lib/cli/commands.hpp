@@ -40,6 +40,9 @@ Options to_options(const CommonArgs& args);
 // The disk cache that a Runtime built from `options` would use: the same resolution of options
 // and KILN_* variables, so `kiln cache` sees the same root.
 detail::DiskCache open_disk_cache(const Options& options);
+// Throws kiln::Error (cache), saying why and how to fix it, when `cache` is memory-only: the
+// commands that act on the disk cache have nothing to act on.
+void require_writable(const detail::DiskCache& cache);
 
 // Each declares its subcommands on `app`. The callback of the one that runs stores its exit
 // code in `exit_code`; errors are thrown as kiln::Error and reported by main.

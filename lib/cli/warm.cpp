@@ -203,6 +203,8 @@ int run(const WarmArgs& args) {
   // NOTE: the manifest is read first, so that a bad one fails before the cache is touched.
   const std::optional<std::vector<KernelSpec>> listed =
       args.manifest ? std::optional(read_manifest(*args.manifest)) : std::nullopt;
+  // NOTE: warming fills the disk cache; without one it would compile for nothing.
+  require_writable(open_disk_cache(to_options(args.common)));
   Runtime runtime(to_options(args.common));
   const std::vector<KernelSpec> specs = listed ? for_targets(*listed, args.common.targets)
                                                : default_specs_for(args.common.targets, runtime);

@@ -6,8 +6,10 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <csignal>
 #include <filesystem>
 #include <set>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -22,6 +24,10 @@ namespace fs = std::filesystem;
 using test::files_under;
 using test::sample_entry;
 using test::TempDir;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
 
 // Runs `body` in `count` forked children that start together once all exist; returns each
 // child's exit status (-1 when it did not exit normally).
@@ -67,10 +73,10 @@ TEST_CASE("processes storing and loading the same keys at once see only whole en
       if (!cache.writable()) return 10;
       for (int round = 0; round < kRounds; ++round) {
         const Entry& entry = entries[static_cast<std::size_t>(round + child) % entries.size()];
-        const std::optional<Entry> before = cache.load(entry.key);
+        const std::optional<Entry> before = cache.load(entry.key, entry.meta.spec);
         if (before && !test::same_entry(*before, entry)) return 11;
         cache.store(entry);
-        const std::optional<Entry> after = cache.load(entry.key);
+        const std::optional<Entry> after = cache.load(entry.key, entry.meta.spec);
         if (!after) return 12;
         if (!test::same_entry(*after, entry)) return 13;
       }
@@ -92,7 +98,7 @@ TEST_CASE("processes storing and loading the same keys at once see only whole en
   }
   CHECK(keys.size() == entries.size());
   for (const Entry& entry : entries) {
-    const std::optional<Entry> loaded = cache.load(entry.key);
+    const std::optional<Entry> loaded = cache.load(entry.key, entry.meta.spec);
     REQUIRE(loaded);
     CHECK(test::same_entry(*loaded, entry));
   }
@@ -112,7 +118,7 @@ TEST_CASE("threads storing and loading one key at once see only whole entries", 
     threads.emplace_back([&] {
       for (int round = 0; round < kRounds; ++round) {
         cache.store(entry);
-        const std::optional<Entry> loaded = cache.load(entry.key);
+        const std::optional<Entry> loaded = cache.load(entry.key, entry.meta.spec);
         if (!loaded || !test::same_entry(*loaded, entry)) ++bad;
       }
     });
@@ -156,6 +162,63 @@ TEST_CASE("lock() makes a second process wait until the first lets go", "[cache]
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
   CHECK(fs::exists(acquired));
+}
+
+TEST_CASE("lock() gives up after lock_wait on a lock held by a stopped process", "[cache]") {
+  using std::chrono::milliseconds;
+  using std::chrono::steady_clock;
+  constexpr milliseconds kWait{300};
+  TempDir dir;
+  const fs::path root = dir.path() / "cache";
+  const fs::path err = dir.path() / "stderr.txt";
+  const Key key = sample_entry(46).key;
+  DiskCache cache(DiskCacheConfig{root});
+  int locked[2];
+  REQUIRE(::pipe(locked) == 0);
+  const pid_t holder = ::fork();
+  if (holder == 0) {
+    ::close(locked[0]);
+    const DiskCache::Lock lock = DiskCache(DiskCacheConfig{root}).lock(key);
+    if (::write(locked[1], "x", 1) != 1) ::_exit(20);
+    ::raise(SIGSTOP);  // as a debugger or a hung file system would stop it
+    ::_exit(0);
+  }
+  REQUIRE(holder > 0);
+  ::close(locked[1]);
+  char byte;
+  REQUIRE(::read(locked[0], &byte, 1) == 1);
+  ::close(locked[0]);
+
+  // The waiter runs in a child too, so that waiting for ever (the bug) fails the test, not hangs.
+  const auto start = steady_clock::now();
+  const pid_t waiter = ::fork();
+  if (waiter == 0) {
+    const int file = ::open(err.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (file < 0 || ::dup2(file, 2) < 0) ::_exit(21);
+    DiskCacheConfig config{root};
+    config.lock_wait = kWait;
+    const DiskCache::Lock lock = DiskCache(config).lock(key);
+    ::_exit(0);
+  }
+  REQUIRE(waiter > 0);
+  int status = -1;
+  while (::waitpid(waiter, &status, WNOHANG) == 0 &&
+         steady_clock::now() - start < milliseconds(10000)) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  const auto waited = steady_clock::now() - start;
+  ::kill(waiter, SIGKILL);
+  ::kill(holder, SIGKILL);
+  ::waitpid(waiter, nullptr, 0);
+  ::waitpid(holder, nullptr, 0);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  CHECK(waited >= kWait);
+  CHECK(waited < milliseconds(5000));
+  const std::string warning = test::read_file(err);
+  CHECK(contains(warning,
+                 (test::entry_path(root, key).parent_path() / (key.hex() + ".lock")).string()));
+  CHECK(contains(warning, "compiling it here too"));
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <tuple>
 
 #include "cache/entries.hpp"
 #include "support.hpp"
@@ -41,12 +42,12 @@ TEST_CASE("a miss, then a store, then a hit with the same metadata and bytes", "
   REQUIRE(cache.writable());
   CHECK(cache.root() == root);
   const Entry entry = sample_entry(1);
-  CHECK_FALSE(cache.load(entry.key));
+  CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
   cache.store(entry);
-  const std::optional<Entry> loaded = cache.load(entry.key);
+  const std::optional<Entry> loaded = cache.load(entry.key, entry.meta.spec);
   REQUIRE(loaded);
   test::check_same_entry(*loaded, entry);
-  CHECK_FALSE(cache.load(sample_entry(2).key));
+  CHECK_FALSE(cache.load(sample_entry(2).key, sample_entry(2).meta.spec));
 }
 
 TEST_CASE("binaries of odd sizes round-trip byte for byte", "[cache]") {
@@ -56,7 +57,7 @@ TEST_CASE("binaries of odd sizes round-trip byte for byte", "[cache]") {
   DiskCache cache(DiskCacheConfig{dir.path()});
   const Entry entry = sample_entry(static_cast<int>(size % 97), size);
   cache.store(entry);
-  const std::optional<Entry> loaded = cache.load(entry.key);
+  const std::optional<Entry> loaded = cache.load(entry.key, entry.meta.spec);
   REQUIRE(loaded);
   test::check_same_entry(*loaded, entry);
 }
@@ -67,7 +68,7 @@ TEST_CASE("a compile log that is not UTF-8 still stores and loads", "[cache]") {
   Entry entry = sample_entry(5);
   entry.meta.log = "bad byte \xff\xfe here";
   cache.store(entry);
-  const std::optional<Entry> loaded = cache.load(entry.key);
+  const std::optional<Entry> loaded = cache.load(entry.key, entry.meta.spec);
   REQUIRE(loaded);
   CHECK(contains(loaded->meta.log, "bad byte "));
   CHECK(loaded->binary == entry.binary);
@@ -115,7 +116,7 @@ TEST_CASE("a hit in the writable tier refreshes the entry's last-used stamp", "[
   const fs::path path = entry_path(dir.path(), entry.key);
   test::set_mtime(path, 1000);
   const auto before = std::chrono::system_clock::now() - std::chrono::seconds(60);
-  REQUIRE(cache.load(entry.key));
+  REQUIRE(cache.load(entry.key, entry.meta.spec));
   const std::int64_t now_ns =
       std::chrono::duration_cast<std::chrono::nanoseconds>(before.time_since_epoch()).count();
   CHECK(test::mtime_ns(path) > now_ns);
@@ -128,7 +129,7 @@ TEST_CASE("remove() drops the writable tier's entry", "[cache]") {
   cache.store(entry);
   cache.remove(entry.key);
   CHECK_FALSE(fs::exists(entry_path(dir.path(), entry.key)));
-  CHECK_FALSE(cache.load(entry.key));
+  CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
 }
 
 // Damages `entry`'s stored file with `damage`, then checks that loading it is a miss that warns
@@ -144,14 +145,14 @@ void check_damage_is_a_miss(const Entry& entry, Damage damage, const std::string
   write_file(path, bytes);
   {
     CapturedStderr captured;
-    CHECK_FALSE(cache.load(entry.key));
+    CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
     const std::string warning = captured.text();
     CHECK(contains(warning, path.string()));
     CHECK(contains(warning, phrase));
   }
   CHECK_FALSE(fs::exists(path));
   cache.store(entry);
-  const std::optional<Entry> again = cache.load(entry.key);
+  const std::optional<Entry> again = cache.load(entry.key, entry.meta.spec);
   REQUIRE(again);
   CHECK(again->binary == entry.binary);
 }
@@ -236,10 +237,10 @@ TEST_CASE("flipping any single byte of an entry makes it a miss", "[cache]") {
     bad[at] = static_cast<char>(bad[at] ^ 0x20);
     write_file(path, bad);
     CAPTURE(at);
-    REQUIRE_FALSE(cache.load(entry.key));
+    REQUIRE_FALSE(cache.load(entry.key, entry.meta.spec));
   }
   write_file(path, good);
-  CHECK(cache.load(entry.key));
+  CHECK(cache.load(entry.key, entry.meta.spec));
   CHECK(test::count_of(captured.text(), path.string()) == 1);
 }
 
@@ -254,13 +255,71 @@ TEST_CASE("an entry copied to another key's path is a miss (key echo)", "[cache]
   write_file(path_b, read_file(entry_path(dir.path(), a.key)));
   {
     CapturedStderr captured;
-    CHECK_FALSE(cache.load(b.key));
+    CHECK_FALSE(cache.load(b.key, b.meta.spec));
     const std::string warning = captured.text();
     CHECK(contains(warning, path_b.string()));
     CHECK(contains(warning, a.key.hex()));
   }
   CHECK_FALSE(fs::exists(path_b));
-  CHECK(cache.load(a.key));
+  CHECK(cache.load(a.key, a.meta.spec));
+}
+
+TEST_CASE("an entry copied under another key, key echo and all, is a miss (recorded spec)",
+          "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry a = sample_entry(18);
+  const Entry b = sample_entry(19);
+  cache.store(a);
+  cache.store(b);
+  // The key echo is outside the checksum: patched, the copy passes every check of the bytes.
+  std::string copy = read_file(entry_path(dir.path(), a.key));
+  copy.replace(test::kKeyAt, b.key.bytes.size(), reinterpret_cast<const char*>(b.key.bytes.data()),
+               b.key.bytes.size());
+  const fs::path path_b = entry_path(dir.path(), b.key);
+  write_file(path_b, copy);
+  {
+    CapturedStderr captured;
+    CHECK_FALSE(cache.load(b.key, b.meta.spec));
+    const std::string warning = captured.text();
+    CHECK(test::count_of(warning, "kiln warn:") == 1);
+    CHECK(contains(warning, path_b.string()));
+    CHECK(contains(warning, "another spec than the one asked for"));
+  }
+  CHECK_FALSE(fs::exists(path_b));  // so that it is compiled and stored again
+  cache.store(b);
+  CHECK(cache.load(b.key, b.meta.spec));
+  CHECK(cache.load(a.key, a.meta.spec));
+}
+
+TEST_CASE("metadata that names its kernel inconsistently is a miss, and invalid to list",
+          "[cache]") {
+  TempDir dir;
+  DiskCache cache(DiskCacheConfig{dir.path()});
+  const Entry entry = sample_entry(20);
+  cache.store(entry);
+  const fs::path path = entry_path(dir.path(), entry.key);
+  const auto [field, value, phrase] =
+      GENERATE(std::tuple{"spec", "not a spec", "not a kernel spec"},
+               // Constants out of order: to_string never prints this.
+               std::tuple{"spec",
+                          "elementwise/unary.cuh:kiln::unary<op=20,block_size=256,dtype=f16,"
+                          "items_per_thread=4>(kiln::UnaryParams) @sm_90a",
+                          "not in canonical form"},
+               std::tuple{"target", "sm_80", "another target"});
+  CAPTURE(field, value);
+  nlohmann::json meta = nlohmann::json::parse(test::read_meta(path));
+  meta[field] = value;
+  test::rewrite_meta(path, meta.dump());
+
+  const std::vector<EntryStatus> listed = cache.list(true);
+  REQUIRE(listed.size() == 1);
+  CHECK_FALSE(listed[0].valid);
+  CHECK(contains(listed[0].problem, phrase));
+  CapturedStderr captured;
+  CHECK_FALSE(cache.load(entry.key, meta["spec"].get<std::string>()));
+  CHECK(contains(captured.text(), phrase));
+  CHECK_FALSE(fs::exists(path));
 }
 
 TEST_CASE("metadata that is not a valid EntryMeta object is a miss, checksum notwithstanding",
@@ -274,7 +333,7 @@ TEST_CASE("metadata that is not a valid EntryMeta object is a miss, checksum not
 
   // The crafting itself is sound: the same metadata, rewritten, still loads.
   test::rewrite_meta(path, good);
-  REQUIRE(cache.load(entry.key));
+  REQUIRE(cache.load(entry.key, entry.meta.spec));
 
   const auto with = [&](const char* field, const nlohmann::json& value) {
     nlohmann::json meta = nlohmann::json::parse(good);
@@ -294,7 +353,7 @@ TEST_CASE("metadata that is not a valid EntryMeta object is a miss, checksum not
   CAPTURE(bad);
   test::rewrite_meta(path, bad);
   CapturedStderr captured;
-  CHECK_FALSE(cache.load(entry.key));
+  CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
   CHECK(contains(captured.text(), "metadata"));
   CHECK_FALSE(fs::exists(path));
 }

@@ -40,7 +40,7 @@ TEST_CASE("an unusable root makes the cache memory-only, with one warning", "[ca
 
   const Entry entry = sample_entry(20);
   CHECK_NOTHROW(cache.store(entry));
-  CHECK_FALSE(cache.load(entry.key));
+  CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
   {
     // Memory-only locks are empty, so taking the same one twice does not wait.
     const DiskCache::Lock first = cache.lock(entry.key);
@@ -61,7 +61,7 @@ TEST_CASE("no root means memory-only, silently", "[cache]") {
   CapturedStderr captured;
   DiskCache cache(DiskCacheConfig{});
   CHECK_FALSE(cache.writable());
-  CHECK_FALSE(cache.load(sample_entry(21).key));
+  CHECK_FALSE(cache.load(sample_entry(21).key, sample_entry(21).meta.spec));
   CHECK_NOTHROW(cache.store(sample_entry(21)));
   CHECK(captured.text().empty());
 }
@@ -75,7 +75,7 @@ TEST_CASE("the root itself may be a symbolic link", "[cache]") {
   const Entry entry = sample_entry(22);
   cache.store(entry);
   CHECK(fs::is_regular_file(entry_path(dir.path() / "real", entry.key)));
-  CHECK(cache.load(entry.key));
+  CHECK(cache.load(entry.key, entry.meta.spec));
 }
 
 TEST_CASE("links below the root are never followed, to read or to write", "[cache]") {
@@ -96,7 +96,7 @@ TEST_CASE("links below the root are never followed, to read or to write", "[cach
     write_file(planted, valid);
     fs::create_directory_symlink(outside, path.parent_path());
     CapturedStderr captured;
-    CHECK_FALSE(cache.load(entry.key));
+    CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
     cache.store(entry);
     { const DiskCache::Lock lock = cache.lock(entry.key); }
     CHECK(files_under(outside) == std::vector<fs::path>{planted});
@@ -113,7 +113,7 @@ TEST_CASE("links below the root are never followed, to read or to write", "[cach
     fs::create_symlink(planted, path);
     {
       CapturedStderr captured;
-      CHECK_FALSE(cache.load(entry.key));
+      CHECK_FALSE(cache.load(entry.key, entry.meta.spec));
       CHECK(contains(captured.text(), path.string()));
       CHECK(contains(captured.text(), "symbolic link"));
     }
@@ -121,7 +121,7 @@ TEST_CASE("links below the root are never followed, to read or to write", "[cach
     cache.store(entry);
     CHECK(fs::is_regular_file(fs::symlink_status(path)));
     CHECK(read_file(planted) == valid);
-    CHECK(cache.load(entry.key));
+    CHECK(cache.load(entry.key, entry.meta.spec));
   }
   SECTION("a version directory that links outside") {
     fs::create_directory(root);
@@ -153,7 +153,7 @@ TEST_CASE("read-only tiers serve misses of the writable tier and are never chang
   CHECK(cache.ro_roots().size() == 2);
 
   SECTION("a hit from the read-only tier, not stamped and not copied") {
-    const std::optional<Entry> loaded = cache.load(a.key);
+    const std::optional<Entry> loaded = cache.load(a.key, a.meta.spec);
     REQUIRE(loaded);
     test::check_same_entry(*loaded, a);
     CHECK(test::mtime_ns(ro_a) == 1000'000'000'000);
@@ -163,7 +163,7 @@ TEST_CASE("read-only tiers serve misses of the writable tier and are never chang
     Entry newer = a;
     newer.binary.assign(5, std::byte{0x42});
     cache.store(newer);
-    const std::optional<Entry> loaded = cache.load(a.key);
+    const std::optional<Entry> loaded = cache.load(a.key, a.meta.spec);
     REQUIRE(loaded);
     CHECK(loaded->binary == newer.binary);
   }
@@ -173,7 +173,7 @@ TEST_CASE("read-only tiers serve misses of the writable tier and are never chang
     write_file(ro_a, bytes);
     test::set_mtime(ro_a, 1000);
     CapturedStderr captured;
-    CHECK_FALSE(cache.load(a.key));
+    CHECK_FALSE(cache.load(a.key, a.meta.spec));
     CHECK(contains(captured.text(), ro_a.string()));
     CHECK(read_file(ro_a) == bytes);
     CHECK(test::mtime_ns(ro_a) == 1000'000'000'000);
@@ -182,7 +182,7 @@ TEST_CASE("read-only tiers serve misses of the writable tier and are never chang
     cache.prune(0);
     cache.clear();
     CHECK(read_file(ro_a) == bytes);
-    CHECK(cache.load(b.key));
+    CHECK(cache.load(b.key, b.meta.spec));
   }
 }
 
@@ -205,7 +205,7 @@ TEST_CASE("with max_bytes, a store evicts the least recently used entries", "[ca
   test::set_mtime(entry_path(root, c.key), 3000);
 
   DiskCache cache(DiskCacheConfig{root, {}, 3 * size});
-  REQUIRE(cache.load(a.key));  // now the most recently used
+  REQUIRE(cache.load(a.key, a.meta.spec));  // now the most recently used
   cache.store(d);
   CHECK(fs::exists(entry_path(root, a.key)));
   CHECK_FALSE(fs::exists(entry_path(root, b.key)));
@@ -218,7 +218,7 @@ TEST_CASE("with max_bytes, a store evicts the least recently used entries", "[ca
     const Entry e = sample_entry(5);
     tiny.store(e);
     CHECK(files_under(root, ".kbin") == std::vector<fs::path>{entry_path(root, e.key)});
-    CHECK(tiny.load(e.key));
+    CHECK(tiny.load(e.key, e.meta.spec));
   }
   SECTION("prune evicts down to its own cap and counts") {
     test::set_mtime(entry_path(root, d.key), 4000);
@@ -259,7 +259,7 @@ TEST_CASE("list, remove_invalid and clear maintain the writable tier", "[cache]"
     if (status.key) CHECK(status.path == entry_path(root, *status.key));
     total += status.size;
   }
-  CHECK(cache.size_bytes() == total);
+  CHECK(cache.size_bytes() == total + fs::file_size(leftover));  // temp files count too
 
   for (const EntryStatus& status : cache.list(true)) {
     CAPTURE(status.path);
@@ -281,14 +281,14 @@ TEST_CASE("list, remove_invalid and clear maintain the writable tier", "[cache]"
   CHECK(cache.remove_invalid() == 2);
   CHECK_FALSE(fs::exists(entry_path(root, b.key)));
   CHECK_FALSE(fs::exists(misnamed));
-  CHECK(cache.load(a.key));
+  CHECK(cache.load(a.key, a.meta.spec));
 
   CHECK(cache.clear() == 2);
   CHECK(files_under(root).empty());
   CHECK(fs::is_directory(root));
-  CHECK_FALSE(cache.load(a.key));
+  CHECK_FALSE(cache.load(a.key, a.meta.spec));
   cache.store(a);
-  CHECK(cache.load(a.key));
+  CHECK(cache.load(a.key, a.meta.spec));
 }
 
 TEST_CASE("other formats' directories are listed, and removed only on request", "[cache]") {
@@ -327,7 +327,7 @@ TEST_CASE("other formats' directories are listed, and removed only on request", 
   CHECK(fs::is_directory(root / "v"));
   CHECK(fs::is_directory(root / ours));
   cache.store(a);
-  CHECK(cache.load(a.key));
+  CHECK(cache.load(a.key, a.meta.spec));
 }
 
 }  // namespace

@@ -25,7 +25,11 @@ detail::Entry sample_entry(int seed, std::size_t binary_bytes) {
   for (std::size_t i = 0; i < entry.key.bytes.size(); ++i) {
     entry.key.bytes[i] = static_cast<std::uint8_t>(seed * 53 + static_cast<int>(i) * 29 + 7);
   }
-  entry.meta.spec = fmt::format("elementwise(op=relu,dtype=f16,seed={})", seed);
+  // A canonical spec for the target below, as the loader checks.
+  entry.meta.spec = fmt::format(
+      "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f16,items_per_thread=4,op={}>"
+      "(kiln::UnaryParams) @sm_90a",
+      seed);
   entry.meta.target = "sm_90a";
   entry.meta.compiler = "nvrtc 12.4";
   entry.meta.lowered_name = fmt::format("_Z6kernelILi{}EEvv", seed);

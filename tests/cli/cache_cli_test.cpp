@@ -1,0 +1,149 @@
+// Tests of `kiln cache` (and `kiln warm`) against caches in odd states, made by hand.
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "cache/disk.hpp"
+#include "cache/entries.hpp"
+#include "support.hpp"
+
+extern char** environ;
+
+namespace kiln::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+struct Result {
+  int code = -1;
+  std::string out;
+  std::string err;
+};
+
+// Runs the built `kiln` with `args`, KILN_CACHE_DIR set to `cache` and no other KILN_* variable
+// of the calling environment; its output goes through files in `scratch`.
+Result run_kiln(const fs::path& scratch, const fs::path& cache, std::vector<std::string> args) {
+  std::vector<std::string> env{"KILN_CACHE_DIR=" + cache.string()};
+  for (char** variable = environ; *variable != nullptr; ++variable) {
+    if (!std::string_view(*variable).starts_with("KILN_")) env.emplace_back(*variable);
+  }
+  args.insert(args.begin(), KILN_CLI_PATH);
+  const auto pointers = [](std::vector<std::string>& strings) {
+    std::vector<char*> result;
+    for (std::string& s : strings) result.push_back(s.data());
+    result.push_back(nullptr);
+    return result;
+  };
+  const fs::path out = scratch / "stdout.txt";
+  const fs::path err = scratch / "stderr.txt";
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  pid_t pid = 0;
+  const int spawned = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, pointers(args).data(),
+                                  pointers(env).data());
+  posix_spawn_file_actions_destroy(&actions);
+  REQUIRE(spawned == 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  Result result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(out), read_file(err)};
+  INFO("kiln stdout:\n" << result.out << "\nkiln stderr:\n" << result.err);
+  CHECK(result.code >= 0);
+  return result;
+}
+
+// A scratch directory whose cache/ holds two entries stored by the library.
+struct Stored {
+  TempDir scratch;
+  fs::path cache = scratch.path() / "cache";
+  detail::Entry a = sample_entry(90);
+  detail::Entry b = sample_entry(91);
+
+  Stored() {
+    detail::DiskCache disk(detail::DiskCacheConfig{cache});
+    REQUIRE(disk.writable());
+    disk.store(a);
+    disk.store(b);
+  }
+  fs::path version() const { return entry_path(cache, a.key).parent_path().parent_path(); }
+  Result run(std::vector<std::string> args) const {
+    return run_kiln(scratch.path(), cache, std::move(args));
+  }
+};
+
+TEST_CASE("kiln cache and kiln warm refuse a cache that others can write, naming the fix",
+          "[cli]") {
+  const Stored stored;
+  const fs::path shard = entry_path(stored.cache, stored.a.key).parent_path();
+  REQUIRE(::chmod(shard.c_str(), 0777) == 0);
+  const std::vector<std::string> command =
+      GENERATE(std::vector<std::string>{"cache", "ls"}, std::vector<std::string>{"cache", "verify"},
+               std::vector<std::string>{"cache", "prune", "--max-bytes", "1G"},
+               std::vector<std::string>{"cache", "clear"},
+               std::vector<std::string>{"warm", "--target", "sm_90a", "--quiet"});
+  CAPTURE(command);
+  const Result result = stored.run(command);
+  CHECK(result.code == 1);
+  CHECK(contains(result.err, "kiln: error: the cache directory " + stored.cache.string() +
+                                 " is not safe to use: " + shard.string() +
+                                 " is writable by group and others (mode 0777)"));
+  CHECK(contains(result.err, "chmod go-w " + shard.string()));
+  CHECK(fs::exists(entry_path(stored.cache, stored.a.key)));
+}
+
+TEST_CASE("kiln cache verify names a linked shard directory; --fix and clear remove the link",
+          "[cli]") {
+  const Stored stored;
+  const fs::path outside = stored.scratch.path() / "outside";
+  fs::create_directory(outside);
+  write_file(outside / "keep", "not the cache's");
+  const fs::path link = stored.version() / "ab";
+  REQUIRE_FALSE(fs::exists(link));  // no entry's shard
+  fs::create_directory_symlink(outside, link);
+
+  const Result found = stored.run({"cache", "verify"});
+  CHECK(found.code == 1);
+  CHECK(contains(found.out, "bad: " + link.string() + ": it is a symbolic link"));
+  CHECK(contains(found.out, "remove the link"));
+  CHECK(contains(found.out, "3 entries checked, 1 bad"));
+
+  const std::vector<std::string> fix =
+      GENERATE(std::vector<std::string>{"cache", "verify", "--fix"},
+               std::vector<std::string>{"cache", "clear"});
+  CAPTURE(fix);
+  CHECK(stored.run(fix).code == 0);
+  CHECK_FALSE(fs::exists(fs::symlink_status(link)));
+  CHECK(read_file(outside / "keep") == "not the cache's");
+}
+
+TEST_CASE("kiln cache ls counts temp and lock files, and clear removes them", "[cli]") {
+  const Stored stored;
+  const fs::path shard = entry_path(stored.cache, stored.a.key).parent_path();
+  write_file(shard / (stored.a.key.hex() + ".kbin.4242.0.tmp"), "partial");
+  write_file(shard / (stored.a.key.hex() + ".lock"), "");
+  REQUIRE(::mkdir((stored.version() / "compilers").c_str(), 0700) == 0);
+  write_file(stored.version() / "compilers" / "cuda.json.4242.1.tmp", "{}");
+
+  const Result listed = stored.run({"cache", "ls"});
+  CHECK(listed.code == 0);
+  CHECK(contains(listed.out, "2 entries"));
+  CHECK(contains(listed.out, "also 2 temp files (9 B) and 1 lock files"));
+
+  CHECK(stored.run({"cache", "clear"}).code == 0);
+  CHECK(files_under(stored.cache).empty());
+  CHECK_FALSE(contains(stored.run({"cache", "ls"}).out, "temp files"));
+}
+
+}  // namespace
+}  // namespace kiln::test
