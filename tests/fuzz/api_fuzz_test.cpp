@@ -467,18 +467,25 @@ void check_status(kiln_status status, Outcomes& outcomes) {
   ++outcomes.refused;
 }
 
+// The fields kiln_attention_options and kiln_decode_options share, C++ to C (0: the default
+// scale).
+template <class Options, class COptions>
+void copy_score_options(const Options& o, COptions& c, ToDLPack& dl) {
+  c.softmax_scale = o.softmax_scale.value_or(0.f);
+  c.causal = o.causal;
+  c.window_left = o.window_left;
+  c.window_right = o.window_right;
+  c.top_left = o.top_left;
+  c.softcap = o.softcap;
+  c.alibi_slopes = dl(o.alibi_slopes);
+}
+
 void run_c(const AttentionCall& c, Random& r, Outcomes& outcomes) {
   ToDLPack dl(r);
   const AttentionOptions& o = c.options;
   kiln_attention_options options;
   kiln_attention_options_init(&options);
-  options.softmax_scale = o.softmax_scale.value_or(0.f);
-  options.causal = o.causal;
-  options.window_left = o.window_left;
-  options.window_right = o.window_right;
-  options.top_left = o.top_left;
-  options.softcap = o.softcap;
-  options.alibi_slopes = dl(o.alibi_slopes);
+  copy_score_options(o, options, dl);
   options.bias = dl(o.bias);
   options.cu_seqlens_q = dl(o.cu_seqlens_q);
   options.cu_seqlens_k = dl(o.cu_seqlens_k);
@@ -497,13 +504,7 @@ void run_c(const DecodeCall& c, Random& r, Outcomes& outcomes) {
   const DecodeOptions& o = c.options;
   kiln_decode_options options;
   kiln_decode_options_init(&options);
-  options.softmax_scale = o.softmax_scale.value_or(0.f);
-  options.causal = o.causal;
-  options.window_left = o.window_left;
-  options.window_right = o.window_right;
-  options.top_left = o.top_left;
-  options.softcap = o.softcap;
-  options.alibi_slopes = dl(o.alibi_slopes);
+  copy_score_options(o, options, dl);
   options.k_new = dl(o.k_new);
   options.v_new = dl(o.v_new);
   options.rotary_cos = dl(o.rotary_cos);
