@@ -1,11 +1,18 @@
 // The C API (include/kiln/kiln.h): DLPack tensors in, status codes and a thread-local message out.
 #include "kiln/kiln.h"
 
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <span>
 #include <string>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "checked_math.hpp"
 #include "kiln/kiln.hpp"
+#include "tensor_strides.hpp"
 
 namespace kiln {
 namespace {
@@ -67,34 +74,65 @@ DType dtype_of(const DLDataType& t, std::string_view name) {
                           name, t.code, t.bits, t.lanes));
 }
 
+// The DLPack device type of `t`, read as the integer it is: a code outside DLDeviceType's
+// enumerators (a caller's garbage) must not be loaded as the enum, which is undefined behaviour.
+std::int32_t device_type_of(const DLTensor& t) {
+  static_assert(sizeof(t.device.device_type) == sizeof(std::int32_t));
+  std::int32_t code = 0;
+  std::memcpy(&code, &t.device.device_type, sizeof code);
+  return code;
+}
+
+// Where element 0 of `t` lives: data plus byte_offset, added as integers, since a pointer sum
+// that wraps is undefined behaviour; null data stays null (validation refuses it unless the
+// tensor is empty).
+void* data_of(const DLTensor& t, std::string_view name) {
+  static_assert(sizeof(std::uintptr_t) == sizeof(std::uint64_t), "kiln needs a 64-bit host");
+  if (t.data == nullptr) return nullptr;
+  const auto address =
+      detail::checked_add<std::uint64_t>(reinterpret_cast<std::uintptr_t>(t.data), t.byte_offset);
+  if (!address) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} has data {} and byte_offset {}, whose sum passes the end of the "
+                            "address space: byte_offset is the offset of element 0 within the "
+                            "allocation at data",
+                            name, t.data, t.byte_offset));
+  }
+  return reinterpret_cast<void*>(static_cast<std::uintptr_t>(*address));
+}
+
 TensorView view_of(const DLTensor* t, std::string_view name, std::string_view backend) {
   if (t == nullptr) {
     throw Error(ErrorCategory::invalid_argument, fmt::format("{} is NULL", name));
   }
-  const DLDeviceType wanted = backend == "hip" ? kDLROCM : kDLCUDA;
-  if (t->device.device_type != wanted) {
+  const std::int32_t wanted = backend == "hip" ? kDLROCM : kDLCUDA;
+  if (device_type_of(*t) != wanted) {
     throw Error(ErrorCategory::invalid_argument,
                 fmt::format("{} is on DLPack device type {}: kiln's {} backend takes device "
                             "memory (device type {})",
-                            name, static_cast<int>(t->device.device_type), backend,
-                            static_cast<int>(wanted)));
+                            name, device_type_of(*t), backend, wanted));
   }
   if (t->ndim < 1 || t->ndim > TensorView::max_rank || t->shape == nullptr) {
     throw Error(ErrorCategory::invalid_argument,
                 fmt::format("{} has {} dims{}: expected 1 to {}", name, t->ndim,
                             t->shape == nullptr ? " and no shape" : "", TensorView::max_rank));
   }
+  const std::span<const std::int64_t> shape(t->shape, static_cast<std::size_t>(t->ndim));
   TensorView view;
-  view.data = t->data == nullptr ? nullptr : static_cast<char*>(t->data) + t->byte_offset;
+  view.data = data_of(*t, name);
   view.dtype = dtype_of(t->dtype, name);
   view.rank = t->ndim;
   view.device = t->device.device_id;
-  std::int64_t compact = 1;
-  for (int d = t->ndim - 1; d >= 0; --d) {
-    const auto i = static_cast<std::size_t>(d);
-    view.shape[i] = t->shape[d];
-    view.strides[i] = t->strides ? t->strides[d] : compact;
-    compact *= t->shape[d];
+  std::copy(shape.begin(), shape.end(), view.shape.begin());
+  if (t->strides) {
+    std::copy_n(t->strides, shape.size(), view.strides.begin());
+  } else if (const auto compact = detail::compact_strides(shape)) {
+    view.strides = *compact;
+  } else {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} has shape ({}) and no strides, and its compact row-major "
+                            "strides do not fit int64: pass strides, or a smaller shape",
+                            name, fmt::join(shape, ", ")));
   }
   return view;
 }

@@ -1,11 +1,14 @@
 // Reads KILN_* environment variables (README, "Knobs") and merges them with Options.
 #include "config.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
+#include <optional>
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -37,27 +40,38 @@ std::optional<std::filesystem::path> default_cache_dir() {
 }  // namespace
 
 std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
-  std::uint64_t value = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, value);
-  std::uint64_t scale = 1;
-  if (ec == std::errc() && ptr != end) {
-    const std::string_view suffix(ptr, static_cast<std::size_t>(end - ptr));
-    if (suffix == "K" || suffix == "KB")
-      scale = 1ull << 10;
-    else if (suffix == "M" || suffix == "MB")
-      scale = 1ull << 20;
-    else if (suffix == "G" || suffix == "GB")
-      scale = 1ull << 30;
-    else
-      ec = std::errc::invalid_argument;
+  // Digits, then an optional binary suffix; from_chars alone would also take a sign or hex.
+  const std::size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
+  const std::string_view suffix = std::string_view(text).substr(digits);
+  int shift = -1;
+  if (suffix.empty()) {
+    shift = 0;
+  } else if (suffix == "K" || suffix == "KB") {
+    shift = 10;
+  } else if (suffix == "M" || suffix == "MB") {
+    shift = 20;
+  } else if (suffix == "G" || suffix == "GB") {
+    shift = 30;
+  } else if (suffix == "T" || suffix == "TB") {
+    shift = 40;
   }
-  if (ec != std::errc()) {
+  if (digits == 0 || shift < 0) {
     throw Error(ErrorCategory::invalid_argument,
-                fmt::format("{} is '{}': expected a byte count such as 1073741824, 512M or 8G",
+                fmt::format("{} is '{}': expected a byte count, digits with an optional K, M, G "
+                            "or T suffix (powers of 1024), such as 1073741824, 512M or 8G",
                             what, text));
   }
-  return value * scale;
+  std::uint64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, value);
+  const std::optional<std::uint64_t> bytes =
+      ec == std::errc() ? checked_mul(value, std::uint64_t{1} << shift) : std::nullopt;
+  if (!bytes) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} is '{}': that is more than 2^64 - 1 bytes (16 EiB), the most a "
+                            "byte count can hold; use a smaller count, such as 8G",
+                            what, text));
+  }
+  return *bytes;
 }
 
 JitMode parse_jit_mode(std::string_view text, std::string_view what) {

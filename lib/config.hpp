@@ -34,7 +34,9 @@ JitMode parse_jit_mode(std::string_view text, std::string_view what);
 LogLevel parse_log_level(std::string_view text, std::string_view what);
 // 1, true or on; 0, false or off (KILN_DEBUG).
 bool parse_switch(std::string_view text, std::string_view what);
-// A byte count with an optional K, M or G suffix (KILN_CACHE_MAX_BYTES, `kiln cache prune`).
+// A byte count: digits with an optional K, M, G or T suffix (or KB, MB, GB, TB; powers of 1024),
+// for KILN_CACHE_MAX_BYTES and `kiln cache prune`. Anything else, or a count beyond 2^64 - 1,
+// is a kiln::Error (invalid_argument) naming `what` and the text.
 std::uint64_t parse_bytes(const std::string& text, std::string_view what);
 
 }  // namespace kiln::detail

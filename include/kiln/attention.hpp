@@ -15,7 +15,8 @@ namespace kiln {
 //   v    (batch, seqlen_k, heads_kv, head_dim_v)   varlen: (total_k, heads_kv, head_dim_v)
 //   out  like q, with head_dim_v
 // fp16 or bf16, all four the same; any strides with stride 1 on the last dim, and every other
-// stride a multiple of 8 elements (16 bytes), as are the data pointers.
+// stride a multiple of 8 elements (16 bytes), as are the data pointers. Inputs may broadcast
+// (stride 0); outputs (out, lse) must give every element its own address.
 struct AttentionOptions {
   std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
 

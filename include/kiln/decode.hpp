@@ -83,6 +83,7 @@ struct DecodeConfig {
 // share a kv head are processed together, so K and V are read once per group. No host
 // synchronization happens (unless Options::debug), so a decode step can be captured in a CUDA
 // graph; split-KV scratch comes from the stream-ordered allocator of the runtime's device.
+// Outputs (out, lse, and the cache when k_new is given) must give every element its own address.
 // Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take.
 void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                             const DecodeOptions& options = {}, void* stream = nullptr,

@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "kiln/error.hpp"
 #include "ops/score_params.hpp"
 #include "ops/tensor_checks.hpp"
@@ -22,6 +23,10 @@ using detail::require_int32;
 using detail::require_rank;
 using detail::require_size;
 using detail::unsupported;
+
+// The most block_m, block_n and stages of a given AttentionConfig, and its most warps.
+constexpr int kMaxConfigValue = 1024;
+constexpr int kMaxWarps = 32;
 
 // The sizes of one call, read off the validated tensors.
 struct Shape {
@@ -80,6 +85,7 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   check_head_dim(s.head_dim, "head_dim (q.size(-1))");
   check_head_dim(s.head_dim_v, "head_dim_v (v.size(-1))");
   detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}, q.dtype);
+  detail::require_no_overlap(out, "out");
   return s;
 }
 
@@ -141,12 +147,15 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
       }
     }
   }
-  if (o.lse && s.varlen) {
-    detail::check_lse(*o.lse, "lse", "(heads, total_q) for varlen",
-                      {{s.heads, "heads"}, {s.tokens_q, "q.size(0) (total_q)"}}, device);
-  } else if (o.lse) {
-    detail::check_lse(*o.lse, "lse", "(batch, heads, seqlen_q)",
-                      {{s.batch, "batch"}, {s.heads, "heads"}, {s.seqlen_q, "seqlen_q"}}, device);
+  if (o.lse) {
+    if (s.varlen) {
+      detail::check_lse(*o.lse, "lse", "(heads, total_q) for varlen",
+                        {{s.heads, "heads"}, {s.tokens_q, "q.size(0) (total_q)"}}, device);
+    } else {
+      detail::check_lse(*o.lse, "lse", "(batch, heads, seqlen_q)",
+                        {{s.batch, "batch"}, {s.heads, "heads"}, {s.seqlen_q, "seqlen_q"}}, device);
+    }
+    detail::require_no_overlap(*o.lse, "lse");
   }
 }
 
@@ -335,6 +344,31 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
 
 namespace {
 
+// A caller's config: a kernel there is, that `target` runs, with sizes in range.
+void check_config(const AttentionConfig& config, std::string_view target) {
+  const AttentionKernel kernel = config.kernel;
+  if (kernel != AttentionKernel::mma && kernel != AttentionKernel::wgmma &&
+      kernel != AttentionKernel::portable) {
+    invalid(
+        fmt::format("config.kernel is {}, which is no AttentionKernel: use mma, wgmma or "
+                    "portable",
+                    static_cast<int>(kernel)));
+  }
+  require_target(target, kernel);
+  // NOTE: the upper bounds keep the launch's thread count and shared memory, products of these,
+  // from overflowing; no kernel takes more.
+  const auto in = [](int value, int most) { return value >= 1 && value <= most; };
+  if (!in(config.block_m, kMaxConfigValue) || !in(config.block_n, kMaxConfigValue) ||
+      !in(config.warps, kMaxWarps) || !in(config.stages, kMaxConfigValue)) {
+    invalid(fmt::format(
+        "config (block_m {}, block_n {}, warps {}, stages {}) has a value out of range: "
+        "block_m, block_n and stages must be from 1 to {}, warps from 1 to {} (a CTA has at "
+        "most {} threads)",
+        config.block_m, config.block_n, config.warps, config.stages, kMaxConfigValue, kMaxWarps,
+        kMaxWarps * 32));
+  }
+}
+
 // Runs a call with `config`, or with choose()'s when there is none.
 void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const AttentionOptions& options, const std::optional<AttentionConfig>& config,
@@ -343,18 +377,10 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
   const std::string target = runtime.target();
-  if (config) {
-    require_target(target, config->kernel);
-    if (config->block_m < 1 || config->block_n < 1 || config->warps < 1 || config->stages < 1) {
-      invalid(
-          fmt::format("config (block_m {}, block_n {}, warps {}, stages {}) has a value "
-                      "below 1: each must be positive",
-                      config->block_m, config->block_n, config->warps, config->stages));
-    }
-  }
+  if (config) check_config(*config, target);
   const AttentionConfig c = config ? *config : choose(checked.problem, target);
   const Kernel kernel = runtime.kernel(attention_spec(checked.problem, c), stream);
-  const std::int64_t row_blocks = (s.seqlen_q + c.block_m - 1) / c.block_m;
+  const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   int threads = c.warps * 32;
   long long shared = 0;
   switch (c.kernel) {

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
 #include "ops/kvcache_checks.hpp"
@@ -81,6 +83,7 @@ Shape check_q_cache_out(const TensorView& q, const KVCache& cache, const TensorV
   check_head_dim(s.head_dim_v, "head_dim_v (cache.v.size(-1))");
   check_tile_tensors({{&q, "q"}, {&cache.k, "cache.k"}, {&cache.v, "cache.v"}, {&out, "out"}},
                      q.dtype);
+  require_no_overlap(out, "out");
   if (s.batch > kMaxGridYZ || s.heads_kv > kMaxGridYZ) {
     unsupported(fmt::format("batch {} and {} kv heads: the launch grid allows at most {} of each",
                             s.batch, s.heads_kv, kMaxGridYZ));
@@ -123,8 +126,12 @@ void check_cache_tensors(const KVCache& cache, Shape& s, int device) {
   if (s.page_size < 1) {
     invalid("cache.k.size(1) (page_size) is 0: a page holds at least one key");
   }
-  s.capacity = table.size(1) * s.page_size;
-  require_int32(s.capacity, "the paged cache's capacity (block_table.size(1) * page_size)");
+  const std::optional<std::int64_t> capacity = checked_mul(table.size(1), s.page_size);
+  require_int32(
+      capacity,
+      fmt::format("the paged cache's capacity, block_table.size(1) * page_size = {} * {},",
+                  table.size(1), s.page_size));
+  s.capacity = *capacity;
 }
 
 void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
@@ -208,6 +215,7 @@ void check_options(const DecodeOptions& o, const TensorView& q, Shape& s, int de
   if (o.lse) {
     check_lse(*o.lse, "lse", "(batch, heads, seqlen_q)",
               {{s.batch, "batch"}, {s.heads, "heads"}, {s.seqlen_q, "seqlen_q"}}, device);
+    require_no_overlap(*o.lse, "lse");
   }
   check_append(o, q, s, device);
   check_rotary(o, q, s, device);
@@ -218,8 +226,15 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
   Shape s = check_q_cache_out(q, cache, out, device);
   check_cache_tensors(cache, s, device);
   check_options(o, q, s, device);
+  if (o.k_new) {  // the append writes the cache
+    require_no_overlap(cache.k, "cache.k");
+    require_no_overlap(cache.v, "cache.v");
+  }
   require_int32(s.seqlen_q * s.heads / std::max<std::int64_t>(s.heads_kv, 1),
                 "seqlen_q * heads / heads_kv (query rows per kv head)");
+  // NOTE: the launch sizes its scratch from this; q's sizes fit int32, so two of them fit int64.
+  require_int32(checked_mul(s.batch * s.seqlen_q, s.heads),
+                "batch * seqlen_q * heads (query rows)");
   return s;
 }
 
@@ -373,7 +388,11 @@ void check_states_lse(const TensorView& s, std::string_view name, const MergeSha
 void check_merge_out(const TensorView& v_out, const TensorView* s_out, const MergeShape& m,
                      int device) {
   check_states_v(v_out, "v_out", m, false, device);
-  if (s_out) check_states_lse(*s_out, "s_out", m, false, device);
+  require_no_overlap(v_out, "v_out");
+  if (s_out) {
+    check_states_lse(*s_out, "s_out", m, false, device);
+    require_no_overlap(*s_out, "s_out");
+  }
 }
 
 // One input of the merge kernel: v (tokens, [states,] heads, head_dim) and its s.

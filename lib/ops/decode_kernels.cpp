@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "kiln/error.hpp"
 #include "ops/tensor_checks.hpp"
 
@@ -22,9 +23,7 @@ constexpr long long kMinSplitKeys = 2048;
 // Shared memory one CTA aims to stay under, so that two fit an SM of sm_90 (227 KiB).
 constexpr long long kSmemPerCta = 112 * 1024;
 
-long long ceil_div(long long a, long long b) {
-  return (a + b - 1) / b;
-}
+using detail::ceil_div;
 
 long long smem_bytes(int head_dim, int head_dim_v, int m_tiles, const DecodeConfig& c) {
   return attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, c.block_n, c.warps, c.stages);
@@ -63,16 +62,21 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
     c = deeper;
   }
   const long long step = static_cast<long long>(c.warps) * c.block_n;
-  const int max_splits = static_cast<int>(
-      std::clamp<long long>(ceil_div(capacity, step), 1, detail::kMaxDecodeSplits));
+  const long long keys = std::max(capacity, 0LL);
+  const int max_splits =
+      static_cast<int>(std::clamp<long long>(ceil_div(keys, step), 1, detail::kMaxDecodeSplits));
   if (requested_splits > 0) {
     c.num_splits = std::min(requested_splits, max_splits);
     return c;
   }
-  const long long ctas =
-      static_cast<long long>(batch) * heads_kv * ceil_div(rows_per_kv_head, 16LL * m_tiles);
+  // NOTE: callers may pass any ints: a negative count counts as none, and a CTA count beyond
+  // int64 saturates (so many CTAs need no splits).
+  const std::int64_t groups = std::int64_t{std::max(batch, 0)} * std::max(heads_kv, 0);
+  const std::int64_t ctas =
+      detail::checked_mul(groups, ceil_div(std::max(rows_per_kv_head, 0), 16LL * m_tiles))
+          .value_or(std::numeric_limits<std::int64_t>::max());
   const int worthwhile =
-      static_cast<int>(std::clamp<long long>(ceil_div(capacity, kMinSplitKeys), 1, max_splits));
+      static_cast<int>(std::clamp<long long>(ceil_div(keys, kMinSplitKeys), 1, max_splits));
   // One CTA per SM, though two fit: measured on an H200 (32q/8kv, d128), 8 x 8192 ran at 3.60
   // TB/s with 2 splits (128 CTAs) against 3.52 with 4, and 1 x 32768 at 2.92 with 16 splits
   // against 2.76 with 28.

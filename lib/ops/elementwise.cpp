@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "kiln/error.hpp"
 #include "params/elementwise.h"
 
@@ -97,7 +98,7 @@ void unary(const UnaryArgs& args, const UnaryConfig& config, Runtime& runtime) {
   if (args.n == 0) return;
   const Kernel kernel = runtime.kernel(unary_spec(args.op, args.dtype, config), args.stream);
   const std::int64_t per_block = std::int64_t{config.block_size} * config.items_per_thread;
-  const std::int64_t blocks = (args.n + per_block - 1) / per_block;
+  const std::int64_t blocks = detail::ceil_div(args.n, per_block);
   if (blocks > 0x7fffffff) {
     throw Error(ErrorCategory::unsupported,
                 fmt::format("unary of {} elements needs {} blocks, over the grid limit of 2^31-1: "

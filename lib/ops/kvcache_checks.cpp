@@ -5,6 +5,7 @@
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln::detail {
@@ -24,7 +25,7 @@ std::vector<std::int32_t> host_copy(Runtime& runtime, const TensorView& t, std::
 
 void check_pages(const CacheIndices& host, const CacheBounds& bounds, std::size_t b,
                  std::int64_t keys) {
-  const std::int64_t used = (keys + bounds.page_size - 1) / bounds.page_size;
+  const std::int64_t used = ceil_div(keys, bounds.page_size);
   for (std::int64_t p = 0; p < used; ++p) {
     const std::int32_t page =
         host.block_table[b * static_cast<std::size_t>(host.block_table_stride) +

@@ -3,9 +3,11 @@
 
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include <fmt/format.h>
 
+#include "checked_math.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -32,6 +34,16 @@ void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) 
                       name, d, t.stride(d), name));
     }
   }
+}
+
+// The product of t's sizes (sizes >= 0), or nullopt when it does not fit int64.
+std::optional<std::int64_t> element_count(const TensorView& t) {
+  std::optional<std::int64_t> count = 1;
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.size(d) == 0) return 0;  // however large the others
+    if (count) count = checked_mul(*count, t.size(d));
+  }
+  return count;
 }
 
 }  // namespace
@@ -62,17 +74,12 @@ void require_size(const TensorView& t, std::string_view name, int dim, std::int6
   }
 }
 
-void require_int32(std::int64_t value, std::string_view what) {
-  if (value > std::numeric_limits<std::int32_t>::max()) {
-    invalid(fmt::format("{} is {}: at most {} is supported", what, value,
+void require_int32(std::optional<std::int64_t> value, std::string_view what) {
+  if (!value || *value > std::numeric_limits<std::int32_t>::max()) {
+    invalid(fmt::format("{} is {}: at most {} is supported", what,
+                        value ? std::to_string(*value) : "beyond int64",
                         std::numeric_limits<std::int32_t>::max()));
   }
-}
-
-std::int64_t element_count(const TensorView& t) {
-  std::int64_t count = 1;
-  for (int d = 0; d < t.rank; ++d) count *= t.size(d);
-  return count;
 }
 
 void require_contiguous_last(const TensorView& t, std::string_view name) {
@@ -86,6 +93,10 @@ void check_common(const TensorView& t, std::string_view name, int device) {
   if (t.rank < 1 || t.rank > TensorView::max_rank) {
     invalid(fmt::format("{} has rank {}: expected 1 to {}", name, t.rank, TensorView::max_rank));
   }
+  if (size_of(t.dtype) == 0) {
+    invalid(fmt::format("{} has dtype code {}, which is no kiln::DType: use one of its values",
+                        name, static_cast<int>(t.dtype)));
+  }
   for (int d = 0; d < t.rank; ++d) {
     if (t.size(d) < 0) {
       invalid(fmt::format("{}.size({}) is {}: sizes cannot be negative", name, d, t.size(d)));
@@ -98,21 +109,20 @@ void check_common(const TensorView& t, std::string_view name, int device) {
     }
   }
   // The furthest element must be addressable with 64-bit element offsets.
-  std::int64_t last = 0;
-  bool overflow = false;
-  for (int d = 0; d < t.rank; ++d) {
-    std::int64_t span = 0;
-    if (t.size(d) > 0) {
-      overflow |= __builtin_mul_overflow(t.size(d) - 1, t.stride(d), &span);
-      overflow |= __builtin_add_overflow(last, span, &last);
-    }
+  std::optional<std::int64_t> last = 0;
+  for (int d = 0; d < t.rank && last; ++d) {
+    if (t.size(d) == 0) continue;
+    const std::optional<std::int64_t> span = checked_mul(t.size(d) - 1, t.stride(d));
+    last = span ? checked_add(*last, *span) : std::nullopt;
   }
-  if (overflow || last > std::numeric_limits<std::int64_t>::max() / 8) {
+  if (!last || *last > std::numeric_limits<std::int64_t>::max() / 8) {
     invalid(fmt::format("{} {} spans more elements than 64-bit offsets can address", name,
                         t.describe()));
   }
-  if (t.data == nullptr && element_count(t) > 0) {
-    invalid(fmt::format("{} has a null data pointer but {} elements", name, element_count(t)));
+  const std::optional<std::int64_t> count = element_count(t);
+  if (t.data == nullptr && (!count || *count > 0)) {
+    invalid(fmt::format("{} has a null data pointer but {} elements: pass its device memory", name,
+                        count ? std::to_string(*count) : "more than 2^63"));
   }
   if (reinterpret_cast<std::uintptr_t>(t.data) % size_of(t.dtype) != 0) {
     invalid(fmt::format("{}'s data pointer {} is not aligned to its {}-byte {} elements", name,
@@ -123,6 +133,38 @@ void check_common(const TensorView& t, std::string_view name, int device) {
         fmt::format("{} is on device {} but the runtime's device is {}: move {} there or "
                     "use a Runtime with Options::device = {}",
                     name, t.device, device, name, t.device));
+  }
+}
+
+void require_no_overlap(const TensorView& t, std::string_view name) {
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.size(d) == 0) return;  // no elements to overlap
+  }
+  // Dims ordered by stride, and of equal strides the inner one first, as in a row-major layout.
+  const auto inside = [&](int a, int b) {
+    return std::pair{t.stride(a), -a} < std::pair{t.stride(b), -b};
+  };
+  for (int d = 0; d < t.rank; ++d) {
+    if (t.size(d) == 1) continue;
+    if (t.stride(d) == 0) {
+      invalid(fmt::format(
+          "{}.stride({}) is 0 but {}.size({}) is {}: those elements of the output would all be "
+          "written to one address; give {} memory of its own for every element (e.g. contiguous "
+          "strides)",
+          name, dim_name(t, d), name, dim_name(t, d), t.size(d), name));
+    }
+    // The furthest offset the dims inside this one reach, which check_common bounded.
+    std::int64_t reach = 0;
+    for (int e = 0; e < t.rank; ++e) {
+      if (t.size(e) > 1 && inside(e, d)) reach += (t.size(e) - 1) * t.stride(e);
+    }
+    if (t.stride(d) <= reach) {
+      invalid(fmt::format(
+          "{}.stride({}) is {}, within the {} elements the dims of smaller strides span: "
+          "elements of the output would share addresses; give {} strides that do not overlap "
+          "(e.g. contiguous ones)",
+          name, dim_name(t, d), t.stride(d), reach + 1, name));
+    }
   }
 }
 

@@ -24,13 +24,21 @@ std::string dim_name(const TensorView& t, int dim);
 void require_rank(const TensorView& t, std::string_view name, int rank, std::string_view layout);
 void require_size(const TensorView& t, std::string_view name, int dim, std::int64_t expected,
                   std::string_view what);
-void require_int32(std::int64_t value, std::string_view what);
-std::int64_t element_count(const TensorView& t);
+// A size within int32; nullopt stands for one beyond int64 (a checked product that overflowed).
+void require_int32(std::optional<std::int64_t> value, std::string_view what);
 // Stride 1 on the last dim (unless it has one element).
 void require_contiguous_last(const TensorView& t, std::string_view name);
 
-// Shape, pointer and device checks every tensor gets.
+// Shape, dtype, pointer and device checks every tensor gets, first: the others may assume a
+// rank of 1 to TensorView::max_rank, a kiln::DType, sizes and strides >= 0 and offsets that fit
+// int64.
 void check_common(const TensorView& t, std::string_view name, int device);
+
+// An output (after check_common): no two elements at one address, which would make the kernel's
+// writes race. Sufficient, not necessary: ordered by stride, each dim of more than one element
+// must step past the furthest offset of the dims inside it, as in any permutation of a padded
+// contiguous layout.
+void require_no_overlap(const TensorView& t, std::string_view name);
 
 // q, k, v, out and the like, read in 16-byte rows: `dtype`, stride 1 on the last dim, 16-byte
 // aligned pointers and other strides, and sizes that fit int32.

@@ -308,6 +308,17 @@ TEST_CASE("kiln cache prune evicts down to --max-bytes", "[cli]") {
   CHECK(contains(bad.err, "--max-bytes is '12Q'"));
 }
 
+TEST_CASE("kiln cache prune refuses a --max-bytes beyond 64 bits and deletes nothing", "[cli]") {
+  // 17179869184G is 2^64 bytes, which wrapped to a limit of 0 B and emptied the cache.
+  const Cli cli;
+  cli.warm();
+  const Result result = cli.run({"cache", "prune", "--max-bytes", "17179869184G"});
+  CHECK(result.code == 2);
+  CHECK(contains(result.err, "--max-bytes is '17179869184G'"));
+  CHECK(contains(result.err, "2^64 - 1"));
+  CHECK(cli.entry_files().size() == 2);
+}
+
 TEST_CASE("kiln cache clear removes every entry", "[cli]") {
   const Cli cli;
   cli.warm();

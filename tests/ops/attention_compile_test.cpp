@@ -169,6 +169,15 @@ TEST_CASE("attention with a given config: kernels are refused where they cannot 
                             {"wgmma", "sm_90a", "sm_80", "AttentionKernel::mma"});
   kiln::test::check_refusal(call({.block_m = 0, .kernel = AttentionKernel::portable}, "sm_90a"),
                             kiln::ErrorCategory::invalid_argument, {"block_m 0"});
+  // Before the kernel lookup too: the launch multiplies these into its threads and shared memory.
+  kiln::test::check_refusal(call({.warps = 1 << 30}, "sm_90a"),
+                            kiln::ErrorCategory::invalid_argument, {"warps 1073741824", "1 to 32"});
+  kiln::test::check_refusal(call({.block_n = 1 << 30, .stages = 1 << 30}, "sm_90a"),
+                            kiln::ErrorCategory::invalid_argument,
+                            {"block_n 1073741824", "1 to 1024"});
+  kiln::test::check_refusal(call({.kernel = static_cast<AttentionKernel>(7)}, "gfx90a"),
+                            kiln::ErrorCategory::invalid_argument,
+                            {"config.kernel is 7", "no AttentionKernel"});
   // Accepted configs reach the kernel lookup, which finds nothing to load here.
   const kiln::AttentionConfig portable{
       .block_m = 32, .block_n = 32, .warps = 8, .kernel = AttentionKernel::portable};

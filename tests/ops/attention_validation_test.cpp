@@ -306,6 +306,69 @@ TEST_CASE("attention refuses sizes beyond int32 and spans beyond 64-bit offsets"
   check_invalid(c, {"q", "64-bit offsets"});
 }
 
+TEST_CASE("attention refuses null tensors whose element count overflows int64", "[attention]") {
+  // 2^15 x 2^30 x 2^15 x 256 elements (2^68) wrap to 0 in int64: with stride 0 they span one
+  // row, so nothing else refuses them, and a wrapped count would pass them on to the kernel.
+  Call c = padded_call();
+  for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) {
+    *t = TensorView::contiguous(nullptr, DType::bf16, {1 << 15, 1 << 30, 1 << 15, 256});
+    t->strides = {0, 0, 0, 1};
+  }
+  check_invalid(c, {"q has a null data pointer", "more than 2^63"});
+}
+
+TEST_CASE("attention refuses outputs whose elements share addresses", "[attention]") {
+  Call c = padded_call();
+  c.out.strides[0] = 0;  // both sequences into one
+  check_invalid(c, {"out.stride(0) is 0", "out.size(0) is 2", "one address", "contiguous"});
+
+  c = padded_call();
+  c.out.strides[1] = 256;  // a token's 8 heads span 512 elements
+  check_invalid(c, {"out.stride(1) is 256", "512 elements", "overlap"});
+
+  c = padded_call();
+  c.options.lse = view(0x5000000, DType::f32, {2, 8, 128});
+  c.options.lse->strides[1] = 0;
+  check_invalid(c, {"lse.stride(1) is 0", "lse.size(1) is 8"});
+
+  c = varlen_call();
+  c.options.lse = view(0x5000000, DType::f32, {8, 100});
+  c.options.lse->strides[0] = 50;
+  check_invalid(c, {"lse.stride(0) is 50", "100 elements"});
+
+  // Inputs may broadcast, and outputs may take any layout that does not overlap: BHSD, padded
+  // rows, and a stride-0 dim of size 1.
+  c = padded_call();
+  c.k.strides[0] = 0;
+  c.v.strides[0] = 0;
+  check_accepted(c);
+  c = padded_call();
+  c.out.strides = {8 * 128 * 64, 64, 128 * 64, 1};
+  c.options.lse = view(0x5000000, DType::f32, {2, 8, 128});
+  c.options.lse->strides = {8 * 136, 136, 1};
+  check_accepted(c);
+  c = padded_call();
+  for (TensorView* t : {&c.q, &c.k, &c.v, &c.out}) *t = reshaped(*t, {1, t->size(1), 8, 64});
+  c.out.strides[0] = 0;
+  check_accepted(c);
+}
+
+TEST_CASE("attention refuses dtype codes that are no kiln::DType", "[attention]") {
+  Call c = padded_call();
+  c.v.dtype = static_cast<DType>(77);
+  check_invalid(c, {"v has dtype code 77", "kiln::DType"});
+}
+
+TEST_CASE("TensorView::contiguous refuses shapes whose strides overflow int64", "[attention]") {
+  constexpr std::int64_t big = std::int64_t{1} << 40;
+  const auto r = refusal([] { TensorView::contiguous(fake(0x1000), DType::bf16, {2, big, big}); });
+  check_refusal(r, ErrorCategory::invalid_argument, {"(2, 1099511627776, 1099511627776)", "int64"});
+  // Dim 0's size enters no stride.
+  const TensorView wide =
+      TensorView::contiguous(fake(0x1000), DType::bf16, {std::int64_t{1} << 62, big});
+  CHECK(wide.strides[0] == big);
+}
+
 TEST_CASE("attention refuses grids the launch cannot express, before any kernel lookup",
           "[attention]") {
   // gridDim.y and .z stop at 65535. While the launch puts batch and heads there, attention()

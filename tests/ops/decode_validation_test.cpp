@@ -6,6 +6,7 @@
 #include <dlpack/dlpack.h>
 
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -265,6 +266,46 @@ TEST_CASE("decode refuses sizes beyond int32 and spans beyond 64-bit offsets", "
   c = contiguous_call();
   c.q.strides[0] = std::int64_t{1} << 62;
   check_invalid(c, {"q", "64-bit offsets"});
+
+  // 2^32 query rows (a broadcast q) would overflow the split-KV scratch's sizes.
+  c = contiguous_call();
+  c.q = view(0x1000000, DType::bf16, {2, 1 << 20, 2048, 64});
+  c.q.strides = {0, 0, 0, 1};
+  c.out = reshaped(c.out, {2, 1 << 20, 2048, 64});
+  c.cache.k = reshaped(c.cache.k, {3, 256, 2048, 64});
+  c.cache.v = reshaped(c.cache.v, {3, 256, 2048, 64});
+  check_invalid(c, {"batch * seqlen_q * heads (query rows) is 4294967296", "2147483647"});
+}
+
+TEST_CASE("decode refuses a paged capacity that overflows int64", "[decode]") {
+  // (2^59 + 1) pages of 32 keys are 2^64 + 32 keys, which wrap to a capacity of 32 in int64.
+  DecodeCall c = paged_call();
+  c.cache.k = reshaped(c.cache.k, {10, 32, 2, 64});
+  c.cache.v = reshaped(c.cache.v, {10, 32, 2, 64});
+  c.cache.block_table = view(0x7000000, DType::i32, {2, (std::int64_t{1} << 59) + 1});
+  c.cache.block_table->strides[0] = 0;  // one row for both sequences spans 2^59 + 1 elements
+  check_invalid(c, {"capacity", "576460752303423489 * 32", "beyond int64", "2147483647"});
+}
+
+TEST_CASE("decode refuses outputs whose elements share addresses", "[decode]") {
+  DecodeCall c = contiguous_call();
+  c.out.strides[0] = 0;
+  check_invalid(c, {"out.stride(0) is 0", "out.size(0) is 2", "one address"});
+  c = contiguous_call();
+  c.options.lse = view(0xD000000, DType::f32, {2, 8, 1});
+  c.options.lse->strides = {8, 0, 1};
+  check_invalid(c, {"lse.stride(1) is 0", "lse.size(1) is 8"});
+
+  // The append writes the cache, which must not alias then; without one it is only read.
+  c = append_call();
+  c.cache.k.strides[1] = 0;
+  check_invalid(c, {"cache.k.stride(1) is 0", "cache.k.size(1) is 256"});
+  c = append_call();
+  c.cache.v.strides[0] = 64;
+  check_invalid(c, {"cache.v.stride(0) is 64", "overlap"});
+  c = contiguous_call();
+  c.cache.k.strides[1] = 0;
+  check_accepted(c);
 }
 
 TEST_CASE("decode refuses grids the launch cannot express", "[decode]") {
@@ -662,6 +703,22 @@ TEST_CASE("merge_states refuses mismatched shapes, dtypes and layouts", "[decode
   invalid(c, {"s_out has a null data pointer"});
 }
 
+TEST_CASE("merge_states refuses outputs whose elements share addresses", "[decode]") {
+  const auto invalid = [](const MergeCall& c, std::initializer_list<const char*> words) {
+    check_refusal(refusal([&] { merge(c); }), ErrorCategory::invalid_argument, words);
+  };
+  MergeCall c = merge_call();
+  c.v_out.strides[1] = 0;
+  invalid(c, {"v_out.stride(1) is 0", "v_out.size(1) is 8"});
+  c = merge_call();
+  c.s_out.strides[0] = 4;
+  invalid(c, {"s_out.stride(0) is 4", "8 elements"});
+  c = merge_call();  // inputs may broadcast
+  c.v_a.strides[0] = 0;
+  c.s_a.strides[0] = 0;
+  check_merge_accepted([&] { merge(c); });
+}
+
 TEST_CASE("merge_states of many refuses mismatched states", "[decode]") {
   const auto invalid = [](const MergeManyCall& c, std::initializer_list<const char*> words) {
     check_refusal(refusal([&] { merge_many(c); }), ErrorCategory::invalid_argument, words);
@@ -828,6 +885,36 @@ TEST_CASE("kiln_merge_states and kiln_merge_states_many report bad inputs", "[de
       no_out(0x5000000, kBf16, {0, 8, 64});
   check_status(kiln_merge_states_many(no_v.get(), no_s.get(), no_out.get(), nullptr, nullptr),
                KILN_OK, {});
+}
+
+TEST_CASE("the C API reads out-of-range DLPack fields as values and refuses them", "[decode]") {
+  // Each of these was undefined behaviour (UBSan stops on it): a device type outside
+  // DLDeviceType loaded as the enum, a data pointer plus byte_offset that wraps, and compact
+  // strides computed, and overflowing, for a tensor that brings its own.
+  CCall device;
+  const std::int32_t unknown_device = 1000;
+  std::memcpy(&device.k.tensor().device.device_type, &unknown_device, sizeof unknown_device);
+  check_status(device.run(), KILN_ERROR_INVALID_ARGUMENT, {"cache.k", "DLPack device type 1000"});
+
+  CCall offset;
+  offset.q.tensor().byte_offset = std::numeric_limits<std::uint64_t>::max() - 0xFF;
+  check_status(offset.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"q has data", "byte_offset 18446744073709551360", "address space"});
+
+  constexpr std::int64_t big = std::int64_t{1} << 40;
+  const FakeDLTensor huge(0x2000000, kBf16, {3, big, big, 64});
+  CCall compact;
+  compact.cache.k = huge.get();
+  check_status(compact.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"cache.k has shape (3, 1099511627776, 1099511627776, 64) and no strides",
+                "compact row-major strides do not fit int64"});
+
+  std::int64_t strides[4] = {0, 0, 0, 1};
+  FakeDLTensor strided(0x2000000, kBf16, {3, big, big, 64});
+  strided.tensor().strides = strides;
+  CCall given;
+  given.cache.k = strided.get();
+  check_status(given.run(), KILN_ERROR_INVALID_ARGUMENT, {"cache.k.size(1) is 1099511627776"});
 }
 
 }  // namespace
