@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln {
@@ -36,7 +37,7 @@ std::string value_text(const Constant& constant) {
   throw Error(ErrorCategory::invalid_argument,
               fmt::format("cannot parse kernel spec '{}': {}; expected the form "
                           "'source.cuh:ns::entry<name=value,...>(ns::Params) [options] @target'",
-                          text, why));
+                          detail::printable(text), why));
 }
 
 std::variant<std::int64_t, bool, DType> parse_value(std::string_view text, std::string_view value) {
@@ -114,12 +115,25 @@ std::string to_string(const KernelSpec& spec) {
 }
 
 KernelSpec parse_spec(std::string_view text) {
+  // NOTE: no field of a spec has a use for one, and a spec is echoed in messages and reports.
+  if (const auto control =
+          std::find_if(text.begin(), text.end(),
+                       [](char c) { return static_cast<unsigned char>(c) < 0x20 || c == 0x7f; });
+      control != text.end()) {
+    bad_spec(text, fmt::format("it holds the control character {} at offset {}",
+                               detail::printable(std::string_view(&*control, 1)),
+                               control - text.begin()));
+  }
   KernelSpec spec;
   std::string_view rest = text;
   while (!rest.empty() && rest.back() == ' ') rest.remove_suffix(1);
   if (const std::size_t at = rest.rfind(" @"); at != std::string_view::npos) {
     spec.target = std::string(rest.substr(at + 2));
     rest = rest.substr(0, at);
+    if (spec.target.empty() || spec.target.find(' ') != std::string::npos) {
+      bad_spec(text, fmt::format("target '{}' after ' @' must be one word, such as sm_90a",
+                                 detail::printable(spec.target)));
+    }
   }
   if (!rest.empty() && rest.back() == ']') {
     const std::size_t open = rest.rfind(" [");
@@ -131,6 +145,11 @@ KernelSpec parse_spec(std::string_view text) {
       if (space > 0) spec.options.emplace_back(options.substr(0, space));
       options.remove_prefix(std::min(space + 1, options.size()));
     }
+  }
+  // NOTE: spaces only separate the options and the target, so no other part may hold one: the
+  // canonical form must parse back to the same spec.
+  if (rest.find(' ') != std::string_view::npos) {
+    bad_spec(text, "a space outside the options; only ' [options]' and ' @target' follow ')'");
   }
   const std::size_t colon = rest.find(':');
   const std::size_t open = rest.find('<');

@@ -21,7 +21,10 @@ class StubCompiler final : public detail::Compiler {
   std::vector<std::string> canonical_options(std::string_view target) const override {
     return {"--arch=" + std::string(target)};
   }
-  bool accepts(std::string_view target) const override { return target.starts_with("sm_"); }
+  bool accepts(std::string_view target) const override {
+    return target == "sm_80" || target == "sm_90a";
+  }
+  std::vector<std::string> targets() const override { return {"sm_80", "sm_90a"}; }
   detail::CompileResult compile(const detail::CompileRequest&) const override { return {}; }
 
  private:

@@ -83,8 +83,9 @@ struct AttentionConfig {
 
 // The config the hot path, is_supported() and warm-up use for `problem` on `target`: the wgmma
 // kernel on sm_90a for head dims above 64 (padded at most 25% to its 64-column tiles), the mma
-// kernel on other sm_80+ targets and dims, the portable one on AMD gfx9 targets (gfx90a,
-// gfx942). Throws kiln::Error (unsupported) for any other target.
+// kernel on other sm_80+ targets and dims, the portable one on AMD's wave64 gfx9 targets, such
+// as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's stops at gfx90c).
+// Throws kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 

@@ -57,8 +57,11 @@ class Compiler {
   // Options that change code generation for `target`; part of the key. Options that only say
   // where to find toolkit headers are added inside compile() and are not part of the key.
   virtual std::vector<std::string> canonical_options(std::string_view target) const = 0;
-  // Whether `target` names an architecture this compiler can build for.
+  // Whether `target` names an architecture this compiler can build for: one of targets().
   virtual bool accepts(std::string_view target) const = 0;
+  // Every target it builds for, as kiln names them ("sm_90a", "gfx90a"), for the message that
+  // refuses another.
+  virtual std::vector<std::string> targets() const = 0;
   // A failed compile is returned with ok == false and the log; Error is for a broken compiler.
   virtual CompileResult compile(const CompileRequest& request) const = 0;
 };

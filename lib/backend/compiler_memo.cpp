@@ -19,8 +19,9 @@ NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(CompilerMemo, loader, library, identity, targ
 
 namespace {
 
-// Bumped when the JSON's shape changes; a memo of another format is ignored and rewritten.
-constexpr int kMemoFormat = 1;
+// Bumped when the JSON's shape or the meaning of an answer changes; a memo of another format is
+// ignored and rewritten. 2: hipRTC accepts only the targets comgr lists (1 took any gfx name).
+constexpr int kMemoFormat = 2;
 
 }  // namespace
 

@@ -1,5 +1,9 @@
 // The HIP compiler: hipRTC, opened with dlopen, building code objects for one gfx target.
+#include <dlfcn.h>
+
+#include <algorithm>
 #include <array>
+#include <filesystem>
 #include <mutex>
 #include <utility>
 
@@ -14,12 +18,52 @@ namespace kiln::detail {
 
 namespace {
 
+// The targets the code object manager beside `hiprtc_file` builds for. hipRTC hands every
+// compile to comgr, and comgr of ROCm 5.2 frees a bad pointer (SIGABRT, "munmap_chunk():
+// invalid pointer") when asked for an ISA it lacks, such as gfx942 or gfx1100: a target must be
+// refused before hipRTC sees it. comgr names ISAs "amdgcn-amd-amdhsa--gfx90a", some with
+// feature suffixes (":xnack-"), which kiln's targets do not take.
+std::vector<std::string> comgr_targets(const std::filesystem::path& hiprtc_file) {
+  // NOTE: the one beside hipRTC first, which is the one it loads (ROCm 6 links it, with its
+  // directory as RUNPATH); then the loader's path, where ROCm 5's HIP dlopens it from.
+  constexpr std::array<std::string_view, 2> names = {"libamd_comgr.so.3", "libamd_comgr.so.2"};
+  const std::array<std::filesystem::path, 1> beside = {hiprtc_file.parent_path()};
+  const DynLib comgr =
+      DynLib::open("comgr (hipRTC's code object manager)", library_candidates(names, beside, {}),
+                   "install ROCm's libamd_comgr beside hipRTC, which cannot compile without it");
+  // NOTE: comgr registers its command-line options with LLVM, which stays loaded when comgr is
+  // unloaded; loading comgr again (as hipRTC does to compile) then aborts with "Option
+  // 'disassemble' registered more than once". So comgr, once loaded, stays.
+  ::dlopen(comgr.file().c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
+  using Count = int (*)(std::size_t*);
+  using Name = int (*)(std::size_t, const char**);
+  const auto isa_count = comgr.symbol<Count>("amd_comgr_get_isa_count");
+  const auto isa_name = comgr.symbol<Name>("amd_comgr_get_isa_name");
+  std::size_t count = 0;
+  std::vector<std::string> targets;
+  if (isa_count(&count) != 0) return targets;
+  for (std::size_t i = 0; i < count; ++i) {
+    const char* name = nullptr;
+    if (isa_name(i, &name) != 0 || name == nullptr) continue;
+    std::string_view isa = name;
+    const std::size_t processor = isa.rfind("--");
+    if (processor == std::string_view::npos) continue;
+    isa.remove_prefix(processor + 2);
+    isa = isa.substr(0, isa.find(':'));
+    if (is_gfx_target(isa) && std::find(targets.begin(), targets.end(), isa) == targets.end()) {
+      targets.emplace_back(isa);
+    }
+  }
+  return targets;
+}
+
 class Hiprtc final : public Compiler {
  public:
   explicit Hiprtc(DynLib lib)
       : lib_(std::move(lib)),
         api_(RtcApi::load(lib_, "hiprtc", "GetCode", "")),
-        identity_(identity_of(lib_, api_)) {}
+        identity_(identity_of(lib_, api_)),
+        targets_(comgr_targets(lib_.file())) {}
 
   std::string_view vendor() const override { return "hip"; }
   std::string identity() const override { return identity_; }
@@ -28,9 +72,10 @@ class Hiprtc final : public Compiler {
     return {"--offload-arch=" + std::string(target), "-O3", "-std=c++17"};
   }
 
-  // NOTE: hipRTC cannot list its targets, so any well-formed gfx name is let through; one the
-  // compiler does not know fails in compile() with a log that says so.
-  bool accepts(std::string_view target) const override { return is_gfx_target(target); }
+  bool accepts(std::string_view target) const override {
+    return std::find(targets_.begin(), targets_.end(), target) != targets_.end();
+  }
+  std::vector<std::string> targets() const override { return targets_; }
 
   CompileResult compile(const CompileRequest& request) const override {
     std::vector<std::string> options = request.options;
@@ -64,6 +109,7 @@ class Hiprtc final : public Compiler {
   DynLib lib_;
   RtcApi api_;
   std::string identity_;
+  std::vector<std::string> targets_;
 };
 
 }  // namespace

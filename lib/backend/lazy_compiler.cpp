@@ -39,6 +39,10 @@ bool LazyCompiler::accepts(std::string_view target) const {
   return target_facts(target).accepted;
 }
 
+std::vector<std::string> LazyCompiler::targets() const {
+  return real().targets();
+}
+
 CompileResult LazyCompiler::compile(const CompileRequest& request) const {
   return real().compile(request);
 }

@@ -33,6 +33,8 @@ class LazyCompiler final : public Compiler {
   std::string identity() const override;
   std::vector<std::string> canonical_options(std::string_view target) const override;
   bool accepts(std::string_view target) const override;
+  // Loads the compiler: only the message refusing a target asks.
+  std::vector<std::string> targets() const override;
   CompileResult compile(const CompileRequest& request) const override;
 
   // The real compiler, loaded at the first call; a failure to load it is remembered and

@@ -1,9 +1,7 @@
 // The CUDA compiler: NVRTC, opened with dlopen, building cubins for one sm_ target at a time.
 #include <algorithm>
 #include <array>
-#include <charconv>
 #include <filesystem>
-#include <optional>
 #include <utility>
 
 #include "backend/backend.hpp"
@@ -15,22 +13,6 @@
 namespace kiln::detail {
 
 namespace {
-
-// 90 for "sm_90" and "sm_90a"; nullopt for anything else, "a" before Hopper (sm_90) included.
-std::optional<int> sm_arch(std::string_view target) {
-  constexpr std::string_view prefix = "sm_";
-  if (!target.starts_with(prefix)) return std::nullopt;
-  target.remove_prefix(prefix.size());
-  const bool arch_specific = target.ends_with('a');
-  if (arch_specific) target.remove_suffix(1);
-  int arch = 0;
-  const auto [end, error] = std::from_chars(target.data(), target.data() + target.size(), arch);
-  if (target.empty() || error != std::errc() || end != target.data() + target.size()) {
-    return std::nullopt;
-  }
-  if (arch_specific && arch < 90) return std::nullopt;
-  return arch;
-}
 
 // Where cuda_fp16.h and friends live, so kernels can include them; empty when nowhere.
 std::filesystem::path find_toolkit_include(const std::filesystem::path& nvrtc_file) {
@@ -55,7 +37,7 @@ class Nvrtc final : public Compiler {
       : lib_(std::move(lib)),
         api_(RtcApi::load(lib_, "nvrtc", "GetCUBIN", "GetPTX")),
         identity_(rtc_identity(api_)),
-        archs_(supported_archs()),
+        targets_(supported_targets()),
         include_dir_(find_toolkit_include(lib_.file())) {}
 
   std::string_view vendor() const override { return "cuda"; }
@@ -66,9 +48,9 @@ class Nvrtc final : public Compiler {
   }
 
   bool accepts(std::string_view target) const override {
-    const std::optional<int> arch = sm_arch(target);
-    return arch && std::find(archs_.begin(), archs_.end(), *arch) != archs_.end();
+    return std::find(targets_.begin(), targets_.end(), target) != targets_.end();
   }
+  std::vector<std::string> targets() const override { return targets_; }
 
   CompileResult compile(const CompileRequest& request) const override {
     std::vector<std::string> options = request.options;
@@ -82,7 +64,8 @@ class Nvrtc final : public Compiler {
   }
 
  private:
-  std::vector<int> supported_archs() const {
+  // sm_<arch> for every arch NVRTC lists, and sm_<arch>a, the arch-specific one, from Hopper on.
+  std::vector<std::string> supported_targets() const {
     using Query = int (*)(int*);
     const auto count_archs = lib_.symbol<Query>("nvrtcGetNumSupportedArchs");
     const auto list_archs = lib_.symbol<Query>("nvrtcGetSupportedArchs");
@@ -92,13 +75,18 @@ class Nvrtc final : public Compiler {
       archs.resize(static_cast<std::size_t>(count));
       if (list_archs(archs.data()) != 0) archs.clear();
     }
-    return archs;
+    std::vector<std::string> targets;
+    for (const int arch : archs) {
+      targets.push_back("sm_" + std::to_string(arch));
+      if (arch >= 90) targets.push_back("sm_" + std::to_string(arch) + "a");
+    }
+    return targets;
   }
 
   DynLib lib_;
   RtcApi api_;
   std::string identity_;
-  std::vector<int> archs_;
+  std::vector<std::string> targets_;
   std::filesystem::path include_dir_;
 };
 

@@ -5,10 +5,45 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
+#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+
+namespace {
+
+// `message` with its lines kept and the control characters within them escaped: errors echo
+// specs, manifests and arguments, which must not drive the terminal.
+std::string for_terminal(std::string_view message) {
+  std::string shown;
+  while (true) {
+    const std::size_t newline = message.find('\n');
+    shown += kiln::detail::printable(message.substr(0, newline));
+    if (newline == std::string_view::npos) return shown;
+    shown += '\n';
+    message.remove_prefix(newline + 1);
+  }
+}
+
+// NOTE: CLI11 2.1.2 takes an empty argument for the name of a nameless option group (such as
+// "Common") and then spins forever on any unknown option after it (`kiln info "" --fix`), or
+// ignores it; no kiln argument can be empty, so it is refused before CLI11 sees it.
+int first_empty_argument(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (*argv[i] == '\0') return i;
+  }
+  return 0;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   using namespace kiln::cli;
+  if (const int empty = first_empty_argument(argc, argv)) {
+    fmt::print(stderr,
+               "kiln: error: argument {} is empty: kiln takes no empty arguments (is a shell "
+               "variable unset?)\nRun 'kiln --help' or 'kiln <command> --help'.\n",
+               empty);
+    return kUsage;
+  }
   CLI::App app("Compiles, caches and inspects kiln's run-time compiled GPU kernels.", "kiln");
   app.set_version_flag("--version", "kiln " KILN_VERSION);
   app.require_subcommand(1);
@@ -24,18 +59,18 @@ int main(int argc, char** argv) {
     // NOTE: --help and --version arrive as ParseErrors with exit code 0.
     if (e.get_exit_code() == 0) return app.exit(e);
     fmt::print(stderr, "kiln: error: {}\nRun 'kiln --help' or 'kiln <command> --help'.\n",
-               e.what());
+               for_terminal(e.what()));
     return kUsage;
   } catch (const kiln::CompileError& e) {
     // Its message already starts with "kiln:" and carries the log, options, key and source path.
-    const std::string_view message = e.what();
+    const std::string message = for_terminal(e.what());
     fmt::print(stderr, "{}{}", message, message.ends_with('\n') ? "" : "\n");
     return kFailure;
   } catch (const kiln::Error& e) {
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    fmt::print(stderr, "kiln: error: {}\n", for_terminal(e.what()));
     return e.category() == kiln::ErrorCategory::invalid_argument ? kUsage : kFailure;
   } catch (const std::exception& e) {
-    fmt::print(stderr, "kiln: error: {}\n", e.what());
+    fmt::print(stderr, "kiln: error: {}\n", for_terminal(e.what()));
     return kFailure;
   }
 }

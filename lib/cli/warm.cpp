@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "jit/manifest.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.hpp"
 
@@ -29,33 +30,6 @@ struct WarmArgs {
   bool quiet = false;
   std::optional<std::filesystem::path> report;
 };
-
-std::string_view trim(std::string_view text) {
-  const std::size_t first = text.find_first_not_of(" \t\r");
-  if (first == std::string_view::npos) return {};
-  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
-}
-
-// One canonical spec per line, as kiln::to_string prints it; `#` starts a comment.
-std::vector<KernelSpec> read_manifest(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) {
-    throw Error(ErrorCategory::not_found, fmt::format("cannot read the manifest {}: {}",
-                                                      path.string(), std::strerror(errno)));
-  }
-  std::vector<KernelSpec> specs;
-  std::string line;
-  for (int number = 1; std::getline(in, line); ++number) {
-    const std::string_view text = trim(std::string_view(line).substr(0, line.find('#')));
-    if (text.empty()) continue;
-    try {
-      specs.push_back(parse_spec(text));
-    } catch (const Error& e) {
-      throw Error(e.category(), fmt::format("{}:{}: {}", path.string(), number, e.what()));
-    }
-  }
-  return specs;
-}
 
 // Every spec once for each target, which replaces the spec's own; no targets: the specs as
 // written.
@@ -202,7 +176,7 @@ void write_report(const std::filesystem::path& path, const WarmupReport& report,
 int run(const WarmArgs& args) {
   // NOTE: the manifest is read first, so that a bad one fails before the cache is touched.
   const std::optional<std::vector<KernelSpec>> listed =
-      args.manifest ? std::optional(read_manifest(*args.manifest)) : std::nullopt;
+      args.manifest ? std::optional(detail::read_manifest(*args.manifest)) : std::nullopt;
   // NOTE: warming fills the disk cache; without one it would compile for nothing.
   require_writable(open_disk_cache(to_options(args.common)));
   Runtime runtime(to_options(args.common));

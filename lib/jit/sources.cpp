@@ -4,13 +4,12 @@
 #include <dlfcn.h>
 
 #include <algorithm>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include <fmt/format.h>
 
 #include "jit/embedded.hpp"
+#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -43,14 +42,42 @@ bool is_safe_relative(std::string_view path) {
   return std::none_of(p.begin(), p.end(), [](const auto& part) { return part == ".."; });
 }
 
+// Whether `path` is `dir` or below it; both canonical.
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir) {
+  return std::mismatch(dir.begin(), dir.end(), path.begin(), path.end()).first == dir.end();
+}
+
+// NOTE: the compiler reads whatever an include names and kiln does not hand it, and the key
+// covers only what kiln hands it: an absolute or `..` path, or a name the compiler resolves by
+// itself (a computed include), would be compiled but not keyed, so an edit to it would be served
+// the stale binary. Angle-bracket includes are left to the toolkit, but only by toolkit-relative
+// names.
+void require_contained(const Include& include, std::string_view from) {
+  if (include.kind == Include::Kind::computed) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} has a computed #include ({}): kiln cannot key a file chosen by a "
+                            "macro; include it by its path in kernels_src, in quotes",
+                            from, printable(include.name)));
+  }
+  if (is_safe_relative(include.name)) return;
+  const bool quoted = include.kind == Include::Kind::quoted;
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} includes {}{}{}, which leaves the kernel tree: {}", from,
+                          quoted ? '"' : '<', printable(include.name), quoted ? '"' : '>',
+                          quoted ? "name files of the tree relative to its root, such as "
+                                   "\"common/prelude.cuh\", and copy outside files into it"
+                                 : "include toolkit headers by their name, such as <cuda_fp16.h>"));
+}
+
 }  // namespace
 
-std::vector<std::string> quoted_includes(std::string_view text) {
-  std::vector<std::string> includes;
-  std::istringstream lines{std::string(text)};
-  std::string line;
-  while (std::getline(lines, line)) {
-    std::string_view rest = line;
+std::vector<Include> includes(std::string_view text) {
+  std::vector<Include> found;
+  std::size_t start = 0;
+  while (start < text.size()) {
+    const std::size_t newline = std::min(text.find('\n', start), text.size());
+    std::string_view rest = text.substr(start, newline - start);
+    start = newline + 1;
     auto skip_space = [&] {
       while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
     };
@@ -60,13 +87,27 @@ std::vector<std::string> quoted_includes(std::string_view text) {
     skip_space();
     if (!rest.starts_with("include")) continue;
     rest.remove_prefix(7);
+    // `#include_next` and any other word that merely starts with "include" is not an include.
+    if (!rest.empty() && rest.front() != ' ' && rest.front() != '\t' && rest.front() != '"' &&
+        rest.front() != '<') {
+      continue;
+    }
     skip_space();
-    if (rest.empty() || rest.front() != '"') continue;
-    const std::size_t end = rest.find('"', 1);
-    if (end == std::string_view::npos) continue;
-    includes.emplace_back(rest.substr(1, end - 1));
+    const char open = rest.empty() ? '\0' : rest.front();
+    const std::size_t close = open == '"'   ? rest.find('"', 1)
+                              : open == '<' ? rest.find('>', 1)
+                                            : std::string_view::npos;
+    if (close != std::string_view::npos) {
+      found.push_back({std::string(rest.substr(1, close - 1)),
+                       open == '"' ? Include::Kind::quoted : Include::Kind::angled});
+    } else {
+      while (!rest.empty() && (rest.back() == ' ' || rest.back() == '\t' || rest.back() == '\r')) {
+        rest.remove_suffix(1);
+      }
+      found.push_back({std::string(rest), Include::Kind::computed});
+    }
   }
-  return includes;
+  return found;
 }
 
 SourceTree SourceTree::locate(const std::optional<std::filesystem::path>& dir) {
@@ -77,7 +118,7 @@ SourceTree SourceTree::locate(const std::optional<std::filesystem::path>& dir) {
                   fmt::format("kernel source directory '{}' (Options::kernels_dir or "
                               "KILN_KERNELS_DIR) is not a directory: point it at a kernels_src "
                               "tree, or unset it to use the installed sources",
-                              dir->string()));
+                              printable(dir->string())));
     }
     return SourceTree(*dir);
   }
@@ -86,17 +127,25 @@ SourceTree SourceTree::locate(const std::optional<std::filesystem::path>& dir) {
 }
 
 std::string SourceTree::describe() const {
-  return root_.empty() ? std::string("the copy embedded in libkiln") : root_.string();
+  return root_.empty() ? std::string("the copy embedded in libkiln") : printable(root_.string());
 }
 
-std::optional<std::string> SourceTree::read(std::string_view relative) const {
+std::optional<std::string> SourceTree::read(std::string_view relative,
+                                            const std::filesystem::path& real_root,
+                                            std::string_view from) const {
   if (root_.empty()) return embedded_file(embedded_kernels(), relative);
-  std::ifstream in(root_ / relative, std::ios::binary);
-  if (!in) return std::nullopt;
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return std::nullopt;
-  return text.str();
+  const std::filesystem::path path = root_ / relative;
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(path, ec);
+  if (ec) return read_user_file(path, "kernel file");  // missing, or why it cannot be read
+  if (!is_within(real, real_root)) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{} includes \"{}\", which resolves through a symbolic link to {}, "
+                            "outside the kernel tree {}: kiln keys only files inside the tree; "
+                            "copy the file into it",
+                            from, printable(relative), printable(real.string()), describe()));
+  }
+  return read_user_file(real, "kernel file");
 }
 
 std::vector<Header> SourceTree::closure(std::string_view unit, std::string_view source) const {
@@ -104,30 +153,40 @@ std::vector<Header> SourceTree::closure(std::string_view unit, std::string_view 
     throw Error(ErrorCategory::invalid_argument,
                 fmt::format("kernel source '{}' must be a path inside kernels_src, such as "
                             "'elementwise/unary.cuh'",
-                            source));
+                            printable(source)));
   }
+  std::error_code ec;
+  const std::filesystem::path real_root =
+      root_.empty() ? root_ : std::filesystem::canonical(root_, ec);
   std::vector<Header> files;
   std::set<std::string, std::less<>> seen;
-  auto visit = [&](std::string_view text) {
-    for (std::string& include : quoted_includes(text)) {
-      if (seen.contains(include)) continue;
-      seen.insert(include);
+  auto visit = [&](std::string_view text, std::string_view from) {
+    for (Include& include : includes(text)) {
+      require_contained(include, from);
+      if (include.kind != Include::Kind::quoted || seen.contains(include.name)) continue;
+      seen.insert(include.name);
       // Params headers always come from the library, so a swapped tree cannot change them.
-      auto content = embedded_file(embedded_params(), include);
-      if (!content && is_safe_relative(include)) content = read(include);
-      if (content) files.push_back({std::move(include), std::move(*content)});
+      auto content = embedded_file(embedded_params(), include.name);
+      if (!content) content = read(include.name, real_root, from);
+      if (!content) {
+        // NOTE: NVRTC would look for it in the working directory, which the key cannot cover.
+        throw Error(ErrorCategory::not_found,
+                    include.name == source
+                        ? fmt::format("kernel source '{}' is not in {}: check the spec's "
+                                      "source, or KILN_KERNELS_DIR",
+                                      printable(source), describe())
+                        : fmt::format("{} includes \"{}\", which is not in {}: quoted includes "
+                                      "name files of the kernel tree relative to its root; "
+                                      "include toolkit headers with <...>",
+                                      from, printable(include.name), describe()));
+      }
+      files.push_back({std::move(include.name), std::move(*content)});
     }
   };
-  visit(unit);
-  if (std::none_of(files.begin(), files.end(), [&](const Header& h) { return h.name == source; })) {
-    throw Error(ErrorCategory::not_found,
-                fmt::format("kernel source '{}' is not in {}: check the spec's source, or "
-                            "KILN_KERNELS_DIR",
-                            source, describe()));
-  }
+  visit(unit, "the generated unit");
   for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string text = files[i].content;  // visit() may grow `files`
-    visit(text);
+    const Header file = files[i];  // visit() may grow `files`
+    visit(file.content, fmt::format("kernel file '{}'", printable(file.name)));
   }
   return files;
 }

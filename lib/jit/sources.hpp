@@ -24,20 +24,32 @@ class SourceTree {
   std::string describe() const;
 
   // Every file that `unit` (a generated unit that includes `source`) reaches through
-  // #include "..." and that resolves to a Params header injected by the library or to a file
-  // of the tree, each once, in the order first reached. Quoted includes are relative to the
-  // tree's root; anything else is left to the compiler. Throws kiln::Error (not_found) when
-  // `source` itself is not in the tree.
+  // #include "...": a Params header injected by the library or a file of the tree, each once,
+  // in the order first reached. Quoted includes are relative to the tree's root; angle-bracket
+  // ones are left to the compiler's toolkit. Throws kiln::Error naming the include and the file
+  // that has it for one the key could not cover: a quoted one not in the tree (not_found), or
+  // one that leaves it, by an absolute or `..` path or a symbolic link, or a computed one
+  // (invalid_argument).
   std::vector<Header> closure(std::string_view unit, std::string_view source) const;
 
  private:
   explicit SourceTree(std::filesystem::path root) : root_(std::move(root)) {}
-  std::optional<std::string> read(std::string_view relative) const;
+  // nullopt when `relative` is not in the tree; `real_root` is the root with links resolved.
+  std::optional<std::string> read(std::string_view relative, const std::filesystem::path& real_root,
+                                  std::string_view from) const;
 
   std::filesystem::path root_;
 };
 
-// The quoted #include targets in `text`, in order of appearance.
-std::vector<std::string> quoted_includes(std::string_view text);
+struct Include {
+  enum class Kind { quoted, angled, computed };  // "file", <file>, MACRO
+  std::string name;                              // as written, without its delimiters
+  Kind kind = Kind::quoted;
+
+  friend bool operator==(const Include&, const Include&) = default;
+};
+
+// The #include directives in `text`, in order of appearance.
+std::vector<Include> includes(std::string_view text);
 
 }  // namespace kiln::detail

@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 
 #include "cache/disk.hpp"
+#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -34,33 +35,86 @@ bool is_qualified_identifier(std::string_view name) {
 
 [[noreturn]] void bad(const KernelSpec& spec, const std::string& why) {
   throw Error(ErrorCategory::invalid_argument,
-              fmt::format("kernel spec {} is invalid: {}", to_string(spec), why));
+              fmt::format("kernel spec {} is invalid: {}", printable(to_string(spec)), why));
+}
+
+bool is_digits(std::string_view text) {
+  return !text.empty() && std::all_of(text.begin(), text.end(), [](char c) {
+    return std::isdigit(static_cast<unsigned char>(c));
+  });
+}
+
+// The options a spec may add: those that only change how the unit is compiled. Any other could
+// name a file for the compiler to read (--include-path, --pre-include, -I, -include), which
+// the key would not cover and whose bytes would show in the log.
+constexpr std::string_view kAllowedOptions =
+    "-DNAME, -DNAME=VALUE, -UNAME, --use_fast_math, -ffast-math, -lineinfo, "
+    "--generate-line-info, --extra-device-vectorization, --maxrregcount=N, -O0 to -O3, "
+    "--ftz=, --prec-div=, --prec-sqrt=, --fmad= (each true or false)";
+
+bool is_allowed_option(std::string_view option) {
+  constexpr std::string_view kFlags[] = {"--use_fast_math",
+                                         "-use_fast_math",
+                                         "-ffast-math",
+                                         "-lineinfo",
+                                         "--generate-line-info",
+                                         "--extra-device-vectorization",
+                                         "-extra-device-vectorization",
+                                         "-O0",
+                                         "-O1",
+                                         "-O2",
+                                         "-O3"};
+  constexpr std::string_view kSwitches[] = {"--ftz=", "--prec-div=", "--prec-sqrt=", "--fmad="};
+  if (std::find(std::begin(kFlags), std::end(kFlags), option) != std::end(kFlags)) return true;
+  for (std::string_view prefix : kSwitches) {
+    if (option.starts_with(prefix)) {
+      const std::string_view value = option.substr(prefix.size());
+      return value == "true" || value == "false";
+    }
+  }
+  for (std::string_view prefix : {"--maxrregcount=", "-maxrregcount="}) {
+    if (option.starts_with(prefix)) return is_digits(option.substr(prefix.size()));
+  }
+  if (option.starts_with("-U")) return is_identifier(option.substr(2));
+  if (option.starts_with("-D")) {
+    const std::string_view definition = option.substr(2);
+    const std::size_t eq = definition.find('=');
+    const std::string_view value =
+        eq == std::string_view::npos ? std::string_view() : definition.substr(eq + 1);
+    return is_identifier(definition.substr(0, eq)) &&
+           std::all_of(value.begin(), value.end(),
+                       [](char c) { return std::isgraph(static_cast<unsigned char>(c)); });
+  }
+  return false;
 }
 
 void validate(const KernelSpec& spec, const Compiler& compiler) {
   if (!is_qualified_identifier(spec.entry)) {
-    bad(spec, fmt::format("entry '{}' must be a qualified name such as kiln::unary", spec.entry));
+    bad(spec, fmt::format("entry '{}' must be a qualified name such as kiln::unary",
+                          printable(spec.entry)));
   }
   for (std::size_t i = 0; i < spec.constants.size(); ++i) {
     const std::string& name = spec.constants[i].name;
     if (!is_identifier(name)) {
-      bad(spec, fmt::format("constant name '{}' must be a C++ identifier", name));
+      bad(spec, fmt::format("constant name '{}' must be a C++ identifier", printable(name)));
     }
     for (std::size_t j = 0; j < i; ++j) {
       if (spec.constants[j].name == name)
-        bad(spec, fmt::format("constant '{}' is set twice", name));
+        bad(spec, fmt::format("constant '{}' is set twice", printable(name)));
     }
   }
   for (const std::string& option : spec.options) {
-    if (option.empty() || option.find_first_of(" \t\r\n") != std::string::npos) {
-      bad(spec, fmt::format("option '{}' must be one non-empty word", option));
+    if (!is_allowed_option(option)) {
+      bad(spec, fmt::format("option '{}' is not allowed: a spec may add only options that change "
+                            "code generation: {}",
+                            printable(option), kAllowedOptions));
     }
   }
   if (!compiler.accepts(spec.target)) {
     throw Error(ErrorCategory::unsupported,
-                fmt::format("target '{}' is not one {} can build for: use an architecture such "
-                            "as sm_80 or sm_90a (CUDA), gfx90a (HIP)",
-                            spec.target, compiler.identity()));
+                fmt::format("target '{}' is not one {} can build for: use one of {}",
+                            printable(spec.target), compiler.identity(),
+                            fmt::join(compiler.targets(), " ")));
   }
 }
 

@@ -247,7 +247,7 @@ void require_target(std::string_view target, AttentionKernel kernel) {
     if (!amd_target_supported(target)) {
       unsupported(
           fmt::format("attention on {} is not supported: on AMD it runs on gfx9 targets "
-                      "(wave64, such as gfx90a and gfx942)",
+                      "(wave64, such as gfx90a) that the loaded hipRTC can build",
                       target));
     }
     if (kernel != AttentionKernel::portable) {

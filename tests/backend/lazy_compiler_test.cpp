@@ -56,6 +56,10 @@ TEST_CASE("LazyCompiler answers from its memo without loading the library", "[ba
   CHECK_FALSE(third.accepts("gfx90a"));
   CHECK(third.accepts("sm_90a"));
   CHECK(compiler_library_opens() == opens);
+
+  // Only the message refusing a target lists them all, so that is left to the real compiler.
+  CHECK(third.targets() == std::vector<std::string>{"sm_80", "sm_90a"});
+  CHECK(compiler_library_opens() == ++opens);
 }
 
 TEST_CASE("loading the real compiler corrects a memo that names another identity", "[backend]") {

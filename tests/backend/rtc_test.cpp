@@ -9,6 +9,8 @@
 
 #include "backend/backend.hpp"
 #include "kiln/error.hpp"
+#include "kiln/kiln.h"
+#include "support.hpp"
 
 namespace kiln::detail {
 namespace {
@@ -145,6 +147,11 @@ TEST_CASE("NVRTC options and targets", "[backend]") {
   CHECK_FALSE(nvrtc->accepts("compute_90"));
   CHECK_FALSE(nvrtc->accepts("gfx90a"));
   CHECK_FALSE(nvrtc->accepts(""));
+
+  const std::vector<std::string> targets = nvrtc->targets();
+  CHECK(std::count(targets.begin(), targets.end(), "sm_90a") == 1);
+  CHECK(std::count(targets.begin(), targets.end(), "sm_80") == 1);
+  for (const std::string& target : targets) CHECK(nvrtc->accepts(target));
 }
 
 TEST_CASE("hipRTC compiles a templated kernel with an in-memory header", "[backend]") {
@@ -173,12 +180,44 @@ TEST_CASE("hipRTC options and targets", "[backend]") {
   CHECK(hiprtc->canonical_options("gfx90a") == expected);
 
   CHECK(hiprtc->accepts("gfx90a"));
-  CHECK(hiprtc->accepts("gfx942"));
-  CHECK(hiprtc->accepts("gfx1100"));
   CHECK_FALSE(hiprtc->accepts("gfx"));
   CHECK_FALSE(hiprtc->accepts("gfx90a:xnack-"));
   CHECK_FALSE(hiprtc->accepts("GFX90A"));
   CHECK_FALSE(hiprtc->accepts("sm_90a"));
+
+  const std::vector<std::string> targets = hiprtc->targets();
+  CHECK(std::count(targets.begin(), targets.end(), "gfx90a") == 1);
+  for (const std::string& target : targets) CHECK(hiprtc->accepts(target));
+}
+
+// NOTE: comgr of ROCm 5.2 aborts the process (munmap_chunk(): invalid pointer) for an ISA it
+// does not know, so hipRTC must never be asked to build one.
+TEST_CASE("hipRTC accepts only the targets its comgr lists", "[backend]") {
+  const auto hiprtc = open_or_warn(open_hiprtc);
+  if (!hiprtc) return;
+  const std::vector<std::string> targets = hiprtc->targets();
+  for (const char* target : {"gfx940", "gfx942", "gfx1100", "gfx1200", "gfx9999", "gfxabc"}) {
+    INFO(target);
+    CHECK(hiprtc->accepts(target) == (std::count(targets.begin(), targets.end(), target) == 1));
+  }
+  if (hiprtc->identity().find("(hip 5.2.") != std::string::npos) {
+    CHECK_FALSE(hiprtc->accepts("gfx942"));
+    CHECK_FALSE(hiprtc->accepts("gfx1100"));
+    CHECK(hiprtc->accepts("gfx1030"));
+  }
+}
+
+// The C API's warm-up of the default set reaches the same refusal: it used to kill its caller.
+TEST_CASE("kiln_warmup_default refuses an AMD target hipRTC cannot build", "[backend]") {
+  if (!open_or_warn(open_hiprtc)) return;
+  const test::TempDir cache;
+  const test::ScopedEnv cache_dir("KILN_CACHE_DIR", cache.path().c_str());
+  const test::ScopedEnv kernels("KILN_KERNELS_DIR", KILN_SOURCE_DIR "/kernels_src");
+  CHECK(kiln_warmup_default("gfx942", 1) != KILN_OK);
+  const std::string message = kiln_last_error();
+  INFO(message);
+  CHECK_THAT(message, Catch::Contains("target 'gfx942' is not one hiprtc"));
+  CHECK_THAT(message, Catch::Contains("gfx90a"));
 }
 
 }  // namespace

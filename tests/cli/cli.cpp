@@ -1,7 +1,13 @@
 // Tests of the `kiln` command, run as a subprocess against a private cache directory.
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <csignal>
+#include <thread>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -43,6 +49,9 @@ bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
+// Longer than any command here takes, even building kernels under the sanitizers.
+constexpr std::chrono::seconds kTimeout{300};
+
 // The built `kiln` with a scratch directory whose cache/ is its only cache, and no KILN_*
 // variable of the calling environment.
 class Cli {
@@ -69,13 +78,27 @@ class Cli {
                                     pointers(env).data());
     posix_spawn_file_actions_destroy(&actions);
     REQUIRE(spawned == 0);
+    // NOTE: polled, so that a kiln that hangs fails its test instead of stalling the suite; an
+    // abort or a kill shows as code -1 and fails the CHECK below.
     int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
+    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
+    pid_t waited = 0;
+    while ((waited = waitpid(pid, &status, WNOHANG)) == 0 &&
+           std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    const bool hung = waited == 0;
+    if (hung) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+    }
     Result result;
-    result.code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    result.code = WIFEXITED(status) && !hung ? WEXITSTATUS(status) : -1;
     result.out = read_file(out);
     result.err = read_file(err);
     INFO("kiln stdout:\n" << result.out << "\nkiln stderr:\n" << result.err);
+    CHECK_FALSE(hung);
+    CHECK_FALSE(WIFSIGNALED(status));
     CHECK(result.code >= 0);
     return result;
   }
@@ -199,6 +222,51 @@ TEST_CASE("kiln warm exits 1 and shows the message when a spec fails", "[cli]") 
   CHECK(result.code == 1);
   CHECK(contains(result.out, "failed 1"));
   CHECK(contains(result.out, "failed: elementwise/missing.cuh"));
+}
+
+TEST_CASE("kiln warm refuses a manifest that is not a regular file, naming it", "[cli]") {
+  const Cli cli;
+  const fs::path fifo = cli.dir() / "fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  for (const fs::path& path : {fs::path("/dev/zero"), cli.dir(), fifo}) {
+    const Result result = cli.run({"warm", "--target", "sm_90a", path.string()});
+    CHECK(result.code == 2);
+    CHECK(contains(result.err, "kiln: error: the manifest " + path.string() + " is a "));
+    CHECK_FALSE(contains(result.out, "warmed"));
+  }
+  const Result missing = cli.run({"warm", (cli.dir() / "none.txt").string()});
+  CHECK(missing.code == 1);
+  CHECK(contains(missing.err, (cli.dir() / "none.txt").string() + " does not exist"));
+}
+
+TEST_CASE("kiln warm escapes the control characters of a bad manifest line", "[cli]") {
+  const Cli cli;
+  const fs::path manifest = cli.dir() / "escape.txt";
+  write_file(manifest, "elementwise/unary.cuh:kiln::unary\x1b]0;owned\x07\x1b[2J<op=4>(p)\n");
+  const Result result = cli.run({"warm", "--target", "sm_90a", manifest.string()});
+  CHECK(result.code == 2);
+  CHECK(contains(result.err, "unary\\x1b]0;owned\\x07\\x1b[2J<op=4>"));
+  CHECK_FALSE(contains(result.err, "\x1b"));
+}
+
+TEST_CASE("kiln warm refuses an AMD target hipRTC cannot build, naming those it can", "[cli]") {
+  const Cli cli;
+  const Result info = cli.run({"info", "--json"});
+  REQUIRE(info.code == 0);
+  const auto backends = nlohmann::json::parse(info.out)["backends"];
+  if (std::none_of(backends.begin(), backends.end(), [](const nlohmann::json& backend) {
+        return backend["name"] == "hip" && backend["compiler_found"] == true;
+      })) {
+    WARN("skipped: needs hipRTC");
+    return;
+  }
+  // hipRTC of ROCm 5.2 aborted the process in comgr for each of these.
+  for (const char* target : {"gfx942", "gfx1100", "gfx9999"}) {
+    const Result result = cli.run({"warm", "--quiet", "--target", target});
+    CHECK(result.code == 1);
+    CHECK(contains(result.out, "target '" + std::string(target) + "' is not one hiprtc"));
+    CHECK(contains(result.out, "gfx90a"));
+  }
 }
 
 TEST_CASE("kiln compile prints the key, registers and log of one spec", "[cli]") {
@@ -358,6 +426,13 @@ TEST_CASE("kiln cache refuses a cache directory it cannot write", "[cli]") {
 TEST_CASE("kiln exits 2 on usage errors and prints its version", "[cli]") {
   const Cli cli;
   CHECK(cli.run({"frobnicate"}).code == 2);
+  // CLI11 2.1.2 spun forever on these, taking "" for its nameless option group.
+  for (const std::vector<std::string>& args :
+       {std::vector<std::string>{"info", "", "--fix"}, {"info", ""}, {"warm", "", "--fix"}}) {
+    const Result empty = cli.run(args);
+    CHECK(empty.code == 2);
+    CHECK(contains(empty.err, "is empty"));
+  }
   CHECK(cli.run({"warm", "--threads", "0"}).code == 2);
   CHECK(cli.run({"info", "--target", "sm_90a", "--target", "gfx90a"}).code == 2);
   const Result jit = cli.run({"info", "--jit", "sometimes"});

@@ -149,10 +149,51 @@ TEST_CASE("bad specs are refused before compiling", "[jit][key]") {
   CHECK(category([](auto& s) { s.params = "kiln::Nope"; }) == ErrorCategory::invalid_argument);
 }
 
-TEST_CASE("quoted_includes finds quoted includes only", "[jit][key]") {
-  CHECK(kiln::detail::quoted_includes("#include \"a.cuh\"\n  #  include \"b/c.h\"\n"
-                                      "#include <cuda_fp16.h>\n// #include \"d.h\"\n") ==
-        std::vector<std::string>{"a.cuh", "b/c.h"});
+TEST_CASE("a refused target is named with the targets the compiler builds", "[jit][key]") {
+  kiln::KernelSpec spec = sample();
+  spec.target = "gfx942";
+  CHECK_THROWS_WITH(key_of(spec), Catch::Contains("target 'gfx942' is not one fake 1.0 can "
+                                                  "build for: use one of sm_80 sm_90a"));
+}
+
+// NOTE: any other option could make the compiler read a file the key does not cover.
+TEST_CASE("a spec may add only options that change code generation", "[jit][key]") {
+  for (const char* option :
+       {"-DKILN_TRACE", "-DX=1", "-DX=\"a\"", "-UNDEBUG", "--use_fast_math", "-ffast-math",
+        "-lineinfo", "--generate-line-info", "--extra-device-vectorization", "--maxrregcount=64",
+        "-O0", "-O3", "--ftz=true", "--prec-div=false", "--prec-sqrt=true", "--fmad=false"}) {
+    INFO(option);
+    kiln::KernelSpec spec = sample();
+    spec.options = {option};
+    CHECK_NOTHROW(key_of(spec));
+  }
+  for (const char* option :
+       {"--include-path=/etc", "--pre-include=passwd", "-I/etc", "-include", "-isystem/etc",
+        "--pre-include", "-D", "-D1X", "-DX=a b", "-D=1", "--maxrregcount=", "--maxrregcount=x",
+        "--ftz=yes", "-O4", "-U", "--dopt=on", "-Xclang", "--options-file=/etc/passwd", ""}) {
+    INFO(option);
+    kiln::KernelSpec spec = sample();
+    spec.options = {option};
+    try {
+      key_of(spec);
+      FAIL("accepted");
+    } catch (const kiln::Error& e) {
+      CHECK(e.category() == kiln::ErrorCategory::invalid_argument);
+      CHECK_THAT(e.what(), Catch::Contains("option '" + std::string(option) + "' is not allowed"));
+      CHECK_THAT(e.what(), Catch::Contains("-DNAME=VALUE"));
+    }
+  }
+}
+
+TEST_CASE("includes finds quoted, angle-bracket and computed includes", "[jit][key]") {
+  using Kind = kiln::detail::Include::Kind;
+  CHECK(kiln::detail::includes("#include \"a.cuh\"\n  #  include \"b/c.h\"\n"
+                               "#include <cuda_fp16.h>\n// #include \"d.h\"\n"
+                               "#include KILN_FILE \r\n#include_next <e.h>\n#define include\n") ==
+        std::vector<kiln::detail::Include>{{"a.cuh", Kind::quoted},
+                                           {"b/c.h", Kind::quoted},
+                                           {"cuda_fp16.h", Kind::angled},
+                                           {"KILN_FILE", Kind::computed}});
 }
 
 TEST_CASE("a kernels dir that does not exist is an error naming it", "[jit][key]") {

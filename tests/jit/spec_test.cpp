@@ -69,6 +69,11 @@ TEST_CASE("parse_spec names what is wrong", "[jit][spec]") {
   CHECK_THAT(message("a.cuh:f<x=one>(P)"), Catch::Contains("value 'one'"));
   CHECK_THAT(message("a.cuh:f<x=1,x=2>(P)"), Catch::Contains("'x' appears twice"));
   CHECK_THAT(message("a.cuh:f<x>(P)"), Catch::Contains("not name=value"));
+  // A spec is echoed in messages and reports, so it cannot drive the terminal.
+  const std::string escaped = message("a.cuh:f\x1b]0;title\x07<x=1>(P)");
+  CHECK_THAT(escaped, Catch::Contains("'a.cuh:f\\x1b]0;title\\x07<x=1>(P)'"));
+  CHECK_THAT(escaped, Catch::Contains("control character \\x1b at offset 7"));
+  CHECK(escaped.find('\x1b') == std::string::npos);
 }
 
 TEST_CASE("the generated unit includes the source, defines kiln_spec and checks the layout",

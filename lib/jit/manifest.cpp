@@ -1,0 +1,50 @@
+// Manifests: reading and parsing lists of kernel specs.
+#include "jit/manifest.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "jit/user_text.hpp"
+#include "kiln/error.hpp"
+
+namespace kiln::detail {
+namespace {
+
+std::string_view trim(std::string_view text) {
+  const std::size_t first = text.find_first_not_of(" \t\r");
+  if (first == std::string_view::npos) return {};
+  return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
+}
+
+}  // namespace
+
+std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name) {
+  std::vector<KernelSpec> specs;
+  for (std::size_t number = 1, start = 0; start < text.size(); ++number) {
+    const std::size_t end = std::min(text.find('\n', start), text.size());
+    const std::string_view line = text.substr(start, end - start);
+    start = end + 1;
+    const std::string_view spec = trim(line.substr(0, line.find('#')));
+    if (spec.empty()) continue;
+    try {
+      specs.push_back(parse_spec(spec));
+    } catch (const Error& e) {
+      throw Error(e.category(), fmt::format("{}:{}: {}", printable(name), number, e.what()));
+    }
+  }
+  return specs;
+}
+
+std::vector<KernelSpec> read_manifest(const std::filesystem::path& path) {
+  const std::optional<std::string> text = read_user_file(path, "manifest");
+  if (!text) {
+    throw Error(ErrorCategory::not_found,
+                fmt::format("the manifest {} does not exist: name a file of canonical specs, one "
+                            "a line",
+                            printable(path.string())));
+  }
+  return parse_manifest(*text, path.string());
+}
+
+}  // namespace kiln::detail

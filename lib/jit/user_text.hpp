@@ -1,0 +1,27 @@
+// Text a user hands kiln (kernel sources, manifests, specs): read with bounds, echoed safely.
+#pragma once
+
+#include <cstddef>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace kiln::detail {
+
+// The most kiln reads of one kernel source or manifest: far above any real one, low enough that
+// a file that never ends (a link to /dev/zero, a growing log) fails fast and names itself.
+inline constexpr std::size_t kMaxUserFileBytes = std::size_t{16} << 20;
+
+// The contents of the regular file at `path`, described in errors as `what` ("kernel source",
+// "manifest"); nullopt when it does not exist. Throws kiln::Error naming the file for anything
+// that is not a regular file (a directory, a FIFO, a device), one larger than `max_bytes`, and
+// any other failure to read it. Never blocks on a FIFO.
+std::optional<std::string> read_user_file(const std::filesystem::path& path, std::string_view what,
+                                          std::size_t max_bytes = kMaxUserFileBytes);
+
+// `text` with every control character (but tab) written as \xNN, so that a message echoing a
+// user's text cannot move the cursor, clear the screen or retitle the terminal.
+std::string printable(std::string_view text);
+
+}  // namespace kiln::detail
