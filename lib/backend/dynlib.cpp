@@ -40,7 +40,12 @@ DynLib DynLib::open(std::string_view what, std::span<const std::string> candidat
   // is the one error worth showing; "no such file" for every other candidate is noise.
   std::string load_errors;
   for (const std::string& candidate : candidates) {
-    if (void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+    // NOTE: RTLD_NODELETE keeps a library mapped until exit, whatever dlclose says: these GPU
+    // stacks set up global state that does not survive an unload and a reload (comgr registers
+    // its options with LLVM, and loading it again, as hipRTC does to compile, aborts with
+    // "Option 'disassemble' registered more than once"), and what they allocate once (NVRTC's
+    // exception pool) stays reachable instead of leaking at every unload.
+    if (void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)) {
       return DynLib(handle, std::string(what), std::string(fix));
     }
     const char* error = dlerror();

@@ -1,6 +1,4 @@
 // The HIP compiler: hipRTC, opened with dlopen, building code objects for one gfx target.
-#include <dlfcn.h>
-
 #include <algorithm>
 #include <array>
 #include <filesystem>
@@ -31,10 +29,6 @@ std::vector<std::string> comgr_targets(const std::filesystem::path& hiprtc_file)
   const DynLib comgr =
       DynLib::open("comgr (hipRTC's code object manager)", library_candidates(names, beside, {}),
                    "install ROCm's libamd_comgr beside hipRTC, which cannot compile without it");
-  // NOTE: comgr registers its command-line options with LLVM, which stays loaded when comgr is
-  // unloaded; loading comgr again (as hipRTC does to compile) then aborts with "Option
-  // 'disassemble' registered more than once". So comgr, once loaded, stays.
-  ::dlopen(comgr.file().c_str(), RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE);
   using Count = int (*)(std::size_t*);
   using Name = int (*)(std::size_t, const char**);
   const auto isa_count = comgr.symbol<Count>("amd_comgr_get_isa_count");
