@@ -560,7 +560,7 @@ void Runtime::zero_async(void* pointer, std::size_t bytes, void* stream) {
       .zero_async(impl_->config.device, pointer, bytes, stream);
 }
 
-void* Runtime::stream_zeros(std::size_t bytes, void* stream) {
+std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   Driver& d = impl_->device_driver("allocate device memory", "");
   const int device = impl_->config.device;

@@ -205,11 +205,11 @@ class Runtime {
   // Queues a fill of `bytes` of device memory with zeros on `stream`.
   void zero_async(void* pointer, std::size_t bytes, void* stream);
   // At least `bytes` of device memory private to `stream`, which the runtime keeps from call to
-  // call: zero when first handed out, and the work queued with it must leave it zero. Null
-  // while `stream` captures a graph (a replay may run on any stream, beside this one), or when
-  // the driver cannot tell streams apart (CUDA before 12.0, HIP): then take allocate_async and
-  // zero_async.
-  void* stream_zeros(std::size_t bytes, void* stream);
+  // call: zero when first handed out, and the work queued with it must leave it zero. Hold the
+  // result until that work is queued. Null while `stream` captures a graph (a replay may run on
+  // any stream, beside this one), when the driver cannot tell streams apart (CUDA before 12.0,
+  // HIP), or beyond the 64 streams that keep memory: then take allocate_async and zero_async.
+  std::shared_ptr<void> stream_zeros(std::size_t bytes, void* stream);
   // Copies device memory to the host once the work queued on `stream` is done (it synchronizes
   // the stream): for the debug checks only.
   void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, void* stream);

@@ -90,10 +90,8 @@ class Driver {
   // failed call, or (not_found) when the installed driver predates the entry point.
   virtual void* allocate_async(int ordinal, std::size_t bytes, void* stream) = 0;
   virtual void free_async(int ordinal, void* pointer, void* stream) = 0;
-  // Device memory on `ordinal` outside any stream's order (cuMemAlloc): free() waits for the
-  // work that may still use it, so it can be freed whatever stream last used it. Not while a
-  // stream of the process captures a graph.
-  virtual void* allocate(int ordinal, std::size_t bytes) = 0;
+  // Gives device memory back outside any stream's order (cuMemFree): the work that used it must
+  // be done.
   virtual void free(int ordinal, void* pointer) = 0;
   // Queues a fill of `bytes` of device memory with zeros on `stream`.
   virtual void zero_async(int ordinal, void* pointer, std::size_t bytes, void* stream) = 0;

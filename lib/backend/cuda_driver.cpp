@@ -89,7 +89,6 @@ struct CudaApi {
     lib.bind_optional(cuLaunchKernelEx, "cuLaunchKernelEx");  // CUDA 11.8
     lib.bind_optional(cuMemAllocAsync, "cuMemAllocAsync");    // CUDA 11.2
     lib.bind_optional(cuMemFreeAsync, "cuMemFreeAsync");
-    lib.bind(cuMemAlloc, "cuMemAlloc_v2");
     lib.bind(cuMemFree, "cuMemFree_v2");
     lib.bind(cuMemsetD8Async, "cuMemsetD8Async");
     lib.bind(cuMemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2");
@@ -124,7 +123,6 @@ struct CudaApi {
                                void** extra) = nullptr;
   CUresult (*cuMemAllocAsync)(CUdeviceptr*, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemFreeAsync)(CUdeviceptr, CUstream) = nullptr;
-  CUresult (*cuMemAlloc)(CUdeviceptr*, std::size_t) = nullptr;
   CUresult (*cuMemFree)(CUdeviceptr) = nullptr;
   CUresult (*cuMemsetD8Async)(CUdeviceptr, unsigned char, std::size_t, CUstream) = nullptr;
   CUresult (*cuMemcpyDtoHAsync)(void*, CUdeviceptr, std::size_t, CUstream) = nullptr;
@@ -343,15 +341,6 @@ class CudaDriver final : public Driver {
     api_->check(
         api_->cuMemFreeAsync(reinterpret_cast<CUdeviceptr>(pointer), static_cast<CUstream>(stream)),
         "cuMemFreeAsync");
-  }
-
-  void* allocate(int ordinal, std::size_t bytes) override {
-    use_primary_context(ordinal);
-    CUdeviceptr pointer = 0;
-    api_->check(
-        api_->cuMemAlloc(&pointer, bytes), "cuMemAlloc_v2",
-        "allocating " + std::to_string(bytes) + " bytes on CUDA device " + std::to_string(ordinal));
-    return reinterpret_cast<void*>(pointer);
   }
 
   void free(int ordinal, void* pointer) override {

@@ -49,7 +49,6 @@ struct HipApi {
     lib.bind(hipModuleLaunchKernel, "hipModuleLaunchKernel");
     lib.bind_optional(hipMallocAsync, "hipMallocAsync");  // ROCm 5.2
     lib.bind_optional(hipFreeAsync, "hipFreeAsync");
-    lib.bind(hipMalloc, "hipMalloc");
     lib.bind(hipFree, "hipFree");
     lib.bind(hipMemsetAsync, "hipMemsetAsync");
     lib.bind(hipMemcpyDtoHAsync, "hipMemcpyDtoHAsync");
@@ -77,7 +76,6 @@ struct HipApi {
                                       void** params, void** extra) = nullptr;
   hipError_t (*hipMallocAsync)(void**, std::size_t, hipStream_t) = nullptr;
   hipError_t (*hipFreeAsync)(void*, hipStream_t) = nullptr;
-  hipError_t (*hipMalloc)(void**, std::size_t) = nullptr;
   hipError_t (*hipFree)(void*) = nullptr;
   hipError_t (*hipMemsetAsync)(void*, int, std::size_t, hipStream_t) = nullptr;
   hipError_t (*hipMemcpyDtoHAsync)(void*, void*, std::size_t, hipStream_t) = nullptr;
@@ -223,16 +221,6 @@ class HipDriver final : public Driver {
     check_ordinal(ordinal);
     api_->use_device(ordinal);
     api_->check(api_->hipFreeAsync(pointer, static_cast<hipStream_t>(stream)), "hipFreeAsync");
-  }
-
-  void* allocate(int ordinal, std::size_t bytes) override {
-    check_ordinal(ordinal);
-    api_->use_device(ordinal);
-    void* pointer = nullptr;
-    api_->check(
-        api_->hipMalloc(&pointer, bytes), "hipMalloc",
-        "allocating " + std::to_string(bytes) + " bytes on HIP device " + std::to_string(ordinal));
-    return pointer;
   }
 
   void free(int ordinal, void* pointer) override {

@@ -8,57 +8,52 @@
 
 namespace kiln::detail {
 
-StreamZeros::~StreamZeros() {
-  for (const auto& [id, block] : blocks_) {
+// One allocation of a stream, given back when its last holder lets go.
+struct StreamZeros::Memory {
+  Driver& driver;
+  int device;
+  void* pointer;
+  void* stream;
+  // Set when the runtime closes: the stream may be gone by then (and its work must be done, as
+  // for the kernels the runtime unloads), so the memory goes back outside any stream's order.
+  bool closing = false;
+
+  ~Memory() {
     try {
-      release(block);
+      if (closing) {
+        driver.free(device, pointer);
+      } else {
+        driver.free_async(device, pointer, stream);
+      }
     } catch (const Error& e) {
       // NOTE: at process exit the driver may already have shut down.
       log(LogLevel::debug, "giving back a stream's zeroed memory failed: {}", e.what());
     }
   }
+};
+
+StreamZeros::~StreamZeros() {
+  for (auto& [id, block] : blocks_) block.memory->closing = true;
 }
 
-void* StreamZeros::get(Driver& driver, int device, std::uint64_t id, std::size_t bytes,
-                       void* stream) {
+std::shared_ptr<void> StreamZeros::get(Driver& driver, int device, std::uint64_t id,
+                                       std::size_t bytes, void* stream) {
   const std::lock_guard lock(mutex_);
-  driver_ = &driver;
-  device_ = device;
   auto it = blocks_.find(id);
   if (it == blocks_.end()) {
-    if (blocks_.size() == kStreams) {
-      const auto oldest = blocks_.find(recent_.back());
-      release(oldest->second);
-      recent_.pop_back();
-      blocks_.erase(oldest);
-    }
-    recent_.push_front(id);
-    it = blocks_.emplace(id, Block{.recent = recent_.begin()}).first;
-  } else {
-    recent_.splice(recent_.begin(), recent_, it->second.recent);
+    if (blocks_.size() == kStreams) return nullptr;
+    it = blocks_.emplace(id, Block{}).first;
   }
   Block& block = it->second;
   if (block.bytes < bytes) {
     const std::size_t grown = std::max(bytes, 2 * block.bytes);
-    release(block);
-    block.pointer = nullptr;
-    block.bytes = 0;
-    void* fresh = driver.allocate(device, grown);
-    try {
-      driver.zero_async(device, fresh, grown, stream);
-    } catch (const Error&) {
-      driver.free(device, fresh);
-      throw;
-    }
-    block.pointer = fresh;
+    void* pointer = driver.allocate_async(device, grown, stream);
+    std::shared_ptr<Memory> memory(new Memory{driver, device, pointer, stream});
+    driver.zero_async(device, pointer, grown, stream);
+    block.memory = std::move(memory);
     block.bytes = grown;
   }
-  return block.pointer;
-}
-
-void StreamZeros::release(const Block& block) {
-  // Driver::free waits for the work that may still use the memory, on whatever stream.
-  if (block.pointer != nullptr) driver_->free(device_, block.pointer);
+  return {block.memory, block.memory->pointer};
 }
 
 }  // namespace kiln::detail

@@ -3,7 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <list>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 
@@ -12,11 +12,13 @@
 namespace kiln::detail {
 
 // NOTE: memory that starts zero and that every use leaves zero needs no fill per call (a fill
-// before each split-KV decode cost about 3 us). It is private to one stream, so uses are
+// before each split-KV decode cost about 3 us). It is private to one stream, so its uses are
 // ordered by the stream; streams are told apart by Driver::stream_id, which is never reused.
+// Memory is taken and given back in the stream's order (cuMemAllocAsync, cuMemFreeAsync), which
+// another thread's graph capture allows.
 class StreamZeros {
  public:
-  // Streams whose memory is kept; the least recently used beyond them gives its memory back.
+  // Streams that keep memory, for the runtime's life; further streams get none.
   static constexpr std::size_t kStreams = 64;
 
   StreamZeros() = default;
@@ -25,23 +27,21 @@ class StreamZeros {
   StreamZeros& operator=(const StreamZeros&) = delete;
 
   // At least `bytes` for the stream `id` (`stream` on `device` of `driver`), zero in the
-  // stream's order. Growing gives the old memory back once the device is done with it.
-  void* get(Driver& driver, int device, std::uint64_t id, std::size_t bytes, void* stream);
+  // stream's order; null when kStreams other streams keep memory. The caller holds the result
+  // until the work that uses it is queued: memory outgrown by a later call on the same stream
+  // goes back, in the stream's order, only once no caller holds it.
+  std::shared_ptr<void> get(Driver& driver, int device, std::uint64_t id, std::size_t bytes,
+                            void* stream);
 
  private:
+  struct Memory;
   struct Block {
-    void* pointer = nullptr;
+    std::shared_ptr<Memory> memory;
     std::size_t bytes = 0;
-    std::list<std::uint64_t>::iterator recent;  // its place in recent_
   };
 
-  void release(const Block& block);
-
   std::mutex mutex_;
-  Driver* driver_ = nullptr;  // of every block: a runtime has one device and one driver
-  int device_ = 0;
   std::unordered_map<std::uint64_t, Block> blocks_;
-  std::list<std::uint64_t> recent_;  // stream ids, most recently used first
 };
 
 }  // namespace kiln::detail

@@ -243,7 +243,7 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
                                      : 0;
   // The split flags start zero and the kernel leaves them zero: the stream's kept zeros, or,
   // where it has none (graph capture), zeroed scratch of this call.
-  void* kept_flags = runtime.stream_zeros(flag_bytes, stream);
+  const std::shared_ptr<void> kept_flags = runtime.stream_zeros(flag_bytes, stream);
   const std::size_t scratch_flag_bytes = kept_flags ? 0 : flag_bytes;
   const Scratch scratch(
       runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + scratch_flag_bytes,
@@ -271,7 +271,7 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
     at += partial_out_bytes;
     p.partial_lse = reinterpret_cast<float*>(scratch.at(at));
     at += partial_lse_bytes;
-    void* flags = kept_flags;
+    void* flags = kept_flags.get();
     if (!flags) {
       flags = scratch.at(at);
       runtime.zero_async(flags, flag_bytes, stream);

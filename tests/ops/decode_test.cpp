@@ -715,7 +715,7 @@ TEST_CASE("decode split-KV is right whatever its scratch held", "[gpu][decode]")
   // The splits' partial states live in scratch from the device's default pool, handed out in
   // stream order: a block filled and freed on the call's stream just before is what the call
   // gets (the pool keeps freed memory while its release threshold is high). First every byte
-  // 0xff, then words in the range of the calls' tags.
+  // 0xff, then random words below 2^48, the range of the flags' tags.
   cudaMemPool_t pool = nullptr;
   KILN_CUDA_CHECK(cudaDeviceGetDefaultMemPool(&pool, 0));
   std::uint64_t threshold = 0;
@@ -883,12 +883,19 @@ TEST_CASE("decode split-KV flags kept per stream: streams at once, growth, more 
     kiln::test::sync_and_check();
     for (std::size_t i = 0; i < streams.size(); ++i) {
       check_outputs(c, setups[i], devices[i], download(devices[i]), wants[i]);
+      // The calls left the stream's flags zero for the next one (these calls' flags take less
+      // than the 256 bytes read).
+      const std::shared_ptr<void> flags = rt.stream_zeros(256, streams[i]);
+      REQUIRE(flags != nullptr);
+      std::array<std::uint64_t, 32> words{};
+      KILN_CUDA_CHECK(cudaMemcpy(words.data(), flags.get(), sizeof words, cudaMemcpyDeviceToHost));
+      CHECK(std::all_of(words.begin(), words.end(), [](std::uint64_t w) { return w == 0; }));
     }
   }
   for (cudaStream_t stream : streams) KILN_CUDA_CHECK(cudaStreamDestroy(stream));
 
-  // A stream each call, more than the runtime keeps flags for: the least recently used stream's
-  // flags go back, and every call is still right.
+  // A stream each call, more than keep flags: the streams beyond take zeroed scratch, and every
+  // call is still right.
   const Case c{.seqlens = {700, 90}, .num_splits = 3};
   INFO(describe(c));
   const Setup s = make_setup(c, rng);
