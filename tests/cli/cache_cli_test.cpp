@@ -1,8 +1,5 @@
 // Tests of `kiln cache` (and `kiln warm`) against caches in odd states, made by hand.
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -11,9 +8,8 @@
 
 #include "cache/disk.hpp"
 #include "cache/entries.hpp"
+#include "cli/run_kiln.hpp"
 #include "support.hpp"
-
-extern char** environ;
 
 namespace kiln::test {
 namespace {
@@ -22,45 +18,6 @@ namespace fs = std::filesystem;
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs the built `kiln` with `args`, KILN_CACHE_DIR set to `cache` and no other KILN_* variable
-// of the calling environment; its output goes through files in `scratch`.
-Result run_kiln(const fs::path& scratch, const fs::path& cache, std::vector<std::string> args) {
-  std::vector<std::string> env{"KILN_CACHE_DIR=" + cache.string()};
-  for (char** variable = environ; *variable != nullptr; ++variable) {
-    if (!std::string_view(*variable).starts_with("KILN_")) env.emplace_back(*variable);
-  }
-  args.insert(args.begin(), KILN_CLI_PATH);
-  const auto pointers = [](std::vector<std::string>& strings) {
-    std::vector<char*> result;
-    for (std::string& s : strings) result.push_back(s.data());
-    result.push_back(nullptr);
-    return result;
-  };
-  const fs::path out = scratch / "stdout.txt";
-  const fs::path err = scratch / "stderr.txt";
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  pid_t pid = 0;
-  const int spawned = posix_spawn(&pid, args[0].c_str(), &actions, nullptr, pointers(args).data(),
-                                  pointers(env).data());
-  posix_spawn_file_actions_destroy(&actions);
-  REQUIRE(spawned == 0);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  Result result{WIFEXITED(status) ? WEXITSTATUS(status) : -1, read_file(out), read_file(err)};
-  INFO("kiln stdout:\n" << result.out << "\nkiln stderr:\n" << result.err);
-  CHECK(result.code >= 0);
-  return result;
 }
 
 // A scratch directory whose cache/ holds two entries stored by the library.
@@ -77,9 +34,7 @@ struct Stored {
     disk.store(b);
   }
   fs::path version() const { return entry_path(cache, a.key).parent_path().parent_path(); }
-  Result run(std::vector<std::string> args) const {
-    return run_kiln(scratch.path(), cache, std::move(args));
-  }
+  Result run(std::vector<std::string> args) const { return run_kiln(scratch.path(), cache, args); }
 };
 
 TEST_CASE("kiln cache and kiln warm refuse a cache that others can write, naming the fix",

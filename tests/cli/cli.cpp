@@ -1,13 +1,7 @@
 // Tests of the `kiln` command, run as a subprocess against a private cache directory.
-#include <fcntl.h>
-#include <spawn.h>
 #include <sys/stat.h>
-#include <sys/wait.h>
 
 #include <algorithm>
-#include <chrono>
-#include <csignal>
-#include <thread>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -16,9 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "cli/run_kiln.hpp"
 #include "support.hpp"
-
-extern char** environ;
 
 namespace kiln::test {
 namespace {
@@ -39,18 +32,9 @@ constexpr const char* kManifest =
     "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=5>"
     "(kiln::UnaryParams)   # cos\n";
 
-struct Result {
-  int code = -1;
-  std::string out;
-  std::string err;
-};
-
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
-
-// Longer than any command here takes, even building kernels under the sanitizers.
-constexpr std::chrono::seconds kTimeout{300};
 
 // The built `kiln` with a scratch directory whose cache/ is its only cache, and no KILN_*
 // variable of the calling environment.
@@ -59,49 +43,7 @@ class Cli {
   const fs::path& dir() const { return scratch_.path(); }
   fs::path cache() const { return scratch_.path() / "cache"; }
 
-  Result run(const std::vector<std::string>& args) const {
-    std::vector<std::string> env{"KILN_CACHE_DIR=" + cache().string()};
-    for (char** variable = environ; *variable != nullptr; ++variable) {
-      if (!std::string_view(*variable).starts_with("KILN_")) env.emplace_back(*variable);
-    }
-    std::vector<std::string> argv{KILN_CLI_PATH};
-    argv.insert(argv.end(), args.begin(), args.end());
-
-    const fs::path out = dir() / "stdout.txt";
-    const fs::path err = dir() / "stderr.txt";
-    posix_spawn_file_actions_t actions;
-    posix_spawn_file_actions_init(&actions);
-    posix_spawn_file_actions_addopen(&actions, 1, out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    posix_spawn_file_actions_addopen(&actions, 2, err.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    pid_t pid = 0;
-    const int spawned = posix_spawn(&pid, argv[0].c_str(), &actions, nullptr, pointers(argv).data(),
-                                    pointers(env).data());
-    posix_spawn_file_actions_destroy(&actions);
-    REQUIRE(spawned == 0);
-    // NOTE: polled, so that a kiln that hangs fails its test instead of stalling the suite; an
-    // abort or a kill shows as code -1 and fails the CHECK below.
-    int status = 0;
-    const auto deadline = std::chrono::steady_clock::now() + kTimeout;
-    pid_t waited = 0;
-    while ((waited = waitpid(pid, &status, WNOHANG)) == 0 &&
-           std::chrono::steady_clock::now() < deadline) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    const bool hung = waited == 0;
-    if (hung) {
-      kill(pid, SIGKILL);
-      waitpid(pid, &status, 0);
-    }
-    Result result;
-    result.code = WIFEXITED(status) && !hung ? WEXITSTATUS(status) : -1;
-    result.out = read_file(out);
-    result.err = read_file(err);
-    INFO("kiln stdout:\n" << result.out << "\nkiln stderr:\n" << result.err);
-    CHECK_FALSE(hung);
-    CHECK_FALSE(WIFSIGNALED(status));
-    CHECK(result.code >= 0);
-    return result;
-  }
+  Result run(const std::vector<std::string>& args) const { return run_kiln(dir(), cache(), args); }
 
   // The manifest in the scratch directory, warmed for sm_90a; returns the report.
   nlohmann::json warm(const std::vector<std::string>& extra_args = {}) const {
@@ -125,13 +67,6 @@ class Cli {
   }
 
  private:
-  static std::vector<char*> pointers(std::vector<std::string>& strings) {
-    std::vector<char*> result;
-    for (std::string& s : strings) result.push_back(s.data());
-    result.push_back(nullptr);
-    return result;
-  }
-
   TempDir scratch_;
 };
 
