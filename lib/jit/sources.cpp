@@ -69,42 +69,210 @@ void require_contained(const Include& include, std::string_view from) {
                                  : "include toolkit headers by their name, such as <cuda_fp16.h>"));
 }
 
+constexpr std::string_view identifier_chars =
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_";
+
+bool is_space(char c) {
+  return c == ' ' || c == '\t' || c == '\f' || c == '\v' || c == '\r';
+}
+bool is_identifier_char(char c) {
+  return identifier_chars.find(c) != std::string_view::npos;
+}
+
+// NOTE: every directive that makes the compiler read a file, by GCC's and clang's names
+// (#include_next searches on from the current directory's place, #import is clang's and GCC's
+// include-once, #embed reads a file as bytes): each is held to the rules of #include.
+bool is_include_directive(std::string_view name) {
+  return name == "include" || name == "include_next" || name == "import" || name == "embed";
+}
+
+// NOTE: __has_include and its kin ask the compiler whether a file exists, so the answer, and
+// the code it selects, depends on the file system. Their operands are treated as includes: a
+// quoted one must then be a file of the tree, which kiln hands the compiler (so it answers from
+// a keyed file), and an angle-bracket one a toolkit-relative name. This refuses a probe for an
+// optional file the tree lacks, which no kernel needs.
+bool is_include_probe(std::string_view name) {
+  return name == "__has_include" || name == "__has_include_next" || name == "__has_embed";
+}
+
+std::size_t count_newlines(std::string_view text) {
+  return static_cast<std::size_t>(std::count(text.begin(), text.end(), '\n'));
+}
+
+struct PreprocessedText {
+  std::string text;                 // as the compiler's directive handling sees it
+  std::vector<std::size_t> probes;  // where, in `text`, each include probe's name ends
+};
+
+// Where the compilers may differ on what is one line. NOTE: GCC and clang join a backslash,
+// spaces and a newline, and read a comment's newlines as no line end (`#include /*\n*/ "x"` is
+// one directive; `x; /*\n*/ #include "x"` none); NVRTC does not document its choice, and each
+// reading can see a directive the other does not, so both are checked.
+enum class Reading { gnu, strict };
+
+// `text` after translation phases 2 and 3 as they bear on directives: backslash-newlines
+// joined, comments replaced by a space. Lines keep their numbers: a join's newlines (and in
+// the gnu reading a comment's) are put back at the end of the line, and in the strict reading
+// a comment's newlines stay where they were.
+// String and character literals (raw ones too) are skipped, so a comment marker in one is not a
+// comment; pp-numbers are skipped whole, so a digit separator (1'000) does not open a literal.
+// Trigraphs (??= for #) are left out: kiln compiles as C++17, which has none.
+// NOTE: a header name <a/*b> is lexed here as a comment, as it is everywhere but in an include;
+// no toolkit header is so named, and the compiler fails on a missing include before compiling.
+PreprocessedText preprocessed(std::string_view raw, Reading reading) {
+  std::string joined;
+  joined.reserve(raw.size());
+  std::size_t held_newlines = 0;
+  for (std::size_t i = 0; i < raw.size(); ++i) {
+    if (raw[i] == '\\') {
+      std::size_t next = i + 1;
+      while (reading == Reading::gnu && next < raw.size() && is_space(raw[next])) ++next;
+      if (next < raw.size() && raw[next] == '\n') {
+        ++held_newlines;
+        i = next;
+        continue;
+      }
+    }
+    if (raw[i] == '\n') {
+      joined.append(held_newlines, '\n');
+      held_newlines = 0;
+    }
+    joined += raw[i];
+  }
+  joined.append(held_newlines, '\n');
+  held_newlines = 0;
+
+  PreprocessedText out;
+  std::string& code = out.text;
+  code.reserve(joined.size());
+  const std::string_view in = joined;
+  std::size_t i = 0;
+  // Copies a "..." or '...' literal that opens at i: it ends at its closing quote or its line.
+  auto copy_literal = [&] {
+    const char quote = in[i];
+    std::size_t end = i + 1;
+    while (end < in.size() && in[end] != quote && in[end] != '\n') end += in[end] == '\\' ? 2 : 1;
+    end = std::min(end + (end < in.size() && in[end] == quote ? 1 : 0), in.size());
+    code += in.substr(i, end - i);
+    i = end;
+  };
+  while (i < in.size()) {
+    const char c = in[i];
+    if (in.substr(i).starts_with("//")) {
+      code += ' ';
+      i = std::min(in.find('\n', i), in.size());
+    } else if (in.substr(i).starts_with("/*")) {
+      const std::size_t close = in.find("*/", i + 2);
+      const std::size_t end = close == in.npos ? in.size() : close + 2;
+      code += ' ';
+      const std::size_t newlines = count_newlines(in.substr(i, end - i));
+      if (reading == Reading::gnu) {
+        held_newlines += newlines;
+      } else {
+        code.append(newlines, '\n');
+      }
+      i = end;
+    } else if (c == '"' || c == '\'') {
+      copy_literal();
+    } else if ((c >= '0' && c <= '9') ||
+               (c == '.' && i + 1 < in.size() && in[i + 1] >= '0' && in[i + 1] <= '9')) {
+      std::size_t end = i + 1;
+      while (end < in.size()) {
+        const char d = in[end];
+        const bool sign = (d == '+' || d == '-') &&
+                          std::string_view("eEpP").find(in[end - 1]) != std::string_view::npos;
+        const bool separator = d == '\'' && end + 1 < in.size() && is_identifier_char(in[end + 1]);
+        if (!is_identifier_char(d) && d != '.' && !sign && !separator) break;
+        end += separator ? 2 : 1;
+      }
+      code += in.substr(i, end - i);
+      i = end;
+    } else if (is_identifier_char(c)) {
+      const std::size_t end = std::min(in.find_first_not_of(identifier_chars, i), in.size());
+      const std::string_view word = in.substr(i, end - i);
+      code += word;
+      i = end;
+      if (is_include_probe(word)) out.probes.push_back(code.size());
+      // R"delim( ... )delim", with any encoding prefix: may hold quotes, newlines, comment marks.
+      if (word.ends_with('R') && i < in.size() && in[i] == '"') {
+        const std::size_t paren = in.find_first_of("(\n", i + 1);
+        if (paren == in.npos || in[paren] != '(') continue;  // not raw; the literal is copied next
+        const std::string close = ")" + std::string(in.substr(i + 1, paren - i - 1)) + "\"";
+        const std::size_t found = in.find(close, paren + 1);
+        const std::size_t end_raw = found == in.npos ? in.size() : found + close.size();
+        // Only its newlines are kept, so a line in it that starts with # is not a directive.
+        code += "\"\"";
+        code.append(count_newlines(in.substr(i, end_raw - i)), '\n');
+        i = end_raw;
+      }
+    } else {
+      if (c == '\n') {
+        code.append(held_newlines, '\n');
+        held_newlines = 0;
+      }
+      code += c;
+      ++i;
+    }
+  }
+  code.append(held_newlines, '\n');
+  return out;
+}
+
+std::vector<Include> includes(std::string_view text, Reading reading) {
+  std::vector<Include> found;
+  const PreprocessedText seen = preprocessed(text, reading);
+  const std::string_view code = seen.text;
+  // The operand of an include or a probe, from `at`: a header name, or what a macro would expand.
+  auto operand = [&](std::size_t at, std::string_view end_of_operand) {
+    at = std::min(code.find_first_not_of(" \t\f\v\r", at), code.size());
+    const char open = at < code.size() ? code[at] : '\0';
+    const std::size_t close = open == '"'   ? code.find('"', at + 1)
+                              : open == '<' ? code.find('>', at + 1)
+                                            : std::string_view::npos;
+    if (close != std::string_view::npos && code.substr(at, close - at).find('\n') == code.npos) {
+      found.push_back({std::string(code.substr(at + 1, close - at - 1)),
+                       open == '"' ? Include::Kind::quoted : Include::Kind::angled});
+      return;
+    }
+    std::string_view rest = code.substr(at, code.find_first_of(end_of_operand, at) - at);
+    while (!rest.empty() && is_space(rest.back())) rest.remove_suffix(1);
+    // None at all is a compile error, which reads nothing (or `defined(__has_include)`).
+    if (!rest.empty()) found.push_back({std::string(rest), Include::Kind::computed});
+  };
+  std::size_t probe = 0;  // the next of seen.probes
+  for (std::size_t start = 0; start < code.size();) {
+    const std::size_t newline = std::min(code.find('\n', start), code.size());
+    // Probes on this line come before a directive on the next one.
+    for (; probe < seen.probes.size() && seen.probes[probe] < newline; ++probe) {
+      std::size_t at =
+          std::min(code.find_first_not_of(" \t\f\v\r\n", seen.probes[probe]), code.size());
+      at += at < code.size() && code[at] == '(' ? 1 : 0;
+      at = std::min(code.find_first_not_of(" \t\f\v\r\n", at), code.size());
+      operand(at, ")\n");
+    }
+    std::size_t at = std::min(code.find_first_not_of(" \t\f\v\r", start), newline);
+    start = newline + 1;
+    if (code.substr(at).starts_with('#')) {
+      at += 1;
+    } else if (code.substr(at).starts_with("%:")) {
+      at += 2;
+    } else {
+      continue;
+    }
+    at = std::min(code.find_first_not_of(" \t\f\v\r", at), newline);
+    const std::size_t name_end = std::min(code.find_first_not_of(identifier_chars, at), newline);
+    if (is_include_directive(code.substr(at, name_end - at))) operand(name_end, "\n");
+  }
+  return found;
+}
+
 }  // namespace
 
 std::vector<Include> includes(std::string_view text) {
-  std::vector<Include> found;
-  std::size_t start = 0;
-  while (start < text.size()) {
-    const std::size_t newline = std::min(text.find('\n', start), text.size());
-    std::string_view rest = text.substr(start, newline - start);
-    start = newline + 1;
-    auto skip_space = [&] {
-      while (!rest.empty() && (rest.front() == ' ' || rest.front() == '\t')) rest.remove_prefix(1);
-    };
-    skip_space();
-    if (rest.empty() || rest.front() != '#') continue;
-    rest.remove_prefix(1);
-    skip_space();
-    if (!rest.starts_with("include")) continue;
-    rest.remove_prefix(7);
-    // `#include_next` and any other word that merely starts with "include" is not an include.
-    if (!rest.empty() && rest.front() != ' ' && rest.front() != '\t' && rest.front() != '"' &&
-        rest.front() != '<') {
-      continue;
-    }
-    skip_space();
-    const char open = rest.empty() ? '\0' : rest.front();
-    const std::size_t close = open == '"'   ? rest.find('"', 1)
-                              : open == '<' ? rest.find('>', 1)
-                                            : std::string_view::npos;
-    if (close != std::string_view::npos) {
-      found.push_back({std::string(rest.substr(1, close - 1)),
-                       open == '"' ? Include::Kind::quoted : Include::Kind::angled});
-    } else {
-      while (!rest.empty() && (rest.back() == ' ' || rest.back() == '\t' || rest.back() == '\r')) {
-        rest.remove_suffix(1);
-      }
-      found.push_back({std::string(rest), Include::Kind::computed});
+  std::vector<Include> found = includes(text, Reading::gnu);
+  for (Include& include : includes(text, Reading::strict)) {
+    if (std::find(found.begin(), found.end(), include) == found.end()) {
+      found.push_back(std::move(include));
     }
   }
   return found;

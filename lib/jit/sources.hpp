@@ -49,7 +49,9 @@ struct Include {
   friend bool operator==(const Include&, const Include&) = default;
 };
 
-// The #include directives in `text`, in order of appearance.
+// The files `text` makes the compiler read or probe, in order of appearance: the operands of
+// #include and the other directives that read a file, however the preprocessor lets them be
+// written (comments, joined lines, %:), and of __has_include and its kin.
 std::vector<Include> includes(std::string_view text);
 
 }  // namespace kiln::detail

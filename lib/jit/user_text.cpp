@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 
@@ -34,6 +35,28 @@ class ClosedOnExit {
  private:
   int fd_;
 };
+
+// The length of the well-formed UTF-8 character that starts `text` (1 for ASCII), or 0 when
+// its first byte does not start one.
+std::size_t utf8_length(std::string_view text) {
+  const auto at = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = at(0);
+  if (lead < 0x80) return 1;
+  const std::size_t length = lead >= 0xc2 && lead <= 0xdf   ? 2
+                             : lead >= 0xe0 && lead <= 0xef ? 3
+                             : lead >= 0xf0 && lead <= 0xf4 ? 4
+                                                            : 0;
+  if (length == 0 || text.size() < length) return 0;
+  for (std::size_t k = 1; k < length; ++k) {
+    if ((at(k) & 0xc0) != 0x80) return 0;
+  }
+  // Overlong forms, surrogates and code points past U+10FFFF.
+  if ((lead == 0xe0 && at(1) < 0xa0) || (lead == 0xed && at(1) > 0x9f) ||
+      (lead == 0xf0 && at(1) < 0x90) || (lead == 0xf4 && at(1) > 0x8f)) {
+    return 0;
+  }
+  return length;
+}
 
 }  // namespace
 
@@ -83,13 +106,23 @@ std::optional<std::string> read_user_file(const std::filesystem::path& path, std
 std::string printable(std::string_view text) {
   std::string shown;
   shown.reserve(text.size());
-  for (const char c : text) {
-    const auto byte = static_cast<unsigned char>(c);
-    if ((byte < 0x20 && c != '\t') || byte == 0x7f) {
-      shown += fmt::format("\\x{:02x}", byte);
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const std::size_t length = utf8_length(text.substr(i));
+    // NOTE: C1 controls (0x80-0x9f; 0x9b is CSI) act on terminals that read bytes as Latin-1,
+    // and as U+0080-U+009F (0xc2 0x80-0x9f) on UTF-8 ones; other multibyte characters are kept.
+    const bool c1 = length == 0   ? byte >= 0x80 && byte <= 0x9f
+                    : length == 2 ? byte == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f
+                                  : false;
+    const std::size_t taken = std::max<std::size_t>(length, 1);  // an ill-formed byte alone
+    if ((byte < 0x20 && byte != '\t') || byte == 0x7f || c1) {
+      for (const char c : text.substr(i, taken)) {
+        shown += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+      }
     } else {
-      shown += c;
+      shown += text.substr(i, taken);
     }
+    i += taken;
   }
   return shown;
 }

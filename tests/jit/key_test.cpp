@@ -193,7 +193,8 @@ TEST_CASE("includes finds quoted, angle-bracket and computed includes", "[jit][k
         std::vector<kiln::detail::Include>{{"a.cuh", Kind::quoted},
                                            {"b/c.h", Kind::quoted},
                                            {"cuda_fp16.h", Kind::angled},
-                                           {"KILN_FILE", Kind::computed}});
+                                           {"KILN_FILE", Kind::computed},
+                                           {"e.h", Kind::angled}});
 }
 
 TEST_CASE("a kernels dir that does not exist is an error naming it", "[jit][key]") {

@@ -83,6 +83,9 @@ TEST_CASE("an include that leaves the kernel tree is refused, naming it and its 
   SECTION("a quoted name the tree lacks, which NVRTC would look for in the working directory") {
     const Tree tree("#include \"stray.cuh\"");
     check_refused(tree, ErrorCategory::not_found, "\"stray.cuh\"", "which is not in ");
+    // A probe for it is answered from the file system too.
+    const Tree probe("#if __has_include(\"optional.cuh\")\n#endif");
+    check_refused(probe, ErrorCategory::not_found, "\"optional.cuh\"", "which is not in ");
   }
   SECTION("a toolkit include by an absolute or upward path") {
     const Tree absolute("#include </etc/passwd>");
@@ -93,7 +96,69 @@ TEST_CASE("an include that leaves the kernel tree is refused, naming it and its 
   SECTION("a computed include") {
     const Tree tree("#include KILN_FILE");
     check_refused(tree, ErrorCategory::invalid_argument, "(KILN_FILE)", "computed #include");
+    const Tree probe("#if __has_include(KILN_FILE)\n#endif");
+    check_refused(probe, ErrorCategory::invalid_argument, "(KILN_FILE)", "computed #include");
   }
+}
+
+// The compiler joins backslash-newlines and drops comments before it reads directives, takes
+// %: for #, any horizontal space around the directive's name, and several directives or probes
+// that read a file: each way of writing one is held to the same rules.
+TEST_CASE("an include is refused however the preprocessor lets it be written", "[jit]") {
+  const std::pair<const char*, const char*> forms[] = {
+      {"/**/#include \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#/**/include \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#include/**/\"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#include /* a\n comment */ \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"int x; /* a\n comment */ #include \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"%:include \"/etc/hostname\"", "\"/etc/hostname\""},
+      {" %: include \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#\\\ninclude \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#inc\\\nlude \\  \n\"/etc/hostname\"", "\"/etc/hostname\""},
+      // GCC and clang join these lines; a compiler that does not sees the include.
+      {"// a note \\ \n#include \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#include\f\"/etc/hostname\"", "\"/etc/hostname\""},
+      {"\v#\vinclude\v\"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#include_next \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#include_next </etc/hostname>", "</etc/hostname>"},
+      {"#import \"/etc/hostname\"", "\"/etc/hostname\""},
+      {"#embed \"/etc/hostname\" limit(8)", "\"/etc/hostname\""},
+      {"#if __has_include(\"/etc/hostname\")\n#endif", "\"/etc/hostname\""},
+      {"#if defined(__has_include) && __has_include ( \"../outside.cuh\" )\n#endif",
+       "\"../outside.cuh\""},
+      {"#if __has_include_next(</etc/hostname>)\n#endif", "</etc/hostname>"},
+      // What looks like a comment opening inside a raw string is none.
+      {"auto s = R\"k(\"/*)k\";\n#include \"/etc/hostname\"\n// */", "\"/etc/hostname\""},
+      // A digit separator opens no character literal that could hide a comment's end.
+      {"int n = 1'000; /* x */ int m = 2'0;\n#include \"/etc/hostname\"", "\"/etc/hostname\""},
+  };
+  for (const auto& [line, include] : forms) {
+    DYNAMIC_SECTION(printable(line)) {
+      const Tree tree(line);
+      check_refused(tree, ErrorCategory::invalid_argument, include, "leaves the kernel tree");
+    }
+  }
+}
+
+TEST_CASE("includes keeps the usual forms and skips comments and literals", "[jit]") {
+  using Kind = Include::Kind;
+  CHECK(includes("#include \"a.cuh\"\n"
+                 "// #include \"/etc/one\"\n"
+                 "/* #include \"/etc/two\"\n#include \"/etc/three\" */\n"
+                 "const char* s = \"#include \\\"/etc/four\\\" /*\";\n"
+                 "const char c = '\"'; const char d = '/';\n"
+                 "auto r = R\"x(\n#include \"/etc/five\"\n)x\";\n"
+                 "auto u = u8R\"(/*)\"; // */\n"
+                 "#include <cuda_bf16.h>\n"
+                 "%:include \"b/c.cuh\" // a comment\n"
+                 "#include /* a\n comment */ \"d.cuh\"\n"
+                 "#if __has_include(<cuda_fp8.h>)\n#endif\n"
+                 "#define include\n#pragma once\n") ==
+        std::vector<Include>{{"a.cuh", Kind::quoted},
+                             {"cuda_bf16.h", Kind::angled},
+                             {"b/c.cuh", Kind::quoted},
+                             {"d.cuh", Kind::quoted},
+                             {"cuda_fp8.h", Kind::angled}});
 }
 
 TEST_CASE("a link inside the tree to a file inside it is followed", "[jit]") {
@@ -132,6 +197,19 @@ TEST_CASE("read_user_file reads regular files only, and only so much", "[jit]") 
 
 TEST_CASE("printable escapes control characters and keeps the rest", "[jit]") {
   CHECK(printable("gfx90a\t\x1b[2J\n\x7f\xc3\xa9") == "gfx90a\t\\x1b[2J\\x0a\\x7f\xc3\xa9");
+}
+
+TEST_CASE("printable escapes C1 controls, alone or UTF-8 encoded, and keeps other UTF-8", "[jit]") {
+  // 0x9b is CSI on a terminal that reads Latin-1; U+009B is the same on a UTF-8 one.
+  CHECK(printable("a\x9b"
+                  "2Jb") == "a\\x9b2Jb");
+  CHECK(printable("a\xc2\x9b"
+                  "2J\xc2\x85") == "a\\xc2\\x9b2J\\xc2\\x85");
+  // U+00A0, U+00E9, U+2014 (0x80-0x9f as continuation bytes), U+1F600 stay as they are.
+  CHECK(printable("\xc2\xa0\xc3\xa9\xe2\x80\x94\xf0\x9f\x98\x80") ==
+        "\xc2\xa0\xc3\xa9\xe2\x80\x94\xf0\x9f\x98\x80");
+  // A stray continuation byte, a truncated sequence and an overlong one are not characters.
+  CHECK(printable("\x80|\xe2\x80|\xe0\x80\x80") == "\\x80|\xe2\\x80|\xe0\\x80\\x80");
 }
 
 }  // namespace
