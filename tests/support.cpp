@@ -81,6 +81,10 @@ kiln::Options isolated_options(const std::filesystem::path& cache, std::string t
   return options;
 }
 
+bool contains(std::string_view text, std::string_view part) {
+  return text.find(part) != std::string_view::npos;
+}
+
 std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
   std::ostringstream text;

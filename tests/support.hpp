@@ -4,6 +4,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "kiln/runtime.hpp"
 
@@ -50,6 +51,9 @@ class ScopedEnv {
 // Options that isolate a test's runtime from the machine: its own cache (no read-only tiers), the
 // source tree's kernels, compiling allowed, and `target` (empty: the device's).
 kiln::Options isolated_options(const std::filesystem::path& cache, std::string target = {});
+
+// Whether `part` occurs in `text`, for checking what messages say.
+bool contains(std::string_view text, std::string_view part);
 
 std::string read_file(const std::filesystem::path& path);
 void write_file(const std::filesystem::path& path, const std::string& content);

@@ -41,6 +41,9 @@ constexpr int kTempAttempts = 100;
 // A temp file this old belongs to a publisher that died before its rename: publishing takes
 // milliseconds. Pids cannot tell, as they are per host and per namespace.
 constexpr std::chrono::hours kStaleTempAge{1};
+// The way out of a read-only tier's trust rules, for warnings that end with a fix.
+constexpr std::string_view kRoTrustHint =
+    "or, to trust every read-only tier whatever its owners and modes, set KILN_CACHE_RO_TRUST=1";
 // How often lock() tries again for a key's lock that another process holds.
 constexpr std::chrono::milliseconds kLockRetry{10};
 // An owned file descriptor, or the errno of the call that failed to open it.
@@ -137,7 +140,7 @@ std::string untrusted_open_dir(int dir, const fs::path& path) {
   if (::fstat(dir, &info) != 0) {
     return fmt::format("{} cannot be checked ({})", path.string(), describe(errno));
   }
-  return untrusted_dir(path, info, ::geteuid(), DirPlace::tier);
+  return untrusted_path(path, info, ::geteuid(), TrustPlace::tier);
 }
 
 // A tier as the functions below reach it: its open root directory, its path for messages, and
@@ -230,21 +233,39 @@ bool remove_if_same(int dir, const std::string& name, const struct stat& seen) {
          ::unlinkat(dir, name.c_str(), 0) == 0;
 }
 
-// `key`'s entry from the file `name` in the open shard directory `shard`, never through a link;
-// with `spec`, only if compiled from that spec.
-EntryRead read_entry_at(int shard, const std::string& name, const Key& key,
-                        std::optional<std::string_view> spec, Upkeep upkeep) {
+// Why the open file `file` at `path` in a tier must not be read (cache/trust.hpp), or empty:
+// whoever else could write it could rewrite the binary, and the checksum is no seal.
+std::string untrusted_open_file(const Tier& tier, int file, const fs::path& path) {
+  if (!tier.checked) return {};
+  struct stat info {};
+  if (::fstat(file, &info) != 0) {
+    return fmt::format("{} cannot be checked ({})", path.string(), describe(errno));
+  }
+  return untrusted_path(path, info, ::geteuid(), TrustPlace::file);
+}
+
+// `key`'s entry from the file `name` in the tier's open shard directory `shard`, never through a
+// link, nor from a file that breaks the rules of cache/trust.hpp; with `spec`, only if compiled
+// from that spec.
+EntryRead read_entry_at(const Tier& tier, const TierDir& shard, const std::string& name,
+                        const Key& key, std::optional<std::string_view> spec, Upkeep upkeep) {
   // NOTE: O_NONBLOCK so that a FIFO planted under an entry's name cannot block the open.
-  const Fd file(::openat(shard, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
+  const Fd file(
+      ::openat(shard.fd.get(), name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!file.ok() && file.error() == ELOOP) {
     struct stat link {};
     if (upkeep == Upkeep::stamp_and_clean &&
-        ::fstatat(shard, name.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0 && S_ISLNK(link.st_mode)) {
-      ::unlinkat(shard, name.c_str(), 0);  // the link itself, never its target
+        ::fstatat(shard.fd.get(), name.c_str(), &link, AT_SYMLINK_NOFOLLOW) == 0 &&
+        S_ISLNK(link.st_mode)) {
+      ::unlinkat(shard.fd.get(), name.c_str(), 0);  // the link itself, never its target
     }
-    return EntryRead{std::nullopt, 0, describe(ELOOP)};
+    return EntryRead{std::nullopt, 0, describe(ELOOP), {}};
   }
-  if (!file.ok()) return EntryRead{std::nullopt, file.error(), {}};
+  if (!file.ok()) return EntryRead{std::nullopt, file.error(), {}, {}};
+  // NOTE: an untrusted file is left in place: a store renames the rebuilt entry over it.
+  if (std::string why = untrusted_open_file(tier, file.get(), shard.path / name); !why.empty()) {
+    return EntryRead{std::nullopt, 0, {}, std::move(why)};
+  }
   EntryRead read = read_entry(file.get(), key, spec);
   if (upkeep == Upkeep::none) return read;
   if (read.entry) {
@@ -252,7 +273,7 @@ EntryRead read_entry_at(int shard, const std::string& name, const Key& key,
     ::futimens(file.get(), nullptr);
   } else if (!read.problem.empty()) {
     struct stat seen {};
-    if (::fstat(file.get(), &seen) == 0) remove_if_same(shard, name, seen);
+    if (::fstat(file.get(), &seen) == 0) remove_if_same(shard.fd.get(), name, seen);
   }
   return read;
 }
@@ -279,12 +300,17 @@ std::optional<Entry> load_from(const Tier& tier, const Key& key, std::string_vie
     return std::nullopt;
   }
   const std::string name = entry_file(key);
-  EntryRead read = read_entry_at(shard.fd.get(), name, key, spec,
+  EntryRead read = read_entry_at(tier, shard, name, key, spec,
                                  writable ? Upkeep::stamp_and_clean : Upkeep::none);
   if (read.entry || is_plain_miss(read.error)) return std::move(read.entry);
 
   const std::string path = (shard.path / name).string();
-  if (read.error != 0) {
+  if (!read.untrusted.empty()) {
+    warn_once(path,
+              fmt::format("will not load the cache entry {}: {}; {}", path, read.untrusted,
+                          writable ? "the kernel will be compiled and stored again in its place"
+                                   : kRoTrustHint));
+  } else if (read.error != 0) {
     warn_once(path, fmt::format("cannot read cache entry {} ({}); treating it as a miss; check the "
                                 "disk or remove the file",
                                 path, describe(read.error)));
@@ -391,7 +417,7 @@ std::string untrusted_below_root(const Tier& tier) {
         !S_ISDIR(info.st_mode)) {
       continue;
     }
-    std::string why = untrusted_dir(version.path / name, info, ::geteuid(), DirPlace::tier);
+    std::string why = untrusted_path(version.path / name, info, ::geteuid(), TrustPlace::tier);
     if (!why.empty()) return why;
   }
   return {};
@@ -602,9 +628,9 @@ std::optional<EntryStatus> entry_status(const Tier& tier, const TierFile& file, 
     status.problem = shard.untrusted;
     return status;
   }
-  EntryRead read = shard.fd.ok() ? read_entry_at(shard.fd.get(), file.name, *status.key,
-                                                 std::nullopt, Upkeep::none)
-                                 : EntryRead{std::nullopt, shard.fd.error(), {}};
+  EntryRead read =
+      shard.fd.ok() ? read_entry_at(tier, shard, file.name, *status.key, std::nullopt, Upkeep::none)
+                    : EntryRead{std::nullopt, shard.fd.error(), {}, {}};
   // NOTE: eviction or `clear` in another process may remove an entry between the listing and
   // this read: gone is not bad.
   if (read.error == ENOENT) return std::nullopt;
@@ -612,6 +638,7 @@ std::optional<EntryStatus> entry_status(const Tier& tier, const TierFile& file, 
   if (read.entry) status.meta = std::move(read.entry->meta);
   if (read.error != 0) status.problem = describe(read.error);
   if (!read.problem.empty()) status.problem = std::move(read.problem);
+  if (!read.untrusted.empty()) status.problem = std::move(read.untrusted);
   return status;
 }
 
@@ -745,10 +772,8 @@ std::optional<Entry> DiskCache::load(const Key& key, std::string_view spec) {
     const Tier tier{fd.get(), ro_root, !impl_->config.trust_ro_roots};
     if (const std::string why = untrusted_root(tier); !why.empty()) {
       warn_once(ro_root.string(),
-                fmt::format("will not load kernels from the read-only cache directory {}: {}; or, "
-                            "to trust every read-only tier whatever its owners and modes, set "
-                            "KILN_CACHE_RO_TRUST=1",
-                            ro_root.string(), why));
+                fmt::format("will not load kernels from the read-only cache directory {}: {}; {}",
+                            ro_root.string(), why, kRoTrustHint));
       continue;
     }
     if (auto entry = load_from(tier, key, spec, /*writable=*/false)) return entry;
@@ -820,12 +845,21 @@ DiskCache::Lock DiskCache::lock(const Key& key) {
 std::optional<std::string> DiskCache::read_note(std::string_view name) const {
   const std::vector<std::string> parts = note_parts(name);
   if (!writable()) return std::nullopt;
-  const TierDir dir = open_note_dir(impl_->writable_tier(), parts, /*create=*/false);
+  const Tier tier = impl_->writable_tier();
+  const TierDir dir = open_note_dir(tier, parts, /*create=*/false);
   if (!dir.fd.ok()) return std::nullopt;
   // NOTE: O_NONBLOCK so that a FIFO planted under the note's name cannot block the open.
   const Fd file(
       ::openat(dir.fd.get(), parts.back().c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC));
   if (!file.ok()) return std::nullopt;
+  // A forged note could make kiln key kernels wrongly: refused like a corrupt one, and rewritten.
+  const fs::path path = dir.path / parts.back();
+  if (const std::string why = untrusted_open_file(tier, file.get(), path); !why.empty()) {
+    warn_once(path.string(),
+              fmt::format("will not read the cache note {}: {}; it will be written again",
+                          path.string(), why));
+    return std::nullopt;
+  }
   return read_text(file.get(), kMaxNoteBytes);
 }
 

@@ -79,9 +79,9 @@ class DiskCache {
 
   // A verified entry for `key`, compiled from the canonical `spec`, from the writable tier, then
   // the read-only tiers in order. Anything unreadable, truncated, of another format version, or
-  // whose key echo or recorded spec differs is a miss (with one warning per path), as is
-  // everything below a directory that breaks the rules of cache/trust.hpp. A hit in the
-  // writable tier refreshes its last-used stamp.
+  // whose key echo or recorded spec differs is a miss (with one warning per path), as is an
+  // entry file, or everything below a directory, that breaks the rules of cache/trust.hpp. A hit
+  // in the writable tier refreshes its last-used stamp.
   std::optional<Entry> load(const Key& key, std::string_view spec);
 
   // Publishes atomically (unique temp file in the same directory, fsync, rename), replacing any
@@ -113,7 +113,8 @@ class DiskCache {
   // facts that are slow to find again (lib/backend/lazy_compiler.hpp). `name` is plain components
   // (letters, digits, '.', '_', '-') joined by '/', such as "compilers/cuda.json". Read-only
   // tiers are never consulted. A note that is absent, unreadable, over 1 MiB or behind a link
-  // reads as nullopt, as does every note when memory-only. A write publishes atomically, as store
+  // reads as nullopt, as does every note when memory-only, and, after one warning, one that
+  // breaks the rules of cache/trust.hpp. A write publishes atomically, as store
   // does; its failure is at most one warning.
   std::optional<std::string> read_note(std::string_view name) const;
   void write_note(std::string_view name, std::string_view text);

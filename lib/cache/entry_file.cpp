@@ -248,10 +248,10 @@ ssize_t read_at(int fd, std::span<std::byte> out, std::uint64_t offset) {
 }
 
 EntryRead failed(int error) {
-  return EntryRead{std::nullopt, error, {}};
+  return EntryRead{std::nullopt, error, {}, {}};
 }
 EntryRead invalid(std::string problem) {
-  return EntryRead{std::nullopt, 0, std::move(problem)};
+  return EntryRead{std::nullopt, 0, std::move(problem), {}};
 }
 
 }  // namespace
@@ -306,7 +306,7 @@ EntryRead read_entry(int fd, const Key& key, std::optional<std::string_view> spe
   if (spec && decoded->spec != *spec) {
     return invalid("it was compiled from another spec than the one asked for (copied or renamed)");
   }
-  return EntryRead{Entry{key, std::move(*decoded), std::move(binary)}, 0, {}};
+  return EntryRead{Entry{key, std::move(*decoded), std::move(binary)}, 0, {}, {}};
 }
 
 }  // namespace kiln::detail

@@ -29,6 +29,8 @@ struct EntryRead {
   std::optional<Entry> entry;
   int error = 0;        // errno of a failed call; the file may be fine
   std::string problem;  // the file is readable but holds no valid entry for the key
+  // The file may not be trusted (cache/trust.hpp), so it was not read: why, naming the fix.
+  std::string untrusted;
 };
 
 // Writes `entry` to `fd` from its current offset. Returns 0 or the errno of the failed write.

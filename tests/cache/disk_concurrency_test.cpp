@@ -21,13 +21,10 @@ namespace kiln::detail {
 namespace {
 
 namespace fs = std::filesystem;
+using test::contains;
 using test::files_under;
 using test::sample_entry;
 using test::TempDir;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Runs `body` in `count` forked children that start together once all exist; returns each
 // child's exit status (-1 when it did not exit normally).

@@ -19,15 +19,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::CapturedStderr;
+using test::contains;
 using test::entry_path;
 using test::read_file;
 using test::sample_entry;
 using test::TempDir;
 using test::write_file;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 unsigned mode_of(const fs::path& path) {
   struct stat info {};

@@ -15,16 +15,13 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::CapturedStderr;
+using test::contains;
 using test::entry_path;
 using test::files_under;
 using test::read_file;
 using test::sample_entry;
 using test::TempDir;
 using test::write_file;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 TEST_CASE("an unusable root makes the cache memory-only, with one warning", "[cache]") {
   TempDir dir;

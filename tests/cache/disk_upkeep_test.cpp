@@ -24,6 +24,7 @@ namespace kiln::detail {
 namespace {
 
 namespace fs = std::filesystem;
+using test::contains;
 using test::entry_path;
 using test::files_under;
 using test::read_file;
@@ -31,10 +32,6 @@ using test::sample_entry;
 using test::set_mtime;
 using test::TempDir;
 using test::write_file;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 // Two hours ago: stale for a temp file.
 std::int64_t two_hours_ago() {

@@ -1,4 +1,5 @@
-// Tests of whom the disk cache trusts: owners and modes of its directories and those above them.
+// Tests of whom the disk cache trusts: owners and modes of its files, its directories and those
+// above them.
 #include "cache/trust.hpp"
 
 #include <sys/stat.h>
@@ -18,13 +19,10 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::CapturedStderr;
+using test::contains;
 using test::entry_path;
 using test::sample_entry;
 using test::TempDir;
-
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
 
 struct stat dir_stat(uid_t owner, mode_t mode) {
   struct stat info {};
@@ -43,16 +41,17 @@ constexpr uid_t kSomeoneElse = 1001;
 TEST_CASE("a tier's directory must be the user's or root's, and writable by no one else",
           "[cache]") {
   const fs::path dir = "/some/cache";
-  CHECK(untrusted_dir(dir, dir_stat(kMe, 0700), kMe, DirPlace::tier).empty());
-  CHECK(untrusted_dir(dir, dir_stat(kMe, 0755), kMe, DirPlace::tier).empty());
-  CHECK(untrusted_dir(dir, dir_stat(0, 0755), kMe, DirPlace::tier).empty());  // a system bundle
+  CHECK(untrusted_path(dir, dir_stat(kMe, 0700), kMe, TrustPlace::tier).empty());
+  CHECK(untrusted_path(dir, dir_stat(kMe, 0755), kMe, TrustPlace::tier).empty());
+  CHECK(untrusted_path(dir, dir_stat(0, 0755), kMe, TrustPlace::tier).empty());  // a system bundle
 
-  const std::string foreign = untrusted_dir(dir, dir_stat(kSomeoneElse, 0700), kMe, DirPlace::tier);
+  const std::string foreign =
+      untrusted_path(dir, dir_stat(kSomeoneElse, 0700), kMe, TrustPlace::tier);
   CHECK(contains(foreign, "/some/cache belongs to uid 1001, not to this user (uid 1000)"));
   CHECK(contains(foreign, "chown 1000 /some/cache"));
 
   const auto writers = [&](mode_t mode) {
-    return untrusted_dir(dir, dir_stat(kMe, mode), kMe, DirPlace::tier);
+    return untrusted_path(dir, dir_stat(kMe, mode), kMe, TrustPlace::tier);
   };
   CHECK(contains(writers(0770), "/some/cache is writable by group (mode 0770)"));
   CHECK(contains(writers(0707), "writable by others (mode 0707)"));
@@ -60,15 +59,40 @@ TEST_CASE("a tier's directory must be the user's or root's, and writable by no o
   CHECK(contains(writers(01777), "writable by group and others (mode 1777)"));  // sticky or not
   CHECK(contains(writers(0777), "chmod go-w /some/cache"));
   // Root's own directories are held to the same modes.
-  CHECK_FALSE(untrusted_dir(dir, dir_stat(0, 0777), 0, DirPlace::tier).empty());
+  CHECK_FALSE(untrusted_path(dir, dir_stat(0, 0777), 0, TrustPlace::tier).empty());
+}
+
+TEST_CASE("a tier's file must be the user's or root's, and writable by no one else", "[cache]") {
+  const fs::path file = "/some/cache/v1/ab/entry.kbin";
+  const auto file_stat = [](uid_t owner, mode_t mode) {
+    struct stat info {};
+    info.st_uid = owner;
+    info.st_mode = S_IFREG | mode;
+    return info;
+  };
+  CHECK(untrusted_path(file, file_stat(kMe, 0600), kMe, TrustPlace::file).empty());
+  CHECK(untrusted_path(file, file_stat(kMe, 0644), kMe, TrustPlace::file).empty());
+  CHECK(untrusted_path(file, file_stat(0, 0644), kMe, TrustPlace::file).empty());
+
+  const std::string foreign =
+      untrusted_path(file, file_stat(kSomeoneElse, 0644), kMe, TrustPlace::file);
+  CHECK(contains(foreign, file.string() + " belongs to uid 1001, not to this user (uid 1000)"));
+  CHECK(contains(foreign, "could rewrite the kernel binary in it"));
+  CHECK(contains(foreign, "chown 1000 " + file.string()));
+
+  const std::string open = untrusted_path(file, file_stat(kMe, 0666), kMe, TrustPlace::file);
+  CHECK(contains(open, "writable by group and others (mode 0666)"));
+  CHECK(contains(open, "chmod go-w " + file.string()));
+  CHECK(contains(untrusted_path(file, file_stat(kMe, 0620), kMe, TrustPlace::file),
+                 "writable by group (mode 0620)"));
 }
 
 TEST_CASE("a directory above a tier must not be writable by everyone unless sticky", "[cache]") {
   const fs::path dir = "/shared";
-  CHECK(untrusted_dir(dir, dir_stat(0, 0755), kMe, DirPlace::above).empty());
-  CHECK(untrusted_dir(dir, dir_stat(0, 01777), kMe, DirPlace::above).empty());  // /tmp
-  CHECK(untrusted_dir(dir, dir_stat(kSomeoneElse, 02775), kMe, DirPlace::above).empty());
-  const std::string open = untrusted_dir(dir, dir_stat(kMe, 0777), kMe, DirPlace::above);
+  CHECK(untrusted_path(dir, dir_stat(0, 0755), kMe, TrustPlace::above).empty());
+  CHECK(untrusted_path(dir, dir_stat(0, 01777), kMe, TrustPlace::above).empty());  // /tmp
+  CHECK(untrusted_path(dir, dir_stat(kSomeoneElse, 02775), kMe, TrustPlace::above).empty());
+  const std::string open = untrusted_path(dir, dir_stat(kMe, 0777), kMe, TrustPlace::above);
   CHECK(contains(open, "/shared, above the cache, is writable by everyone and not sticky"));
   CHECK(contains(open, "chmod o-w /shared"));
 }
@@ -152,11 +176,14 @@ TEST_CASE("a directory opened later is checked again before anything in it is re
 
 TEST_CASE("read-only tiers are held to the same rules unless trusted explicitly", "[cache]") {
   StoredCache bundle;
-  const fs::path shard = entry_path(bundle.root, bundle.entry.key).parent_path();
-  const fs::path dirs[] = {bundle.root, bundle.version(), shard};
-  const fs::path& dir = dirs[GENERATE(range(0, 3))];
-  CAPTURE(dir);
-  set_mode(dir, 0775);
+  const fs::path file = entry_path(bundle.root, bundle.entry.key);
+  const fs::path shard = file.parent_path();
+  // An entry file is checked as its directories are: 0666 is what `tar -p` of a umask 0 leaves.
+  const std::pair<fs::path, mode_t> cases[] = {
+      {bundle.root, 0775}, {bundle.version(), 0775}, {shard, 0775}, {file, 0666}};
+  const auto& [dir, mode] = cases[GENERATE(range(0, 4))];
+  CAPTURE(dir, mode);
+  set_mode(dir, mode);
   TempDir local;
   const Entry& entry = bundle.entry;
   {
@@ -168,10 +195,61 @@ TEST_CASE("read-only tiers are held to the same rules unless trusted explicitly"
     const std::string warning = captured.text();
     CHECK(test::count_of(warning, "kiln warn:") == 1);
     CHECK(contains(warning, "chmod go-w " + dir.string()));
-    if (dir == bundle.root) CHECK(contains(warning, "KILN_CACHE_RO_TRUST=1"));
+    if (dir == bundle.root || dir == file) CHECK(contains(warning, "KILN_CACHE_RO_TRUST=1"));
   }
+  CHECK(fs::exists(file));  // a read-only tier is never changed
   DiskCache trusting(DiskCacheConfig{local.path(), {bundle.root}, 0, /*trust_ro_roots=*/true});
   CHECK(trusting.load(entry.key, entry.meta.spec));
+}
+
+TEST_CASE("an entry file that others can write is a miss, rebuilt, and bad to verify", "[cache]") {
+  StoredCache stored;
+  const fs::path path = entry_path(stored.root, stored.entry.key);
+  set_mode(path, 0666);  // as `tar -p` leaves a file packed with a umask of 0
+  DiskCache cache(DiskCacheConfig{stored.root});
+  REQUIRE(cache.writable());
+
+  const std::vector<EntryStatus> listed = cache.list(true);
+  REQUIRE(listed.size() == 1);
+  CHECK_FALSE(listed[0].valid);
+  CHECK(contains(listed[0].problem, "chmod go-w " + path.string()));
+  {
+    CapturedStderr captured;
+    CHECK_FALSE(cache.load(stored.entry.key, stored.entry.meta.spec));
+    CHECK_FALSE(cache.load(stored.entry.key, stored.entry.meta.spec));
+    const std::string warning = captured.text();
+    CHECK(test::count_of(warning, "kiln warn:") == 1);
+    CHECK(contains(warning, "will not load the cache entry " + path.string()));
+    CHECK(contains(warning, "writable by group and others (mode 0666)"));
+    CHECK(contains(warning, "chmod go-w " + path.string()));
+  }
+  cache.store(stored.entry);  // as a miss does after compiling
+  struct stat info {};
+  REQUIRE(::stat(path.c_str(), &info) == 0);
+  CHECK((info.st_mode & (S_IWGRP | S_IWOTH)) == 0);
+  CHECK(cache.load(stored.entry.key, stored.entry.meta.spec));
+  CHECK(cache.list(true).at(0).valid);
+
+  set_mode(path, 0620);
+  CHECK(cache.remove_invalid() == 1);  // `kiln cache verify --fix`
+  CHECK_FALSE(fs::exists(path));
+}
+
+TEST_CASE("a compiler memo that others can write is refused, then written again", "[cache]") {
+  StoredCache stored;
+  const fs::path note = stored.version() / "compilers" / "cuda.json";
+  set_mode(note, 0666);
+  DiskCache cache(DiskCacheConfig{stored.root});
+  REQUIRE(cache.writable());
+  {
+    CapturedStderr captured;
+    CHECK_FALSE(cache.read_note("compilers/cuda.json"));
+    const std::string warning = captured.text();
+    CHECK(test::count_of(warning, "kiln warn:") == 1);
+    CHECK(contains(warning, "chmod go-w " + note.string()));
+  }
+  cache.write_note("compilers/cuda.json", "{}");
+  CHECK(cache.read_note("compilers/cuda.json") == "{}");
 }
 
 TEST_CASE("KILN_CACHE_RO_TRUST and Options::cache_ro_trust choose whether to trust read-only tiers",
