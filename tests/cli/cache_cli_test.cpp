@@ -16,10 +16,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // A scratch directory whose cache/ holds two entries stored by the library.
 struct Stored {
   TempDir scratch;

@@ -32,10 +32,6 @@ constexpr const char* kManifest =
     "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=5>"
     "(kiln::UnaryParams)   # cos\n";
 
-bool contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos;
-}
-
 // The built `kiln` with a scratch directory whose cache/ is its only cache, and no KILN_*
 // variable of the calling environment.
 class Cli {
