@@ -2,7 +2,9 @@
 #include "config.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cmath>
 #include <cstdlib>
 #include <optional>
 
@@ -40,31 +42,48 @@ std::optional<std::filesystem::path> default_cache_dir() {
 }  // namespace
 
 std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
-  // Digits, then an optional binary suffix; from_chars alone would also take a sign or hex.
-  const std::size_t digits = std::min(text.find_first_not_of("0123456789"), text.size());
-  const std::string_view suffix = std::string_view(text).substr(digits);
-  int shift = -1;
-  if (suffix.empty()) {
-    shift = 0;
-  } else if (suffix == "K" || suffix == "KB") {
-    shift = 10;
-  } else if (suffix == "M" || suffix == "MB") {
-    shift = 20;
-  } else if (suffix == "G" || suffix == "GB") {
-    shift = 30;
-  } else if (suffix == "T" || suffix == "TB") {
-    shift = 40;
+  const auto refuse = [&](std::string_view why) {
+    throw Error(
+        ErrorCategory::invalid_argument,
+        fmt::format("{} is '{}': {}expected a byte count: a whole or decimal number with an "
+                    "optional K, M, G or T suffix (powers of 1024, any case, B or iB may "
+                    "follow), such as 1073741824, 512M, 512m or 1.5G",
+                    what, text, why));
+  };
+  // Digits, an optional fraction, then a suffix; from_chars alone would also take a sign or hex.
+  const std::size_t whole = std::min(text.find_first_not_of("0123456789"), text.size());
+  std::size_t end = whole;
+  if (end < text.size() && text[end] == '.') {
+    end = std::min(text.find_first_not_of("0123456789", end + 1), text.size());
   }
-  if (digits == 0 || shift < 0) {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("{} is '{}': expected a byte count, digits with an optional K, M, G "
-                            "or T suffix (powers of 1024), such as 1073741824, 512M or 8G",
-                            what, text));
+  const std::string_view fraction = std::string_view(text).substr(whole, end - whole);
+  std::string suffix(text.substr(end));
+  std::transform(suffix.begin(), suffix.end(), suffix.begin(), [](char c) {
+    return static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  });
+  constexpr std::pair<std::string_view, int> kUnits[] = {
+      {"", 0},     {"B", 0},  {"K", 10},  {"KB", 10},  {"KIB", 10}, {"M", 20},  {"MB", 20},
+      {"MIB", 20}, {"G", 30}, {"GB", 30}, {"GIB", 30}, {"T", 40},   {"TB", 40}, {"TIB", 40}};
+  const auto unit = std::find_if(std::begin(kUnits), std::end(kUnits),
+                                 [&](const auto& u) { return u.first == suffix; });
+  if (text.starts_with('-')) refuse("a byte count cannot be negative; ");
+  if (whole == 0 || fraction == "." || unit == std::end(kUnits)) refuse("");
+  const int shift = unit->second;
+  if (!fraction.empty() && shift == 0) {
+    refuse("a count of bytes is whole: drop the fraction, or give a unit such as 1.5K; ");
   }
   std::uint64_t value = 0;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + digits, value);
-  const std::optional<std::uint64_t> bytes =
+  const auto [end_of_whole, ec] = std::from_chars(text.data(), text.data() + whole, value);
+  std::optional<std::uint64_t> bytes =
       ec == std::errc() ? checked_mul(value, std::uint64_t{1} << shift) : std::nullopt;
+  if (bytes && fraction.size() > 1) {
+    // The fraction's bytes, rounded down; by hand, as strtod would follow the locale's decimal
+    // point. A fraction below 1 of at most 2^40 bytes loses far less than a byte in a double.
+    double part = 0;
+    for (auto digit = fraction.rbegin(); *digit != '.'; ++digit)
+      part = (part + (*digit - '0')) / 10;
+    bytes = checked_add(*bytes, static_cast<std::uint64_t>(std::ldexp(part, shift)));
+  }
   if (!bytes) {
     throw Error(ErrorCategory::invalid_argument,
                 fmt::format("{} is '{}': that is more than 2^64 - 1 bytes (16 EiB), the most a "
