@@ -7,6 +7,7 @@
 
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+#include "params/registry.hpp"
 
 namespace kiln::detail {
 namespace {
@@ -29,6 +30,9 @@ std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view n
     if (spec.empty()) continue;
     try {
       specs.push_back(parse_spec(spec));
+      // NOTE: checked here as well as before compiling, so that a bad line fails the whole
+      // manifest up front, named by its line.
+      check_schema(specs.back());
     } catch (const Error& e) {
       throw Error(e.category(), fmt::format("{}:{}: {}", printable(name), number, e.what()));
     }

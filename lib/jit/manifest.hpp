@@ -10,7 +10,8 @@
 namespace kiln::detail {
 
 // One spec per line, as kiln::to_string prints it; `#` starts a comment, blank lines are
-// skipped. Throws kiln::Error (invalid_argument) naming `name`, the line and what is wrong.
+// skipped. Throws kiln::Error (invalid_argument) naming `name`, the line and what is wrong,
+// a spec that does not match its kernel's schema (check_schema) included.
 std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name);
 
 // The manifest at `path`. Throws kiln::Error naming it when it is missing, not a regular file,

@@ -103,6 +103,7 @@ void validate(const KernelSpec& spec, const Compiler& compiler) {
         bad(spec, fmt::format("constant '{}' is set twice", printable(name)));
     }
   }
+  check_schema(spec);
   for (const std::string& option : spec.options) {
     if (!is_allowed_option(option)) {
       bad(spec, fmt::format("option '{}' is not allowed: a spec may add only options that change "

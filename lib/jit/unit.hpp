@@ -24,8 +24,9 @@ struct Unit {
   Key key;
 };
 
-// `spec.target` must be set. Validates the spec (names, constants, options, target), reads the
-// include closure and hashes everything that decides the compiled bytes.
+// `spec.target` must be set. Validates the spec (names, constants against its kernel's schema,
+// options, target), reads the include closure and hashes everything that decides the compiled
+// bytes.
 Unit make_unit(const KernelSpec& spec, const SourceTree& sources, const Compiler& compiler);
 
 // The generated translation unit for `spec`: includes, a `kiln_spec` struct of constants, and a

@@ -1,10 +1,14 @@
-// The table of Params structs; a new kernel family adds its row here.
+// The table of Params structs and of kiln's kernels; a new kernel family adds its rows here.
 #include "params/registry.hpp"
 
+#include <algorithm>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
+#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 #include "params/attention.h"
 #include "params/decode.h"
@@ -20,6 +24,108 @@ constexpr ParamsLayout kLayouts[] = {
     {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams)},
 };
 
+constexpr ConstantKind kInt = ConstantKind::integer;
+constexpr ConstantKind kBool = ConstantKind::boolean;
+constexpr ConstantKind kDType = ConstantKind::dtype;
+
+// The constants each kernel's template reads (kernels_src), as lib/ops sets them.
+constexpr ConstantSchema kUnary[] = {
+    {"block_size", kInt}, {"dtype", kDType}, {"items_per_thread", kInt}, {"op", kInt}};
+constexpr ConstantSchema kAttentionForward[] = {
+    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
+    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool},      {"warps", kInt}};
+constexpr ConstantSchema kAttentionForwardWgmma[] = {
+    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
+    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool}};
+constexpr ConstantSchema kAttentionForwardPortable[] = {
+    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
+    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"varlen", kBool},   {"warps", kInt}};
+constexpr ConstantSchema kDecodeAppend[] = {{"dtype", kDType},
+                                            {"head_dim", kInt},
+                                            {"head_dim_v", kInt},
+                                            {"paged", kBool},
+                                            {"rotary", kBool}};
+constexpr ConstantSchema kAttentionDecode[] = {
+    {"band", kBool},        {"block_n", kInt},  {"dtype", kDType},    {"has_alibi", kBool},
+    {"has_softcap", kBool}, {"head_dim", kInt}, {"head_dim_v", kInt}, {"m_tiles", kInt},
+    {"paged", kBool},       {"stages", kInt},   {"warps", kInt}};
+constexpr ConstantSchema kMergeStates[] = {
+    {"dtype_in", kDType}, {"dtype_out", kDType}, {"head_dim", kInt}};
+
+// The value of the integer constant `name` of a spec that passed check_schema().
+long long integer(const KernelSpec& spec, std::string_view name) {
+  const auto it = std::find_if(spec.constants.begin(), spec.constants.end(),
+                               [&](const Constant& c) { return c.name == name; });
+  return std::get<std::int64_t>(it->value);
+}
+
+long long no_shared_memory(const KernelSpec&) {
+  return 0;
+}
+
+// The launches in lib/ops ask for exactly these.
+constexpr KernelSchema kKernels[] = {
+    {"kiln::unary", "kiln::UnaryParams", kUnary, no_shared_memory},
+    {"kiln::attention_forward", "kiln::AttentionParams", kAttentionForward,
+     [](const KernelSpec& s) {
+       return attention_forward_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
+                                           integer(s, "block_m"), integer(s, "block_n"),
+                                           integer(s, "stages"));
+     }},
+    {"kiln::attention_forward_wgmma", "kiln::AttentionParams", kAttentionForwardWgmma,
+     [](const KernelSpec& s) {
+       return attention_forward_wgmma_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
+                                                 integer(s, "block_m"), integer(s, "block_n"),
+                                                 integer(s, "stages"));
+     }},
+    {"kiln::attention_forward_portable", "kiln::AttentionParams", kAttentionForwardPortable,
+     [](const KernelSpec& s) {
+       return attention_forward_portable_smem_bytes(
+           integer(s, "head_dim"), integer(s, "head_dim_v"), integer(s, "block_n"));
+     }},
+    {"kiln::decode_append", "kiln::DecodeParams", kDecodeAppend, no_shared_memory},
+    {"kiln::attention_decode", "kiln::DecodeParams", kAttentionDecode,
+     [](const KernelSpec& s) {
+       return attention_decode_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
+                                          integer(s, "m_tiles"), integer(s, "block_n"),
+                                          integer(s, "warps"), integer(s, "stages"));
+     }},
+    {"kiln::merge_states_kernel", "kiln::MergeParams", kMergeStates, no_shared_memory},
+};
+
+std::string_view kind_name(ConstantKind kind) {
+  switch (kind) {
+    case ConstantKind::integer: return "an integer";
+    case ConstantKind::boolean: return "true or false";
+    case ConstantKind::dtype: return "a dtype (f16, bf16, f32, f64, i32 or i64)";
+  }
+  return "?";
+}
+
+bool has_kind(const Constant& constant, ConstantKind kind) {
+  switch (kind) {
+    case ConstantKind::integer: return std::holds_alternative<std::int64_t>(constant.value);
+    case ConstantKind::boolean: return std::holds_alternative<bool>(constant.value);
+    case ConstantKind::dtype: return std::holds_alternative<DType>(constant.value);
+  }
+  return false;
+}
+
+[[noreturn]] void bad(const KernelSpec& spec, const std::string& why) {
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("kernel spec {} is invalid: {}", printable(to_string(spec)), why));
+}
+
+// "block_size (an integer), dtype (a dtype ...)": what a kernel takes, for the fix.
+std::string signature(const KernelSchema& kernel) {
+  std::vector<std::string> names;
+  for (const ConstantSchema& c : kernel.constants) names.push_back(std::string(c.name));
+  return fmt::format("{} takes exactly the constants {}", kernel.entry, fmt::join(names, ", "));
+}
+
 }  // namespace
 
 const ParamsLayout& params_layout(std::string_view type) {
@@ -32,6 +138,66 @@ const ParamsLayout& params_layout(std::string_view type) {
               fmt::format("kernel spec names Params type '{}', which libkiln does not define; "
                           "known types:{}",
                           type, known));
+}
+
+const KernelSchema* kernel_schema(std::string_view entry) {
+  for (const KernelSchema& kernel : kKernels) {
+    if (kernel.entry == entry) return &kernel;
+  }
+  return nullptr;
+}
+
+void check_schema(const KernelSpec& spec) {
+  const KernelSchema* kernel = kernel_schema(spec.entry);
+  if (!kernel) {
+    // NOTE: kiln's namespace holds only kiln's kernels, so a name there that is none of them is
+    // a typo, which would otherwise surface as a compile error about the name expression.
+    if (!spec.entry.starts_with("kiln::")) return;
+    std::vector<std::string_view> entries;
+    for (const KernelSchema& k : kKernels) entries.push_back(k.entry);
+    bad(spec, fmt::format("kiln has no kernel '{}': use one of {}, or a namespace of your own for "
+                          "a kernel of your own",
+                          printable(spec.entry), fmt::join(entries, ", ")));
+  }
+  if (spec.params != kernel->params) {
+    bad(spec, fmt::format("{} takes {}, not '{}'", kernel->entry, kernel->params,
+                          printable(spec.params)));
+  }
+  std::vector<std::string> problems;
+  std::vector<std::string_view> missing;
+  for (const ConstantSchema& wanted : kernel->constants) {
+    const auto it = std::find_if(spec.constants.begin(), spec.constants.end(),
+                                 [&](const Constant& c) { return c.name == wanted.name; });
+    if (it == spec.constants.end()) {
+      missing.push_back(wanted.name);
+    } else if (!has_kind(*it, wanted.kind)) {
+      problems.push_back(
+          fmt::format("constant {} must be {}", wanted.name, kind_name(wanted.kind)));
+    }
+  }
+  if (!missing.empty()) {
+    problems.insert(problems.begin(),
+                    fmt::format("it lacks the constants {}", fmt::join(missing, ", ")));
+  }
+  std::vector<std::string> unknown;
+  for (const Constant& c : spec.constants) {
+    if (std::none_of(kernel->constants.begin(), kernel->constants.end(),
+                     [&](const ConstantSchema& s) { return s.name == c.name; })) {
+      unknown.push_back(printable(c.name));
+    }
+  }
+  if (!unknown.empty()) {
+    problems.push_back(
+        fmt::format("{} does not take the constants {}", kernel->entry, fmt::join(unknown, ", ")));
+  }
+  if (problems.empty()) return;
+  bad(spec, fmt::format("{}; {}", fmt::join(problems, "; "), signature(*kernel)));
+}
+
+std::optional<long long> dynamic_shared_bytes(const KernelSpec& spec) {
+  const KernelSchema* kernel = kernel_schema(spec.entry);
+  if (!kernel) return std::nullopt;
+  return kernel->shared_bytes(spec);
 }
 
 }  // namespace kiln::detail

@@ -1,8 +1,13 @@
-// The Params structs that kernels take, as the host library compiled them.
+// The Params structs that kernels take, as the host library compiled them, and the schema of each
+// of kiln's kernels: the constants its template reads and the shared memory its launch asks for.
 #pragma once
 
 #include <cstddef>
+#include <optional>
+#include <span>
 #include <string_view>
+
+#include "kiln/spec.hpp"
 
 namespace kiln::detail {
 
@@ -14,5 +19,35 @@ struct ParamsLayout {
 
 // Throws kiln::Error (invalid_argument) listing the known types when `type` is not one.
 const ParamsLayout& params_layout(std::string_view type);
+
+enum class ConstantKind { integer, boolean, dtype };
+
+struct ConstantSchema {
+  std::string_view name;
+  ConstantKind kind;
+};
+
+// One kernel of kiln's families, as its host code (lib/ops) builds specs for it.
+struct KernelSchema {
+  std::string_view entry;                     // "kiln::unary"
+  std::string_view params;                    // "kiln::UnaryParams"
+  std::span<const ConstantSchema> constants;  // every one required, no other allowed
+  // The dynamic shared memory the family launches it with, in bytes, from a spec that passed
+  // check_schema().
+  long long (*shared_bytes)(const KernelSpec& spec);
+};
+
+// The schema of `entry`; null when it is not one of kiln's kernels (a kernel of the caller's own
+// tree, in its own namespace).
+const KernelSchema* kernel_schema(std::string_view entry);
+
+// Throws kiln::Error (invalid_argument) naming every missing, unknown or mistyped constant when
+// `spec` is for one of kiln's kernels, or for an entry in the kiln:: namespace that is none of
+// them, or names another Params type than its kernel takes. Specs for other kernels pass.
+void check_schema(const KernelSpec& spec);
+
+// The dynamic shared memory a launch of `spec` asks for, in bytes; nullopt when it is not one
+// of kiln's kernels. `spec` must pass check_schema().
+std::optional<long long> dynamic_shared_bytes(const KernelSpec& spec);
 
 }  // namespace kiln::detail

@@ -1,0 +1,155 @@
+// lib/params/registry.cpp: the schema of kiln's kernels, and every path that checks specs by it.
+#include <catch2/catch.hpp>
+
+#include <set>
+#include <string>
+
+#include "jit/manifest.hpp"
+#include "kiln/kiln.hpp"
+#include "ops/decode_kernels.hpp"
+#include "params/attention.h"
+#include "params/registry.hpp"
+#include "support.hpp"
+
+namespace kiln::test {
+namespace {
+
+using detail::check_schema;
+
+KernelSpec unary() {
+  return unary_spec(UnaryOp::cos, DType::f32, {256, 4});
+}
+
+std::string refusal(const KernelSpec& spec) {
+  try {
+    check_schema(spec);
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::invalid_argument);
+    return e.what();
+  }
+  FAIL(to_string(spec) << " was accepted");
+  return {};
+}
+
+// Every spec the ops build, for every kernel of every family.
+std::vector<KernelSpec> built_specs() {
+  std::vector<KernelSpec> specs;
+  for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
+    for (KernelSpec& spec : default_specs(target)) specs.push_back(std::move(spec));
+  }
+  const AttentionProblem all{.dtype = DType::f16,
+                             .head_dim = 96,
+                             .head_dim_v = 64,
+                             .band = true,
+                             .varlen = true,
+                             .softcap = true,
+                             .alibi = true,
+                             .bias = true};
+  for (AttentionKernel kernel :
+       {AttentionKernel::mma, AttentionKernel::wgmma, AttentionKernel::portable}) {
+    specs.push_back(attention_spec(all, {.kernel = kernel}));
+  }
+  const detail::DecodeProblem decode{.head_dim = 128, .head_dim_v = 128, .append = true};
+  for (KernelSpec& spec : detail::decode_specs(decode, {})) specs.push_back(std::move(spec));
+  return specs;
+}
+
+}  // namespace
+
+TEST_CASE("every spec kiln's families build matches its kernel's schema", "[params][schema]") {
+  std::set<std::string> entries;
+  for (const KernelSpec& spec : built_specs()) {
+    INFO(to_string(spec));
+    REQUIRE(detail::kernel_schema(spec.entry) != nullptr);
+    CHECK_NOTHROW(check_schema(spec));
+    entries.insert(spec.entry);
+  }
+  // The default sets and the specs above reach all seven kernels.
+  CHECK(entries.size() == 7);
+}
+
+TEST_CASE("a spec missing a constant, or with one its kernel does not take, is refused",
+          "[params][schema]") {
+  KernelSpec missing = unary();
+  std::erase_if(missing.constants, [](const Constant& c) {
+    return c.name == "items_per_thread" || c.name == "block_size";
+  });
+  CHECK_THAT(refusal(missing),
+             Catch::Contains("kernel spec " + to_string(missing) +
+                             " is invalid: it lacks the constants block_size, items_per_thread; "
+                             "kiln::unary takes exactly the constants block_size, dtype, "
+                             "items_per_thread, op"));
+  KernelSpec extra = unary();
+  extra.set("fast", true).set("warps", 4);
+  CHECK_THAT(refusal(extra),
+             Catch::Contains("kiln::unary does not take the constants fast, warps"));
+
+  KernelSpec mistyped = unary();
+  mistyped.set("dtype", 4).set("op", true);
+  CHECK_THAT(refusal(mistyped),
+             Catch::Contains("constant dtype must be a dtype (f16, bf16, f32, f64, i32 or i64)") &&
+                 Catch::Contains("constant op must be an integer"));
+
+  KernelSpec params = unary();
+  params.params = "kiln::AttentionParams";
+  CHECK_THAT(refusal(params),
+             Catch::Contains("kiln::unary takes kiln::UnaryParams, not 'kiln::AttentionParams'"));
+
+  KernelSpec typo = unary();
+  typo.entry = "kiln::unray";
+  CHECK_THAT(refusal(typo), Catch::Contains("kiln has no kernel 'kiln::unray': use one of "
+                                            "kiln::unary, kiln::attention_forward"));
+
+  // A kernel of a caller's own tree is checked by its source alone.
+  KernelSpec own = unary();
+  own.entry = "mine::unary";
+  own.set("anything", 1);
+  CHECK_NOTHROW(check_schema(own));
+  CHECK_FALSE(detail::dynamic_shared_bytes(own));
+}
+
+TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[params][schema]") {
+  const AttentionProblem problem{.dtype = DType::bf16, .head_dim = 128, .head_dim_v = 128};
+  const AttentionConfig mma = choose(problem, "sm_80");
+  // round_up(128, 16) + 8 = 136 columns: 2 bytes * (128 * 136 + 1 stage * 64 * (136 + 136)).
+  CHECK(detail::dynamic_shared_bytes(attention_spec(problem, mma)) == 2 * (128 * 136 + 64 * 272));
+  const AttentionConfig wgmma = choose(problem, "sm_90a");
+  CHECK(detail::dynamic_shared_bytes(attention_spec(problem, wgmma)) ==
+        attention_forward_wgmma_smem_bytes(128, 128, wgmma.block_m, wgmma.block_n, wgmma.stages));
+  const AttentionConfig portable = choose(problem, "gfx90a");
+  CHECK(detail::dynamic_shared_bytes(attention_spec(problem, portable)) ==
+        attention_forward_portable_smem_bytes(128, 128, portable.block_n));
+  const detail::DecodeProblem decode{.head_dim = 64, .head_dim_v = 64, .rows_per_kv_head = 8};
+  const DecodeConfig config;
+  CHECK(detail::dynamic_shared_bytes(detail::decode_attention_spec(decode, config)) ==
+        attention_decode_smem_bytes(64, 64, detail::decode_m_tiles(8, 64), config.block_n,
+                                    config.warps, config.stages));
+  CHECK(detail::dynamic_shared_bytes(unary()) == 0);
+  CHECK(detail::dynamic_shared_bytes(detail::merge_spec(DType::f32, DType::bf16, 128)) == 0);
+}
+
+TEST_CASE("the runtime and manifests refuse a spec that breaks its schema before compiling",
+          "[params][schema]") {
+  const TempDir cache;
+  const ScopedEnv target("KILN_TARGET", "sm_90a");
+  Options options;
+  options.cache_dir = cache.path();
+  options.jit = JitMode::off;  // nothing may reach the compiler
+  Runtime runtime(options);
+  KernelSpec spec = unary();
+  spec.set("fast", true);
+  const auto refused = Catch::Contains("kiln::unary does not take the constants fast");
+  CHECK_THROWS_WITH(runtime.key(spec), refused);
+  CHECK_THROWS_WITH(runtime.compile(spec), refused);
+  CHECK_THROWS_WITH(runtime.generated_source(spec), refused);
+  const WarmupReport report = runtime.warmup(std::vector<KernelSpec>{spec});
+  REQUIRE(report.items.size() == 1);
+  CHECK(report.items[0].status == WarmupStatus::failed);
+  CHECK_THAT(report.items[0].error, refused);
+
+  const std::string manifest = "# ok\n" + to_string(unary()) + "\n" + to_string(spec) + "\n";
+  CHECK_THROWS_WITH(detail::parse_manifest(manifest, "m.txt"),
+                    Catch::StartsWith("m.txt:3: kernel spec ") && refused);
+}
+
+}  // namespace kiln::test
