@@ -51,6 +51,10 @@ void add_warm_command(CLI::App& app, int& exit_code);
 void add_compile_command(CLI::App& app, int& exit_code);
 void add_cache_commands(CLI::App& app, int& exit_code);
 
+// The error for the first word of `argv` that names no subcommand where one is expected, with
+// the nearest name: "unknown command 'infos'; did you mean 'info'?".
+std::optional<std::string> unknown_command(const CLI::App& app, int argc, char** argv);
+
 // "0 B", "812 B", "1.5 KiB", "2.0 GiB".
 std::string human_bytes(std::uint64_t bytes);
 // "210 ms" below ten seconds, "12.3 s" above.

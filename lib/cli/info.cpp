@@ -1,11 +1,17 @@
 // `kiln info`: the backends, devices, default target, kernel sources, cache and JIT mode in use.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
+#include "config.hpp"
+#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+
+extern char** environ;
 
 namespace kiln::cli {
 namespace {
@@ -23,7 +29,22 @@ struct Facts {
   std::string target_problem;  // why there is no default target, when there is none
   std::size_t cache_entries = 0;
   std::uint64_t cache_bytes = 0;
+  std::uint64_t cache_max_bytes = 0;               // 0: no cap
+  std::map<std::string, std::string> environment;  // the KILN_* variables set, by name
 };
+
+// The KILN_* variables of this process, which is where most of kiln's settings come from.
+std::map<std::string, std::string> kiln_variables() {
+  std::map<std::string, std::string> variables;
+  for (char** variable = environ; *variable != nullptr; ++variable) {
+    const std::string_view text = *variable;
+    const std::size_t eq = text.find('=');
+    if (text.starts_with("KILN_") && eq != std::string_view::npos) {
+      variables.emplace(text.substr(0, eq), text.substr(eq + 1));
+    }
+  }
+  return variables;
+}
 
 Facts gather(const Options& options) {
   Facts facts;
@@ -36,6 +57,8 @@ Facts gather(const Options& options) {
       facts.target_problem = e.what();
     }
   }
+  facts.cache_max_bytes = detail::resolve_config(options).cache_max_bytes;
+  facts.environment = kiln_variables();
   if (!facts.runtime.cache_dir.empty()) {
     for (const auto& entry : open_disk_cache(options).list(/*verify=*/false)) {
       ++facts.cache_entries;
@@ -89,8 +112,10 @@ Json to_json(const Facts& facts) {
            {{"dir", path_or_null(info.cache_dir)},
             {"entries", facts.cache_entries},
             {"bytes", facts.cache_bytes},
+            {"max_bytes", facts.cache_max_bytes},
             {"ro_dirs", ro_dirs}}},
-          {"jit", jit_name(info.jit)}};
+          {"jit", jit_name(info.jit)},
+          {"environment", facts.environment}};
 }
 
 void print_field(std::string_view label, std::string_view value) {
@@ -125,9 +150,18 @@ void print_text(const Facts& facts) {
                            ? std::string("memory-only")
                            : fmt::format("{} ({} entries, {})", info.cache_dir.string(),
                                          facts.cache_entries, human_bytes(facts.cache_bytes)));
+  print_field("cache cap", facts.cache_max_bytes ? human_bytes(facts.cache_max_bytes)
+                                                 : "none (KILN_CACHE_MAX_BYTES sets one)");
   if (info.cache_ro_dirs.empty()) print_field("read-only tiers", "none");
   for (const auto& dir : info.cache_ro_dirs) print_field("read-only tier", dir.string());
   print_field("jit", jit_name(info.jit));
+  if (facts.environment.empty()) print_field("environment", "no KILN_* variable is set");
+  std::string_view label = "environment";
+  for (const auto& [name, value] : facts.environment) {
+    // NOTE: a variable's value is anyone's text; it must not drive the terminal.
+    print_field(label, detail::printable(name + "=" + value));
+    label = "";
+  }
 }
 
 }  // namespace

@@ -33,16 +33,19 @@ int first_empty_argument(int argc, char** argv) {
   return 0;
 }
 
+int usage_error(std::string_view message) {
+  fmt::print(stderr, "kiln: error: {}\nRun 'kiln --help' or 'kiln <command> --help'.\n",
+             for_terminal(message));
+  return kiln::cli::kUsage;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace kiln::cli;
   if (const int empty = first_empty_argument(argc, argv)) {
-    fmt::print(stderr,
-               "kiln: error: argument {} is empty: kiln takes no empty arguments (is a shell "
-               "variable unset?)\nRun 'kiln --help' or 'kiln <command> --help'.\n",
-               empty);
-    return kUsage;
+    return usage_error(fmt::format(
+        "argument {} is empty: kiln takes no empty arguments (is a shell variable unset?)", empty));
   }
   CLI::App app("Compiles, caches and inspects kiln's run-time compiled GPU kernels.", "kiln");
   app.set_version_flag("--version", "kiln " KILN_VERSION);
@@ -52,15 +55,14 @@ int main(int argc, char** argv) {
   add_warm_command(app, exit_code);
   add_compile_command(app, exit_code);
   add_cache_commands(app, exit_code);
+  if (const auto unknown = unknown_command(app, argc, argv)) return usage_error(*unknown);
   try {
     app.parse(argc, argv);
     return exit_code;
   } catch (const CLI::ParseError& e) {
     // NOTE: --help and --version arrive as ParseErrors with exit code 0.
     if (e.get_exit_code() == 0) return app.exit(e);
-    fmt::print(stderr, "kiln: error: {}\nRun 'kiln --help' or 'kiln <command> --help'.\n",
-               for_terminal(e.what()));
-    return kUsage;
+    return usage_error(e.what());
   } catch (const kiln::CompileError& e) {
     // Its message already starts with "kiln:" and carries the log, options, key and source path.
     const std::string message = for_terminal(e.what());

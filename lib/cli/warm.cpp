@@ -4,13 +4,19 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "backend/backend.hpp"
 #include "cli/commands.hpp"
+#include "config.hpp"
 #include "jit/manifest.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.hpp"
@@ -28,15 +34,23 @@ struct WarmArgs {
   std::optional<std::filesystem::path> manifest;
   int threads = 0;
   bool quiet = false;
+  bool list = false;
   std::optional<std::filesystem::path> report;
 };
 
 // Every spec once for each target, which replaces the spec's own; no targets: the specs as
-// written.
+// written, those without a target given the runtime's default.
 std::vector<KernelSpec> for_targets(const std::vector<KernelSpec>& specs,
-                                    const std::vector<std::string>& targets) {
-  if (targets.empty()) return specs;
+                                    const std::vector<std::string>& targets,
+                                    const Runtime& runtime) {
   std::vector<KernelSpec> all;
+  if (targets.empty()) {
+    all = specs;
+    for (KernelSpec& spec : all) {
+      if (spec.target.empty()) spec.target = runtime.target();
+    }
+    return all;
+  }
   all.reserve(specs.size() * targets.size());
   for (const std::string& target : targets) {
     for (KernelSpec spec : specs) {
@@ -58,6 +72,88 @@ std::vector<KernelSpec> default_specs_for(const std::vector<std::string>& target
   return all;
 }
 
+// `specs` with each canonical spec once, in the order first given; `dropped` counts the rest.
+std::vector<KernelSpec> without_duplicates(std::vector<KernelSpec> specs, std::size_t& dropped) {
+  std::set<std::string> seen;
+  const std::size_t given = specs.size();
+  std::erase_if(specs,
+                [&](const KernelSpec& spec) { return !seen.insert(to_string(spec)).second; });
+  dropped = given - specs.size();
+  return specs;
+}
+
+// The targets a mistyped one probably meant: "sm_90 or sm_90a" for sm90 or SM-90, "gfx90a" for
+// GFX90A; empty when nothing is near.
+std::string meant_target(std::string_view target) {
+  std::string word;
+  for (char c : target) {
+    if (std::isalnum(static_cast<unsigned char>(c))) {
+      word += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+  }
+  if (word.starts_with("gfx")) return word;
+  for (std::string_view prefix : {"sm", "compute"}) {
+    if (word.starts_with(prefix)) word.erase(0, prefix.size());
+  }
+  const std::size_t digits = std::min(word.find_first_not_of("0123456789"), word.size());
+  int version = 0;
+  if (digits == 0 ||
+      std::from_chars(word.data(), word.data() + digits, version).ec != std::errc()) {
+    return {};
+  }
+  if (digits < word.size()) return "sm_" + word;  // sm90a
+  // NOTE: the "a" targets (sm_90a and later) hold the features that do not carry forward.
+  return version >= 90 ? fmt::format("sm_{0} or sm_{0}a", version) : fmt::format("sm_{}", version);
+}
+
+// `spec.target`, checked before anything compiles: a target that is no target, or whose
+// compiler is missing or refuses it, would fail every spec written for it, each at length.
+void check_target(const KernelSpec& spec, const RuntimeInfo& info, Runtime& runtime) {
+  const std::string& target = spec.target;
+  const std::string_view vendor = detail::vendor_of_target(target);
+  if (vendor.empty()) {
+    const std::string meant = meant_target(target);
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("target '{}' names no GPU architecture (CUDA targets are sm_XY, "
+                            "such as sm_80 or sm_90a, HIP ones gfxN, such as gfx90a){}",
+                            target, meant.empty() ? "" : "; did you mean " + meant + "?"));
+  }
+  for (const BackendInfo& backend : info.backends) {
+    if (backend.name == vendor && !backend.compiler_found) {
+      throw Error(ErrorCategory::not_found,
+                  fmt::format("cannot build for target '{}': {}", target, backend.compiler));
+    }
+  }
+  try {
+    // Computing the key asks the compiler whether it builds for the target.
+    runtime.key(spec);
+  } catch (const Error& e) {
+    // NOTE: only the target's refusal is unsupported here; whatever else is wrong with this one
+    // spec is its item's failure, reported with the others.
+    if (e.category() == ErrorCategory::unsupported) throw;
+  }
+}
+
+void check_targets(const std::vector<KernelSpec>& specs, Runtime& runtime) {
+  const RuntimeInfo info = runtime.info();
+  std::set<std::string> checked;
+  for (const KernelSpec& spec : specs) {
+    if (checked.insert(spec.target).second) check_target(spec, info, runtime);
+  }
+}
+
+// What tells one spec from its neighbours: "unary<block_size=256,...,op=4> @sm_90a", without
+// the source and Params type, which follow from the kernel.
+std::string label(std::string_view spec) {
+  const std::size_t entry = spec.find(':') + 1;
+  const std::size_t params = spec.rfind(">(");
+  const std::size_t after = spec.find(')', params);
+  if (params == std::string_view::npos || after == std::string_view::npos) return std::string(spec);
+  std::string text(spec.substr(entry, params + 1 - entry));
+  if (text.starts_with("kiln::")) text.erase(0, 6);
+  return text.append(spec.substr(after + 1));
+}
+
 // `text` in at most `width` characters; a longer one keeps its end, where a spec's constants and
 // target differ from its neighbours'.
 std::string elide_front(const std::string& text, std::size_t width) {
@@ -77,7 +173,7 @@ class Progress {
     const WarmupItem& item = *progress.last;
     if (!terminal_) {
       fmt::print(stderr, "[{}/{}] {:<8} {:>8}  {}\n", progress.done, progress.total,
-                 to_string(item.status), human_ms(item.ms), item.spec);
+                 to_string(item.status), human_ms(item.ms), label(item.spec));
       return;
     }
     const std::size_t filled = kBarWidth * progress.done / progress.total;
@@ -90,7 +186,7 @@ class Progress {
     const std::size_t columns = terminal_columns() - 1;
     const std::size_t used = head.size() + tail.size();
     fmt::print(stderr, "\r{}{}{}\033[K", head,
-               elide_front(item.spec, columns > used ? columns - used : 0), tail);
+               elide_front(label(item.spec), columns > used ? columns - used : 0), tail);
     std::fflush(stderr);
   }
 
@@ -110,13 +206,33 @@ class Progress {
   bool terminal_;
 };
 
-void print_summary(const WarmupReport& report, double compile_ms) {
+// Warming is for the disk cache: a kernel compiled into memory alone is lost when kiln exits.
+// The items compiled that are not in the writable tier now: a store failed (a warning said
+// why), or the cap evicted them.
+std::vector<const WarmupItem*> not_stored(const WarmupReport& report,
+                                          const detail::DiskCache& cache) {
+  std::set<std::string> stored;
+  for (const detail::EntryStatus& entry : cache.list(/*verify=*/false)) {
+    if (entry.key) stored.insert(entry.key->hex());
+  }
+  std::vector<const WarmupItem*> missing;
+  for (const WarmupItem& item : report.items) {
+    if (item.status == WarmupStatus::compiled && !stored.contains(item.key)) {
+      missing.push_back(&item);
+    }
+  }
+  return missing;
+}
+
+void print_summary(const WarmupReport& report, double compile_ms, std::size_t duplicates) {
   std::string counts;
   for (WarmupStatus status : kStatuses) {
     counts += fmt::format("  {} {}", to_string(status), report.count(status));
   }
-  fmt::print("warmed {} kernels in {}\n{}\n  compile time {} in total\n", report.items.size(),
-             human_ms(report.wall_ms), counts, human_ms(compile_ms));
+  fmt::print("warmed {} kernels in {}{}\n{}\n  compile time {} in total\n", report.items.size(),
+             human_ms(report.wall_ms),
+             duplicates ? fmt::format(" ({} duplicate specs skipped)", duplicates) : "", counts,
+             human_ms(compile_ms));
 
   std::vector<const WarmupItem*> slowest;
   for (const WarmupItem& item : report.items) slowest.push_back(&item);
@@ -145,6 +261,28 @@ void print_summary(const WarmupReport& report, double compile_ms) {
     }
     fmt::print("failed: {}\n  {}\n", item.spec, message);
   }
+}
+
+// Where the kernels went, and how full that is. False when some compiled kernel is not there.
+bool print_cache(const WarmupReport& report, const detail::DiskCache& cache,
+                 std::uint64_t max_bytes) {
+  const std::string root = cache.root()->string();
+  fmt::print("cache {}: {} entries, {}{}\n", root, cache.list(/*verify=*/false).size(),
+             human_bytes(cache.size_bytes()),
+             max_bytes ? fmt::format(" of a {} cap (KILN_CACHE_MAX_BYTES)", human_bytes(max_bytes))
+                       : std::string(" (no cap: KILN_CACHE_MAX_BYTES sets one)"));
+  const std::vector<const WarmupItem*> missing = not_stored(report, cache);
+  for (const WarmupItem* item : missing) fmt::print("not stored: {}\n", item->spec);
+  if (missing.empty()) return true;
+  fmt::print("{} of {} compiled kernels are not in {}: {}\n", missing.size(),
+             report.count(WarmupStatus::compiled), root,
+             max_bytes
+                 ? fmt::format("the {} cap evicted them, or storing them failed (see the "
+                               "warnings above); raise KILN_CACHE_MAX_BYTES, or free space",
+                               human_bytes(max_bytes))
+                 : std::string("storing them failed (see the warnings above); make the directory "
+                               "writable, or free space"));
+  return false;
 }
 
 void write_report(const std::filesystem::path& path, const WarmupReport& report,
@@ -177,23 +315,45 @@ int run(const WarmArgs& args) {
   // NOTE: the manifest is read first, so that a bad one fails before the cache is touched.
   const std::optional<std::vector<KernelSpec>> listed =
       args.manifest ? std::optional(detail::read_manifest(*args.manifest)) : std::nullopt;
+  const Options options = to_options(args.common);
   // NOTE: warming fills the disk cache; without one it would compile for nothing.
-  require_writable(open_disk_cache(to_options(args.common)));
-  Runtime runtime(to_options(args.common));
-  const std::vector<KernelSpec> specs = listed ? for_targets(*listed, args.common.targets)
-                                               : default_specs_for(args.common.targets, runtime);
+  const detail::DiskCache cache = open_disk_cache(options);
+  if (!args.list) require_writable(cache);
+  Runtime runtime(options);
+  std::size_t duplicates = 0;
+  const std::vector<KernelSpec> specs =
+      without_duplicates(listed ? for_targets(*listed, args.common.targets, runtime)
+                                : default_specs_for(args.common.targets, runtime),
+                         duplicates);
+  check_targets(specs, runtime);
+  if (args.list) {
+    for (const KernelSpec& spec : specs) fmt::print("{}\n", to_string(spec));
+    return kSuccess;
+  }
   const Progress progress(args.quiet);
-  WarmupOptions options;
-  options.threads = args.threads;
+  WarmupOptions warmup;
+  warmup.threads = args.threads;
   // NOTE: this process exits right after; a module loaded on the device would be thrown away.
-  options.load = false;
-  options.on_progress = std::cref(progress);
-  const WarmupReport report = runtime.warmup(specs, options);
+  warmup.load = false;
+  warmup.on_progress = std::cref(progress);
+  const WarmupReport report = runtime.warmup(specs, warmup);
   progress.finish();
   const double compile_ms = runtime.stats().compile_ms;
-  print_summary(report, compile_ms);
+  print_summary(report, compile_ms, duplicates);
+  const bool stored = print_cache(report, cache, detail::resolve_config(options).cache_max_bytes);
   if (args.report) write_report(*args.report, report, compile_ms);
-  return report.ok() ? kSuccess : kFailure;
+  return report.ok() && stored ? kSuccess : kFailure;
+}
+
+// --threads: a count, or 0 for one per hardware thread (WarmupOptions::threads).
+std::string check_threads(const std::string& text) {
+  int threads = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), threads);
+  if (ec == std::errc() && end == text.data() + text.size() && threads >= 0) return {};
+  return fmt::format(
+      "'{}' is not a thread count: give a whole number from 1 to {}, or 0 for one "
+      "per hardware thread",
+      text, std::numeric_limits<int>::max());
 }
 
 }  // namespace
@@ -208,8 +368,12 @@ void add_warm_command(CLI::App& app, int& exit_code) {
                    "File of canonical specs, one a line, `#` comments; default: the default "
                    "set of every kernel family")
       ->type_name("FILE");
-  command->add_option("--threads", args->threads, "Compile threads; default: hardware threads")
-      ->check(CLI::PositiveNumber);
+  command
+      ->add_option("--threads", args->threads,
+                   "Compile threads; default and 0: one per hardware thread")
+      ->check(CLI::Validator(check_threads, "N"));
+  command->add_flag("--list", args->list,
+                    "Print the specs it would compile, as a manifest, and exit");
   command->add_flag("--quiet", args->quiet, "Print no progress, only the summary");
   command->add_option("--report", args->report, "Write every item's result to FILE as JSON")
       ->type_name("FILE");

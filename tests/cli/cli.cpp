@@ -32,6 +32,11 @@ constexpr const char* kManifest =
     "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=5>"
     "(kiln::UnaryParams)   # cos\n";
 
+// A spec complete but for its source file.
+constexpr const char* kMissingSource =
+    "elementwise/missing.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=4>"
+    "(kiln::UnaryParams)";
+
 // The built `kiln` with a scratch directory whose cache/ is its only cache, and no KILN_*
 // variable of the calling environment.
 class Cli {
@@ -39,7 +44,15 @@ class Cli {
   const fs::path& dir() const { return scratch_.path(); }
   fs::path cache() const { return scratch_.path() / "cache"; }
 
-  Result run(const std::vector<std::string>& args) const { return run_kiln(dir(), cache(), args); }
+  Result run(const std::vector<std::string>& args, const std::vector<std::string>& env = {}) const {
+    return run_kiln(dir(), cache(), args, env);
+  }
+
+  // `kiln warm --target sm_90a` of the manifest, written to the scratch directory.
+  Result warm_manifest(const std::vector<std::string>& env = {}) const {
+    write_file(dir() / "manifest.txt", kManifest);
+    return run({"warm", "--target", "sm_90a", (dir() / "manifest.txt").string()}, env);
+  }
 
   // The manifest in the scratch directory, warmed for sm_90a; returns the report.
   nlohmann::json warm(const std::vector<std::string>& extra_args = {}) const {
@@ -148,7 +161,7 @@ TEST_CASE("kiln warm names the file and line of a bad manifest line", "[cli]") {
 TEST_CASE("kiln warm exits 1 and shows the message when a spec fails", "[cli]") {
   const Cli cli;
   const fs::path manifest = cli.dir() / "missing.txt";
-  write_file(manifest, "elementwise/missing.cuh:kiln::unary<op=4>(kiln::UnaryParams)\n");
+  write_file(manifest, std::string(kMissingSource) + "\n");
   const Result result = cli.run({"warm", "--target", "sm_90a", manifest.string()});
   CHECK(result.code == 1);
   CHECK(contains(result.out, "failed 1"));
@@ -195,8 +208,11 @@ TEST_CASE("kiln warm refuses an AMD target hipRTC cannot build, naming those it 
   for (const char* target : {"gfx942", "gfx1100", "gfx9999"}) {
     const Result result = cli.run({"warm", "--quiet", "--target", target});
     CHECK(result.code == 1);
-    CHECK(contains(result.out, "target '" + std::string(target) + "' is not one hiprtc"));
-    CHECK(contains(result.out, "gfx90a"));
+    // Once, up front, not for each spec.
+    CHECK(result.err.starts_with("kiln: error: target '" + std::string(target) +
+                                 "' is not one hiprtc"));
+    CHECK(contains(result.err, "gfx90a"));
+    CHECK(result.out.empty());
   }
 }
 
@@ -215,8 +231,7 @@ TEST_CASE("kiln compile prints the key, registers and log of one spec", "[cli]")
 
 TEST_CASE("kiln compile explains a missing kernel source and exits 1", "[cli]") {
   const Cli cli;
-  const Result result =
-      cli.run({"compile", "elementwise/missing.cuh:kiln::unary<op=4>(kiln::UnaryParams) @sm_90a"});
+  const Result result = cli.run({"compile", std::string(kMissingSource) + " @sm_90a"});
   CHECK(result.code == 1);
   CHECK(contains(result.err, "kiln: error: "));
   CHECK(contains(result.err, "elementwise/missing.cuh"));
@@ -302,6 +317,10 @@ TEST_CASE("kiln cache prune evicts down to --max-bytes", "[cli]") {
   CHECK(contains(pruned.out, "removed 2 entries"));
   CHECK(cli.entry_files().empty());
 
+  const Result decimal = cli.run({"cache", "prune", "--max-bytes", "1.5g"});
+  CHECK(decimal.code == 0);
+  CHECK(contains(decimal.out, "(limit 1.5 GiB)"));
+
   const Result bad = cli.run({"cache", "prune", "--max-bytes", "12Q"});
   CHECK(bad.code == 2);
   CHECK(contains(bad.err, "--max-bytes is '12Q'"));
@@ -354,6 +373,209 @@ TEST_CASE("kiln cache refuses a cache directory it cannot write", "[cli]") {
                  "kiln: error: the cache directory " + unusable + " cannot be created or written"));
 }
 
+TEST_CASE("kiln warm says where the kernels went and how full the cache is", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  const Result result = cli.warm_manifest();
+  INFO(result.out << result.err);
+  CHECK(result.code == 0);
+  CHECK(std::regex_search(result.out, std::regex("\ncache " + cli.cache().string() +
+                                                 ": 2 entries, [0-9.]+ KiB \\(no cap: "
+                                                 "KILN_CACHE_MAX_BYTES sets one\\)\n")));
+  const Result capped = cli.warm_manifest({"KILN_CACHE_MAX_BYTES=1.5G"});
+  CHECK(capped.code == 0);
+  CHECK(contains(capped.out, " of a 1.5 GiB cap (KILN_CACHE_MAX_BYTES)\n"));
+}
+
+TEST_CASE("kiln warm fails when what it compiled did not stay in the cache", "[cli]") {
+  // A cap below one kernel evicts each as it is stored: warming would have been for nothing.
+  const Cli cli;
+  const Result result = cli.warm_manifest({"KILN_CACHE_MAX_BYTES=1"});
+  INFO(result.out << result.err);
+  CHECK(result.code == 1);
+  CHECK(contains(result.out, "compiled 2"));
+  CHECK(contains(result.out, "not stored: elementwise/unary.cuh:kiln::unary<"));
+  // Each store evicts all but the newest entry.
+  CHECK(contains(result.out, "1 of 2 compiled kernels are not in " + cli.cache().string() +
+                                 ": the 1 B cap evicted them"));
+  CHECK(cli.entry_files().size() == 1);
+}
+
+TEST_CASE("kiln warm refuses a cache directory it cannot use before compiling", "[cli]") {
+  const Cli cli;
+  write_file(cli.dir() / "file", "not a directory");
+  for (const fs::path& unusable : {cli.dir() / "file" / "cache", cli.dir() / "file"}) {
+    const Result result = cli.run({"warm", "--target", "sm_90a", "--cache-dir", unusable.string()});
+    CHECK(result.code == 1);
+    CHECK(contains(result.err, "kiln: error: the cache directory " + unusable.string() +
+                                   " cannot be created or written"));
+    CHECK_FALSE(contains(result.out, "warmed"));
+  }
+}
+
+TEST_CASE("kiln warm checks each target once, up front, and suggests the one meant", "[cli]") {
+  const Cli cli;
+  const Result result = cli.run({"warm", "--target", "sm90"});
+  CHECK(result.code == 2);
+  CHECK(result.err ==
+        "kiln: error: target 'sm90' names no GPU architecture (CUDA targets are sm_XY, such as "
+        "sm_80 or sm_90a, HIP ones gfxN, such as gfx90a); did you mean sm_90 or sm_90a?\n");
+  CHECK(result.out.empty());
+
+  const Result old = cli.run({"warm", "--target", "SM-80", "--target", "sm_90a"});
+  CHECK(old.code == 2);
+  CHECK(contains(old.err, "target 'SM-80' names no GPU architecture"));
+  CHECK(contains(old.err, "; did you mean sm_80?\n"));
+
+  const Result refused = cli.run({"warm", "--target", "sm_91"});
+  CHECK(refused.code == 1);
+  CHECK(std::regex_search(refused.err,
+                          std::regex("^kiln: error: target 'sm_91' is not one nvrtc [0-9.]+ can "
+                                     "build for: use one of [^\n]*sm_90a[^\n]*\n$")));
+  CHECK(refused.out.empty());
+  CHECK(cli.entry_files().empty());
+}
+
+TEST_CASE("kiln warm compiles each spec once however often it is asked for", "[cli]") {
+  const Cli cli;
+  write_file(cli.dir() / "twice.txt", std::string(kManifest) + kManifest);
+  const Result result =
+      cli.run({"warm", "--target", "sm_90a", "--target", "sm_90a", "--report",
+               (cli.dir() / "report.json").string(), (cli.dir() / "twice.txt").string()});
+  INFO(result.out << result.err);
+  CHECK(result.code == 0);
+  CHECK(contains(result.out, "warmed 2 kernels in "));
+  CHECK(contains(result.out, " (6 duplicate specs skipped)\n"));
+  CHECK(nlohmann::json::parse(read_file(cli.dir() / "report.json"))["items"].size() == 2);
+}
+
+TEST_CASE("kiln warm --list prints the manifest it would compile, which warm then reads", "[cli]") {
+  const Cli cli;
+  write_file(cli.dir() / "manifest.txt", kManifest);
+  const Result listed = cli.run({"warm", "--list", "--target", "sm_90a", "--target", "sm_80",
+                                 (cli.dir() / "manifest.txt").string()});
+  INFO(listed.out << listed.err);
+  REQUIRE(listed.code == 0);
+  CHECK(listed.out ==
+        "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=4>"
+        "(kiln::UnaryParams) @sm_90a\n"
+        "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=5>"
+        "(kiln::UnaryParams) @sm_90a\n"
+        "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=4>"
+        "(kiln::UnaryParams) @sm_80\n"
+        "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=5>"
+        "(kiln::UnaryParams) @sm_80\n");
+  CHECK(listed.err.empty());
+  CHECK((!fs::exists(cli.cache()) || cli.entry_files().empty()));
+
+  // The default set, for a target given by the environment.
+  const Result defaults = cli.run({"warm", "--list"}, {"KILN_TARGET=sm_90a"});
+  REQUIRE(defaults.code == 0);
+  CHECK(contains(defaults.out, "attention/forward_wgmma.cuh:kiln::attention_forward_wgmma<"));
+  CHECK(contains(defaults.out, "decode/merge.cuh:kiln::merge_states_kernel<"));
+
+  write_file(cli.dir() / "listed.txt", listed.out);
+  const Result warmed = cli.run({"warm", (cli.dir() / "listed.txt").string()});
+  CHECK(warmed.code == 0);
+  CHECK(contains(warmed.out, "compiled 4"));
+}
+
+TEST_CASE("kiln warm's progress shows the kernel, its constants and its target", "[cli]") {
+  const Cli cli;
+  const Result result = cli.warm_manifest();
+  REQUIRE(result.code == 0);
+  CHECK(std::regex_search(
+      result.err,
+      std::regex("\\[1/2\\] compiled +[0-9.]+ m?s  "
+                 "unary<block_size=256,dtype=f32,items_per_thread=4,op=[45]> @sm_90a\n")));
+  CHECK_FALSE(contains(result.err, "UnaryParams"));
+  CHECK_FALSE(contains(result.err, "elementwise/"));
+}
+
+TEST_CASE("kiln warm --threads takes a count, or 0 for one per hardware thread", "[cli]") {
+  const Cli cli;
+  write_file(cli.dir() / "manifest.txt", kManifest);
+  const Result zero = cli.run({"warm", "--quiet", "--threads", "0", "--target", "sm_90a",
+                               (cli.dir() / "manifest.txt").string()});
+  CHECK(zero.code == 0);
+  for (const char* bad : {"-1", "abc", "1.5", "99999999999"}) {
+    const Result result = cli.run({"warm", "--threads", bad, "--target", "sm_90a"});
+    CHECK(result.code == 2);
+    CHECK(contains(result.err, "'" + std::string(bad) +
+                                   "' is not a thread count: give a whole number from 1 to "
+                                   "2147483647, or 0 for one per hardware thread"));
+  }
+}
+
+TEST_CASE("kiln names an unknown command and the one meant", "[cli]") {
+  const Cli cli;
+  const Result infos = cli.run({"infos"});
+  CHECK(infos.code == 2);
+  CHECK(contains(infos.err, "kiln: error: unknown command 'infos'; did you mean 'info'?\n"));
+  const Result lss = cli.run({"cache", "lss", "--json"});
+  CHECK(lss.code == 2);
+  CHECK(contains(lss.err, "kiln: error: unknown command 'cache lss'; did you mean 'cache ls'?\n"));
+  const Result comp = cli.run({"comp", kSpec});
+  CHECK(contains(comp.err, "unknown command 'comp'; did you mean 'compile'?"));
+  const Result far = cli.run({"frobnicate"});
+  CHECK(far.code == 2);
+  CHECK(contains(far.err,
+                 "kiln: error: unknown command 'frobnicate': the commands are info, warm, compile, "
+                 "cache\n"));
+  // Below a command, words are its own: a manifest may be called "infos".
+  CHECK_FALSE(contains(cli.run({"warm", "--target", "sm_90a", "infos"}).err, "unknown command"));
+}
+
+TEST_CASE("kiln compile says where the binary came from and its dynamic shared memory", "[cli]") {
+  const Cli cli;
+  const Result first = cli.run({"compile", kSpec});
+  INFO(first.out << first.err);
+  REQUIRE(first.code == 0);
+  CHECK(contains(first.out, "\nfrom          a fresh compile\n"));
+  CHECK(contains(first.out, "\ndynamic smem  0 bytes at launch\n"));
+  const Result second = cli.run({"compile", kSpec});
+  CHECK(contains(second.out, "\nfrom          the disk cache\n"));
+}
+
+TEST_CASE("kiln compile refuses a spec with missing or unknown constants, naming them", "[cli]") {
+  const Cli cli;
+  const Result missing = cli.run(
+      {"compile", "elementwise/unary.cuh:kiln::unary<dtype=f32,op=4>(kiln::UnaryParams) @sm_90a"});
+  CHECK(missing.code == 2);
+  CHECK(contains(missing.err, "it lacks the constants block_size, items_per_thread"));
+  const Result unknown =
+      cli.run({"compile",
+               "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,fast=true,"
+               "items_per_thread=4,op=4>(kiln::UnaryParams) @sm_90a"});
+  CHECK(unknown.code == 2);
+  CHECK(contains(unknown.err, "kiln::unary does not take the constants fast"));
+  CHECK(cli.entry_files().empty());
+}
+
+TEST_CASE("kiln info shows the cache cap and the KILN_* variables set", "[cli]") {
+  const Cli cli;
+  const Result plain = cli.run({"info"});
+  INFO(plain.out << plain.err);
+  REQUIRE(plain.code == 0);
+  CHECK(std::regex_search(plain.out,
+                          std::regex("\ncache cap +none \\(KILN_CACHE_MAX_BYTES sets one\\)\n")));
+  CHECK(std::regex_search(
+      plain.out, std::regex("\nenvironment +KILN_CACHE_DIR=" + cli.cache().string() + "\n")));
+
+  const Result set = cli.run({"info"}, {"KILN_CACHE_MAX_BYTES=512m", "KILN_LOG=error"});
+  REQUIRE(set.code == 0);
+  CHECK(std::regex_search(set.out, std::regex("\ncache cap +512\\.0 MiB\n")));
+  CHECK(contains(set.out, "KILN_CACHE_MAX_BYTES=512m\n"));
+  CHECK(contains(set.out, "KILN_LOG=error\n"));
+
+  const Result json = cli.run({"info", "--json"}, {"KILN_CACHE_MAX_BYTES=1.5G"});
+  REQUIRE(json.code == 0);
+  const auto parsed = nlohmann::json::parse(json.out);
+  CHECK(parsed["cache"]["max_bytes"] == 3ull << 29);
+  CHECK(parsed["environment"]["KILN_CACHE_MAX_BYTES"] == "1.5G");
+  CHECK(parsed["environment"]["KILN_CACHE_DIR"] == cli.cache().string());
+}
+
 TEST_CASE("kiln exits 2 on usage errors and prints its version", "[cli]") {
   const Cli cli;
   CHECK(cli.run({"frobnicate"}).code == 2);
@@ -364,7 +586,6 @@ TEST_CASE("kiln exits 2 on usage errors and prints its version", "[cli]") {
     CHECK(empty.code == 2);
     CHECK(contains(empty.err, "is empty"));
   }
-  CHECK(cli.run({"warm", "--threads", "0"}).code == 2);
   CHECK(cli.run({"info", "--target", "sm_90a", "--target", "gfx90a"}).code == 2);
   const Result jit = cli.run({"info", "--jit", "sometimes"});
   CHECK(jit.code == 2);

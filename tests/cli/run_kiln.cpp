@@ -33,8 +33,9 @@ std::vector<char*> pointers(std::vector<std::string>& strings) {
 }  // namespace
 
 Result run_kiln(const fs::path& scratch, const fs::path& cache,
-                const std::vector<std::string>& args) {
+                const std::vector<std::string>& args, const std::vector<std::string>& settings) {
   std::vector<std::string> env{"KILN_CACHE_DIR=" + cache.string()};
+  env.insert(env.end(), settings.begin(), settings.end());
   for (char** variable = environ; *variable != nullptr; ++variable) {
     if (!std::string_view(*variable).starts_with("KILN_")) env.emplace_back(*variable);
   }

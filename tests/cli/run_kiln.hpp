@@ -13,10 +13,10 @@ struct Result {
   std::string err;
 };
 
-// Runs the built `kiln` with `args`, KILN_CACHE_DIR set to `cache` and no other KILN_* variable
-// of the calling environment; its output goes through files in `scratch`. A kiln that hangs,
-// aborts or is killed fails the calling test.
+// Runs the built `kiln` with `args`, KILN_CACHE_DIR set to `cache`, the NAME=value settings of
+// `env` and no other KILN_* variable of the calling environment; its output goes through files
+// in `scratch`. A kiln that hangs, aborts or is killed fails the calling test.
 Result run_kiln(const std::filesystem::path& scratch, const std::filesystem::path& cache,
-                const std::vector<std::string>& args);
+                const std::vector<std::string>& args, const std::vector<std::string>& env = {});
 
 }  // namespace kiln::test
