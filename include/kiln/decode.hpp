@@ -38,7 +38,8 @@ struct DecodeOptions {
   // The band of AttentionOptions, over the keys 0 .. seqlen_k - 1 of each sequence, where
   // seqlen_k = seqlens[b] + seqlen_new: query i sees key j when
   //   i + offset - window_left <= j <= i + offset + window_right,
-  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded.
+  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded. causal sets
+  // window_right to 0 whatever it was and keeps window_left, as in AttentionOptions.
   bool causal = false;
   int window_left = -1;
   int window_right = -1;
