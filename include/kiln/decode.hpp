@@ -57,11 +57,12 @@ struct DecodeOptions {
   // Rotary embedding of q and k_new (needs k_new): cos and sin (seqlen_ro, rotary_dim / 2), q's
   // dtype, rotary_dim even and <= head_dim. k_new token t of sequence b is rotated at position
   // seqlens[b] + t; q token i at seqlens[b] + i with a band (causal or window) and at seqlens[b]
-  // without (FlashAttention's convention). interleaved: pairs (0, 1), (2, 3), ...; otherwise
-  // (i, i + rotary_dim / 2) (GPT-NeoX).
+  // without (FlashAttention's convention). interleaved: pairs (0, 1), (2, 3), ... (GPT-J), the
+  // default, as flash_attn_with_kvcache's rotary_interleaved=True; false: pairs
+  // (i, i + rotary_dim / 2) (GPT-NeoX, Llama in Hugging Face transformers).
   std::optional<TensorView> rotary_cos;
   std::optional<TensorView> rotary_sin;
-  bool rotary_interleaved = false;
+  bool rotary_interleaved = true;
 
   // Output: fp32 natural-log sum of exp per query row, (batch, heads, seqlen_q).
   std::optional<TensorView> lse;

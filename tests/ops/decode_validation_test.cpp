@@ -131,7 +131,7 @@ TEST_CASE("decode passes valid calls of every cache layout and option", "[decode
   options.options.causal = true;
   options.options.window_left = 32;
   options.options.softcap = 30;
-  options.options.rotary_interleaved = true;
+  options.options.rotary_interleaved = false;  // GPT-NeoX, not the default
   options.options.alibi_slopes = view(0xC000000, DType::f32, {2, 8});
   options.options.lse = view(0xD000000, DType::f32, {2, 8, 1});
   options.options.num_splits = 128;
@@ -529,6 +529,16 @@ TEST_CASE("decode takes causal as window_right 0 whatever window_right says, as 
     CHECK(p.window_left == 4095);
     CHECK(p.window_right == 0);
   }
+}
+
+TEST_CASE("DecodeOptions rotates interleaved pairs by default, as flash_attn_with_kvcache",
+          "[decode]") {
+  const DecodeOptions defaults;
+  CHECK(defaults.rotary_interleaved);
+  CHECK_FALSE(defaults.causal);
+  CHECK(defaults.window_left == -1);
+  CHECK(defaults.window_right == -1);
+  CHECK(defaults.num_splits == 0);
 }
 
 TEST_CASE("decode refuses bad scalar options and split counts", "[decode]") {
