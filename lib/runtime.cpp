@@ -223,7 +223,8 @@ struct Runtime::Impl {
     return detail::make_unit(spec, sources, compiler(vendor));
   }
 
-  Entry compile_unit(const Unit& asked) {
+  // `hot_path`: the compile stalls a call (Runtime::kernel), so it is said at the default level.
+  Entry compile_unit(const Unit& asked, bool hot_path) {
     if (config.jit == JitMode::off) {
       throw Error(ErrorCategory::not_found,
                   fmt::format("{} (key {}) is not cached and KILN_JIT=off forbids compiling: "
@@ -258,9 +259,18 @@ struct Runtime::Impl {
       throw CompileError({result.log, unit.spec, join(unit.options), unit.key.hex(),
                           dumped.empty() ? dump_failure(unit) : dumped});
     }
-    detail::log(LogLevel::info, "compiled {} (key {}) in {:.0f} ms: {} registers, {} spill bytes",
-                unit.spec, unit.key.hex(), result.ms, result.usage.registers,
-                result.usage.spill_bytes);
+    const std::string details = fmt::format("key {}, {} registers, {} spill bytes", unit.key.hex(),
+                                            result.usage.registers, result.usage.spill_bytes);
+    if (hot_path) {
+      // NOTE: a JIT of seconds inside a call looks like a hang to whoever runs the process.
+      detail::note(fmt::format(
+          "compiled {} in {:.0f} ms, inside the call that first needed it ({}); to compile "
+          "ahead of time, list a run's specs with KILN_RECORD=FILE and warm them with `kiln "
+          "warm FILE`",
+          unit.spec, result.ms, details));
+    } else {
+      detail::log(LogLevel::info, "compiled {} in {:.0f} ms ({})", unit.spec, result.ms, details);
+    }
     Entry entry;
     entry.key = unit.key;
     entry.binary = result.binary;
@@ -322,7 +332,7 @@ struct Runtime::Impl {
       stats_disk_hits.fetch_add(1);
       return {std::move(*entry), WarmupStatus::disk_hit};
     }
-    Entry entry = compile_unit(unit);
+    Entry entry = compile_unit(unit, hot_path);
     disk.store(entry);
     return {std::move(entry), WarmupStatus::compiled};
   }
@@ -368,7 +378,7 @@ struct Runtime::Impl {
                               fmt::format("cached {} (key {}) did not load ({}); recompiling",
                                           unit.spec, unit.key.hex(), e.what()));
             disk.remove(unit.key);
-            Entry rebuilt = compile_unit(unit);
+            Entry rebuilt = compile_unit(unit, hot_path);
             disk.store(rebuilt);
             status = WarmupStatus::compiled;
             return load_entry(unit, rebuilt);
