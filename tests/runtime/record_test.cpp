@@ -3,9 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
+#include <cstdlib>
 #include <map>
 #include <string>
 #include <thread>
@@ -16,6 +15,7 @@
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
+#include "runtime/processes.hpp"
 #include "support.hpp"
 
 namespace {
@@ -67,34 +67,17 @@ TEST_CASE("KILN_RECORD appends each spec once per runtime, from threads and proc
   kiln::test::TempDir dir;
   const fs::path manifest = dir.path() / "specs.manifest";
   // Two processes, one recording through KILN_RECORD and one through Options::record.
-  std::vector<pid_t> children;
-  for (bool from_env : {true, false}) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        kiln::Options options = kiln::test::isolated_options(dir.path() / "cache", "sm_80");
-        if (from_env) {
-          ::setenv("KILN_RECORD", manifest.c_str(), 1);
-        } else {
-          options.record = manifest;
-        }
-        kiln::Runtime rt(options);
-        ask_for_all(rt);
-      } catch (...) {
-        code = 1;
-      }
-      _exit(code);
+  kiln::test::in_processes(2, [&](int index) {
+    kiln::Options options = kiln::test::isolated_options(dir.path() / "cache", "sm_80");
+    if (index == 0) {
+      ::setenv("KILN_RECORD", manifest.c_str(), 1);
+    } else {
+      options.record = manifest;
     }
-    children.push_back(pid);
-  }
-  for (pid_t pid : children) {
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+    kiln::Runtime rt(options);
+    ask_for_all(rt);
+    return true;
+  });
   // And a second runtime in this process, which records its own.
   kiln::Options options = kiln::test::isolated_options(dir.path() / "cache", "sm_80");
   options.record = manifest;
