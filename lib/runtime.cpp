@@ -104,8 +104,8 @@ void append_line(const std::filesystem::path& path, std::string_view line) {
   }
   if (error != 0) {
     detail::warn_once("record " + path.string(),
-                      fmt::format("cannot append kernel specs to {} (KILN_RECORD or "
-                                  "Options::record): {}; calls go on without recording them",
+                      fmt::format("cannot append to the spec record {}: {}; calls go on "
+                                  "unrecorded (point KILN_RECORD at a file you can write)",
                                   path.string(), std::strerror(error)));
   }
 }
