@@ -168,6 +168,10 @@ Config resolve_config(const Options& options) {
   if (!config.dump_dir) {
     if (auto dir = env("KILN_DUMP_DIR")) config.dump_dir = *dir;
   }
+  config.record = options.record;
+  if (!config.record) {
+    if (auto file = env("KILN_RECORD")) config.record = *file;
+  }
   if (options.debug) {
     config.debug = *options.debug;
   } else if (auto debug = env("KILN_DEBUG")) {

@@ -22,6 +22,7 @@ struct Config {
   JitMode jit = JitMode::on;
   LogLevel log_level = LogLevel::warn;
   std::optional<std::filesystem::path> dump_dir;
+  std::optional<std::filesystem::path> record;  // the manifest KILN_RECORD appends specs to
   bool debug = false;
   int device = 0;
 };

@@ -22,6 +22,13 @@ std::string_view level_name(LogLevel level) {
   return "?";
 }
 
+void write_line(std::string_view tag, std::string_view message) {
+  static std::mutex mutex;
+  std::lock_guard lock(mutex);
+  std::fprintf(stderr, "kiln %.*s: %.*s\n", static_cast<int>(tag.size()), tag.data(),
+               static_cast<int>(message.size()), message.data());
+}
+
 }  // namespace
 
 void set_log_level(LogLevel level) noexcept {
@@ -33,10 +40,11 @@ bool log_enabled(LogLevel level) noexcept {
 }
 
 void log_line(LogLevel level, std::string_view message) {
-  static std::mutex mutex;
-  std::lock_guard lock(mutex);
-  std::fprintf(stderr, "kiln %.*s: %.*s\n", static_cast<int>(level_name(level).size()),
-               level_name(level).data(), static_cast<int>(message.size()), message.data());
+  write_line(level_name(level), message);
+}
+
+void note(std::string_view message) {
+  if (log_enabled(LogLevel::warn)) write_line("note", message);
 }
 
 void warn_once(std::string_view topic, std::string_view message) {

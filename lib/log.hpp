@@ -18,6 +18,10 @@ void log(LogLevel level, fmt::format_string<Args...> format, Args&&... args) {
   if (log_enabled(level)) log_line(level, fmt::format(format, std::forward<Args>(args)...));
 }
 
+// A line for whoever runs the process that reports no fault (a compile inside a call, which
+// would otherwise look like a hang): shown wherever warnings are, the default, tagged "note".
+void note(std::string_view message);
+
 // Logs a warning the first time `topic` is seen in this process, and never again.
 void warn_once(std::string_view topic, std::string_view message);
 

@@ -1,14 +1,20 @@
 // kiln::Runtime: spec -> unit -> memory, disk or compile -> loaded kernel.
 #include "kiln/runtime.hpp"
 
+#include <fcntl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <shared_mutex>
 #include <thread>
+#include <unordered_set>
 
 #include <fmt/format.h>
 
@@ -78,6 +84,30 @@ void write_text(const std::filesystem::path& path, std::string_view text) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
   if (!out) detail::warn_once(path.string(), fmt::format("cannot write {}", path.string()));
+}
+
+// Appends `line` and a newline to the file at `path` with one write() on an O_APPEND descriptor,
+// so that lines from concurrent threads and processes never interleave. A new file is 0644, as
+// cache entries are: readable by all, writable by its owner only, since `kiln warm` compiles
+// what it lists. A failure is one warning per file: recording never fails a call.
+void append_line(const std::filesystem::path& path, std::string_view line) {
+  const std::string text = std::string(line) + '\n';
+  int error = 0;
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    error = errno;
+  } else {
+    const ssize_t wrote = ::write(fd, text.data(), text.size());
+    if (wrote < 0) error = errno;
+    if (wrote >= 0 && static_cast<std::size_t>(wrote) != text.size()) error = ENOSPC;
+    ::close(fd);
+  }
+  if (error != 0) {
+    detail::warn_once("record " + path.string(),
+                      fmt::format("cannot append to the spec record {}: {}; calls go on "
+                                  "unrecorded (point KILN_RECORD at a file you can write)",
+                                  path.string(), std::strerror(error)));
+  }
 }
 
 // An entry found on disk or compiled, and how it was obtained.
@@ -193,7 +223,8 @@ struct Runtime::Impl {
     return detail::make_unit(spec, sources, compiler(vendor));
   }
 
-  Entry compile_unit(const Unit& asked) {
+  // `hot_path`: the compile stalls a call (Runtime::kernel), so it is said at the default level.
+  Entry compile_unit(const Unit& asked, bool hot_path) {
     if (config.jit == JitMode::off) {
       throw Error(ErrorCategory::not_found,
                   fmt::format("{} (key {}) is not cached and KILN_JIT=off forbids compiling: "
@@ -228,9 +259,18 @@ struct Runtime::Impl {
       throw CompileError({result.log, unit.spec, join(unit.options), unit.key.hex(),
                           dumped.empty() ? dump_failure(unit) : dumped});
     }
-    detail::log(LogLevel::info, "compiled {} (key {}) in {:.0f} ms: {} registers, {} spill bytes",
-                unit.spec, unit.key.hex(), result.ms, result.usage.registers,
-                result.usage.spill_bytes);
+    const std::string details = fmt::format("key {}, {} registers, {} spill bytes", unit.key.hex(),
+                                            result.usage.registers, result.usage.spill_bytes);
+    if (hot_path) {
+      // NOTE: a JIT of seconds inside a call looks like a hang to whoever runs the process.
+      detail::note(fmt::format(
+          "compiled {} in {:.0f} ms, inside the call that first needed it ({}); to compile "
+          "ahead of time, list a run's specs with KILN_RECORD=FILE and warm them with `kiln "
+          "warm FILE`",
+          unit.spec, result.ms, details));
+    } else {
+      detail::log(LogLevel::info, "compiled {} in {:.0f} ms ({})", unit.spec, result.ms, details);
+    }
     Entry entry;
     entry.key = unit.key;
     entry.binary = result.binary;
@@ -292,7 +332,7 @@ struct Runtime::Impl {
       stats_disk_hits.fetch_add(1);
       return {std::move(*entry), WarmupStatus::disk_hit};
     }
-    Entry entry = compile_unit(unit);
+    Entry entry = compile_unit(unit, hot_path);
     disk.store(entry);
     return {std::move(entry), WarmupStatus::compiled};
   }
@@ -338,7 +378,7 @@ struct Runtime::Impl {
                               fmt::format("cached {} (key {}) did not load ({}); recompiling",
                                           unit.spec, unit.key.hex(), e.what()));
             disk.remove(unit.key);
-            Entry rebuilt = compile_unit(unit);
+            Entry rebuilt = compile_unit(unit, hot_path);
             disk.store(rebuilt);
             status = WarmupStatus::compiled;
             return load_entry(unit, rebuilt);
@@ -413,6 +453,17 @@ struct Runtime::Impl {
     return {info, computed ? status : WarmupStatus::memory_hit};
   }
 
+  // KILN_RECORD: the first time kernel() is asked for `spec`, whether or not it then loads (so
+  // that a run refused under KILN_JIT=strict still names what to warm).
+  void record(const std::string& spec) {
+    if (!config.record) return;
+    {
+      std::lock_guard lock(recorded_mutex);
+      if (!recorded.insert(spec).second) return;
+    }
+    append_line(*config.record, spec);
+  }
+
   static void add(std::atomic<std::uint64_t>& total_us, double ms) {
     total_us.fetch_add(static_cast<std::uint64_t>(ms * 1000.0));
   }
@@ -445,6 +496,8 @@ struct Runtime::Impl {
   // The hot path's shortcut: canonical spec as the caller wrote it -> loaded kernel.
   std::shared_mutex by_spec_mutex;
   std::unordered_map<std::string, std::shared_ptr<LoadedKernel>> by_spec;
+  std::mutex recorded_mutex;
+  std::unordered_set<std::string> recorded;  // canonical specs, target included
 
   std::atomic<std::uint64_t> stats_memory_hits{0}, stats_disk_hits{0}, stats_compiles{0},
       stats_compile_failures{0}, stats_loads{0}, stats_compile_us{0}, stats_load_us{0};
@@ -462,7 +515,9 @@ Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
       return Kernel(it->second);
     }
   }
-  auto kernel = impl_->loaded(impl_->unit_of(spec), true, stream).first;
+  const Unit unit = impl_->unit_of(spec);
+  impl_->record(unit.spec);
+  auto kernel = impl_->loaded(unit, true, stream).first;
   std::unique_lock lock(impl_->by_spec_mutex);
   impl_->by_spec.emplace(canonical, kernel);
   return Kernel(std::move(kernel));

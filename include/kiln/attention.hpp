@@ -24,7 +24,9 @@ struct AttentionOptions {
   //   i + offset - window_left <= j <= i + offset + window_right
   // where offset = seqlen_k - seqlen_q (bottom-right, as FlashAttention) or 0 with top_left
   // (as mem-efficient attention's CausalFromTopLeft). -1 is unbounded. causal sets
-  // window_right to 0.
+  // window_right to 0 whatever it was (-1, 0 or a count) and keeps window_left, as
+  // FlashAttention does: {.causal = true, .window_left = w - 1, .window_right = w - 1}, what
+  // Hugging Face passes for a sliding-window layer, is the causal band of the last w keys.
   bool causal = false;
   int window_left = -1;
   int window_right = -1;

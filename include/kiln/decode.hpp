@@ -38,7 +38,8 @@ struct DecodeOptions {
   // The band of AttentionOptions, over the keys 0 .. seqlen_k - 1 of each sequence, where
   // seqlen_k = seqlens[b] + seqlen_new: query i sees key j when
   //   i + offset - window_left <= j <= i + offset + window_right,
-  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded.
+  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded. causal sets
+  // window_right to 0 whatever it was and keeps window_left, as in AttentionOptions.
   bool causal = false;
   int window_left = -1;
   int window_right = -1;
@@ -56,11 +57,12 @@ struct DecodeOptions {
   // Rotary embedding of q and k_new (needs k_new): cos and sin (seqlen_ro, rotary_dim / 2), q's
   // dtype, rotary_dim even and <= head_dim. k_new token t of sequence b is rotated at position
   // seqlens[b] + t; q token i at seqlens[b] + i with a band (causal or window) and at seqlens[b]
-  // without (FlashAttention's convention). interleaved: pairs (0, 1), (2, 3), ...; otherwise
-  // (i, i + rotary_dim / 2) (GPT-NeoX).
+  // without (FlashAttention's convention). interleaved: pairs (0, 1), (2, 3), ... (GPT-J), the
+  // default, as flash_attn_with_kvcache's rotary_interleaved=True; false: pairs
+  // (i, i + rotary_dim / 2) (GPT-NeoX, Llama in Hugging Face transformers).
   std::optional<TensorView> rotary_cos;
   std::optional<TensorView> rotary_sin;
-  bool rotary_interleaved = false;
+  bool rotary_interleaved = true;
 
   // Output: fp32 natural-log sum of exp per query row, (batch, heads, seqlen_q).
   std::optional<TensorView> lse;

@@ -36,6 +36,9 @@ struct Options {
   std::optional<JitMode> jit;
   std::optional<LogLevel> log_level;
   std::optional<std::filesystem::path> dump_dir;
+  // A manifest to append each spec kernel() is asked for to, once per Runtime, one canonical
+  // spec a line as `kiln warm FILE` reads; default: KILN_RECORD (README, "Knobs").
+  std::optional<std::filesystem::path> record;
   // Ops check what is costly to check (page tables against the cache) on the host before each
   // launch, with a synchronizing copy; default: KILN_DEBUG=1.
   std::optional<bool> debug;

@@ -90,7 +90,7 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int device) {
-  detail::check_score_options(o.softmax_scale, o.softcap, o.causal, o.window_left, o.window_right);
+  detail::check_score_options(o.softmax_scale, o.softcap, o.window_left, o.window_right);
   if (s.varlen) {
     if (!o.cu_seqlens_q || !o.cu_seqlens_k) {
       invalid(fmt::format("varlen needs both cu_seqlens_q and cu_seqlens_k; {} is missing",

@@ -206,7 +206,7 @@ void check_rotary(const DecodeOptions& o, const TensorView& q, const Shape& s, i
 }
 
 void check_options(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
-  check_score_options(o.softmax_scale, o.softcap, o.causal, o.window_left, o.window_right);
+  check_score_options(o.softmax_scale, o.softcap, o.window_left, o.window_right);
   if (o.num_splits < 0 || o.num_splits > kMaxDecodeSplits) {
     invalid(fmt::format("num_splits is {}: use 0 (the heuristic chooses) or 1 to {}", o.num_splits,
                         kMaxDecodeSplits));

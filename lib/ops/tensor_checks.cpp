@@ -207,8 +207,8 @@ void check_heads(std::int64_t heads, std::int64_t heads_kv, std::string_view k_n
   }
 }
 
-void check_score_options(std::optional<float> softmax_scale, float softcap, bool causal,
-                         int window_left, int window_right) {
+void check_score_options(std::optional<float> softmax_scale, float softcap, int window_left,
+                         int window_right) {
   // NOTE: the kernels fold the scale into the softmax's base-2 exponent, where a zero or
   // negative factor would turn masked -inf logits into NaN and invert the running max.
   if (softmax_scale && !(std::isfinite(*softmax_scale) && *softmax_scale > 0)) {
@@ -222,12 +222,6 @@ void check_score_options(std::optional<float> softmax_scale, float softcap, bool
         fmt::format("window ({}, {}) has a value below -1: windows are -1 (unbounded) or "
                     "a key count",
                     window_left, window_right));
-  }
-  if (causal && window_right > 0) {
-    invalid(
-        fmt::format("causal is set and window_right is {}: causal means window_right 0; "
-                    "drop one of them",
-                    window_right));
   }
 }
 

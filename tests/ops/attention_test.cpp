@@ -795,9 +795,19 @@ TEST_CASE("attention masks: causal both ways, sliding windows, fully masked rows
     int left, right;
     bool top_left;
   };
-  const Mask masks[] = {{true, -1, -1, false}, {true, -1, -1, true},  {false, 32, 0, false},
-                        {false, 16, 8, false}, {false, 0, 0, false},  {false, 16, 8, true},
-                        {false, -1, 5, false}, {false, 7, -1, false}, {true, 20, -1, true}};
+  const Mask masks[] = {{true, -1, -1, false},
+                        {true, -1, -1, true},
+                        {false, 32, 0, false},
+                        {false, 16, 8, false},
+                        {false, 0, 0, false},
+                        {false, 16, 8, true},
+                        {false, -1, 5, false},
+                        {false, 7, -1, false},
+                        {true, 20, -1, true},
+                        // causal takes any window_right as 0, as FlashAttention: Hugging Face's
+                        // sliding-window layers pass causal with (w - 1, w - 1)
+                        {true, -1, 5, false},
+                        {true, 31, 31, false}};
   for (DType dtype : kDTypes) {
     // 203 x 113 bottom-right leaves the first 90 rows of a causal mask without keys: out 0 and
     // lse -inf; windows of 113 x 203 top-left do the same to rows past the keys' reach.

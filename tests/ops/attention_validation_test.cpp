@@ -10,7 +10,9 @@
 
 #include "kiln/attention.hpp"
 #include "kiln/error.hpp"
+#include "ops/score_params.hpp"
 #include "ops/validation_support.hpp"
+#include "params/attention.h"
 
 namespace {
 
@@ -493,15 +495,33 @@ TEST_CASE("attention refuses incomplete or malformed varlen arguments", "[attent
   check_invalid(c, {"max_seqlen_q", "varlen"});
 }
 
-TEST_CASE("attention refuses windows below -1 and causal with a right window", "[attention]") {
+TEST_CASE("attention refuses windows below -1", "[attention]") {
   Call c = padded_call();
   c.options.window_left = -2;
   check_invalid(c, {"window (-2, -1)", "below -1"});
   c.options.window_left = 16;
   c.options.window_right = -7;
   check_invalid(c, {"window (16, -7)", "below -1"});
-  c.options = {.causal = true, .window_right = 4};
-  check_invalid(c, {"causal", "window_right is 4"});
+  c.options = {.causal = true, .window_right = -2};
+  check_invalid(c, {"window (-1, -2)", "below -1"});
+}
+
+TEST_CASE("attention takes causal as window_right 0 whatever window_right says, as FlashAttention",
+          "[attention]") {
+  // Hugging Face transformers' sliding-window layers: causal with (w - 1, w - 1).
+  for (int window_right : {-1, 0, 5, 4095}) {
+    INFO("window_right " << window_right);
+    Call c = padded_call();
+    c.options = {.causal = true, .window_left = 4095, .window_right = window_right};
+    std::string why;
+    CHECK(kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime()));
+    INFO("why: " << why);
+    check_accepted(c);
+    kiln::AttentionParams p{};
+    kiln::detail::set_score_params(p, c.options, 64);
+    CHECK(p.window_left == 4095);
+    CHECK(p.window_right == 0);
+  }
 }
 
 TEST_CASE("attention refuses a negative or non-finite softcap and a non-positive scale",

@@ -617,6 +617,10 @@ TEST_CASE("decode sliding windows, softcap and ALiBi", "[gpu][decode]") {
     c.causal = true;
     c.page_size = 16;
     run_case(rt, c, rng);
+    // causal takes any window_right as 0, as FlashAttention: Hugging Face's sliding-window
+    // layers pass causal with (w - 1, w - 1).
+    c.window_right = 31;
+    run_case(rt, c, rng);
     c.causal = false;
     c.window_left = 0;
     c.window_right = 2;

@@ -15,7 +15,9 @@
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 #include "ops/kvcache_checks.hpp"
+#include "ops/score_params.hpp"
 #include "ops/validation_support.hpp"
+#include "params/decode.h"
 
 namespace kiln::test {
 namespace {
@@ -129,7 +131,7 @@ TEST_CASE("decode passes valid calls of every cache layout and option", "[decode
   options.options.causal = true;
   options.options.window_left = 32;
   options.options.softcap = 30;
-  options.options.rotary_interleaved = true;
+  options.options.rotary_interleaved = false;  // GPT-NeoX, not the default
   options.options.alibi_slopes = view(0xC000000, DType::f32, {2, 8});
   options.options.lse = view(0xD000000, DType::f32, {2, 8, 1});
   options.options.num_splits = 128;
@@ -512,14 +514,37 @@ TEST_CASE("decode refuses an lse or alibi slopes of the wrong shape", "[decode]"
   check_invalid(c, {"alibi_slopes.size(0) is 3", "batch", "2"});
 }
 
+TEST_CASE("decode takes causal as window_right 0 whatever window_right says, as FlashAttention",
+          "[decode]") {
+  // Hugging Face transformers' sliding-window layers: causal with (w - 1, w - 1).
+  for (int window_right : {-1, 0, 5, 4095}) {
+    INFO("window_right " << window_right);
+    DecodeCall c = append_call();
+    c.options.causal = true;
+    c.options.window_left = 4095;
+    c.options.window_right = window_right;
+    check_accepted(c);
+    DecodeParams p{};
+    detail::set_score_params(p, c.options, 64);
+    CHECK(p.window_left == 4095);
+    CHECK(p.window_right == 0);
+  }
+}
+
+TEST_CASE("DecodeOptions rotates interleaved pairs by default, as flash_attn_with_kvcache",
+          "[decode]") {
+  const DecodeOptions defaults;
+  CHECK(defaults.rotary_interleaved);
+  CHECK_FALSE(defaults.causal);
+  CHECK(defaults.window_left == -1);
+  CHECK(defaults.window_right == -1);
+  CHECK(defaults.num_splits == 0);
+}
+
 TEST_CASE("decode refuses bad scalar options and split counts", "[decode]") {
   DecodeCall c = contiguous_call();
   c.options.window_left = -2;
   check_invalid(c, {"window (-2, -1)", "below -1"});
-  c = contiguous_call();
-  c.options.causal = true;
-  c.options.window_right = 4;
-  check_invalid(c, {"causal", "window_right is 4"});
   c = contiguous_call();
   c.options.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   check_invalid(c, {"softmax_scale is nan", "finite"});
@@ -848,17 +873,16 @@ TEST_CASE("kiln_attention_with_kvcache reports bad inputs with a status and a me
   splits.options.num_splits = 200;
   check_status(splits.run(), KILN_ERROR_INVALID_ARGUMENT, {"num_splits is 200"});
 
-  CCall window;
-  window.options.causal = 1;
-  window.options.window_right = 3;
-  check_status(window.run(), KILN_ERROR_INVALID_ARGUMENT, {"causal", "window_right is 3"});
-
   CCall with_lse;
   const FakeDLTensor lse(0xD000000, kF32, {2, 8, 2});
   check_status(with_lse.run(lse.get()), KILN_ERROR_INVALID_ARGUMENT, {"lse.size(-1) is 2"});
 
-  // Nothing to compute succeeds, with no device, and clears the message.
-  const CCall empty(0);
+  // Nothing to compute succeeds, with no device, and clears the message; causal takes any
+  // window_right, as FlashAttention.
+  CCall empty(0);
+  empty.options.causal = 1;
+  empty.options.window_left = 3;
+  empty.options.window_right = 3;
   check_status(empty.run(), KILN_OK, {});
   CHECK(std::string(kiln_last_error()).empty());
 }

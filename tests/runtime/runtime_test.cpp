@@ -2,9 +2,7 @@
 // single-flight, many processes, warm-up, dumps and compile errors.
 #include <catch2/catch.hpp>
 
-#include <sys/wait.h>
-#include <unistd.h>
-
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <functional>
@@ -14,6 +12,7 @@
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
+#include "runtime/processes.hpp"
 #include "support.hpp"
 
 namespace {
@@ -227,30 +226,12 @@ TEST_CASE("different keys compile concurrently", "[runtime]") {
 TEST_CASE("8 processes compiling the same keys leave one valid entry per key", "[runtime]") {
   kiln::test::TempDir dir;
   const std::vector<kiln::KernelSpec> specs = {unary(7), unary(8), unary(9)};
-  std::vector<pid_t> children;
-  for (int i = 0; i < 8; ++i) {
-    const pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      int code = 0;
-      try {
-        kiln::Runtime rt(options_for(dir.path()));
-        for (const auto& spec : specs) {
-          if (rt.compile(spec).registers <= 0) code = 1;
-        }
-      } catch (...) {
-        code = 2;
-      }
-      _exit(code);
-    }
-    children.push_back(pid);
-  }
-  for (pid_t pid : children) {
-    int status = 0;
-    REQUIRE(waitpid(pid, &status, 0) == pid);
-    CHECK(WIFEXITED(status));
-    CHECK(WEXITSTATUS(status) == 0);
-  }
+  kiln::test::in_processes(8, [&](int) {
+    kiln::Runtime rt(options_for(dir.path()));
+    return std::all_of(specs.begin(), specs.end(), [&](const kiln::KernelSpec& spec) {
+      return rt.compile(spec).registers > 0;
+    });
+  });
   const auto listed = entries(dir.path());
   CHECK(listed.size() == specs.size());
   for (const auto& entry : listed) CHECK(entry.valid);

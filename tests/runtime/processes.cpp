@@ -1,0 +1,37 @@
+// Runs test code in several processes at once.
+#include "runtime/processes.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <vector>
+
+namespace kiln::test {
+
+void in_processes(int count, const std::function<bool(int index)>& body) {
+  std::vector<pid_t> children;
+  for (int i = 0; i < count; ++i) {
+    const pid_t pid = ::fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      int code = 1;
+      try {
+        code = body(i) ? 0 : 1;
+      } catch (...) {
+        code = 2;
+      }
+      ::_exit(code);
+    }
+    children.push_back(pid);
+  }
+  for (pid_t pid : children) {
+    int status = 0;
+    REQUIRE(::waitpid(pid, &status, 0) == pid);
+    CHECK(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == 0);
+  }
+}
+
+}  // namespace kiln::test
