@@ -615,6 +615,10 @@ void Runtime::zero_async(void* pointer, std::size_t bytes, void* stream) {
       .zero_async(impl_->config.device, pointer, bytes, stream);
 }
 
+void Runtime::encode_tensor_map(void* map, const TensorMapLayout& layout) {
+  impl_->device_driver("make a TMA descriptor", "").encode_tensor_map(map, layout);
+}
+
 std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   Driver& d = impl_->device_driver("allocate device memory", "");

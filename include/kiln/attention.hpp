@@ -69,25 +69,29 @@ struct AttentionProblem {
 enum class AttentionKernel {
   mma,       // attention/forward.cuh: mma.sync tensor cores, NVIDIA sm_80 and newer
   wgmma,     // attention/forward_wgmma.cuh: Hopper's warpgroup MMA, sm_90a only
+  tma,       // attention/forward_tma.cuh: wgmma fed by TMA from a producer warp, sm_90a only;
+             // q, k and v need strides TMA can tile (nonzero multiples of 16 bytes)
   portable,  // attention/forward_portable.cuh: plain loads and fp32 arithmetic, no inline
              // assembly; AMD targets run it, and it runs on NVIDIA too
 };
 
 // How it runs. Every config gives results within the same tolerance.
 struct AttentionConfig {
-  int block_m = 128;  // query rows per CTA; wgmma: 64, 128 or 192 (a warpgroup per 64 rows)
+  int block_m = 128;  // query rows per CTA; wgmma: 64, 128 or 192 (a warpgroup per 64 rows),
+                      // tma: 64 or 128
   int block_n = 64;   // keys per step; wgmma: a multiple of 64 up to 256
   int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps);
-                      // wgmma ignores it (block_m / 16)
-  int stages = 1;     // K/V tile slots in shared memory; portable has one, wgmma 2 to 4
+                      // wgmma and tma ignore it (block_m / 16)
+  int stages = 1;     // K/V tile slots in shared memory; portable has one, wgmma and tma 2 to 4
   AttentionKernel kernel = AttentionKernel::mma;
 };
 
-// The config the hot path, is_supported() and warm-up use for `problem` on `target`: the wgmma
-// kernel on sm_90a for head dims above 64 (padded at most 25% to its 64-column tiles), the mma
-// kernel on other sm_80+ targets and dims, the portable one on AMD's wave64 gfx9 targets, such
-// as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's stops at gfx90c).
-// Throws kiln::Error (unsupported) for any other target.
+// The config the hot path, is_supported() and warm-up use for `problem` on `target`: the tma
+// kernel on sm_90a for head dims its 64-column tiles pad by at most 25% (64, 128, 192, 256 and
+// their neighbours; attention() runs the wgmma kernel instead for inputs TMA cannot tile, such
+// as a stride of 0), the mma kernel on other sm_80+ targets and dims, the portable one on AMD's
+// wave64 gfx9 targets, such as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's
+// stops at gfx90c). Throws kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 

@@ -45,6 +45,20 @@ struct Options {
   int device = 0;
 };
 
+// A tiled view of device memory for Hopper's tensor memory accelerator (TMA), which kernels read
+// through a 128-byte descriptor (CUtensorMap) made by the driver. Dims are innermost first;
+// dims[0] is contiguous. Elements outside the dims read as zeros.
+struct TensorMapLayout {
+  static constexpr int max_rank = 5;
+  const void* data = nullptr;  // 16-byte aligned
+  DType dtype = DType::bf16;
+  int rank = 0;
+  std::uint64_t dims[max_rank] = {};
+  std::uint64_t byte_strides[max_rank - 1] = {};  // of dims 1 .. rank - 1; multiples of 16
+  std::uint32_t box[max_rank] = {};               // the tile one load moves, in elements
+  bool swizzle_128b = true;  // rows of the box are 128 bytes, swizzled as wgmma reads them
+};
+
 struct Dim3 {
   std::uint32_t x = 1, y = 1, z = 1;
 };
@@ -213,6 +227,10 @@ class Runtime {
   // any stream, beside this one), when the driver cannot tell streams apart (CUDA before 12.0,
   // HIP), or beyond the 64 streams that keep memory: then take allocate_async and zero_async.
   std::shared_ptr<void> stream_zeros(std::size_t bytes, void* stream);
+  // Writes the TMA descriptor of `layout` (cuTensorMapEncodeTiled) into the 128 bytes at `map`,
+  // 64-byte aligned. Throws kiln::Error (unsupported) when the driver has no TMA or refuses the
+  // layout, naming it.
+  void encode_tensor_map(void* map, const TensorMapLayout& layout);
   // Copies device memory to the host once the work queued on `stream` is done (it synchronizes
   // the stream): for the debug checks only.
   void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, void* stream);

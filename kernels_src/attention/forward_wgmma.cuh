@@ -107,6 +107,64 @@ __device__ __forceinline__ float (&columns64(float (&acc)[1][Tiles][4], int c))[
   return *reinterpret_cast<float(*)[32]>(&acc[0][8 * c][0]);
 }
 
+// Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile) and the K tile at
+// k_tile, as one committed wgmma group: k16 steps walk 32 bytes within a 128-byte chunk, then
+// to the next chunk. s is being written until the group is waited for.
+template <class Tr>
+__device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsigned q_rows,
+                                             unsigned k_tile) {
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
+    const unsigned k_offset = (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32;
+    const unsigned long long a =
+        wgmma::descriptor(q_rows + (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32, 0, 1024);
+#pragma unroll
+    for (int c = 0; c < Tr::block_n / 64; ++c) {
+      const unsigned long long b = wgmma::descriptor(k_tile + k_offset + c * 64 * 128, 0, 1024);
+      wgmma::mma_ss<typename Tr::T, false>(columns64(s, c), a, b, kk > 0);
+    }
+  }
+  wgmma::commit();
+}
+
+// Issues O += P V with P in registers (a, one A fragment per 16 keys) and the V tile at v_tile, as
+// one committed group: V is N-major (head dim contiguous), so k16 steps are 16 key rows, 2048
+// bytes. o and a are in use until the group is waited for.
+template <class Tr>
+__device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
+                                             const unsigned (&a)[Tr::block_n / 16][4],
+                                             unsigned v_tile) {
+  wgmma::fence();
+#pragma unroll
+  for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
+#pragma unroll
+    for (int c = 0; c < Tr::v_dim / 64; ++c) {
+      const unsigned long long b = wgmma::descriptor(v_tile + c * Tr::block_n * 128 + kk * 16 * 128,
+                                                     Tr::block_n * 128, 1024);
+      wgmma::mma_rs<typename Tr::T, true>(columns64(o, c), a[kk], b, true);
+    }
+  }
+  wgmma::commit();
+}
+
+// Keeps the compiler from touching an accumulator before the wait that completes it.
+template <int Tiles>
+__device__ __forceinline__ void pin_columns(float (&acc)[1][Tiles][4]) {
+#pragma unroll
+  for (int c = 0; c < Tiles / 8; ++c) wgmma::pin(columns64(acc, c));
+}
+
+// The probabilities of every key of a block as PV's A fragments.
+template <class Tr>
+__device__ __forceinline__ void probability_fragments(unsigned (&a)[Tr::block_n / 16][4],
+                                                      const float (&s)[1][Tr::s_tiles][4]) {
+#pragma unroll
+  for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
+    probability_fragment<typename Tr::T>(a[kk], s, kk);
+  }
+}
+
 }  // namespace attention
 
 template <class Spec>
@@ -186,48 +244,21 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
     const unsigned k_tile = kv_base + read_slot * Tr::slot_bytes;
     const unsigned v_tile = k_tile + Tr::k_bytes;
 
-    // S = Q K^T: k16 steps walk 32 bytes within a 128-byte chunk, then to the next chunk.
     float s[1][Tr::s_tiles][4];
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
-      const unsigned k_offset = (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32;
-      const unsigned long long a =
-          wgmma::descriptor(q_rows + (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32, 0, 1024);
-#pragma unroll
-      for (int c = 0; c < Tr::block_n / 64; ++c) {
-        const unsigned long long b = wgmma::descriptor(k_tile + k_offset + c * 64 * 128, 0, 1024);
-        wgmma::mma_ss<T, false>(columns64(s, c), a, b, kk > 0);
-      }
-    }
-    wgmma::commit();
+    start_scores<Tr>(s, q_rows, k_tile);
     wgmma::wait<0>();
-#pragma unroll
-    for (int c = 0; c < Tr::block_n / 64; ++c) wgmma::pin(columns64(s, c));
+    pin_columns(s);
 
     const int key0 = block * Tr::block_n + 2 * (lane % 4);
     transform.apply(s, row0, key0);
     if (blocks.needs_mask(block, Tr::block_n)) mask_logits(s, band, row0, key0);
     softmax.update(s, o, to_log2);
 
-    // O += P V: V is N-major (head dim contiguous); k16 steps are 16 key rows, 2048 bytes.
     unsigned a[Tr::block_n / 16][4];
-#pragma unroll
-    for (int kk = 0; kk < Tr::block_n / 16; ++kk) probability_fragment<T>(a[kk], s, kk);
-    wgmma::fence();
-#pragma unroll
-    for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-#pragma unroll
-      for (int c = 0; c < Tr::v_dim / 64; ++c) {
-        const unsigned long long b = wgmma::descriptor(
-            v_tile + c * Tr::block_n * 128 + kk * 16 * 128, Tr::block_n * 128, 1024);
-        wgmma::mma_rs<T, true>(columns64(o, c), a[kk], b, true);
-      }
-    }
-    wgmma::commit();
+    probability_fragments<Tr>(a, s);
+    start_output<Tr>(o, a, v_tile);
     wgmma::wait<0>();
-#pragma unroll
-    for (int c = 0; c < Tr::v_dim / 64; ++c) wgmma::pin(columns64(o, c));
+    pin_columns(o);
 
     read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }

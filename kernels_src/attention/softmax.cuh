@@ -31,6 +31,15 @@ struct OnlineSoftmax {
   __device__ __forceinline__ void update(float (&s)[MTiles][STiles][4],
                                          float (&o)[MTiles][OTiles][4], float to_log2) {
     float rescale[rows];
+    exponentiate(s, to_log2, rescale);
+    rescale_output(o, rescale);
+  }
+
+  // update() without touching o: the factors o must be rescaled by go to `rescale`, so that a
+  // kernel can rescale o later, once the products still adding into it are done.
+  template <int STiles>
+  __device__ __forceinline__ void exponentiate(float (&s)[MTiles][STiles][4], float to_log2,
+                                               float (&rescale)[rows]) {
 #pragma unroll
     for (int mt = 0; mt < MTiles; ++mt) {
 #pragma unroll
@@ -58,7 +67,6 @@ struct OnlineSoftmax {
         row_sum[r] = sum;
       }
     }
-    rescale_output(o, rescale);
   }
 
   // o *= rescale per row. Once the row maxima settle most steps leave every rescale at 1; when

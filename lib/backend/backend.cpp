@@ -1,12 +1,21 @@
 // Which backend builds a target, and what the backends' messages share.
 #include "backend/backend.hpp"
 
+#include "kiln/error.hpp"
+
 namespace kiln::detail {
 
 std::string_view vendor_of_target(std::string_view target) noexcept {
   if (target.starts_with("sm_") || target.starts_with("compute_")) return "cuda";
   if (target.starts_with("gfx")) return "hip";
   return {};
+}
+
+void Driver::encode_tensor_map(void*, const TensorMapLayout&) {
+  throw Error(ErrorCategory::unsupported,
+              std::string("the ") + std::string(vendor()) +
+                  " driver has no tensor memory accelerator (TMA): use a kernel that loads "
+                  "without it");
 }
 
 std::string copying_to_host(std::string_view device, int ordinal, std::size_t bytes) {

@@ -101,6 +101,9 @@ class Driver {
   // thread's per-thread default stream is a stream of its own); nullopt when the driver has no
   // such number (CUDA before 12.0, HIP).
   virtual std::optional<std::uint64_t> stream_id(int ordinal, void* stream) = 0;
+  // Writes the TMA descriptor of `layout` into the 128 bytes at `map`; kiln::Error
+  // (unsupported) where the driver has none (HIP, CUDA before 12.0) or refuses the layout.
+  virtual void encode_tensor_map(void* map, const TensorMapLayout& layout);
   // Queues a copy of `bytes` from device memory to `host` on `stream` and waits for the stream.
   virtual void copy_to_host(int ordinal, void* host, const void* device_pointer, std::size_t bytes,
                             void* stream) = 0;

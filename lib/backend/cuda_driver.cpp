@@ -39,6 +39,14 @@ constexpr int CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES = 1;
 constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+// cuTensorMapEncodeTiled's enumerations, as cuda.h numbers them.
+constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
+constexpr int CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
+constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
+constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
+constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;
 
 // cuLaunchKernelEx's configuration, laid out as cuda.h has it: a 64-byte, 8-aligned value union
 // after a 4-byte id and 4 bytes of padding. Only the attribute kiln sets is named.
@@ -95,6 +103,7 @@ struct CudaApi {
     lib.bind(cuStreamIsCapturing, "cuStreamIsCapturing");
     lib.bind_optional(cuStreamGetId, "cuStreamGetId");  // CUDA 12.0
     lib.bind(cuStreamSynchronize, "cuStreamSynchronize");
+    lib.bind_optional(cuTensorMapEncodeTiled, "cuTensorMapEncodeTiled");  // CUDA 12.0
     lib.bind(cuGetErrorName, "cuGetErrorName");
     lib.bind(cuGetErrorString, "cuGetErrorString");
   }
@@ -129,19 +138,29 @@ struct CudaApi {
   CUresult (*cuStreamIsCapturing)(CUstream, int* status) = nullptr;
   CUresult (*cuStreamGetId)(CUstream, unsigned long long*) = nullptr;
   CUresult (*cuStreamSynchronize)(CUstream) = nullptr;
+  CUresult (*cuTensorMapEncodeTiled)(void* map, int dtype, unsigned rank, void* address,
+                                     const std::uint64_t* dims, const std::uint64_t* strides,
+                                     const std::uint32_t* box, const std::uint32_t* element_strides,
+                                     int interleave, int swizzle, int l2_promotion,
+                                     int oob_fill) = nullptr;
   CUresult (*cuGetErrorName)(CUresult, const char**) = nullptr;
   CUresult (*cuGetErrorString)(CUresult, const char**) = nullptr;
 
   // Throws kiln::Error (driver) naming `call`, the error and, when given, what it was doing.
   void check(CUresult result, std::string_view call, std::string_view doing = {}) const {
     if (result == CUDA_SUCCESS) return;
+    std::string message = failure(result, call);
+    if (!doing.empty()) message += " " + std::string(doing);
+    throw Error(ErrorCategory::driver, message);
+  }
+
+  // "<call> failed with <name> (<description>)".
+  std::string failure(CUresult result, std::string_view call) const {
     const char* name = "unknown CUresult";
     const char* text = "";
     cuGetErrorName(result, &name);
     cuGetErrorString(result, &text);
-    std::string message = std::string(call) + " failed with " + name + " (" + text + ")";
-    if (!doing.empty()) message += " " + std::string(doing);
-    throw Error(ErrorCategory::driver, message);
+    return std::string(call) + " failed with " + name + " (" + text + ")";
   }
 
   int attribute(int which, CUdevice device) const {
@@ -353,6 +372,29 @@ class CudaDriver final : public Driver {
     api_->check(api_->cuMemsetD8Async(reinterpret_cast<CUdeviceptr>(pointer), 0, bytes,
                                       static_cast<CUstream>(stream)),
                 "cuMemsetD8Async");
+  }
+
+  void encode_tensor_map(void* map, const TensorMapLayout& layout) override {
+    if (api_->cuTensorMapEncodeTiled == nullptr) Driver::encode_tensor_map(map, layout);
+    if (layout.dtype != DType::f16 && layout.dtype != DType::bf16) {
+      throw Error(ErrorCategory::unsupported,
+                  "kiln makes TMA descriptors of f16 and bf16 tensors only, not " +
+                      std::string(to_string(layout.dtype)));
+    }
+    const std::uint32_t element_strides[TensorMapLayout::max_rank] = {1, 1, 1, 1, 1};
+    const CUresult result = api_->cuTensorMapEncodeTiled(
+        map,
+        layout.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
+                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
+        static_cast<unsigned>(layout.rank), const_cast<void*>(layout.data), layout.dims,
+        layout.byte_strides, layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+        layout.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+    if (result != CUDA_SUCCESS) {
+      throw Error(ErrorCategory::unsupported,
+                  api_->failure(result, "cuTensorMapEncodeTiled") +
+                      ": TMA cannot tile this tensor (a dim or stride out of its range)");
+    }
   }
 
   bool is_capturing(int ordinal, void* stream) override {

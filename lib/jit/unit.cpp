@@ -159,9 +159,9 @@ std::string render_source(const KernelSpec& spec, const ParamsLayout& params) {
   }
   text += "};\n\n";
   text += fmt::format(
-      "static_assert(sizeof({0}) == {1}, \"{0} in this compile differs from libkiln's ({1} "
-      "bytes): take it from {2} and do not redefine it.\");\n",
-      params.type, params.size, params.header);
+      "static_assert(sizeof({0}) == {1} && alignof({0}) == {2}, \"{0} in this compile differs "
+      "from libkiln's ({1} bytes, aligned to {2}): take it from {3} and do not redefine it.\");\n",
+      params.type, params.size, params.alignment, params.header);
   return text;
 }
 

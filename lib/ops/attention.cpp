@@ -2,6 +2,7 @@
 #include "kiln/attention.hpp"
 
 #include <cstdint>
+#include <initializer_list>
 
 #include <fmt/format.h>
 
@@ -10,6 +11,7 @@
 #include "ops/score_params.hpp"
 #include "ops/tensor_checks.hpp"
 #include "params/attention.h"
+#include "params/registry.hpp"
 
 namespace kiln {
 namespace {
@@ -231,6 +233,16 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   return p;
 }
 
+std::string_view kernel_name(AttentionKernel kernel) {
+  switch (kernel) {
+    case AttentionKernel::mma: return "mma";
+    case AttentionKernel::wgmma: return "wgmma";
+    case AttentionKernel::tma: return "tma";
+    case AttentionKernel::portable: return "portable";
+  }
+  return "unknown";
+}
+
 // AMD targets attention runs on: gfx9 (GCN and CDNA), whose wavefronts have the 64 lanes that
 // kernels_src/common/vendor.cuh assumes for every AMD target.
 bool amd_target_supported(std::string_view target) {
@@ -255,7 +267,7 @@ void require_target(std::string_view target, AttentionKernel kernel) {
           fmt::format("the {} attention kernel uses NVIDIA instructions and cannot run on {}: "
                       "use a portable config (AttentionKernel::portable), as choose() gives AMD "
                       "targets",
-                      kernel == AttentionKernel::mma ? "mma" : "wgmma", target));
+                      kernel_name(kernel), target));
     }
     return;
   }
@@ -265,11 +277,11 @@ void require_target(std::string_view target, AttentionKernel kernel) {
                     "one; the target is {}",
                     target));
   }
-  if (kernel == AttentionKernel::wgmma && target != "sm_90a") {
+  if ((kernel == AttentionKernel::wgmma || kernel == AttentionKernel::tma) && target != "sm_90a") {
     unsupported(fmt::format(
-        "the wgmma attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
+        "the {} attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
         "the mma kernel (AttentionKernel::mma)",
-        target));
+        kernel_name(kernel), target));
   }
 }
 
@@ -294,14 +306,16 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
     if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .kernel = portable};
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
-  // Measured on an H200 (bench/RESULTS.md): against the mma kernel, wgmma runs 1.2-1.4x at head
-  // dim 128 and 1.4-1.6x at 256, and 0.92-1.0x at 64, where mma stays. Two warpgroups (128
-  // rows) share each K/V tile; 192 KiB of smem at 256 holds only 64 keys a step.
-  if (target == "sm_90a" && widest > 64 && fits_wgmma_tiles(problem.head_dim) &&
+  // Measured on an H100 (bench/RESULTS.md, run 13): the tma kernel runs 0.76-1.05x cuDNN where
+  // the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and the mma kernel 0.65-0.71x (64).
+  // Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of smem at 256 holds only
+  // 64 keys a step, and a third stage gained nothing at 128. Inputs TMA cannot tile (a stride
+  // of 0) run the wgmma kernel on the same tiles (run()).
+  if (target == "sm_90a" && fits_wgmma_tiles(problem.head_dim) &&
       fits_wgmma_tiles(problem.head_dim_v)) {
-    constexpr AttentionKernel wgmma = AttentionKernel::wgmma;
-    if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = wgmma};
-    return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = wgmma};
+    constexpr AttentionKernel tma = AttentionKernel::tma;
+    if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
+    return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
   }
   // The mma kernel, tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every
   // sm_80+ part fits these, sm_86/89's 99 KiB included.
@@ -322,6 +336,11 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
       spec.source = "attention/forward_wgmma.cuh";
       spec.entry = "kiln::attention_forward_wgmma";
       break;
+    case AttentionKernel::tma:
+      spec.source = "attention/forward_tma.cuh";
+      spec.entry = "kiln::attention_forward_tma";
+      spec.params = "kiln::AttentionTmaParams";
+      break;
     case AttentionKernel::portable:
       spec.source = "attention/forward_portable.cuh";
       spec.entry = "kiln::attention_forward_portable";
@@ -332,7 +351,9 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
       .set("head_dim_v", problem.head_dim_v)
       .set("block_m", config.block_m)
       .set("block_n", config.block_n);
-  if (config.kernel != AttentionKernel::wgmma) spec.set("warps", config.warps);
+  const bool warpgroups =
+      config.kernel == AttentionKernel::wgmma || config.kernel == AttentionKernel::tma;
+  if (!warpgroups) spec.set("warps", config.warps);
   if (config.kernel != AttentionKernel::portable) spec.set("stages", config.stages);
   spec.set("band", problem.band)
       .set("varlen", problem.varlen)
@@ -348,9 +369,9 @@ namespace {
 void check_config(const AttentionConfig& config, std::string_view target) {
   const AttentionKernel kernel = config.kernel;
   if (kernel != AttentionKernel::mma && kernel != AttentionKernel::wgmma &&
-      kernel != AttentionKernel::portable) {
+      kernel != AttentionKernel::tma && kernel != AttentionKernel::portable) {
     invalid(
-        fmt::format("config.kernel is {}, which is no AttentionKernel: use mma, wgmma or "
+        fmt::format("config.kernel is {}, which is no AttentionKernel: use mma, wgmma, tma or "
                     "portable",
                     static_cast<int>(kernel)));
   }
@@ -369,6 +390,62 @@ void check_config(const AttentionConfig& config, std::string_view target) {
   }
 }
 
+int threads_of(const AttentionConfig& c) {
+  switch (c.kernel) {
+    case AttentionKernel::wgmma: return c.block_m * 2;      // a warpgroup per 64 rows
+    case AttentionKernel::tma: return c.block_m * 2 + 128;  // and the producer warpgroup
+    case AttentionKernel::mma:
+    case AttentionKernel::portable: break;
+  }
+  return c.warps * 32;
+}
+
+// Whether TMA can tile these tensors: every stride but the last a nonzero multiple of 16 bytes
+// below 2^40 (a broadcast input, stride 0, is not one).
+bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
+  for (const TensorView* t : tensors) {
+    for (int d = 0; d + 1 < t->rank; ++d) {
+      const std::int64_t bytes = t->stride(d) * 2;
+      if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
+    }
+  }
+  return true;
+}
+
+// The TMA descriptor of q, k or v (`t`, with `dim` columns) for boxes of `rows` rows: 4-d
+// (columns, tokens, heads, batch), one batch of every token with varlen.
+TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
+                        Runtime& runtime) {
+  TensorMapLayout layout{.data = t.data, .dtype = t.dtype, .rank = 4};
+  const int h = t.rank - 2, tokens = t.rank - 3;
+  const auto bytes = [&](std::int64_t stride) {
+    return static_cast<std::uint64_t>(stride) * 2;  // f16 and bf16
+  };
+  // A dim of 0 is no TMA dim; such a tensor is never read (no keys, or no rows).
+  layout.dims[0] = static_cast<std::uint64_t>(dim);
+  layout.dims[1] = static_cast<std::uint64_t>(std::max<std::int64_t>(t.size(tokens), 1));
+  layout.dims[2] = static_cast<std::uint64_t>(std::max<std::int64_t>(t.size(h), 1));
+  layout.dims[3] = varlen ? 1 : static_cast<std::uint64_t>(std::max<std::int64_t>(t.size(0), 1));
+  layout.byte_strides[0] = bytes(t.stride(tokens));
+  layout.byte_strides[1] = bytes(t.stride(h));
+  layout.byte_strides[2] = varlen ? bytes(t.stride(tokens)) : bytes(t.stride(0));
+  layout.box[0] = 64;
+  layout.box[1] = static_cast<std::uint32_t>(rows);
+  layout.box[2] = layout.box[3] = 1;
+  TensorMap map{};
+  runtime.encode_tensor_map(&map, layout);
+  return map;
+}
+
+AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
+                                 const TensorView& k, const TensorView& v, const AttentionConfig& c,
+                                 const Shape& s, Runtime& runtime) {
+  return {.q_map = tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
+          .k_map = tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
+          .v_map = tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
+          .p = params};
+}
+
 // Runs a call with `config`, or with choose()'s when there is none.
 void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const AttentionOptions& options, const std::optional<AttentionConfig>& config,
@@ -378,31 +455,25 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
   const std::string target = runtime.target();
   if (config) check_config(*config, target);
-  const AttentionConfig c = config ? *config : choose(checked.problem, target);
-  const Kernel kernel = runtime.kernel(attention_spec(checked.problem, c), stream);
-  const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
-  int threads = c.warps * 32;
-  long long shared = 0;
-  switch (c.kernel) {
-    case AttentionKernel::mma:
-      shared =
-          attention_forward_smem_bytes(s.head_dim, s.head_dim_v, c.block_m, c.block_n, c.stages);
-      break;
-    case AttentionKernel::wgmma:
-      threads = c.block_m * 2;  // a warpgroup per 64 rows
-      shared = attention_forward_wgmma_smem_bytes(s.head_dim, s.head_dim_v, c.block_m, c.block_n,
-                                                  c.stages);
-      break;
-    case AttentionKernel::portable:
-      shared = attention_forward_portable_smem_bytes(s.head_dim, s.head_dim_v, c.block_n);
-      break;
+  AttentionConfig c = config ? *config : choose(checked.problem, target);
+  if (!config && c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
+    c.kernel = AttentionKernel::wgmma;  // the same tiles, loaded without TMA
   }
-  kernel.launch({.grid = {static_cast<std::uint32_t>(row_blocks),
-                          static_cast<std::uint32_t>(s.heads), static_cast<std::uint32_t>(s.batch)},
-                 .block = {static_cast<std::uint32_t>(threads)},
-                 .shared_bytes = static_cast<std::uint32_t>(shared),
-                 .stream = stream},
-                params_of(q, k, v, out, options, s));
+  const KernelSpec spec = attention_spec(checked.problem, c);
+  const Kernel kernel = runtime.kernel(spec, stream);
+  const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
+  const LaunchConfig launch{
+      .grid = {static_cast<std::uint32_t>(row_blocks), static_cast<std::uint32_t>(s.heads),
+               static_cast<std::uint32_t>(s.batch)},
+      .block = {static_cast<std::uint32_t>(threads_of(c))},
+      .shared_bytes = static_cast<std::uint32_t>(*detail::dynamic_shared_bytes(spec)),
+      .stream = stream};
+  const AttentionParams params = params_of(q, k, v, out, options, s);
+  if (c.kernel == AttentionKernel::tma) {
+    kernel.launch(launch, tma_params_of(params, q, k, v, c, s, runtime));
+  } else {
+    kernel.launch(launch, params);
+  }
 }
 
 }  // namespace

@@ -77,6 +77,23 @@ struct AttentionParams {
   const int* maybe_seqused_k;
 };
 
+// A TMA descriptor (CUtensorMap): 128 opaque bytes the driver writes on the host, which a kernel
+// hands to cp.async.bulk.tensor from parameter space; 64-byte aligned, as the driver requires.
+struct alignas(64) TensorMap {
+  unsigned long long opaque[16];
+};
+
+// The only argument of attention_forward_tma (sm_90a): the forward params and TMA descriptors of
+// q, k and v, each 4-d (head_dim, tokens, heads, batch), innermost first, with 128-byte-swizzled
+// boxes of 64 columns by block_m (q) or block_n (k, v) rows. Varlen puts every sequence in the
+// token dim of one batch (tokens start at cu_seqlens); padded batches index the batch dim.
+struct AttentionTmaParams {
+  TensorMap q_map;
+  TensorMap k_map;
+  TensorMap v_map;
+  AttentionParams p;
+};
+
 // Dynamic shared memory of attention_forward for a spec, in bytes; host and kernel share it.
 // Rows are padded to the mma k-granularity (16) plus 8 elements (16 bytes) so that ldmatrix
 // and cp.async hit distinct banks:

@@ -18,10 +18,13 @@ namespace kiln::detail {
 namespace {
 
 constexpr ParamsLayout kLayouts[] = {
-    {"kiln::UnaryParams", "kiln/params/elementwise.h", sizeof(UnaryParams)},
-    {"kiln::AttentionParams", "kiln/params/attention.h", sizeof(AttentionParams)},
-    {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams)},
-    {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams)},
+    {"kiln::UnaryParams", "kiln/params/elementwise.h", sizeof(UnaryParams), alignof(UnaryParams)},
+    {"kiln::AttentionParams", "kiln/params/attention.h", sizeof(AttentionParams),
+     alignof(AttentionParams)},
+    {"kiln::AttentionTmaParams", "kiln/params/attention.h", sizeof(AttentionTmaParams),
+     alignof(AttentionTmaParams)},
+    {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams), alignof(DecodeParams)},
+    {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams), alignof(MergeParams)},
 };
 
 constexpr ConstantKind kInt = ConstantKind::integer;
@@ -66,6 +69,13 @@ long long no_shared_memory(const KernelSpec&) {
   return 0;
 }
 
+// The wgmma and tma kernels share their tiles' layout.
+long long wgmma_shared_bytes(const KernelSpec& s) {
+  return attention_forward_wgmma_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
+                                            integer(s, "block_m"), integer(s, "block_n"),
+                                            integer(s, "stages"));
+}
+
 // The launches in lib/ops ask for exactly these.
 constexpr KernelSchema kKernels[] = {
     {"kiln::unary", "kiln::UnaryParams", kUnary, no_shared_memory},
@@ -76,11 +86,9 @@ constexpr KernelSchema kKernels[] = {
                                            integer(s, "stages"));
      }},
     {"kiln::attention_forward_wgmma", "kiln::AttentionParams", kAttentionForwardWgmma,
-     [](const KernelSpec& s) {
-       return attention_forward_wgmma_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
-                                                 integer(s, "block_m"), integer(s, "block_n"),
-                                                 integer(s, "stages"));
-     }},
+     wgmma_shared_bytes},
+    {"kiln::attention_forward_tma", "kiln::AttentionTmaParams", kAttentionForwardWgmma,
+     wgmma_shared_bytes},
     {"kiln::attention_forward_portable", "kiln::AttentionParams", kAttentionForwardPortable,
      [](const KernelSpec& s) {
        return attention_forward_portable_smem_bytes(

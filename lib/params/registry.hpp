@@ -15,6 +15,7 @@ struct ParamsLayout {
   std::string_view type;    // "kiln::UnaryParams"
   std::string_view header;  // "kiln/params/elementwise.h", injected into the JIT compile
   std::size_t size;         // sizeof on the host; the generated unit static_asserts it
+  std::size_t alignment;    // alignof on the host; asserted likewise
 };
 
 // Throws kiln::Error (invalid_argument) listing the known types when `type` is not one.

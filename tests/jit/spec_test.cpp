@@ -89,8 +89,10 @@ TEST_CASE("the generated unit includes the source, defines kiln_spec and checks 
   CHECK_THAT(source, Catch::Contains("static constexpr bool fast = true;"));
   CHECK_THAT(source, Catch::Contains("using dtype = kiln::bf16;"));
   CHECK_THAT(source, Catch::Contains("using dtype32 = float;"));
-  CHECK_THAT(source, Catch::Contains("static_assert(sizeof(kiln::UnaryParams) == " +
-                                     std::to_string(layout.size)));
+  CHECK_THAT(
+      source,
+      Catch::Contains("static_assert(sizeof(kiln::UnaryParams) == " + std::to_string(layout.size) +
+                      " && alignof(kiln::UnaryParams) == " + std::to_string(layout.alignment)));
 }
 
 TEST_CASE("an unknown Params type is refused with the known ones listed", "[jit][spec]") {

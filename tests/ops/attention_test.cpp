@@ -635,6 +635,13 @@ kiln::AttentionConfig wgmma_config(const Case& c) {
           .kernel = kiln::AttentionKernel::wgmma};
 }
 
+// The tma kernel's config for `c`: as wgmma_config, whose tiles it shares.
+kiln::AttentionConfig tma_config(const Case& c) {
+  kiln::AttentionConfig config = wgmma_config(c);
+  config.kernel = kiln::AttentionKernel::tma;
+  return config;
+}
+
 // Runs the call in `d` twice on `rt` with `config`, or choose()'s when there is none (outputs
 // poisoned each time), and checks out and lse against the reference, the poisoned gaps and
 // guards, bit-identical repeats and a memory hit the second time. Without rows to compute
@@ -680,7 +687,7 @@ void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase
 }
 
 // Runs `c` with the kernel choose() picks, with the portable one AMD targets run and, on sm_90a,
-// with the wgmma kernel where choose() picks another, on the same inputs, each checked by
+// with the wgmma and tma kernels where choose() picks another, on the same inputs, each checked by
 // check_kernel against one fp64 reference.
 void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
@@ -713,9 +720,14 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   check_kernel(rt, c, l, d, want, has_rows, std::nullopt, "the kernel choose() picks");
   check_kernel(rt, c, l, d, want, has_rows, kiln::choose(problem_of(c), "gfx90a"),
                "the portable kernel, with AMD's config");
-  if (rt.target() == "sm_90a" &&
-      kiln::choose(problem_of(c), "sm_90a").kernel != kiln::AttentionKernel::wgmma) {
-    check_kernel(rt, c, l, d, want, has_rows, wgmma_config(c), "the wgmma kernel");
+  if (rt.target() == "sm_90a") {
+    const kiln::AttentionKernel chosen = kiln::choose(problem_of(c), "sm_90a").kernel;
+    if (chosen != kiln::AttentionKernel::wgmma) {
+      check_kernel(rt, c, l, d, want, has_rows, wgmma_config(c), "the wgmma kernel");
+    }
+    if (chosen != kiln::AttentionKernel::tma) {
+      check_kernel(rt, c, l, d, want, has_rows, tma_config(c), "the tma kernel");
+    }
   }
 }
 
@@ -1103,4 +1115,52 @@ TEST_CASE("attention with every feature at once", "[gpu][attention]") {
               .seqused_k = {180, 17, 100}},
              rng);
   }
+}
+
+TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA cannot tile",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(13);
+  const std::int64_t batch = 2, seqlen = 77, heads = 2, dim = 128;
+  const auto bits = [&](std::size_t count) {
+    std::vector<std::uint16_t> out;
+    for (double x : kiln::test::random_normal(DType::bf16, count, rng)) {
+      out.push_back(kiln::test::to_bits(DType::bf16, x));
+    }
+    return out;
+  };
+  const auto q = bits(batch * seqlen * heads * dim);
+  const auto q_buffer = kiln::test::upload(q);
+  const auto kv_buffer = kiln::test::upload(bits(seqlen * heads * dim));
+  DeviceBuffer out_a(q.size() * 2), out_b(q.size() * 2);
+  const auto q_view =
+      kiln::TensorView::contiguous(q_buffer->get(), DType::bf16, {batch, seqlen, heads, dim});
+  // Every batch reads the same keys and values: batch stride 0.
+  kiln::TensorView k_view =
+      kiln::TensorView::contiguous(kv_buffer->get(), DType::bf16, {batch, seqlen, heads, dim});
+  k_view.strides[0] = 0;
+  const auto out_view = [&](DeviceBuffer& b) {
+    return kiln::TensorView::contiguous(b.get(), DType::bf16, {batch, seqlen, heads, dim});
+  };
+  const kiln::AttentionOptions options{.causal = true};
+  const kiln::AttentionProblem problem{
+      .dtype = DType::bf16, .head_dim = dim, .head_dim_v = dim, .band = true};
+  INFO("choose() picks " << static_cast<int>(kiln::choose(problem, rt.target()).kernel));
+  out_a.poison();
+  out_b.poison();
+  // choose()'s kernel: on sm_90a the tma kernel, which hands such inputs to the wgmma kernel.
+  kiln::attention(q_view, k_view, k_view, out_view(out_a), options, nullptr, rt);
+  kiln::AttentionConfig config = kiln::choose(problem, rt.target());
+  if (config.kernel == kiln::AttentionKernel::tma) config.kernel = kiln::AttentionKernel::wgmma;
+  kiln::attention(q_view, k_view, k_view, out_view(out_b), options, config, nullptr, rt);
+  kiln::test::sync_and_check();
+  const auto a = out_a.download<std::uint16_t>(), b = out_b.download<std::uint16_t>();
+  CHECK(a == b);
+  // Batch 1 saw the same keys as batch 0 but other queries: not a copy of batch 0's output.
+  CHECK(!std::equal(a.begin(), a.begin() + a.size() / 2, a.begin() + a.size() / 2));
+  const auto nan = std::find_if(a.begin(), a.end(), [](std::uint16_t x) {
+    return (x & 0x7F80) == 0x7F80 && (x & 0x7F) != 0;
+  });
+  CHECK(nan == a.end());
 }

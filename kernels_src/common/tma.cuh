@@ -1,0 +1,88 @@
+// PTX wrappers for Hopper's asynchronous data movement (sm_90a): shared-memory mbarriers, TMA
+// tensor loads (cp.async.bulk.tensor) that signal them, register reallocation between warpgroups
+// (setmaxnreg) and named barriers, the pieces of a warp-specialized kernel.
+//
+// A tensor map (CUtensorMap, 128 opaque bytes made on the host by cuTensorMapEncodeTiled) must
+// live in kernel parameter space (__grid_constant__) or global memory; kiln's are in the Params.
+#pragma once
+
+#include "common/mma.cuh"
+
+namespace kiln::tma {
+
+using mma::smem_address;
+
+// An mbarrier whose phase completes after `count` arrivals (and every byte of transactions
+// announced by arrive_expect_tx).
+__device__ __forceinline__ void init(unsigned long long* bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_address(bar)), "r"(count)
+               : "memory");
+}
+
+// Makes mbarrier inits visible to the async proxy (TMA) and other threads; follow it with a
+// CTA barrier.
+__device__ __forceinline__ void fence_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+
+// One arrival that also announces `bytes` of TMA transactions the phase must wait for.
+__device__ __forceinline__ void arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_address(bar)),
+               "r"(bytes)
+               : "memory");
+}
+
+__device__ __forceinline__ void arrive(unsigned long long* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(smem_address(bar)) : "memory");
+}
+
+// Waits until the phase of parity `phase` (0 or 1) has completed.
+__device__ __forceinline__ void wait(unsigned long long* bar, unsigned phase) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n}\n" ::"r"(smem_address(bar)),
+      "r"(phase)
+      : "memory");
+}
+
+// Starts a TMA load of the box at coordinates (c0, c1, c2, c3) of the 4-d tensor `map` into
+// shared memory at `destination`; its bytes count toward `bar`'s transactions. Elements outside
+// the tensor read as zeros.
+__device__ __forceinline__ void load_4d(void* destination, const void* map, unsigned long long* bar,
+                                        int c0, int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(smem_address(destination)),
+      "l"(reinterpret_cast<unsigned long long>(map)), "r"(smem_address(bar)), "r"(c0), "r"(c1),
+      "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Pulls a tensor map's descriptor into the TMA unit's cache ahead of its first use.
+__device__ __forceinline__ void prefetch_map(const void* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<unsigned long long>(map))
+               : "memory");
+}
+
+// Gives this warpgroup's registers back to the CTA's pool, or takes more from it: every warp of
+// the warpgroup runs the same one, and the counts of all warpgroups must fit the register file.
+template <int Registers>
+__device__ __forceinline__ void release_registers() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+template <int Registers>
+__device__ __forceinline__ void claim_registers() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(Registers));
+}
+
+// Barrier `id` (1 to 15; __syncthreads is 0) among `threads` threads, whole warps.
+__device__ __forceinline__ void named_sync(int id, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int id, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
+}  // namespace kiln::tma
