@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
+#include "config.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
@@ -37,6 +38,7 @@ int first_empty_argument(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   using namespace kiln::cli;
+  const kiln::detail::InterfaceScope cli_interface(kiln::detail::Interface::cli);
   if (const int empty = first_empty_argument(argc, argv)) {
     fmt::print(stderr,
                "kiln: error: argument {} is empty: kiln takes no empty arguments (is a shell "
