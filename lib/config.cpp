@@ -74,6 +74,10 @@ std::string knob_name(Knob knob) {
       case Knob::warmup:
         return {"Runtime::warmup or `kiln warm`", "kiln_warmup_default or `kiln warm`",
                 "`kiln warm`", ""};
+      case Knob::compile_only:
+        return {"Runtime::compile or `kiln warm --target`",
+                "kiln_warmup_default's target argument or `kiln warm --target`",
+                "`kiln warm --target`", ""};
     }
     return {};
   }();

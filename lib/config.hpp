@@ -43,7 +43,9 @@ std::uint64_t parse_bytes(const std::string& text, std::string_view what);
 enum class Interface { cpp, c, cli };
 
 // Knobs that messages tell the caller to turn.
-enum class Knob { backend, target, kernels_dir, device, debug, warmup };
+// warmup: loading kernels ahead of the hot path; compile_only: compiling for a given target
+// without loading.
+enum class Knob { backend, target, kernels_dir, device, debug, warmup, compile_only };
 
 // `knob` as this thread's interface spells it, with its KILN_* variable where it has one:
 // "Options::target or KILN_TARGET" in C++, "--target or KILN_TARGET" in the CLI.

@@ -386,8 +386,8 @@ struct Runtime::Impl {
   }
 
   void require_device(const Unit& unit) {
-    constexpr std::string_view fix =
-        "; compile-only use needs an explicit target (Runtime::compile, `kiln warm --target`)";
+    const std::string fix = fmt::format("; compile-only use needs an explicit target ({})",
+                                        detail::knob_name(detail::Knob::compile_only));
     const std::string doing = "load " + unit.spec;
     device_driver(doing, fix);
     const auto target = device_target();
@@ -397,10 +397,13 @@ struct Runtime::Impl {
                               backend, config.device, fix));
     }
     if (*target != unit.target) {
-      throw Error(ErrorCategory::invalid_argument,
-                  fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
-                              "target empty, or use Runtime::compile for other targets",
-                              unit.spec, config.device, *target));
+      throw Error(
+          ErrorCategory::invalid_argument,
+          fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
+                      "target empty and {} unset, or compile for other targets without "
+                      "loading ({})",
+                      unit.spec, config.device, *target, detail::knob_name(detail::Knob::target),
+                      detail::knob_name(detail::Knob::compile_only)));
     }
   }
 

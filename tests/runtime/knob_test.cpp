@@ -29,6 +29,7 @@ TEST_CASE("each interface names its own knobs; the variables are common", "[conf
     CHECK(knob_name(Knob::target) == "--target or KILN_TARGET");
     CHECK(knob_name(Knob::kernels_dir) == "--kernels-dir or KILN_KERNELS_DIR");
     CHECK(knob_name(Knob::debug) == "KILN_DEBUG");
+    CHECK(knob_name(Knob::compile_only) == "`kiln warm --target`");
     {
       const InterfaceScope c(Interface::c);
       CHECK(knob_name(Knob::target) == "kiln_warmup_default's target argument or KILN_TARGET");
