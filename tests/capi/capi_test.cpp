@@ -145,7 +145,7 @@ TEST_CASE("kiln_version is the header's version", "[capi]") {
 
 // --- sized structs ----------------------------------------------------------------------------
 
-TEST_CASE("the C structs' *_init set struct_size and the defaults", "[capi]") {
+TEST_CASE("the C structs' init macros set struct_size and the defaults", "[capi]") {
   kiln_attention_options a;
   std::memset(&a, 0xab, sizeof a);
   kiln_attention_options_init(&a);
@@ -199,7 +199,7 @@ TEST_CASE("a struct_size kiln does not know is refused, naming it and the fix", 
   }
 }
 
-TEST_CASE("an older kiln.h's smaller struct is read to its struct_size; the rest is defaults",
+TEST_CASE("an older kiln.h's smaller struct is read to its struct_size, the rest from defaults",
           "[capi]") {
   Tensor host(0x5000000, kBf16, {1, 2, 3, 17});
   host.set_device(kDLCPU, 0);  // refused wherever it is read
@@ -321,7 +321,7 @@ TEST_CASE("the C API's messages on malformed tensors say what is wrong and the f
 
 // --- GPU --------------------------------------------------------------------------------------
 
-TEST_CASE("kiln_attention on cuda:0 matches the reference; a missing ordinal is an error",
+TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal is an error",
           "[gpu][capi]") {
   ReferenceProblem p;
   p.dtype = DType::bf16;

@@ -21,7 +21,7 @@ using detail::InterfaceScope;
 using detail::Knob;
 using detail::knob_name;
 
-TEST_CASE("each interface names its own knobs; the variables are common", "[config]") {
+TEST_CASE("each interface names its own knobs, and the variables are common", "[config]") {
   CHECK(knob_name(Knob::target) == "Options::target or KILN_TARGET");
   CHECK(knob_name(Knob::device) == "Options::device");
   {
