@@ -50,8 +50,13 @@ class DLTensor(ctypes.Structure):
 
 TENSOR_PTR = ctypes.POINTER(DLTensor)  # a struct field that takes a tensor (NULL: none)
 
+# The first field of every kiln.h struct: its size, which the *_init_sized functions set from
+# ctypes.sizeof of these mirrors, so the library reads (and writes) only what they hold.
+STRUCT_SIZE_FIELD = ("struct_size", ctypes.c_size_t)
+
 # The fields kiln_attention_options and kiln_decode_options both start with, in kiln.h's order.
 SHARED_OPTION_FIELDS = [
+    STRUCT_SIZE_FIELD,
     ("softmax_scale", ctypes.c_float),
     ("causal", ctypes.c_int),
     ("window_left", ctypes.c_int),
@@ -63,7 +68,7 @@ SHARED_OPTION_FIELDS = [
 
 
 class AttentionOptions(ctypes.Structure):
-    """kiln_attention_options, field for field; fill it with kiln_attention_options_init."""
+    """kiln_attention_options, field for field; fill it with Kiln.init."""
     c_name = "kiln_attention_options"
     _fields_ = SHARED_OPTION_FIELDS + [
         ("bias", TENSOR_PTR),
@@ -76,13 +81,16 @@ class AttentionOptions(ctypes.Structure):
 
 
 class KVCache(ctypes.Structure):
-    """kiln_kvcache: contiguous, or paged when block_table is set."""
+    """kiln_kvcache: contiguous, or paged when block_table is set; fill it with Kiln.init."""
     c_name = "kiln_kvcache"
-    _fields_ = [(name, TENSOR_PTR) for name in ("k", "v", "seqlens", "batch_idx", "block_table")]
+    _fields_ = [STRUCT_SIZE_FIELD] + [
+        (name, TENSOR_PTR) for name in ("k", "v", "seqlens", "batch_idx", "block_table")]
 
 
 class DecodeOptions(ctypes.Structure):
-    """kiln_decode_options, field for field; fill it with kiln_decode_options_init."""
+    """kiln_decode_options, field for field; fill it with Kiln.init.
+
+    rotary_interleaved defaults to 1 (GPT-J pairs), as flash_attn_with_kvcache's does."""
     c_name = "kiln_decode_options"
     _fields_ = SHARED_OPTION_FIELDS + [
         ("k_new", TENSOR_PTR),
@@ -216,13 +224,17 @@ class Kiln:
         lib.kiln_attention.argtypes = [ptr, ptr, ptr, ptr, ctypes.POINTER(AttentionOptions), ptr,
                                        stream]
         lib.kiln_attention.restype = ctypes.c_int
-        lib.kiln_attention_options_init.argtypes = [ctypes.POINTER(AttentionOptions)]
-        lib.kiln_attention_options_init.restype = None
+        lib.kiln_version.argtypes = []
+        lib.kiln_version.restype = ctypes.c_int
+        # kiln.h's *_init macros, as functions of the struct's size.
+        for fn, struct in (("kiln_attention_options_init_sized", AttentionOptions),
+                           ("kiln_decode_options_init_sized", DecodeOptions),
+                           ("kiln_kvcache_init_sized", KVCache)):
+            getattr(lib, fn).argtypes = [ctypes.POINTER(struct), ctypes.c_size_t]
+            getattr(lib, fn).restype = None
         lib.kiln_attention_with_kvcache.argtypes = [ptr, ctypes.POINTER(KVCache), ptr,
                                                     ctypes.POINTER(DecodeOptions), ptr, stream]
         lib.kiln_attention_with_kvcache.restype = ctypes.c_int
-        lib.kiln_decode_options_init.argtypes = [ctypes.POINTER(DecodeOptions)]
-        lib.kiln_decode_options_init.restype = None
         lib.kiln_merge_states.argtypes = [ptr] * 6 + [stream]
         lib.kiln_merge_states.restype = ctypes.c_int
         lib.kiln_merge_states_many.argtypes = [ptr] * 4 + [stream]
@@ -231,6 +243,19 @@ class Kiln:
         lib.kiln_warmup_default.restype = ctypes.c_int
         lib.kiln_last_error.argtypes = []
         lib.kiln_last_error.restype = ctypes.c_char_p
+
+    def version(self):
+        """kiln_version() of the loaded library: MAJOR * 10000 + MINOR * 100 + PATCH."""
+        return self.lib.kiln_version()
+
+    def init(self, struct):
+        """A kiln.h struct filled with the library's defaults: kiln.h's *_init macro."""
+        name = {AttentionOptions: "kiln_attention_options_init_sized",
+                DecodeOptions: "kiln_decode_options_init_sized",
+                KVCache: "kiln_kvcache_init_sized"}[struct]
+        value = struct()
+        getattr(self.lib, name)(ctypes.byref(value), ctypes.sizeof(struct))
+        return value
 
     def last_error(self):
         msg = self.lib.kiln_last_error()
@@ -245,8 +270,7 @@ class Kiln:
 
         Returns (options, keep): keep holds the Tensors that the options point to.
         """
-        opts = AttentionOptions()
-        self.lib.kiln_attention_options_init(ctypes.byref(opts))
+        opts = self.init(AttentionOptions)
         return opts, fill(opts, kw)
 
     def decode_options(self, **kw):
@@ -254,8 +278,7 @@ class Kiln:
 
         Returns (options, keep) like options().
         """
-        opts = DecodeOptions()
-        self.lib.kiln_decode_options_init(ctypes.byref(opts))
+        opts = self.init(DecodeOptions)
         return opts, fill(opts, kw)
 
     def bind_attention(self, q, k, v, out, lse=None, stream=None, **options):
@@ -277,7 +300,7 @@ class Kiln:
         """A BoundCall of kiln_attention_with_kvcache (FlashAttention's flash_attn_with_kvcache
         arguments; options are kiln_decode_options fields: k_new, v_new, num_splits, ...)."""
         call = BoundCall(self, self.lib.kiln_attention_with_kvcache, stream, q)
-        cache = KVCache()
+        cache = self.init(KVCache)
         call.keep += fill(cache, {"k": k_cache, "v": v_cache, "seqlens": cache_seqlens,
                                   "batch_idx": cache_batch_idx, "block_table": block_table})
         cache_ref = call.hold(cache, [])

@@ -2,6 +2,8 @@
 #include "kiln/kiln.h"
 
 #include <algorithm>
+#include <array>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <span>
@@ -11,6 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "checked_math.hpp"
+#include "config.hpp"
 #include "kiln/kiln.hpp"
 #include "tensor_strides.hpp"
 
@@ -31,9 +34,11 @@ kiln_status status_of(ErrorCategory category) {
   return KILN_ERROR_INTERNAL;
 }
 
-// Runs `body`, turning any exception into a status and this thread's message.
+// Runs `body` as the C interface, turning any exception into a status and this thread's
+// message.
 template <class Body>
 kiln_status guarded(Body&& body) noexcept {
+  const detail::InterfaceScope c_interface(detail::Interface::c);
   try {
     body();
     t_last_error.clear();
@@ -49,29 +54,163 @@ kiln_status guarded(Body&& body) noexcept {
   return KILN_ERROR_INTERNAL;
 }
 
-// guarded() on the process-wide runtime: `body` gets it and its backend's name, which says the
-// DLPack device type tensors must have.
-template <class Body>
-kiln_status guarded_on_runtime(Body&& body) noexcept {
-  return guarded([&] {
-    Runtime& runtime = default_runtime();
-    body(runtime, std::string_view(runtime.backend()));
-  });
+// The parts of KILN_VERSION ("0.1.0", CMakeLists.txt's project version), for the check below.
+constexpr std::array<int, 3> version_parts(std::string_view text) {
+  std::array<int, 3> parts{};
+  std::size_t part = 0;
+  for (const char ch : text) {
+    if (ch == '.') {
+      ++part;
+    } else {
+      parts.at(part) = parts.at(part) * 10 + (ch - '0');
+    }
+  }
+  return parts;
+}
+static_assert(version_parts(KILN_VERSION) ==
+                  std::array{KILN_VERSION_MAJOR, KILN_VERSION_MINOR, KILN_VERSION_PATCH},
+              "KILN_VERSION_MAJOR, _MINOR and _PATCH in include/kiln/kiln.h must match "
+              "project(kiln VERSION) in CMakeLists.txt");
+static_assert(KILN_VERSION_MINOR < 100 && KILN_VERSION_PATCH < 100,
+              "KILN_VERSION_NUMBER gives the minor and patch versions two digits each");
+
+// --- sized structs ----------------------------------------------------------------------------
+
+// Where a field of a C struct ends: a struct_size an older kiln.h's struct may have, since
+// fields are only ever appended.
+#define KILN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
+
+constexpr std::array kAttentionOptionsEnds = {KILN_FIELD_END(kiln_attention_options, softmax_scale),
+                                              KILN_FIELD_END(kiln_attention_options, causal),
+                                              KILN_FIELD_END(kiln_attention_options, window_left),
+                                              KILN_FIELD_END(kiln_attention_options, window_right),
+                                              KILN_FIELD_END(kiln_attention_options, top_left),
+                                              KILN_FIELD_END(kiln_attention_options, softcap),
+                                              KILN_FIELD_END(kiln_attention_options, alibi_slopes),
+                                              KILN_FIELD_END(kiln_attention_options, bias),
+                                              KILN_FIELD_END(kiln_attention_options, cu_seqlens_q),
+                                              KILN_FIELD_END(kiln_attention_options, cu_seqlens_k),
+                                              KILN_FIELD_END(kiln_attention_options, seqused_k),
+                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
+                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_k)};
+
+constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, softmax_scale),
+                                           KILN_FIELD_END(kiln_decode_options, causal),
+                                           KILN_FIELD_END(kiln_decode_options, window_left),
+                                           KILN_FIELD_END(kiln_decode_options, window_right),
+                                           KILN_FIELD_END(kiln_decode_options, top_left),
+                                           KILN_FIELD_END(kiln_decode_options, softcap),
+                                           KILN_FIELD_END(kiln_decode_options, alibi_slopes),
+                                           KILN_FIELD_END(kiln_decode_options, k_new),
+                                           KILN_FIELD_END(kiln_decode_options, v_new),
+                                           KILN_FIELD_END(kiln_decode_options, rotary_cos),
+                                           KILN_FIELD_END(kiln_decode_options, rotary_sin),
+                                           KILN_FIELD_END(kiln_decode_options, rotary_interleaved),
+                                           KILN_FIELD_END(kiln_decode_options, num_splits)};
+
+constexpr std::array kKVCacheEnds = {
+    KILN_FIELD_END(kiln_kvcache, k), KILN_FIELD_END(kiln_kvcache, v),
+    KILN_FIELD_END(kiln_kvcache, seqlens), KILN_FIELD_END(kiln_kvcache, batch_idx),
+    KILN_FIELD_END(kiln_kvcache, block_table)};
+
+#undef KILN_FIELD_END
+
+// A field appended to a struct but not to its list above would leave its full size unknown.
+template <class C, std::size_t N>
+constexpr bool lists_every_field(const std::array<std::size_t, N>& ends) {
+  return sizeof(C) - ends.back() < alignof(C);
+}
+static_assert(lists_every_field<kiln_attention_options>(kAttentionOptionsEnds));
+static_assert(lists_every_field<kiln_decode_options>(kDecodeOptionsEnds));
+static_assert(lists_every_field<kiln_kvcache>(kKVCacheEnds));
+
+// `given` as a caller built against this or an older kiln.h filled it: its first struct_size
+// bytes over `defaults`, which the fields it lacks keep. A struct_size that is not the end of
+// one of its fields (`ends`) nor this header's size is refused: 0 (no *_init), garbage, or a
+// newer header's, whose fields this library would ignore.
+template <class C, std::size_t N>
+C read_sized(const C& given, const C& defaults, const std::array<std::size_t, N>& ends,
+             std::string_view name, std::string_view type, std::string_view init) {
+  const std::size_t size = given.struct_size;
+  if (size != sizeof(C) && std::find(ends.begin(), ends.end(), size) == ends.end()) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("{}->struct_size is {}, which is no size of {} this libkiln ({}) "
+                            "knows ({} bytes, or an older kiln.h's prefix of it): call {}({}) "
+                            "before setting the fields (a caller built against a newer kiln.h "
+                            "needs a libkiln at least as new)",
+                            name, size, type, KILN_VERSION, sizeof(C), init, name));
+  }
+  C c = defaults;
+  std::memcpy(&c, &given, size);
+  return c;
 }
 
+template <class COptions>
+COptions score_defaults() {
+  COptions options{};
+  options.struct_size = sizeof(COptions);
+  options.window_left = -1;
+  options.window_right = -1;
+  return options;
+}
+
+kiln_attention_options attention_defaults() {
+  return score_defaults<kiln_attention_options>();
+}
+
+kiln_decode_options decode_defaults() {
+  kiln_decode_options options = score_defaults<kiln_decode_options>();
+  options.rotary_interleaved = 1;  // FlashAttention's flash_attn_with_kvcache default
+  return options;
+}
+
+kiln_kvcache kvcache_defaults() {
+  kiln_kvcache cache{};
+  cache.struct_size = sizeof(kiln_kvcache);
+  return cache;
+}
+
+// The *_init_sized functions: the first `size` bytes of `defaults` (no more than it has) into a
+// caller's struct of `size` bytes, with struct_size = `size`, which the call then checks.
+template <class C>
+void init_sized(C* c, std::size_t size, C defaults) {
+  if (c == nullptr) return;
+  defaults.struct_size = size;
+  std::memcpy(static_cast<void*>(c), &defaults, std::min(size, sizeof(C)));
+}
+
+// `options` as read_sized() reads it, or the defaults when it is null.
+kiln_attention_options attention_options(const kiln_attention_options* options) {
+  if (options == nullptr) return attention_defaults();
+  return read_sized(*options, attention_defaults(), kAttentionOptionsEnds, "options",
+                    "kiln_attention_options", "kiln_attention_options_init");
+}
+
+kiln_decode_options decode_options(const kiln_decode_options* options) {
+  if (options == nullptr) return decode_defaults();
+  return read_sized(*options, decode_defaults(), kDecodeOptionsEnds, "options",
+                    "kiln_decode_options", "kiln_decode_options_init");
+}
+
+// --- tensors ----------------------------------------------------------------------------------
+
 DType dtype_of(const DLDataType& t, std::string_view name) {
-  if (t.lanes == 1) {
-    if (t.code == kDLFloat && t.bits == 16) return DType::f16;
-    if (t.code == kDLBfloat && t.bits == 16) return DType::bf16;
-    if (t.code == kDLFloat && t.bits == 32) return DType::f32;
-    if (t.code == kDLFloat && t.bits == 64) return DType::f64;
-    if (t.code == kDLInt && t.bits == 32) return DType::i32;
-    if (t.code == kDLInt && t.bits == 64) return DType::i64;
+  if (t.lanes != 1) {
+    throw Error(ErrorCategory::unsupported,
+                fmt::format("{} has DLPack lanes {} (dtype code {}, bits {}): kiln takes one "
+                            "value per element, lanes 1; vector dtypes are not supported",
+                            name, t.lanes, t.code, t.bits));
   }
+  if (t.code == kDLFloat && t.bits == 16) return DType::f16;
+  if (t.code == kDLBfloat && t.bits == 16) return DType::bf16;
+  if (t.code == kDLFloat && t.bits == 32) return DType::f32;
+  if (t.code == kDLFloat && t.bits == 64) return DType::f64;
+  if (t.code == kDLInt && t.bits == 32) return DType::i32;
+  if (t.code == kDLInt && t.bits == 64) return DType::i64;
   throw Error(ErrorCategory::unsupported,
-              fmt::format("{} has DLPack dtype (code {}, bits {}, lanes {}): kiln takes float16, "
+              fmt::format("{} has DLPack dtype (code {}, bits {}): kiln takes float16, "
                           "bfloat16, float32, float64, int32 and int64",
-                          name, t.code, t.bits, t.lanes));
+                          name, t.code, t.bits));
 }
 
 // The DLPack device type of `t`, read as the integer it is: a code outside DLDeviceType's
@@ -101,31 +240,26 @@ void* data_of(const DLTensor& t, std::string_view name) {
   return reinterpret_cast<void*>(static_cast<std::uintptr_t>(*address));
 }
 
-TensorView view_of(const DLTensor* t, std::string_view name, std::string_view backend) {
-  if (t == nullptr) {
-    throw Error(ErrorCategory::invalid_argument, fmt::format("{} is NULL", name));
+TensorView view_of(const DLTensor& t, std::string_view name) {
+  if (t.ndim < 1 || t.ndim > TensorView::max_rank) {
+    throw Error(ErrorCategory::invalid_argument, fmt::format("{} has ndim {}: expected 1 to {}",
+                                                             name, t.ndim, TensorView::max_rank));
   }
-  const std::int32_t wanted = backend == "hip" ? kDLROCM : kDLCUDA;
-  if (device_type_of(*t) != wanted) {
+  if (t.shape == nullptr) {
     throw Error(ErrorCategory::invalid_argument,
-                fmt::format("{} is on DLPack device type {}: kiln's {} backend takes device "
-                            "memory (device type {})",
-                            name, device_type_of(*t), backend, wanted));
+                fmt::format("{} has ndim {} but its shape pointer is NULL: point shape at its {} "
+                            "sizes",
+                            name, t.ndim, t.ndim));
   }
-  if (t->ndim < 1 || t->ndim > TensorView::max_rank || t->shape == nullptr) {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("{} has {} dims{}: expected 1 to {}", name, t->ndim,
-                            t->shape == nullptr ? " and no shape" : "", TensorView::max_rank));
-  }
-  const std::span<const std::int64_t> shape(t->shape, static_cast<std::size_t>(t->ndim));
+  const std::span<const std::int64_t> shape(t.shape, static_cast<std::size_t>(t.ndim));
   TensorView view;
-  view.data = data_of(*t, name);
-  view.dtype = dtype_of(t->dtype, name);
-  view.rank = t->ndim;
-  view.device = t->device.device_id;
+  view.data = data_of(t, name);
+  view.dtype = dtype_of(t.dtype, name);
+  view.rank = t.ndim;
+  view.device = t.device.device_id;
   std::copy(shape.begin(), shape.end(), view.shape.begin());
-  if (t->strides) {
-    std::copy_n(t->strides, shape.size(), view.strides.begin());
+  if (t.strides) {
+    std::copy_n(t.strides, shape.size(), view.strides.begin());
   } else if (const auto compact = detail::compact_strides(shape)) {
     view.strides = *compact;
   } else {
@@ -137,40 +271,76 @@ TensorView view_of(const DLTensor* t, std::string_view name, std::string_view ba
   return view;
 }
 
-std::optional<TensorView> maybe_view(const DLTensor* t, std::string_view name,
-                                     std::string_view backend) {
-  if (t == nullptr) return std::nullopt;
-  return view_of(t, name, backend);
-}
+// The tensors of one call, converted in argument order (so that the first bad one is the one
+// named), and the device they share, whose process-wide runtime runs the call.
+class CallTensors {
+ public:
+  TensorView operator()(const DLTensor* t, std::string_view name) {
+    if (t == nullptr) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("{} is NULL: it is required; pass a DLTensor (kiln.h says which "
+                              "tensors may be NULL)",
+                              name));
+    }
+    const std::int32_t type = device_type_of(*t);
+    if (type != kDLCUDA && type != kDLROCM) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("{} is on DLPack device type {}: kiln takes GPU memory, kDLCUDA "
+                              "({}) or kDLROCM ({})",
+                              name, type, static_cast<int>(kDLCUDA), static_cast<int>(kDLROCM)));
+    }
+    const Device device{name, type, t->device.device_id};
+    if (!first_) {
+      first_ = device;
+    } else if (device.type != first_->type || device.id != first_->id) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("{} is on DLPack device ({}, {}) but {} is on ({}, {}): all "
+                              "tensors of a call must be on one device; move {} to {}'s device",
+                              name, device.type, device.id, first_->name, first_->type, first_->id,
+                              name, first_->name));
+    }
+    return view_of(*t, name);
+  }
+
+  std::optional<TensorView> maybe(const DLTensor* t, std::string_view name) {
+    if (t == nullptr) return std::nullopt;
+    return (*this)(t, name);
+  }
+
+  // The runtime of the tensors' device, once they are all converted.
+  Runtime& runtime() const {
+    Runtime& runtime = default_runtime(first_->id);
+    const std::int32_t wanted = runtime.backend() == "hip" ? kDLROCM : kDLCUDA;
+    if (first_->type != wanted) {
+      throw Error(
+          ErrorCategory::invalid_argument,
+          fmt::format("{} is on DLPack device type {}, but device {}'s runtime uses "
+                      "kiln's {} backend, which takes device type {}: set KILN_BACKEND "
+                      "to the tensors' vendor (cuda or hip)",
+                      first_->name, first_->type, runtime.device(), runtime.backend(), wanted));
+    }
+    return runtime;
+  }
+
+ private:
+  struct Device {
+    std::string_view name;
+    std::int32_t type;
+    std::int32_t id;
+  };
+  std::optional<Device> first_;
+};
 
 // The score options kiln_attention_options and kiln_decode_options share, C to C++.
 template <class COptions, class Options>
-void copy_score_options(const COptions& c, Options& o, std::string_view backend) {
+void copy_score_options(const COptions& c, Options& o, CallTensors& tensors) {
   if (c.softmax_scale > 0) o.softmax_scale = c.softmax_scale;
   o.causal = c.causal != 0;
   o.window_left = c.window_left;
   o.window_right = c.window_right;
   o.top_left = c.top_left != 0;
   o.softcap = c.softcap;
-  o.alibi_slopes = maybe_view(c.alibi_slopes, "alibi_slopes", backend);
-}
-
-// Zeroes `options` but for the windows, which are unbounded (-1) by default.
-template <class COptions>
-void init_options(COptions* options) {
-  if (options == nullptr) return;
-  *options = COptions{};
-  options->window_left = -1;
-  options->window_right = -1;
-}
-
-// `options`, or the defaults when it is null.
-template <class COptions>
-COptions options_or_defaults(const COptions* options) {
-  COptions c;
-  init_options(&c);
-  if (options) c = *options;
-  return c;
+  o.alibi_slopes = tensors.maybe(c.alibi_slopes, "alibi_slopes");
 }
 
 }  // namespace
@@ -178,88 +348,99 @@ COptions options_or_defaults(const COptions* options) {
 
 extern "C" {
 
-void kiln_attention_options_init(kiln_attention_options* options) {
-  kiln::init_options(options);
+int kiln_version(void) {
+  return KILN_VERSION_NUMBER;
+}
+
+void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size) {
+  kiln::init_sized(options, struct_size, kiln::attention_defaults());
 }
 
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
                            const DLTensor* out, const kiln_attention_options* options,
                            const DLTensor* lse, void* stream) {
-  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
-    using kiln::view_of, kiln::maybe_view;
-    // Converted in argument order, so the first bad tensor is the one named.
-    const kiln::TensorView tq = view_of(q, "q", backend), tk = view_of(k, "k", backend),
-                           tv = view_of(v, "v", backend), tout = view_of(out, "out", backend);
-    const kiln_attention_options c = kiln::options_or_defaults(options);
+  return kiln::guarded([&] {
+    kiln::CallTensors tensors;
+    const kiln::TensorView tq = tensors(q, "q"), tk = tensors(k, "k"), tv = tensors(v, "v"),
+                           tout = tensors(out, "out");
+    const kiln_attention_options c = kiln::attention_options(options);
     kiln::AttentionOptions o;
-    kiln::copy_score_options(c, o, backend);
-    o.bias = maybe_view(c.bias, "bias", backend);
-    o.lse = maybe_view(lse, "lse", backend);
-    o.cu_seqlens_q = maybe_view(c.cu_seqlens_q, "cu_seqlens_q", backend);
-    o.cu_seqlens_k = maybe_view(c.cu_seqlens_k, "cu_seqlens_k", backend);
-    o.seqused_k = maybe_view(c.seqused_k, "seqused_k", backend);
+    kiln::copy_score_options(c, o, tensors);
+    o.bias = tensors.maybe(c.bias, "bias");
+    o.lse = tensors.maybe(lse, "lse");
+    o.cu_seqlens_q = tensors.maybe(c.cu_seqlens_q, "cu_seqlens_q");
+    o.cu_seqlens_k = tensors.maybe(c.cu_seqlens_k, "cu_seqlens_k");
+    o.seqused_k = tensors.maybe(c.seqused_k, "seqused_k");
     o.max_seqlen_q = c.max_seqlen_q;
     o.max_seqlen_k = c.max_seqlen_k;
-    kiln::attention(tq, tk, tv, tout, o, stream, runtime);
+    kiln::attention(tq, tk, tv, tout, o, stream, tensors.runtime());
   });
 }
 
-void kiln_decode_options_init(kiln_decode_options* options) {
-  kiln::init_options(options);
+void kiln_kvcache_init_sized(kiln_kvcache* cache, size_t struct_size) {
+  kiln::init_sized(cache, struct_size, kiln::kvcache_defaults());
+}
+
+void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size) {
+  kiln::init_sized(options, struct_size, kiln::decode_defaults());
 }
 
 kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* cache,
                                         const DLTensor* out, const kiln_decode_options* options,
                                         const DLTensor* lse, void* stream) {
-  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
-    using kiln::view_of, kiln::maybe_view;
-    const kiln::TensorView tq = view_of(q, "q", backend);
+  return kiln::guarded([&] {
+    kiln::CallTensors tensors;
+    const kiln::TensorView tq = tensors(q, "q");
     if (cache == nullptr) {
       throw kiln::Error(kiln::ErrorCategory::invalid_argument,
-                        "cache is NULL: pass a kiln_kvcache with k, v and seqlens");
+                        "cache is NULL: pass a kiln_kvcache with k, v and seqlens (after "
+                        "kiln_kvcache_init)");
     }
-    kiln::KVCache tcache{
-        .k = view_of(cache->k, "cache.k", backend),
-        .v = view_of(cache->v, "cache.v", backend),
-        .seqlens = view_of(cache->seqlens, "cache.seqlens", backend),
-        .batch_idx = maybe_view(cache->batch_idx, "cache.batch_idx", backend),
-        .block_table = maybe_view(cache->block_table, "cache.block_table", backend)};
-    const kiln::TensorView tout = view_of(out, "out", backend);
-    const kiln_decode_options c = kiln::options_or_defaults(options);
+    const kiln_kvcache ccache =
+        kiln::read_sized(*cache, kiln::kvcache_defaults(), kiln::kKVCacheEnds, "cache",
+                         "kiln_kvcache", "kiln_kvcache_init");
+    kiln::KVCache tcache{.k = tensors(ccache.k, "cache.k"),
+                         .v = tensors(ccache.v, "cache.v"),
+                         .seqlens = tensors(ccache.seqlens, "cache.seqlens"),
+                         .batch_idx = tensors.maybe(ccache.batch_idx, "cache.batch_idx"),
+                         .block_table = tensors.maybe(ccache.block_table, "cache.block_table")};
+    const kiln::TensorView tout = tensors(out, "out");
+    const kiln_decode_options c = kiln::decode_options(options);
     kiln::DecodeOptions o;
-    kiln::copy_score_options(c, o, backend);
-    o.k_new = maybe_view(c.k_new, "k_new", backend);
-    o.v_new = maybe_view(c.v_new, "v_new", backend);
-    o.rotary_cos = maybe_view(c.rotary_cos, "rotary_cos", backend);
-    o.rotary_sin = maybe_view(c.rotary_sin, "rotary_sin", backend);
+    kiln::copy_score_options(c, o, tensors);
+    o.k_new = tensors.maybe(c.k_new, "k_new");
+    o.v_new = tensors.maybe(c.v_new, "v_new");
+    o.rotary_cos = tensors.maybe(c.rotary_cos, "rotary_cos");
+    o.rotary_sin = tensors.maybe(c.rotary_sin, "rotary_sin");
     o.rotary_interleaved = c.rotary_interleaved != 0;
     o.num_splits = c.num_splits;
-    o.lse = maybe_view(lse, "lse", backend);
-    kiln::attention_with_kvcache(tq, tcache, tout, o, stream, runtime);
+    o.lse = tensors.maybe(lse, "lse");
+    kiln::attention_with_kvcache(tq, tcache, tout, o, stream, tensors.runtime());
   });
 }
 
 kiln_status kiln_merge_states(const DLTensor* v_a, const DLTensor* s_a, const DLTensor* v_b,
                               const DLTensor* s_b, const DLTensor* v_out, const DLTensor* s_out,
                               void* stream) {
-  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
-    using kiln::view_of;
-    const kiln::TensorView ta = view_of(v_a, "v_a", backend), tsa = view_of(s_a, "s_a", backend),
-                           tb = view_of(v_b, "v_b", backend), tsb = view_of(s_b, "s_b", backend),
-                           tout = view_of(v_out, "v_out", backend);
-    const auto tsout = kiln::maybe_view(s_out, "s_out", backend);
-    kiln::merge_states(ta, tsa, tb, tsb, tout, tsout ? &*tsout : nullptr, stream, runtime);
+  return kiln::guarded([&] {
+    kiln::CallTensors tensors;
+    const kiln::TensorView ta = tensors(v_a, "v_a"), tsa = tensors(s_a, "s_a"),
+                           tb = tensors(v_b, "v_b"), tsb = tensors(s_b, "s_b"),
+                           tout = tensors(v_out, "v_out");
+    const auto tsout = tensors.maybe(s_out, "s_out");
+    kiln::merge_states(ta, tsa, tb, tsb, tout, tsout ? &*tsout : nullptr, stream,
+                       tensors.runtime());
   });
 }
 
 kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const DLTensor* v_out,
                                    const DLTensor* s_out, void* stream) {
-  return kiln::guarded_on_runtime([&](kiln::Runtime& runtime, std::string_view backend) {
-    using kiln::view_of;
-    const kiln::TensorView tv = view_of(v, "v", backend), ts = view_of(s, "s", backend),
-                           tout = view_of(v_out, "v_out", backend);
-    const auto tsout = kiln::maybe_view(s_out, "s_out", backend);
-    kiln::merge_states(tv, ts, tout, tsout ? &*tsout : nullptr, stream, runtime);
+  return kiln::guarded([&] {
+    kiln::CallTensors tensors;
+    const kiln::TensorView tv = tensors(v, "v"), ts = tensors(s, "s"),
+                           tout = tensors(v_out, "v_out");
+    const auto tsout = tensors.maybe(s_out, "s_out");
+    kiln::merge_states(tv, ts, tout, tsout ? &*tsout : nullptr, stream, tensors.runtime());
   });
 }
 

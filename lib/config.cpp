@@ -33,6 +33,8 @@ std::vector<std::filesystem::path> split_paths(const std::string& text) {
   return paths;
 }
 
+thread_local Interface t_interface = Interface::cpp;
+
 std::optional<std::filesystem::path> default_cache_dir() {
   if (auto xdg = env("XDG_CACHE_HOME")) return std::filesystem::path(*xdg) / "kiln";
   if (auto home = env("HOME")) return std::filesystem::path(*home) / ".cache" / "kiln";
@@ -40,6 +42,54 @@ std::optional<std::filesystem::path> default_cache_dir() {
 }
 
 }  // namespace
+
+Interface current_interface() {
+  return t_interface;
+}
+
+InterfaceScope::InterfaceScope(Interface interface) : previous_(t_interface) {
+  t_interface = interface;
+}
+
+InterfaceScope::~InterfaceScope() {
+  t_interface = previous_;
+}
+
+std::string knob_name(Knob knob) {
+  // How each interface spells a knob; empty where it has none, and then only the variable is
+  // named.
+  struct Spelling {
+    std::string_view cpp, c, cli, env;
+  };
+  const auto [cpp, c, cli, env] = [&]() -> Spelling {
+    switch (knob) {
+      case Knob::backend: return {"Options::backend", "", "--backend", "KILN_BACKEND"};
+      case Knob::target:
+        return {"Options::target", "kiln_warmup_default's target argument", "--target",
+                "KILN_TARGET"};
+      case Knob::kernels_dir:
+        return {"Options::kernels_dir", "", "--kernels-dir", "KILN_KERNELS_DIR"};
+      case Knob::device:
+        return {"Options::device", "the tensors' DLPack device_id",
+                "CUDA_VISIBLE_DEVICES (kiln uses the first visible device)", ""};
+      case Knob::debug: return {"Options::debug", "", "", "KILN_DEBUG"};
+      case Knob::warmup:
+        return {"Runtime::warmup or `kiln warm`", "kiln_warmup_default or `kiln warm`",
+                "`kiln warm`", ""};
+      case Knob::compile_only:
+        return {"Runtime::compile or `kiln warm --target`",
+                "kiln_warmup_default's target argument or `kiln warm --target`",
+                "`kiln warm --target`", ""};
+    }
+    return {};
+  }();
+  const std::string_view name = t_interface == Interface::c     ? c
+                                : t_interface == Interface::cli ? cli
+                                                                : cpp;
+  if (name.empty()) return std::string(env);
+  if (env.empty()) return std::string(name);
+  return fmt::format("{} or {}", name, env);
+}
 
 std::uint64_t parse_bytes(const std::string& text, std::string_view what) {
   const auto refuse = [&](std::string_view why) {
@@ -122,9 +172,8 @@ Config resolve_config(const Options& options) {
   config.backend = options.backend ? options.backend : env("KILN_BACKEND");
   if (config.backend && *config.backend != "cuda" && *config.backend != "hip") {
     throw Error(ErrorCategory::invalid_argument,
-                fmt::format("backend is '{}' (Options::backend or KILN_BACKEND): expected cuda or "
-                            "hip",
-                            *config.backend));
+                fmt::format("backend is '{}' ({}): expected cuda or hip", *config.backend,
+                            knob_name(Knob::backend)));
   }
   config.target = options.target ? options.target : env("KILN_TARGET");
   config.kernels_dir = options.kernels_dir;
@@ -179,7 +228,8 @@ Config resolve_config(const Options& options) {
   }
   if (options.device < 0) {
     throw Error(ErrorCategory::invalid_argument,
-                fmt::format("Options::device is {}: device ordinals start at 0", options.device));
+                fmt::format("{} is {}: device ordinals start at 0", knob_name(Knob::device),
+                            options.device));
   }
   config.device = options.device;
   return config;

@@ -40,4 +40,32 @@ bool parse_switch(std::string_view text, std::string_view what);
 // is a kiln::Error (invalid_argument) naming `what` and the text.
 std::uint64_t parse_bytes(const std::string& text, std::string_view what);
 
+// The interface a thread serves: messages name the knobs its caller can turn.
+enum class Interface { cpp, c, cli };
+
+// Knobs that messages tell the caller to turn.
+// warmup: loading kernels ahead of the hot path; compile_only: compiling for a given target
+// without loading.
+enum class Knob { backend, target, kernels_dir, device, debug, warmup, compile_only };
+
+// `knob` as this thread's interface spells it, with its KILN_* variable where it has one:
+// "Options::target or KILN_TARGET" in C++, "--target or KILN_TARGET" in the CLI.
+std::string knob_name(Knob knob);
+
+// This thread's interface: C++ unless an InterfaceScope says otherwise.
+Interface current_interface();
+
+// Sets this thread's interface until it is destroyed: the C API's calls, the CLI's main, and
+// a warm-up's worker threads (to their caller's).
+class InterfaceScope {
+ public:
+  explicit InterfaceScope(Interface interface);
+  ~InterfaceScope();
+  InterfaceScope(const InterfaceScope&) = delete;
+  InterfaceScope& operator=(const InterfaceScope&) = delete;
+
+ private:
+  Interface previous_;
+};
+
 }  // namespace kiln::detail

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
@@ -203,10 +204,12 @@ struct Runtime::Impl {
   std::string default_target() {
     if (config.target) return *config.target;
     if (auto target = device_target()) return *target;
+    const std::string missing = missing_device().value_or(
+        fmt::format("the {} driver does not name device {}'s target", backend, config.device));
     throw Error(ErrorCategory::not_found,
-                fmt::format("no {} device {} and no target given: pass Options::target or set "
-                            "KILN_TARGET (e.g. sm_90a, gfx90a) to compile without a GPU",
-                            backend, config.device));
+                fmt::format("{}, and no target is given: give {} (e.g. sm_90a, gfx90a) to "
+                            "compile without a GPU",
+                            missing, detail::knob_name(detail::Knob::target)));
   }
 
   // --- spec -> unit -> entry ----------------------------------------------------------------
@@ -322,9 +325,8 @@ struct Runtime::Impl {
     if (hot_path && config.jit == JitMode::strict) {
       throw Error(ErrorCategory::not_found,
                   fmt::format("{} (key {}) is not cached and KILN_JIT=strict forbids compiling on "
-                              "the hot path: warm it first (Runtime::warmup or `kiln warm`), or "
-                              "set KILN_JIT=on",
-                              unit.spec, unit.key.hex()));
+                              "the hot path: warm it first ({}), or set KILN_JIT=on",
+                              unit.spec, unit.key.hex(), detail::knob_name(detail::Knob::warmup)));
     }
     // Another process may be compiling the same key: wait for it, then look again.
     const auto lock = disk.lock(unit.key);
@@ -360,13 +362,14 @@ struct Runtime::Impl {
         unit.key,
         [&] {
           if (hot_path && driver()->is_capturing(config.device, stream)) {
-            throw Error(ErrorCategory::invalid_argument,
-                        fmt::format("not warmed: {} (key {}) is not loaded, and its stream is "
-                                    "capturing a graph, during which no kernel can be loaded or "
-                                    "compiled: warm these specs before capturing (Runtime::warmup, "
-                                    "kiln_warmup, `kiln warm` plus one call, or one uncaptured "
-                                    "call with the same shapes)",
-                                    unit.spec, unit.key.hex()));
+            throw Error(
+                ErrorCategory::invalid_argument,
+                fmt::format("not warmed: {} (key {}) is not loaded, and its stream is "
+                            "capturing a graph, during which no kernel can be loaded or "
+                            "compiled: warm these specs before capturing ({}; after "
+                            "`kiln warm`, one uncaptured call loads them), or make one "
+                            "uncaptured call with the same shapes first",
+                            unit.spec, unit.key.hex(), detail::knob_name(detail::Knob::warmup)));
           }
           Obtained found = obtain(unit, hot_path);
           status = found.status;
@@ -389,21 +392,29 @@ struct Runtime::Impl {
     return {kernel, computed ? status : WarmupStatus::memory_hit};
   }
 
-  // The driver, when it has the runtime's device; otherwise kiln::Error (not_found) saying that
-  // it cannot `doing`, why, and then `fix`.
-  Driver& device_driver(std::string_view doing, std::string_view fix) {
+  // Why the runtime's device cannot be used, the root cause first (a driver that did not
+  // load, before the device it would have found); nothing when it can be.
+  std::optional<std::string> missing_device() {
     std::string why;
     Driver* d = driver(&why);
     if (!d) {
-      throw Error(
-          ErrorCategory::not_found,
-          fmt::format("cannot {}: the {} driver is unavailable ({}){}", doing, backend, why, fix));
+      return fmt::format("the {} driver is unavailable ({}), so there is no {} device {}", backend,
+                         why, backend, config.device);
     }
     if (d->device_count() <= config.device) {
-      throw Error(ErrorCategory::not_found, fmt::format("cannot {}: there is no {} device {}{}",
-                                                        doing, backend, config.device, fix));
+      return fmt::format("there is no {} device {} (the driver counts {})", backend, config.device,
+                         d->device_count());
     }
-    return *d;
+    return std::nullopt;
+  }
+
+  // The driver, when it has the runtime's device; otherwise kiln::Error (not_found) saying that
+  // it cannot `doing`, why, and then `fix`.
+  Driver& device_driver(std::string_view doing, std::string_view fix) {
+    if (auto missing = missing_device()) {
+      throw Error(ErrorCategory::not_found, fmt::format("cannot {}: {}{}", doing, *missing, fix));
+    }
+    return *driver();
   }
 
   // The runtime's device, queried once: decode reads its SM count on every call.
@@ -415,8 +426,8 @@ struct Runtime::Impl {
   }
 
   void require_device(const Unit& unit) {
-    constexpr std::string_view fix =
-        "; compile-only use needs an explicit target (Runtime::compile, `kiln warm --target`)";
+    const std::string fix = fmt::format("; compile-only use needs an explicit target ({})",
+                                        detail::knob_name(detail::Knob::compile_only));
     const std::string doing = "load " + unit.spec;
     device_driver(doing, fix);
     const auto target = device_target();
@@ -426,10 +437,13 @@ struct Runtime::Impl {
                               backend, config.device, fix));
     }
     if (*target != unit.target) {
-      throw Error(ErrorCategory::invalid_argument,
-                  fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
-                              "target empty, or use Runtime::compile for other targets",
-                              unit.spec, config.device, *target));
+      throw Error(
+          ErrorCategory::invalid_argument,
+          fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
+                      "target empty and {} unset, or compile for other targets without "
+                      "loading ({})",
+                      unit.spec, config.device, *target, detail::knob_name(detail::Knob::target),
+                      detail::knob_name(detail::Knob::compile_only)));
     }
   }
 
@@ -534,7 +548,10 @@ WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOpti
   std::atomic<std::size_t> next{0};
   std::size_t done = 0;
   std::mutex progress_mutex;
+  const detail::Interface interface = detail::current_interface();
   auto work = [&] {
+    // Its failures are the caller's messages, naming the caller's knobs.
+    const detail::InterfaceScope scope(interface);
     for (std::size_t i = next.fetch_add(1); i < specs.size(); i = next.fetch_add(1)) {
       WarmupItem& item = report.items[i];
       const auto item_start = Clock::now();
@@ -717,11 +734,31 @@ std::size_t WarmupReport::count(WarmupStatus status) const {
       items.begin(), items.end(), [&](const WarmupItem& item) { return item.status == status; }));
 }
 
-Runtime& default_runtime() {
+Runtime& default_runtime(int device) {
+  if (device < 0 || device >= kMaxDefaultRuntimes) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("device {} has no process-wide runtime: device ordinals run from 0 "
+                            "to {}",
+                            device, kMaxDefaultRuntimes - 1));
+  }
   // Never destroyed: kernels may still be launched from other static destructors, and the
-  // driver may already be gone at exit.
-  static Runtime* runtime = new Runtime();
+  // driver may already be gone at exit. NOTE: a lock only to create one, so that threads driving
+  // different devices do not contend on every call.
+  static std::array<std::atomic<Runtime*>, kMaxDefaultRuntimes> runtimes{};
+  static std::mutex create_mutex;
+  std::atomic<Runtime*>& slot = runtimes[static_cast<std::size_t>(device)];
+  if (Runtime* runtime = slot.load(std::memory_order_acquire)) return *runtime;
+  std::lock_guard lock(create_mutex);
+  if (Runtime* runtime = slot.load(std::memory_order_relaxed)) return *runtime;
+  Options options;
+  options.device = device;
+  auto* runtime = new Runtime(options);
+  slot.store(runtime, std::memory_order_release);
   return *runtime;
+}
+
+Runtime& default_runtime() {
+  return default_runtime(0);
 }
 
 }  // namespace kiln

@@ -6,11 +6,24 @@
 #ifndef KILN_KILN_H
 #define KILN_KILN_H
 
+#include <stddef.h>
+
 #include <dlpack/dlpack.h>
+
+/* This header's version; CMakeLists.txt's project(kiln VERSION) is the source of truth, and the
+ * library does not build when these differ from it. */
+#define KILN_VERSION_MAJOR 0
+#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_PATCH 0
+#define KILN_VERSION_NUMBER \
+  (KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH)
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* The loaded library's version, counted as KILN_VERSION_NUMBER counts the header's. */
+int kiln_version(void);
 
 typedef enum kiln_status {
   KILN_OK = 0,
@@ -23,9 +36,19 @@ typedef enum kiln_status {
   KILN_ERROR_INTERNAL = 7          /* anything else; please report it */
 } kiln_status;
 
-/* Options of kiln_attention. Call kiln_attention_options_init first: windows default to -1
- * (unbounded), which a zeroed struct would not give. Pointers may be NULL (feature off). */
+/* Every struct below opens with struct_size, which its *_init macro sets to the size this
+ * header gives it, so the structs can grow: new fields are only ever appended, a library takes
+ * the smaller struct of a caller built against an older kiln.h (the fields it lacks keep their
+ * defaults), and refuses a struct_size it does not know (0, garbage, or a newer header's) rather
+ * than read past the caller's struct. The macros pass the caller's sizeof to the *_init_sized
+ * functions, so that a newer library never writes past an older caller's struct either; callers
+ * without the C preprocessor (ctypes, Rust) call those with their struct's size. */
+
+/* Options of kiln_attention. Call kiln_attention_options_init first: it sets struct_size, and
+ * windows default to -1 (unbounded), which a zeroed struct would not give. Pointers may be NULL
+ * (feature off). */
 typedef struct kiln_attention_options {
+  size_t struct_size;  /* sizeof(kiln_attention_options), set by kiln_attention_options_init */
   float softmax_scale; /* <= 0: 1 / sqrt(head_dim) */
   int causal;          /* nonzero: window_right = 0 (bottom-right aligned unless top_left) */
   int window_left;     /* -1: unbounded */
@@ -41,22 +64,28 @@ typedef struct kiln_attention_options {
   int max_seqlen_k;             /* varlen: the longest key sequence */
 } kiln_attention_options;
 
-void kiln_attention_options_init(kiln_attention_options* options);
+void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size);
+#define kiln_attention_options_init(options) \
+  kiln_attention_options_init_sized((options), sizeof(kiln_attention_options))
 
 /* Forward attention, FlashAttention's layouts: q (batch, seqlen_q, heads, head_dim), k and v
  * (batch, seqlen_k, heads_kv, head_dim / head_dim_v), out like q with head_dim_v; varlen drops
  * the batch dim. fp16 or bf16 on a CUDA (kDLCUDA) or ROCm (kDLROCM) device; strides in elements
  * (NULL: compact row-major). lse (may be NULL): fp32 (batch, heads, seqlen_q), or
  * (heads, total_q) with varlen. options may be NULL for the defaults. stream: a CUstream or
- * hipStream_t, NULL for the default stream. Uses the process-wide runtime (KILN_* settings). */
+ * hipStream_t, NULL for the default stream. All tensors of a call must be on one device: the
+ * call runs on the process-wide runtime of that device ordinal (made on first use, with the
+ * KILN_* settings), so threads or processes driving different GPUs need nothing more. */
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
                            const DLTensor* out, const kiln_attention_options* options,
                            const DLTensor* lse, void* stream);
 
 /* A KV cache for kiln_attention_with_kvcache (kiln::KVCache in decode.hpp has the details).
  * Contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v.
- * Paged (block_table set): k (num_pages, page_size, heads_kv, head_dim), v likewise. */
+ * Paged (block_table set): k (num_pages, page_size, heads_kv, head_dim), v likewise. Call
+ * kiln_kvcache_init first. */
 typedef struct kiln_kvcache {
+  size_t struct_size; /* sizeof(kiln_kvcache), set by kiln_kvcache_init */
   const DLTensor* k;
   const DLTensor* v;
   const DLTensor* seqlens;     /* int32 (batch): keys cached per sequence, before the append */
@@ -64,9 +93,14 @@ typedef struct kiln_kvcache {
   const DLTensor* block_table; /* int32 (batch, max_pages) or NULL: page table (paged) */
 } kiln_kvcache;
 
+/* Sets struct_size and every tensor to NULL. */
+void kiln_kvcache_init_sized(kiln_kvcache* cache, size_t struct_size);
+#define kiln_kvcache_init(cache) kiln_kvcache_init_sized((cache), sizeof(kiln_kvcache))
+
 /* Options of kiln_attention_with_kvcache. Call kiln_decode_options_init first. Pointers may be
  * NULL (feature off). */
 typedef struct kiln_decode_options {
+  size_t struct_size;           /* sizeof(kiln_decode_options), set by kiln_decode_options_init */
   float softmax_scale;          /* <= 0: 1 / sqrt(head_dim) */
   int causal;                   /* nonzero: window_right = 0 */
   int window_left;              /* -1: unbounded */
@@ -78,11 +112,14 @@ typedef struct kiln_decode_options {
   const DLTensor* v_new;        /* (batch, seqlen_new, heads_kv, head_dim_v) */
   const DLTensor* rotary_cos;   /* (seqlen_ro, rotary_dim / 2), q's dtype; needs k_new */
   const DLTensor* rotary_sin;   /* like rotary_cos */
-  int rotary_interleaved;       /* nonzero: pairs (2i, 2i + 1); else (i, i + rotary_dim / 2) */
+  int rotary_interleaved;       /* nonzero (the default, as FlashAttention's): pairs (2i, 2i + 1)
+                                   (GPT-J); 0: (i, i + rotary_dim / 2) (GPT-NeoX) */
   int num_splits;               /* 0: heuristic; n >= 1: at most n key splits (<= 128) */
 } kiln_decode_options;
 
-void kiln_decode_options_init(kiln_decode_options* options);
+void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size);
+#define kiln_decode_options_init(options) \
+  kiln_decode_options_init_sized((options), sizeof(kiln_decode_options))
 
 /* Decode attention over a KV cache (FlashAttention's flash_attn_with_kvcache): q (batch,
  * seqlen_q, heads, head_dim), out (batch, seqlen_q, heads, head_dim_v), lse (may be NULL) fp32
@@ -102,8 +139,10 @@ kiln_status kiln_merge_states(const DLTensor* v_a, const DLTensor* s_a, const DL
 kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const DLTensor* v_out,
                                    const DLTensor* s_out, void* stream);
 
-/* Compiles (or finds in the cache) the default kernel set for the device, or for `target`
- * ("sm_90a", "gfx90a") when it is not NULL; threads 0 means one per hardware thread. */
+/* Compiles (or finds in the cache) the default kernel set for device 0, or for `target`
+ * ("sm_90a", "gfx90a") when it is not NULL; threads 0 means one per hardware thread. Kernels for
+ * device 0's target are loaded on device 0's runtime as well; the runtimes of other devices find
+ * them in the disk cache on their first call. */
 kiln_status kiln_warmup_default(const char* target, int threads);
 
 /* This thread's message for the last failed call; "" when none failed. Valid until the next

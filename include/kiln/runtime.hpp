@@ -240,7 +240,16 @@ class Runtime {
   std::unique_ptr<Impl> impl_;
 };
 
-// The process-wide runtime the ops use, built from the environment on first use.
+// The most device ordinals that get a process-wide runtime: 0 to kMaxDefaultRuntimes - 1.
+inline constexpr int kMaxDefaultRuntimes = 64;
+
+// The process-wide runtime of device ordinal `device`, built from the environment with
+// Options::device = `device` on first use; thread-safe, one per device, never destroyed. The C
+// API takes each call's from its tensors' device, so threads or processes driving different
+// GPUs each use their own.
+Runtime& default_runtime(int device);
+
+// Device 0's process-wide runtime: the one the C++ ops use when given none.
 Runtime& default_runtime();
 
 }  // namespace kiln

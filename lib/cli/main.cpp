@@ -5,6 +5,7 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
+#include "config.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
@@ -43,6 +44,7 @@ int usage_error(std::string_view message) {
 
 int main(int argc, char** argv) {
   using namespace kiln::cli;
+  const kiln::detail::InterfaceScope cli_interface(kiln::detail::Interface::cli);
   if (const int empty = first_empty_argument(argc, argv)) {
     return usage_error(fmt::format(
         "argument {} is empty: kiln takes no empty arguments (is a shell variable unset?)", empty));

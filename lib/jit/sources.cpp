@@ -8,6 +8,7 @@
 
 #include <fmt/format.h>
 
+#include "config.hpp"
 #include "jit/embedded.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
@@ -283,10 +284,9 @@ SourceTree SourceTree::locate(const std::optional<std::filesystem::path>& dir) {
     std::error_code ec;
     if (!std::filesystem::is_directory(*dir, ec)) {
       throw Error(ErrorCategory::not_found,
-                  fmt::format("kernel source directory '{}' (Options::kernels_dir or "
-                              "KILN_KERNELS_DIR) is not a directory: point it at a kernels_src "
-                              "tree, or unset it to use the installed sources",
-                              printable(dir->string())));
+                  fmt::format("kernel source directory '{}' ({}) is not a directory: point it at "
+                              "a kernels_src tree, or unset it to use the installed sources",
+                              printable(dir->string()), knob_name(Knob::kernels_dir)));
     }
     return SourceTree(*dir);
   }

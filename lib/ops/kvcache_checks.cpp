@@ -6,14 +6,18 @@
 #include <fmt/format.h>
 
 #include "checked_math.hpp"
+#include "config.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln::detail {
 namespace {
 
-constexpr std::string_view kWhy =
-    " (checked because Options::debug or KILN_DEBUG is on; without it the kernel would read or "
-    "write out of bounds)";
+// Why a check ran and what it caught, for the end of its message.
+std::string why_checked() {
+  return fmt::format(
+      " (checked because {} is on; without it the kernel would read or write out of bounds)",
+      knob_name(Knob::debug));
+}
 
 // A copy of the `count` int32 values from the start of `t` (validated device memory).
 std::vector<std::int32_t> host_copy(Runtime& runtime, const TensorView& t, std::int64_t count,
@@ -34,7 +38,7 @@ void check_pages(const CacheIndices& host, const CacheBounds& bounds, std::size_
       invalid(fmt::format(
           "cache.block_table[{}][{}] is {}: page indices must be in [0, {}) (cache.k.size(0), "
           "the number of pages); sequence {} holds {} keys in {} pages of {}{}",
-          b, p, page, bounds.pages, b, keys, used, bounds.page_size, kWhy));
+          b, p, page, bounds.pages, b, keys, used, bounds.page_size, why_checked()));
     }
   }
 }
@@ -45,19 +49,19 @@ void check_cache_indices(const CacheIndices& host, const CacheBounds& bounds) {
   for (std::size_t b = 0; b < host.seqlens.size(); ++b) {
     const std::int64_t cached = host.seqlens[b];
     if (cached < 0) {
-      invalid(
-          fmt::format("cache.seqlens[{}] is {}: key counts cannot be negative{}", b, cached, kWhy));
+      invalid(fmt::format("cache.seqlens[{}] is {}: key counts cannot be negative{}", b, cached,
+                          why_checked()));
     }
     const std::int64_t keys = cached + bounds.seqlen_new;
     if (keys > bounds.capacity) {
       invalid(fmt::format(
           "cache.seqlens[{}] + seqlen_new is {} + {} = {} but the cache holds at most {} keys "
           "per sequence: grow the cache or evict keys{}",
-          b, cached, bounds.seqlen_new, keys, bounds.capacity, kWhy));
+          b, cached, bounds.seqlen_new, keys, bounds.capacity, why_checked()));
     }
     if (!host.batch_idx.empty() && (host.batch_idx[b] < 0 || host.batch_idx[b] >= bounds.rows)) {
       invalid(fmt::format("cache.batch_idx[{}] is {}: cache rows are [0, {}) (cache.k.size(0)){}",
-                          b, host.batch_idx[b], bounds.rows, kWhy));
+                          b, host.batch_idx[b], bounds.rows, why_checked()));
     }
     if (!host.block_table.empty()) check_pages(host, bounds, b, keys);
   }

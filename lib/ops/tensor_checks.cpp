@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include "checked_math.hpp"
+#include "config.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -125,14 +126,17 @@ void check_common(const TensorView& t, std::string_view name, int device) {
                         count ? std::to_string(*count) : "more than 2^63"));
   }
   if (reinterpret_cast<std::uintptr_t>(t.data) % size_of(t.dtype) != 0) {
-    invalid(fmt::format("{}'s data pointer {} is not aligned to its {}-byte {} elements", name,
-                        t.data, size_of(t.dtype), to_string(t.dtype)));
+    invalid(
+        fmt::format("{}'s data pointer {} is not aligned to its {}-byte {} elements: pass "
+                    "the tensor's own storage, or a view whose offset is a whole number of "
+                    "elements",
+                    name, t.data, size_of(t.dtype), to_string(t.dtype)));
   }
   if (t.device != device) {
     invalid(
-        fmt::format("{} is on device {} but the runtime's device is {}: move {} there or "
-                    "use a Runtime with Options::device = {}",
-                    name, t.device, device, name, t.device));
+        fmt::format("{} is on device {} but the runtime's device is {}: move {} there, or "
+                    "set {} to {}",
+                    name, t.device, device, name, knob_name(Knob::device), t.device));
   }
 }
 

@@ -1,8 +1,8 @@
 // A bounded fuzz of the C and C++ APIs of attention, decode and merge_states: random ranks,
-// shapes, strides, dtypes, devices, null pointers, byte offsets and options, in calls near a
-// valid one and far from it. Every call must end in a kiln::Error (or a status with a message),
-// or return because it has nothing to do. The sanitizer build (ASan and UBSan, which abort on a
-// finding) is the real check: no input may crash or trip undefined behaviour on the way.
+// shapes, strides, dtypes, devices, null pointers, byte offsets, struct sizes and options, in
+// calls near a valid one and far from it. Every call must end in a kiln::Error (or a status with a
+// message), or return because it has nothing to do. The sanitizer build (ASan and UBSan, which
+// abort on a finding) is the real check: no input may crash or trip undefined behaviour on the way.
 //
 // Nothing can launch, GPU or not: the C++ calls run on validating_runtime() (no compiling, an
 // empty cache), and the C calls, which use the process-wide runtime, get a null output whenever
@@ -417,6 +417,12 @@ class ToDLPack {
     return view ? output(*view) : nullptr;
   }
 
+  // A C struct's struct_size: `size` mostly, else any other (a smaller one reads only a prefix).
+  std::size_t struct_size(std::size_t size) {
+    if (!r_.chance(0.05)) return size;
+    return r_.one_of<std::size_t>({0, 1, 8, 12, 16, 24, size - 4, size + 8, r_.bits()});
+  }
+
  private:
   CTensor& make(const TensorView& view) {
     CTensor& c = *tensors_.emplace_back(std::make_unique<CTensor>());
@@ -492,6 +498,7 @@ void run_c(const AttentionCall& c, Random& r, Outcomes& outcomes) {
   options.seqused_k = dl(o.seqused_k);
   options.max_seqlen_q = o.max_seqlen_q;
   options.max_seqlen_k = o.max_seqlen_k;
+  options.struct_size = dl.struct_size(options.struct_size);
   const DLTensor *q = dl(c.q), *k = dl(c.k), *v = dl(c.v), *out = dl.output(c.out),
                  *lse = dl.output(o.lse);
   check_status(kiln_attention(r.chance(0.05) ? nullptr : q, k, v, out,
@@ -511,7 +518,9 @@ void run_c(const DecodeCall& c, Random& r, Outcomes& outcomes) {
   options.rotary_sin = dl(o.rotary_sin);
   options.rotary_interleaved = o.rotary_interleaved;
   options.num_splits = o.num_splits;
-  const kiln_kvcache cache{.k = dl(c.cache.k),
+  options.struct_size = dl.struct_size(options.struct_size);
+  const kiln_kvcache cache{.struct_size = dl.struct_size(sizeof(kiln_kvcache)),
+                           .k = dl(c.cache.k),
                            .v = dl(c.cache.v),
                            .seqlens = dl(c.cache.seqlens),
                            .batch_idx = dl(c.cache.batch_idx),

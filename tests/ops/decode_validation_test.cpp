@@ -802,7 +802,10 @@ struct CCall {
         v(0x3000000, kBf16, {3, 256, 2, 64}),
         seqlens(0x4000000, kI32, {2}),
         out(0x5000000, kBf16, {2, seqlen_q, 8, 64}),
-        cache{k.get(), v.get(), seqlens.get(), nullptr, nullptr} {
+        cache{.struct_size = sizeof(kiln_kvcache),
+              .k = k.get(),
+              .v = v.get(),
+              .seqlens = seqlens.get()} {
     kiln_decode_options_init(&options);
   }
   kiln_status run(const DLTensor* lse = nullptr) const {
@@ -833,7 +836,7 @@ TEST_CASE("kiln_decode_options_init leaves windows unbounded and every feature o
   CHECK(o.top_left == 0);
   CHECK(o.softcap == 0);
   CHECK(o.num_splits == 0);
-  CHECK(o.rotary_interleaved == 0);
+  CHECK(o.rotary_interleaved == 1);  // FlashAttention's default
   for (const DLTensor* t : {o.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin}) {
     CHECK(t == nullptr);
   }

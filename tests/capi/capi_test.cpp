@@ -1,0 +1,369 @@
+// The C API (kiln.h) as a C caller meets it: its version, structs that can grow, each call on
+// its tensors' device's runtime, and messages naming C's own knobs. Fake device addresses: every
+// call here is refused before anything could launch, GPU or not; the [gpu] case launches.
+#include <catch2/catch.hpp>
+
+#include <dlpack/dlpack.h>
+
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpu.hpp"
+#include "kiln/kiln.h"
+#include "kiln/kiln.hpp"
+#include "ops/attention_reference.hpp"
+#include "support.hpp"
+
+namespace kiln::test {
+namespace {
+
+constexpr DLDataType kBf16{kDLBfloat, 16, 1};
+constexpr DLDataType kI32{kDLInt, 32, 1};
+
+// The DLPack device type of the process-wide runtimes' backend, and one it does not take.
+std::int32_t native_type() {
+  return default_runtime().backend() == "hip" ? kDLROCM : kDLCUDA;
+}
+std::int32_t foreign_type() {
+  return native_type() == kDLCUDA ? kDLROCM : kDLCUDA;
+}
+
+// A DLPack tensor over a fake address on `device` of the native type.
+class Tensor {
+ public:
+  Tensor(std::uintptr_t address, DLDataType dtype, std::vector<std::int64_t> shape, int device = 0)
+      : shape_(std::move(shape)) {
+    t_.data = reinterpret_cast<void*>(address);
+    set_device(native_type(), device);
+    t_.ndim = static_cast<std::int32_t>(shape_.size());
+    t_.dtype = dtype;
+    t_.shape = shape_.data();
+  }
+  Tensor(const Tensor&) = delete;
+  Tensor& operator=(const Tensor&) = delete;
+
+  // Copied in, not assigned, as any code must be (see device_type_of in lib/capi.cpp).
+  void set_device(std::int32_t type, int id) {
+    std::memcpy(&t_.device.device_type, &type, sizeof type);
+    t_.device.device_id = id;
+  }
+  const DLTensor* get() const { return &t_; }
+  DLTensor& t() { return t_; }
+
+ private:
+  std::vector<std::int64_t> shape_;
+  DLTensor t_{};
+};
+
+// An attention call (1, 3, 2, 64) against 17 keys, whose output has no data: validation always
+// refuses it, after the call has found its runtime.
+struct Call {
+  explicit Call(int device = 0)
+      : q(0x1000000, kBf16, {1, 3, 2, 64}, device),
+        k(0x2000000, kBf16, {1, 17, 2, 64}, device),
+        v(0x3000000, kBf16, {1, 17, 2, 64}, device),
+        out(0, kBf16, {1, 3, 2, 64}, device) {
+    kiln_attention_options_init(&options);
+  }
+  kiln_status run(const kiln_attention_options* o) const {
+    return kiln_attention(q.get(), k.get(), v.get(), out.get(), o, nullptr, nullptr);
+  }
+  kiln_status run() const { return run(&options); }
+
+  Tensor q, k, v, out;
+  kiln_attention_options options;
+};
+
+// The decode form of Call.
+struct DecodeCall {
+  DecodeCall()
+      : q(0x1000000, kBf16, {2, 1, 8, 64}),
+        k(0x2000000, kBf16, {3, 256, 2, 64}),
+        v(0x3000000, kBf16, {3, 256, 2, 64}),
+        seqlens(0x4000000, kI32, {2}),
+        out(0, kBf16, {2, 1, 8, 64}) {
+    kiln_kvcache_init(&cache);
+    cache.k = k.get();
+    cache.v = v.get();
+    cache.seqlens = seqlens.get();
+    kiln_decode_options_init(&options);
+  }
+  kiln_status run(const kiln_kvcache* c, const kiln_decode_options* o) const {
+    return kiln_attention_with_kvcache(q.get(), c, out.get(), o, nullptr, nullptr);
+  }
+  kiln_status run() const { return run(&cache, &options); }
+
+  Tensor q, k, v, seqlens, out;
+  kiln_kvcache cache;
+  kiln_decode_options options;
+};
+
+std::string last_error() {
+  return kiln_last_error();
+}
+
+// `status` is `expected` and the message holds every one of `words`.
+void check_status(kiln_status status, kiln_status expected,
+                  std::initializer_list<const char*> words) {
+  INFO("kiln_last_error(): " << last_error());
+  CHECK(status == expected);
+  for (const char* word : words) CHECK_THAT(last_error(), Catch::Contains(word));
+}
+
+// The first `size` bytes of `full` in a heap block of exactly that size, as a caller built
+// against an older kiln.h holds its smaller struct: a read past it is a sanitizer finding.
+template <class C>
+class OlderStruct {
+ public:
+  OlderStruct(const C& full, std::size_t size) : bytes_(size) {
+    std::memcpy(bytes_.data(), &full, size);
+    std::memcpy(bytes_.data(), &size, sizeof size);  // struct_size, the first field
+  }
+  const C* get() const { return reinterpret_cast<const C*>(bytes_.data()); }
+
+ private:
+  std::vector<std::byte> bytes_;
+};
+
+// --- version ----------------------------------------------------------------------------------
+
+TEST_CASE("kiln_version is the header's version", "[capi]") {
+  CHECK(kiln_version() == KILN_VERSION_NUMBER);
+  CHECK(KILN_VERSION_NUMBER ==
+        KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH);
+}
+
+// --- sized structs ----------------------------------------------------------------------------
+
+TEST_CASE("the C structs' init macros set struct_size and the defaults", "[capi]") {
+  kiln_attention_options a;
+  std::memset(&a, 0xab, sizeof a);
+  kiln_attention_options_init(&a);
+  CHECK(a.struct_size == sizeof(kiln_attention_options));
+  CHECK(a.window_left == -1);
+  CHECK(a.window_right == -1);
+  CHECK(a.bias == nullptr);
+
+  kiln_decode_options d;
+  std::memset(&d, 0xab, sizeof d);
+  kiln_decode_options_init(&d);
+  CHECK(d.struct_size == sizeof(kiln_decode_options));
+  CHECK(d.rotary_interleaved == 1);  // FlashAttention's flash_attn_with_kvcache default
+
+  kiln_kvcache c;
+  std::memset(&c, 0xab, sizeof c);
+  kiln_kvcache_init(&c);
+  CHECK(c.struct_size == sizeof(kiln_kvcache));
+  for (const DLTensor* t : {c.k, c.v, c.seqlens, c.batch_idx, c.block_table}) {
+    CHECK(t == nullptr);
+  }
+  kiln_kvcache_init(nullptr);  // no crash
+
+  // An older kiln.h's smaller struct: only its bytes are written.
+  const std::size_t older = offsetof(kiln_decode_options, rotary_interleaved);
+  std::vector<std::byte> bytes(older);
+  auto* prefix = reinterpret_cast<kiln_decode_options*>(bytes.data());
+  kiln_decode_options_init_sized(prefix, older);
+  CHECK(prefix->struct_size == older);
+  CHECK(prefix->window_left == -1);
+}
+
+TEST_CASE("a struct_size kiln does not know is refused, naming it and the fix", "[capi]") {
+  for (const std::size_t size : {std::size_t{0}, std::size_t{3}, std::size_t{13},
+                                 sizeof(kiln_attention_options) + 8, std::size_t{0xdeadbeef}}) {
+    INFO("struct_size " << size);
+    Call a;
+    a.options.struct_size = size;
+    check_status(a.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {("options->struct_size is " + std::to_string(size)).c_str(),
+                  "call kiln_attention_options_init(options)"});
+    DecodeCall d;
+    d.options.struct_size = size;
+    check_status(
+        d.run(), KILN_ERROR_INVALID_ARGUMENT,
+        {("options->struct_size is " + std::to_string(size)).c_str(), "kiln_decode_options_init"});
+    DecodeCall c;
+    c.cache.struct_size = size;
+    check_status(c.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {("cache->struct_size is " + std::to_string(size)).c_str(), "kiln_kvcache_init"});
+  }
+}
+
+TEST_CASE("an older kiln.h's smaller struct is read to its struct_size, the rest from defaults",
+          "[capi]") {
+  Tensor host(0x5000000, kBf16, {1, 2, 3, 17});
+  host.set_device(kDLCPU, 0);  // refused wherever it is read
+
+  Call a;
+  a.options.bias = host.get();
+  check_status(a.run(), KILN_ERROR_INVALID_ARGUMENT, {"bias is on DLPack device type 1"});
+  const OlderStruct older_a(a.options, offsetof(kiln_attention_options, bias));
+  check_status(a.run(older_a.get()), KILN_ERROR_INVALID_ARGUMENT, {"out has a null data"});
+
+  DecodeCall d;
+  d.options.k_new = host.get();
+  check_status(d.run(), KILN_ERROR_INVALID_ARGUMENT, {"k_new is on DLPack device type 1"});
+  const OlderStruct older_d(d.options, offsetof(kiln_decode_options, k_new));
+  check_status(d.run(&d.cache, older_d.get()), KILN_ERROR_INVALID_ARGUMENT,
+               {"out has a null data"});
+
+  DecodeCall c;
+  c.cache.block_table = host.get();
+  check_status(c.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"cache.block_table is on DLPack device type 1"});
+  const OlderStruct older_c(c.cache, offsetof(kiln_kvcache, block_table));
+  check_status(c.run(older_c.get(), &c.options), KILN_ERROR_INVALID_ARGUMENT,
+               {"out has a null data"});
+}
+
+// --- devices ----------------------------------------------------------------------------------
+
+TEST_CASE("a C call on device 1's tensors runs on device 1's runtime", "[capi]") {
+  Call one(1);
+  check_status(one.run(), KILN_ERROR_INVALID_ARGUMENT, {"out has a null data pointer"});
+  CHECK_THAT(last_error(), !Catch::Contains("runtime's device"));
+
+  // Tensors of a type the runtime does not take get a message that names the runtime's device.
+  for (const int device : {0, 1}) {
+    Call call(device);
+    for (Tensor* t : {&call.q, &call.k, &call.v, &call.out}) t->set_device(foreign_type(), device);
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {("device " + std::to_string(device) + "'s runtime").c_str(), "KILN_BACKEND"});
+  }
+  CHECK(default_runtime(1).device() == 1);
+  CHECK(default_runtime(0).device() == 0);
+  CHECK(&default_runtime() == &default_runtime(0));
+}
+
+TEST_CASE("a C call with tensors on two devices is refused, naming them", "[capi]") {
+  Call mixed;
+  mixed.v.set_device(native_type(), 1);
+  check_status(mixed.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"v is on DLPack device (", ", 1) but q is on (", ", 0)",
+                "all tensors of a call must be on one device"});
+}
+
+TEST_CASE("a device ordinal without a process-wide runtime is refused", "[capi]") {
+  for (const int device : {-1, kMaxDefaultRuntimes, std::numeric_limits<int>::max()}) {
+    Call call(device);
+    check_status(
+        call.run(), KILN_ERROR_INVALID_ARGUMENT,
+        {("device " + std::to_string(device) + " has no process-wide runtime").c_str(), "0 to 63"});
+  }
+  CHECK_THROWS_AS(default_runtime(-1), Error);
+}
+
+TEST_CASE("threads driving different devices each get their device's runtime", "[capi]") {
+  constexpr int kThreads = 8, kDevices = 4, kCalls = 50;
+  std::mutex mutex;
+  std::vector<std::set<const Runtime*>> seen(kDevices);
+  std::vector<std::string> failures;
+  std::vector<std::jthread> threads;
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, device = i % kDevices] {
+      Call call(device);
+      for (Tensor* t : {&call.q, &call.k, &call.v, &call.out}) {
+        t->set_device(foreign_type(), device);
+      }
+      const std::string wanted = "device " + std::to_string(device) + "'s runtime";
+      for (int n = 0; n < kCalls; ++n) {
+        const kiln_status status = call.run();
+        const std::string message = kiln_last_error();
+        const Runtime* runtime = &default_runtime(device);
+        std::lock_guard lock(mutex);
+        seen[static_cast<std::size_t>(device)].insert(runtime);
+        if (status != KILN_ERROR_INVALID_ARGUMENT || !contains(message, wanted)) {
+          failures.push_back(message);
+        }
+      }
+    });
+  }
+  threads.clear();
+  CHECK(failures.empty());
+  for (int device = 0; device < kDevices; ++device) {
+    REQUIRE(seen[static_cast<std::size_t>(device)].size() == 1);
+    CHECK((*seen[static_cast<std::size_t>(device)].begin())->device() == device);
+  }
+}
+
+// --- messages ---------------------------------------------------------------------------------
+
+TEST_CASE("the C API's messages on malformed tensors say what is wrong and the fix", "[capi]") {
+  Call null_q;
+  check_status(kiln_attention(nullptr, null_q.k.get(), null_q.v.get(), null_q.out.get(), nullptr,
+                              nullptr, nullptr),
+               KILN_ERROR_INVALID_ARGUMENT, {"q is NULL", "pass a DLTensor"});
+
+  Call no_shape;
+  no_shape.q.t().shape = nullptr;
+  check_status(no_shape.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"q has ndim 4 but its shape pointer is NULL", "point shape at its 4 sizes"});
+
+  Call lanes;
+  lanes.k.t().dtype.lanes = 2;
+  check_status(lanes.run(), KILN_ERROR_UNSUPPORTED, {"k has DLPack lanes 2", "lanes 1"});
+
+  Call misaligned;
+  misaligned.q.t().data = reinterpret_cast<void*>(0x1000001);
+  check_status(misaligned.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"q's data pointer", "not aligned", "a whole number of elements"});
+}
+
+// --- GPU --------------------------------------------------------------------------------------
+
+TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal is an error",
+          "[gpu][capi]") {
+  ReferenceProblem p;
+  p.dtype = DType::bf16;
+  p.heads = p.heads_kv = 2;
+  p.head_dim = p.head_dim_v = 64;
+  p.softmax_scale = 1 / std::sqrt(64.0);
+  p.set_padded(1, 3, 17);
+  std::mt19937 rng(14);
+  const auto q = random_normal(DType::bf16, 3 * 2 * 64, rng);
+  const auto k = random_normal(DType::bf16, 17 * 2 * 64, rng);
+  const auto v = random_normal(DType::bf16, 17 * 2 * 64, rng);
+  const auto bits = [](const std::vector<double>& values) {
+    std::vector<std::uint16_t> image;
+    for (const double x : values) image.push_back(to_bits(DType::bf16, x));
+    return image;
+  };
+  const auto dq = upload(bits(q)), dk = upload(bits(k)), dv = upload(bits(v));
+  DeviceBuffer dout(3 * 2 * 64 * sizeof(std::uint16_t));
+  dout.poison();
+
+  Call call(0);
+  call.q.t().data = dq->get();
+  call.k.t().data = dk->get();
+  call.v.t().data = dv->get();
+  call.out.t().data = dout.get();
+  check_status(call.run(), KILN_OK, {});
+  sync_and_check();
+  std::vector<double> got;
+  for (const std::uint16_t b : dout.download<std::uint16_t>()) {
+    got.push_back(from_bits(DType::bf16, b));
+  }
+  const ErrorReport report = compare_output(got, attention_reference(p, q, k, v));
+  INFO(explain(report, got, attention_reference(p, q, k, v), 2, 64));
+  CHECK(report.ok());
+
+  // The same memory labelled with an ordinal past the last device: refused, not launched.
+  int count = 0;
+  KILN_CUDA_CHECK(cudaGetDeviceCount(&count));
+  for (Tensor* t : {&call.q, &call.k, &call.v, &call.out}) t->set_device(kDLCUDA, count);
+  check_status(call.run(), KILN_ERROR_NOT_FOUND,
+               {("there is no cuda device " + std::to_string(count)).c_str()});
+}
+
+}  // namespace
+}  // namespace kiln::test
