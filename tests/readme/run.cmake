@@ -9,8 +9,8 @@ function(check_program name)
 endfunction()
 
 # A shell command: `bash FILE` needs FILE in the source tree, parsing; `kiln SUBCOMMAND...` (any
-# path ending in kiln) needs the installed kiln to print SUBCOMMAND's usage for --help; anything else must
-# be a program on PATH.
+# path ending in kiln) needs the installed kiln to print SUBCOMMAND's usage for --help; anything
+# else must be a program on PATH.
 function(check_command where program)
   if(program STREQUAL "bash")
     set(script ${SOURCE_DIR}/${ARGV2})
