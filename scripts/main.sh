@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The main job: installs, builds, then with a GPU runs the demo (gelu checked against the CPU);
-# without one warms the default kernels for sm_90a and gfx90a into ./cache and prints the report.
+# without one warms the default kernels for sm_90a and gfx90a and prints the report. Kernels go
+# to ./cache (git-ignored), not the default ~/.cache/kiln; the last line says where and how much.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
@@ -10,6 +11,10 @@ export KILN_CACHE_DIR="$PWD/cache"
 if "$build/bin/kiln" info --json | python3 -c 'import json,sys; d=json.load(sys.stdin); sys.exit(0 if any(b["devices"] for b in d["backends"]) else 1)'; then
   "$build/bin/kiln_demo"
 else
-  echo "no GPU here: warming the default kernels for sm_90a and gfx90a into ./cache"
+  echo "no GPU here: warming the default kernels for sm_90a and gfx90a into $KILN_CACHE_DIR"
   "$build/bin/kiln" warm --target sm_90a --target gfx90a
 fi
+# Other programs see these kernels only when pointed here: say so, with what is here.
+entries=$(find "$KILN_CACHE_DIR" -name '*.kbin' | wc -l)
+echo "$entries kernels ($(du -sh "$KILN_CACHE_DIR" | cut -f1)) are in $KILN_CACHE_DIR, not the" \
+  "default cache ~/.cache/kiln; \`$build/bin/kiln cache ls --cache-dir cache\` lists them"
