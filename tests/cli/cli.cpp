@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -501,9 +502,10 @@ TEST_CASE("kiln warm --threads takes a count, or 0 for one per hardware thread",
   for (const char* bad : {"-1", "abc", "1.5", "99999999999"}) {
     const Result result = cli.run({"warm", "--threads", bad, "--target", "sm_90a"});
     CHECK(result.code == 2);
-    CHECK(contains(result.err, "'" + std::string(bad) +
-                                   "' is not a thread count: give a whole number from 1 to "
-                                   "2147483647, or 0 for one per hardware thread"));
+    CHECK(contains(result.err, fmt::format("'{}' is not a thread count: give a whole number "
+                                           "from 1 to 2147483647, or 0 for one per hardware "
+                                           "thread",
+                                           bad)));
   }
 }
 
