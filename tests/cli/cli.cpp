@@ -472,7 +472,7 @@ TEST_CASE("kiln warm --list prints the manifest it would compile, which warm the
   // The default set, for a target given by the environment.
   const Result defaults = cli.run({"warm", "--list"}, {"KILN_TARGET=sm_90a"});
   REQUIRE(defaults.code == 0);
-  CHECK(contains(defaults.out, "attention/forward_wgmma.cuh:kiln::attention_forward_wgmma<"));
+  CHECK(contains(defaults.out, "attention/forward_tma.cuh:kiln::attention_forward_tma<"));
   CHECK(contains(defaults.out, "decode/merge.cuh:kiln::merge_states_kernel<"));
 
   write_file(cli.dir() / "listed.txt", listed.out);

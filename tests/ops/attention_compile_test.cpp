@@ -71,9 +71,14 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
-    // A few bytes spill at head_dim 64 with a band (24 seen with NVRTC 13.0); more is a
-    // regression worth a look.
-    CHECK(info.spill_bytes <= 32);
+    // The tma kernel at head dim 256 spills 116 bytes with NVRTC 13.0 (its consumers' code is
+    // held to the 168 registers a 384-thread CTA gets per thread: a 64 x 256 fp32 accumulator
+    // is 128 of them) and still runs 1.2-1.3x the wgmma kernel, which does not spill; anything
+    // else is held to 32 bytes (24 seen at head dim 64 with a band). More is a regression worth
+    // a look.
+    const bool tma_256 = spec.entry == "kiln::attention_forward_tma" &&
+                         info.spec.find("head_dim=256") != std::string::npos;
+    CHECK(info.spill_bytes <= (tma_256 ? 128 : 32));
   }
 }
 
@@ -136,14 +141,14 @@ TEST_CASE("attention refuses targets it cannot run on", "[attention][compile]") 
   CHECK(kiln::attention_default_specs("gfx1100").empty());
   CHECK(kiln::attention_default_specs("sm_75").empty());
   using kiln::AttentionKernel;
-  CHECK(kiln::choose(problem, "sm_90a").kernel == AttentionKernel::wgmma);
+  CHECK(kiln::choose(problem, "sm_90a").kernel == AttentionKernel::tma);
   CHECK(kiln::choose(problem, "sm_80").kernel == AttentionKernel::mma);
   CHECK(kiln::choose(problem, "sm_100a").kernel == AttentionKernel::mma);
-  // At 64 mma is as fast; at 96 wgmma would pad a third of its tiles.
-  for (int dim : {64, 96}) {
-    const kiln::AttentionProblem narrow{.head_dim = dim, .head_dim_v = dim};
-    CHECK(kiln::choose(narrow, "sm_90a").kernel == AttentionKernel::mma);
-  }
+  // At 96 the tma kernel would pad a third of its tiles; at 64 it pads none.
+  const kiln::AttentionProblem narrow{.head_dim = 96, .head_dim_v = 96};
+  CHECK(kiln::choose(narrow, "sm_90a").kernel == AttentionKernel::mma);
+  const kiln::AttentionProblem d64{.head_dim = 64, .head_dim_v = 64};
+  CHECK(kiln::choose(d64, "sm_90a").kernel == AttentionKernel::tma);
   CHECK(kiln::choose(problem, "gfx90a").kernel == AttentionKernel::portable);
   CHECK(kiln::choose(problem, "gfx942").kernel == AttentionKernel::portable);
 }
