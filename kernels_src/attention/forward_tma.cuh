@@ -130,11 +130,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   const int row0 = rows.begin + warp * Tr::rows_per_warp + lane / 4;
 
   float o[1][Tr::o_tiles][4];
-#pragma unroll
-  for (int j = 0; j < Tr::o_tiles; ++j) {
-#pragma unroll
-    for (int x = 0; x < 4; ++x) o[0][j][x] = 0.f;
-  }
+  zero_columns(o);
   OnlineSoftmax<1> softmax;
   softmax.init();
 
