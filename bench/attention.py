@@ -4,7 +4,10 @@ and mem-efficient backends, in one process on one GPU (issue 3, "Performance").
     KILN_LIB=build KILN_CACHE_DIR=$(mktemp -d) python3 bench/attention.py [--quick] [--warm]
 
 Rows: bf16 and fp16, head dims 64/128/256, seqlen 1k/4k/16k at 16k tokens (batch 16384 // seqlen)
-and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/peers.py. TFLOP/s
+and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/peers.py; then
+real models' prefill shapes (MODEL_ROWS: GQA 4:1 and 8:1, head dims 80 and 96, batches of short
+sequences), causal. SDPA's fused kernels take no GQA, so on those rows they get K and V repeated
+to every query head (the same FLOPs; kiln reads the kv heads once). TFLOP/s
 count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
 convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could
 not run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
@@ -43,6 +46,16 @@ def all_rows():
             for c in (False, True)]
 
 
+# Prefill shapes of real models, causal, bf16: (name, batch, seqlen, heads, heads_kv, head dim).
+MODEL_ROWS = [
+    ("llama3-8b", 1, 8192, 32, 8, 128),      # GQA 4:1
+    ("llama3-70b", 1, 8192, 64, 8, 128),     # GQA 8:1
+    ("llama3-8b-short", 32, 512, 32, 8, 128),  # a batch of short prompts
+    ("phi2", 4, 2048, 32, 32, 80),
+    ("phi3-mini", 2, 4096, 32, 32, 96),
+]
+
+
 # --quick: a smoke test that still touches both dtypes, three head dims and both masks.
 QUICK_ROWS = [("bf16", 64, 1024, False), ("bf16", 128, 4096, True),
               ("fp16", 128, 1024, False), ("fp16", 256, 4096, True)]
@@ -63,20 +76,24 @@ def parse_args():
 
 
 # ------------------------------------------------------------------------------------- inputs
-def make_inputs(dtype, d, seqlen, layout):
-    """q, k, v and kiln's out as (batch, seqlen, heads, d) views of `layout` memory.
+def make_inputs(dtype, d, seqlen, layout, batch=None, heads=None, heads_kv=None):
+    """q, k, v and kiln's out as (batch, seqlen, heads, d) views of `layout` memory (k and v
+    with heads_kv heads; by default the grid rows' batch and heads, and heads_kv = heads).
 
     kiln takes these views; SDPA takes .transpose(1, 2) views of the same storage, so both
     read identical bytes in an identical layout and no one pays for a copy.
     """
-    batch, heads = TOKENS // seqlen, MODEL_DIM // d
-    shape = (batch, seqlen, heads, d) if layout == "bshd" else (batch, heads, seqlen, d)
+    batch = batch or TOKENS // seqlen
+    heads = heads or MODEL_DIM // d
+    heads_kv = heads_kv or heads
 
-    def view(t):
+    def make(h):
+        shape = (batch, seqlen, h, d) if layout == "bshd" else (batch, h, seqlen, d)
+        t = torch.randn(shape, device="cuda", dtype=dtype)
         return t if layout == "bshd" else t.transpose(1, 2)
     # Fresh random inputs: zeros would make every backend agree whatever it computed.
-    q, k, v = (view(torch.randn(shape, device="cuda", dtype=dtype)) for _ in range(3))
-    out = view(torch.empty(shape, device="cuda", dtype=dtype))
+    q, k, v = make(heads), make(heads_kv), make(heads_kv)
+    out = torch.empty_like(q)
     return q, k, v, out
 
 
@@ -95,15 +112,23 @@ def sdpa_call(backend, q, k, v, causal):
 
 
 # ---------------------------------------------------------------------------------------- rows
-def bench_row(kiln, dtype_name, d, seqlen, causal, args):
+def bench_row(kiln, dtype_name, d, seqlen, causal, args, model=None):
+    """One row; `model` is a MODEL_ROWS entry (its batch, heads and heads_kv) or None."""
     dtype = DTYPES[dtype_name]
-    q, k, v, out = make_inputs(dtype, d, seqlen, args.layout)
+    name, batch, heads, heads_kv = ((model[0], model[1], model[3], model[4]) if model
+                                    else (None, None, None, None))
+    q, k, v, out = make_inputs(dtype, d, seqlen, args.layout, batch, heads, heads_kv)
     batch, _, heads, _ = q.shape
+    heads_kv = k.shape[2]
     row = {"dtype": dtype_name, "head_dim": d, "seqlen": seqlen, "batch": batch, "heads": heads,
-           "causal": causal, "flops": row_flops(batch, heads, seqlen, d, causal),
-           "errors": {}}
+           "heads_kv": heads_kv, "model": name, "causal": causal,
+           "flops": row_flops(batch, heads, seqlen, d, causal), "errors": {}}
     calls = {"kiln": kiln.bind_attention(q, k, v, out, causal=causal)}
-    calls.update({n: sdpa_call(b, q, k, v, causal) for n, b in SDPA_BACKENDS.items()})
+    # SDPA's fused kernels need as many kv heads as query heads: repeat them (not timed).
+    k_sdpa, v_sdpa = ((k.repeat_interleave(heads // heads_kv, dim=2),
+                       v.repeat_interleave(heads // heads_kv, dim=2))
+                      if heads_kv != heads else (k, v))
+    calls.update({n: sdpa_call(b, q, k_sdpa, v_sdpa, causal) for n, b in SDPA_BACKENDS.items()})
     row["first_call_ms"] = warm_up(calls, row["errors"])
     ms = time_interleaved(calls, args.reps, row["errors"])
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
@@ -212,10 +237,12 @@ def row_line(row):
         verdict = f"CHECK FAILED: {chk['error'].splitlines()[0]} <<<<<<<<"
     else:
         verdict = f"MISMATCH {chk['max_abs_diff']:.1e} vs {chk['ref']} <<<<<<<<"
+    label = f" {row['model']} b{row['batch']} h{row['heads']}/{row['heads_kv']}" if row.get(
+        "model") else ""
     return (f"{row['dtype']:5} {row['head_dim']:>3} {row['seqlen']:>6} {str(row['causal']):>6} | "
             + " ".join(cell(t[n], "6.0f") for n in BACKENDS) + " | "
             + f"{cell(row['kiln_over_flash'], '7.2f')} {cell(row['kiln_over_cudnn'], '7.2f')} | "
-            + f"{cell(row['first_call_ms'].get('kiln'), '6.0f')} | {verdict}")
+            + f"{cell(row['first_call_ms'].get('kiln'), '6.0f')} | {verdict}{label}")
 
 
 def print_new_errors(row, seen):
@@ -240,7 +267,8 @@ def summarize(rows):
 
 
 def row_name(r):
-    return f"{r['dtype']} d{r['head_dim']} s{r['seqlen']}{' causal' if r['causal'] else ''}"
+    model = f" {r['model']}" if r.get("model") else ""
+    return f"{r['dtype']} d{r['head_dim']} s{r['seqlen']}{' causal' if r['causal'] else ''}{model}"
 
 
 def summary_lines(s, total):
@@ -275,8 +303,10 @@ def main():
 
     print("\nTFLOP/s" + "\n" + TABLE_HEAD, flush=True)
     rows, seen = [], set()
-    for dtype_name, d, seqlen, causal in (QUICK_ROWS if args.quick else all_rows()):
-        row = bench_row(kiln, dtype_name, d, seqlen, causal, args)
+    grid = [(dt, d, s, c, None) for dt, d, s, c in (QUICK_ROWS if args.quick else all_rows())]
+    models = [] if args.quick else [("bf16", m[5], m[2], True, m) for m in MODEL_ROWS]
+    for dtype_name, d, seqlen, causal, model in grid + models:
+        row = bench_row(kiln, dtype_name, d, seqlen, causal, args, model)
         rows.append(row)
         print(row_line(row), flush=True)
         print_new_errors(row, seen)
