@@ -65,6 +65,8 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="4 rows only, for smoke tests")
     p.add_argument("--reps", type=int, default=30, help="timed calls per backend and row")
+    p.add_argument("--rows", choices=["all", "grid", "models"], default="all",
+                   help="the head-dim x seqlen grid, the model shapes, or both (default)")
     p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB)")
     p.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                    help="memory layout of the inputs that kiln and SDPA share (default bshd)")
@@ -305,6 +307,8 @@ def main():
     rows, seen = [], set()
     grid = [(dt, d, s, c, None) for dt, d, s, c in (QUICK_ROWS if args.quick else all_rows())]
     models = [] if args.quick else [("bf16", m[5], m[2], True, m) for m in MODEL_ROWS]
+    grid = [] if args.rows == "models" else grid
+    models = [] if args.rows == "grid" else models
     for dtype_name, d, seqlen, causal, model in grid + models:
         row = bench_row(kiln, dtype_name, d, seqlen, causal, args, model)
         rows.append(row)

@@ -87,9 +87,9 @@ struct AttentionConfig {
 };
 
 // The config the hot path, is_supported() and warm-up use for `problem` on `target`: the tma
-// kernel on sm_90a for head dims its 64-column tiles pad by at most 25% (64, 128, 192, 256 and
-// their neighbours; attention() runs the wgmma kernel instead for inputs TMA cannot tile, such
-// as a stride of 0), the mma kernel on other sm_80+ targets and dims, the portable one on AMD's
+// kernel on sm_90a for head dims of 64 and more (attention() runs the wgmma kernel instead for
+// inputs TMA cannot tile, such as a stride of 0), the mma kernel on other sm_80+ targets and
+// dims, the portable one on AMD's
 // wave64 gfx9 targets, such as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's
 // stops at gfx90c). Throws kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target);

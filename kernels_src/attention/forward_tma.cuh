@@ -2,13 +2,15 @@
 // tiles with TMA (cp.async.bulk.tensor) into the 128-byte-swizzled layout wgmma reads, signalling
 // shared-memory mbarriers; block_m / 64 consumer warpgroups compute as forward_wgmma.cuh does,
 // each on 64 query rows, and hand each K/V slot back through an mbarrier when done with it. No
-// CTA-wide barrier in the key loop; the producer warpgroup gives its registers to the consumers
-// (setmaxnreg).
+// CTA-wide barrier in the key loop. The producer warpgroup hands registers back (setmaxnreg), but
+// ptxas still holds the consumers' code to the 168 registers a 384-thread CTA gets per thread:
+// at head dim 256 the 64 x 256 accumulator takes 128 of them and a little spills.
 //
 // Spec constants: those of attention_forward_wgmma (block_m 64 or 128 here, block_n, stages).
 //
-// Keys past a sequence's end are masked to probability 0 whatever K and V hold there: TMA reads
-// zeros past the tensor's token dim, and a varlen sequence's neighbour otherwise.
+// Keys past a sequence's end get probability 0, and their V rows are zeros whatever memory holds
+// there: TMA reads zeros past the tensor's token dim, and the producer zeroes the rest of the
+// block that holds a sequence's last key (a varlen neighbour's rows, or rows past seqused_k).
 //
 // Launch: grid as attention_forward; block (block_m / 64 + 1) * 128 threads; dynamic shared
 // memory attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages);
@@ -54,6 +56,9 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   // in, well before it is done with V, and the next K load need not wait for V.
   __shared__ unsigned long long k_full[Tr::stages], k_empty[Tr::stages];
   __shared__ unsigned long long v_full[Tr::stages], v_empty[Tr::stages];
+  // The V block that holds the sequence's last key lands here instead: its rows past that key
+  // are zeroed before v_full is signalled (see the producer).
+  __shared__ unsigned long long v_tail;
   unsigned char* const tiles = tma_smem + (1024 - mma::smem_address(tma_smem) % 1024) % 1024;
   const unsigned q_tile = mma::smem_address(tiles);
   const unsigned kv_base = q_tile + Tr::q_bytes;
@@ -67,6 +72,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   const int thread = threadIdx.x;
   if (thread == 0) {
     tma::init(&q_full, 1);
+    tma::init(&v_tail, 1);
 #pragma unroll
     for (int s = 0; s < Tr::stages; ++s) {
       tma::init(&k_full[s], 1);
@@ -79,21 +85,27 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   __syncthreads();
 
   if (thread >= Tr::consumer_threads) {
-    // The producer: one thread issues every copy.
+    // The producer: the first warp of the last warpgroup; its first lane issues every copy.
     tma::release_registers<Tr::producer_registers>();
-    if (thread != Tr::consumer_threads) return;
-    tma::prefetch_map(&tp.q_map);
-    tma::prefetch_map(&tp.k_map);
-    tma::prefetch_map(&tp.v_map);
+    if (thread >= Tr::consumer_threads + 32) return;
+    const int lane = thread % 32;
+    const bool issuer = lane == 0;
+    if (issuer) {
+      tma::prefetch_map(&tp.q_map);
+      tma::prefetch_map(&tp.k_map);
+      tma::prefetch_map(&tp.v_map);
+    }
     const int head_kv = seq.head / (p.heads / p.heads_kv);
     const int q_token = (Spec::varlen ? p.maybe_cu_seqlens_q[seq.batch] : 0) + rows.begin;
     const int k_token = Spec::varlen ? p.maybe_cu_seqlens_k[seq.batch] : 0;
     const int batch = Spec::varlen ? 0 : seq.batch;
-    tma::arrive_expect_tx(&q_full, Tr::q_bytes);
+    if (issuer) {
+      tma::arrive_expect_tx(&q_full, Tr::q_bytes);
 #pragma unroll
-    for (int c = 0; c < Tr::qk_dim / 64; ++c) {
-      tma::load_4d(tiles + c * Tr::block_m * 128, &tp.q_map, &q_full, 64 * c, q_token, seq.head,
-                   batch);
+      for (int c = 0; c < Tr::qk_dim / 64; ++c) {
+        tma::load_4d(tiles + c * Tr::block_m * 128, &tp.q_map, &q_full, 64 * c, q_token, seq.head,
+                     batch);
+      }
     }
     for (int block = blocks.begin, i = 0; block < blocks.end; ++block, ++i) {
       const int slot = i % Tr::stages;
@@ -101,19 +113,45 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       unsigned char* const k_tile = tiles + Tr::q_bytes + slot * Tr::slot_bytes;
       unsigned char* const v_tile = k_tile + Tr::k_bytes;
       const int key = k_token + block * Tr::block_n;
-      if (i >= Tr::stages) tma::wait(&k_empty[slot], reuse);
-      tma::arrive_expect_tx(&k_full[slot], Tr::k_bytes);
+      if (issuer) {
+        if (i >= Tr::stages) tma::wait(&k_empty[slot], reuse);
+        tma::arrive_expect_tx(&k_full[slot], Tr::k_bytes);
 #pragma unroll
-      for (int c = 0; c < Tr::qk_dim / 64; ++c) {
-        tma::load_4d(k_tile + c * Tr::block_n * 128, &tp.k_map, &k_full[slot], 64 * c, key, head_kv,
-                     batch);
+        for (int c = 0; c < Tr::qk_dim / 64; ++c) {
+          tma::load_4d(k_tile + c * Tr::block_n * 128, &tp.k_map, &k_full[slot], 64 * c, key,
+                       head_kv, batch);
+        }
+        if (i >= Tr::stages) tma::wait(&v_empty[slot], reuse);
       }
-      if (i >= Tr::stages) tma::wait(&v_empty[slot], reuse);
-      tma::arrive_expect_tx(&v_full[slot], Tr::slot_bytes - Tr::k_bytes);
+      // Keys past the sequence's end get probability 0, but 0 times a NaN or infinity in their V
+      // rows (another sequence's, or memory the caller never wrote) is NaN: the block holding
+      // the last key is zeroed past it, as the wgmma kernel's loads do, before the consumers
+      // see it. (K needs nothing: masking replaces those logits whatever they are.)
+      const int valid = seq.seqlen_k - block * Tr::block_n;
+      const bool tail = valid < Tr::block_n;
+      unsigned long long* const landed = tail ? &v_tail : &v_full[slot];
+      if (issuer) {
+        tma::arrive_expect_tx(landed, Tr::slot_bytes - Tr::k_bytes);
 #pragma unroll
-      for (int c = 0; c < Tr::v_dim / 64; ++c) {
-        tma::load_4d(v_tile + c * Tr::block_n * 128, &tp.v_map, &v_full[slot], 64 * c, key, head_kv,
-                     batch);
+        for (int c = 0; c < Tr::v_dim / 64; ++c) {
+          tma::load_4d(v_tile + c * Tr::block_n * 128, &tp.v_map, landed, 64 * c, key, head_kv,
+                       batch);
+        }
+      }
+      if (tail) {
+        // At most one block of a CTA holds the sequence's end: v_tail's first phase.
+        tma::wait(&v_tail, 0);
+        // Whole 128-byte rows: the swizzle only moves pieces within a row.
+        constexpr int pieces = Tr::block_n * 8;  // per 64-column chunk
+        for (int c = 0; c < Tr::v_dim / 64; ++c) {
+          uint4* const chunk = reinterpret_cast<uint4*>(v_tile + c * Tr::block_n * 128);
+          for (int piece = valid * 8 + lane; piece < pieces; piece += 32) {
+            chunk[piece] = make_uint4(0, 0, 0, 0);
+          }
+        }
+        wgmma::fence_shared_for_async();  // the zeros are visible to wgmma's reads
+        __syncwarp();
+        if (issuer) tma::arrive(&v_full[slot]);
       }
     }
     return;

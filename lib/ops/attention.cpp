@@ -285,11 +285,6 @@ void require_target(std::string_view target, AttentionKernel kernel) {
   }
 }
 
-// Whether the wgmma kernel's 64-column tiles pad `dim` by at most a quarter.
-bool fits_wgmma_tiles(int dim) {
-  return (dim + 63) / 64 * 64 * 4 <= dim * 5;
-}
-
 }  // namespace
 
 AttentionConfig choose(const AttentionProblem& problem, std::string_view target) {
@@ -307,12 +302,12 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
   // Measured on an H100 (bench/RESULTS.md, run 13): the tma kernel runs 0.76-1.05x cuDNN where
-  // the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and the mma kernel 0.65-0.71x (64).
-  // Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of smem at 256 holds only
-  // 64 keys a step, and a third stage gained nothing at 128. Inputs TMA cannot tile (a stride
-  // of 0) run the wgmma kernel on the same tiles (run()).
-  if (target == "sm_90a" && fits_wgmma_tiles(problem.head_dim) &&
-      fits_wgmma_tiles(problem.head_dim_v)) {
+  // the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and the mma kernel 0.65-0.71x (64);
+  // at 80 and 96, padded to 128, it still beats the mma kernel. Below 64 the padding would
+  // double the work: mma. Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of
+  // smem at 256 holds only 64 keys a step, and a third stage gained nothing at 128. Inputs TMA
+  // cannot tile (a stride of 0) run the wgmma kernel on the same tiles (run()).
+  if (target == "sm_90a" && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
     constexpr AttentionKernel tma = AttentionKernel::tma;
     if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
     return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};

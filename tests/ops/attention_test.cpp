@@ -733,6 +733,15 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
 
 constexpr DType kDTypes[] = {DType::bf16, DType::f16};
 
+// `count` bf16 values from a normal distribution, as their bits.
+std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
+  std::vector<std::uint16_t> out;
+  for (double x : kiln::test::random_normal(DType::bf16, count, rng)) {
+    out.push_back(kiln::test::to_bits(DType::bf16, x));
+  }
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][attention]") {
@@ -1123,16 +1132,9 @@ TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA ca
   kiln::Runtime rt(options_for(cache_dir()));
   std::mt19937 rng(13);
   const std::int64_t batch = 2, seqlen = 77, heads = 2, dim = 128;
-  const auto bits = [&](std::size_t count) {
-    std::vector<std::uint16_t> out;
-    for (double x : kiln::test::random_normal(DType::bf16, count, rng)) {
-      out.push_back(kiln::test::to_bits(DType::bf16, x));
-    }
-    return out;
-  };
-  const auto q = bits(batch * seqlen * heads * dim);
+  const auto q = random_bf16(batch * seqlen * heads * dim, rng);
   const auto q_buffer = kiln::test::upload(q);
-  const auto kv_buffer = kiln::test::upload(bits(seqlen * heads * dim));
+  const auto kv_buffer = kiln::test::upload(random_bf16(seqlen * heads * dim, rng));
   DeviceBuffer out_a(q.size() * 2), out_b(q.size() * 2);
   const auto q_view =
       kiln::TensorView::contiguous(q_buffer->get(), DType::bf16, {batch, seqlen, heads, dim});
@@ -1163,4 +1165,103 @@ TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA ca
     return (x & 0x7F80) == 0x7F80 && (x & 0x7F) != 0;
   });
   CHECK(nan == a.end());
+}
+
+// What the keys past a sequence's end hold (rows past seqused_k, or past the last sequence's
+// keys in a varlen buffer larger than cu_seqlens_k says) must not reach the output: every kernel
+// gives the same bits whether those rows are NaN or random numbers.
+TEST_CASE("attention ignores whatever the rows past each sequence's keys hold",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(14);
+  constexpr std::int64_t heads = 2, dim = 128, seqlen_q = 77;
+  for (const bool varlen : {false, true}) {
+    INFO((varlen ? "varlen" : "padded batch with seqused_k"));
+    // Padded: 2 sequences of 203 key rows, using 57 and 150. Varlen: 100 and 80 keys in a
+    // buffer of 250 tokens.
+    const std::int64_t batch = 2, key_rows = varlen ? 250 : 203;
+    const std::vector<int> used = varlen ? std::vector<int>{100, 80} : std::vector<int>{57, 150};
+    const std::int64_t kv_count = (varlen ? 1 : batch) * key_rows * heads * dim;
+    // Whether key row r of sequence b (padded) or token r (varlen) is past every used key.
+    const auto unused = [&](std::int64_t b, std::int64_t r) {
+      return varlen ? r >= used[0] + used[1] : r >= used[static_cast<std::size_t>(b)];
+    };
+    const auto q = random_bf16(static_cast<std::size_t>(batch * seqlen_q * heads * dim), rng);
+    auto k = random_bf16(static_cast<std::size_t>(kv_count), rng);
+    auto v = random_bf16(static_cast<std::size_t>(kv_count), rng);
+    auto k_poisoned = k, v_poisoned = v;
+    for (std::int64_t i = 0; i < kv_count; ++i) {
+      const std::int64_t row = i / (heads * dim) % key_rows, b = i / (heads * dim * key_rows);
+      if (unused(b, row)) k_poisoned[static_cast<std::size_t>(i)] = 0x7FC0;  // bf16 NaN
+      if (unused(b, row)) v_poisoned[static_cast<std::size_t>(i)] = 0x7FC0;
+    }
+    const auto q_buffer = kiln::test::upload(q);
+    const std::vector<int> cu_q{0, seqlen_q, 2 * seqlen_q}, cu_k{0, used[0], used[0] + used[1]};
+    const auto seqused = kiln::test::upload(used);
+    const auto cu_q_buffer = kiln::test::upload(cu_q);
+    const auto cu_k_buffer = kiln::test::upload(cu_k);
+    kiln::AttentionOptions options{.causal = true};
+    kiln::TensorView q_view, kv_view;
+    const auto kv_shape = [&](void* data) {
+      return varlen ? TensorView::contiguous(data, DType::bf16, {key_rows, heads, dim})
+                    : TensorView::contiguous(data, DType::bf16, {batch, key_rows, heads, dim});
+    };
+    if (varlen) {
+      q_view = TensorView::contiguous(q_buffer->get(), DType::bf16, {batch * seqlen_q, heads, dim});
+      options.cu_seqlens_q = TensorView::contiguous(cu_q_buffer->get(), DType::i32, {batch + 1});
+      options.cu_seqlens_k = TensorView::contiguous(cu_k_buffer->get(), DType::i32, {batch + 1});
+      options.max_seqlen_q = static_cast<int>(seqlen_q);
+      options.max_seqlen_k = used[0];
+    } else {
+      q_view = TensorView::contiguous(q_buffer->get(), DType::bf16, {batch, seqlen_q, heads, dim});
+      options.seqused_k = TensorView::contiguous(seqused->get(), DType::i32, {batch});
+    }
+    const kiln::AttentionProblem problem{
+        .dtype = DType::bf16, .head_dim = dim, .head_dim_v = dim, .band = true, .varlen = varlen};
+    std::vector<std::pair<const char*, std::optional<kiln::AttentionConfig>>> configs{
+        {"choose()'s", std::nullopt},
+        {"mma", kiln::AttentionConfig{128, 64, 4, 1}},
+        {"portable", kiln::choose(problem, "gfx90a")}};
+    if (rt.target() == "sm_90a") {
+      configs.push_back({"wgmma", kiln::AttentionConfig{.block_m = 128,
+                                                        .block_n = 128,
+                                                        .stages = 2,
+                                                        .kernel = kiln::AttentionKernel::wgmma}});
+      configs.push_back(
+          {"tma",
+           kiln::AttentionConfig{
+               .block_m = 128, .block_n = 128, .stages = 2, .kernel = kiln::AttentionKernel::tma}});
+    }
+    for (const auto& [name, config] : configs) {
+      INFO(name << " kernel");
+      const auto run = [&](const std::vector<std::uint16_t>& k_bits,
+                           const std::vector<std::uint16_t>& v_bits) {
+        const auto k_buffer = kiln::test::upload(k_bits);
+        const auto v_buffer = kiln::test::upload(v_bits);
+        DeviceBuffer out(q.size() * 2);
+        out.poison();
+        const TensorView out_view =
+            varlen ? TensorView::contiguous(out.get(), DType::bf16, {batch * seqlen_q, heads, dim})
+                   : TensorView::contiguous(out.get(), DType::bf16, {batch, seqlen_q, heads, dim});
+        if (config) {
+          kiln::attention(q_view, kv_shape(k_buffer->get()), kv_shape(v_buffer->get()), out_view,
+                          options, *config, nullptr, rt);
+        } else {
+          kiln::attention(q_view, kv_shape(k_buffer->get()), kv_shape(v_buffer->get()), out_view,
+                          options, nullptr, rt);
+        }
+        kiln::test::sync_and_check();
+        return out.download<std::uint16_t>();
+      };
+      const auto clean = run(k, v);
+      const auto poisoned = run(k_poisoned, v_poisoned);
+      const bool same_bits = clean == poisoned;
+      CHECK(same_bits);
+      const auto nan = std::find_if(poisoned.begin(), poisoned.end(), [](std::uint16_t x) {
+        return (x & 0x7F80) == 0x7F80 && (x & 0x7F) != 0;
+      });
+      CHECK(nan == poisoned.end());
+    }
+  }
 }
