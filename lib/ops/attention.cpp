@@ -395,10 +395,14 @@ int threads_of(const AttentionConfig& c) {
   return c.warps * 32;
 }
 
-// Whether TMA can tile these tensors: every stride but the last a nonzero multiple of 16 bytes
-// below 2^40 (a broadcast input, stride 0, is not one).
+// Whether TMA can tile these tensors: data to point at, no empty dim, and every stride but the
+// last a nonzero multiple of 16 bytes below 2^40 (a broadcast input, stride 0, is not one).
 bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
   for (const TensorView* t : tensors) {
+    if (t->data == nullptr) return false;
+    for (int d = 0; d < t->rank; ++d) {
+      if (t->size(d) == 0) return false;
+    }
     for (int d = 0; d + 1 < t->rank; ++d) {
       const std::int64_t bytes = t->stride(d) * 2;
       if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
@@ -416,11 +420,10 @@ TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool va
   const auto bytes = [&](std::int64_t stride) {
     return static_cast<std::uint64_t>(stride) * 2;  // f16 and bf16
   };
-  // A dim of 0 is no TMA dim; such a tensor is never read (no keys, or no rows).
   layout.dims[0] = static_cast<std::uint64_t>(dim);
-  layout.dims[1] = static_cast<std::uint64_t>(std::max<std::int64_t>(t.size(tokens), 1));
-  layout.dims[2] = static_cast<std::uint64_t>(std::max<std::int64_t>(t.size(h), 1));
-  layout.dims[3] = varlen ? 1 : static_cast<std::uint64_t>(std::max<std::int64_t>(t.size(0), 1));
+  layout.dims[1] = static_cast<std::uint64_t>(t.size(tokens));
+  layout.dims[2] = static_cast<std::uint64_t>(t.size(h));
+  layout.dims[3] = varlen ? 1 : static_cast<std::uint64_t>(t.size(0));
   layout.byte_strides[0] = bytes(t.stride(tokens));
   layout.byte_strides[1] = bytes(t.stride(h));
   layout.byte_strides[2] = varlen ? bytes(t.stride(tokens)) : bytes(t.stride(0));
@@ -451,7 +454,14 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const std::string target = runtime.target();
   if (config) check_config(*config, target);
   AttentionConfig c = config ? *config : choose(checked.problem, target);
-  if (!config && c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
+  if (c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
+    if (config) {
+      unsupported(fmt::format(
+          "the tma kernel cannot tile q {}, k {} and v {}: TMA needs data, no empty dim and "
+          "every stride but the last a nonzero multiple of 16 bytes: use the wgmma kernel "
+          "(AttentionKernel::wgmma), or choose()'s config, which does so itself",
+          q.describe(), k.describe(), v.describe()));
+    }
     c.kernel = AttentionKernel::wgmma;  // the same tiles, loaded without TMA
   }
   const KernelSpec spec = attention_spec(checked.problem, c);
