@@ -239,8 +239,8 @@ class Kiln:
         lib.kiln_merge_states.restype = ctypes.c_int
         lib.kiln_merge_states_many.argtypes = [ptr] * 4 + [stream]
         lib.kiln_merge_states_many.restype = ctypes.c_int
-        lib.kiln_warmup_default.argtypes = [ctypes.c_char_p, ctypes.c_int]
-        lib.kiln_warmup_default.restype = ctypes.c_int
+        lib.kiln_warmup.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
+        lib.kiln_warmup.restype = ctypes.c_int
         lib.kiln_last_error.argtypes = []
         lib.kiln_last_error.restype = ctypes.c_char_p
 
@@ -324,8 +324,8 @@ class Kiln:
         call.args = [call.tensor(x) for x in (v, s, v_out, s_out)]
         call()
 
-    def warmup_default(self, target=None, threads=0):
-        self.check(self.lib.kiln_warmup_default(target.encode() if target else None, threads))
+    def warmup_default(self, target=None, threads=0, device=0):
+        self.check(self.lib.kiln_warmup(device, target.encode() if target else None, threads))
 
 
 class BoundCall:

@@ -444,9 +444,9 @@ kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const D
   });
 }
 
-kiln_status kiln_warmup_default(const char* target, int threads) {
+kiln_status kiln_warmup(int device, const char* target, int threads) {
   return kiln::guarded([&] {
-    kiln::Runtime& runtime = kiln::default_runtime();
+    kiln::Runtime& runtime = kiln::default_runtime(device);
     const std::string chosen = target ? std::string(target) : runtime.target();
     const auto report = runtime.warmup(kiln::default_specs(chosen), {.threads = threads});
     for (const kiln::WarmupItem& item : report.items) {
@@ -456,6 +456,10 @@ kiln_status kiln_warmup_default(const char* target, int threads) {
       }
     }
   });
+}
+
+kiln_status kiln_warmup_default(const char* target, int threads) {
+  return kiln_warmup(0, target, threads);
 }
 
 const char* kiln_last_error(void) {

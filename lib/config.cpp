@@ -65,7 +65,7 @@ std::string knob_name(Knob knob) {
     switch (knob) {
       case Knob::backend: return {"Options::backend", "", "--backend", "KILN_BACKEND"};
       case Knob::target:
-        return {"Options::target", "kiln_warmup_default's target argument", "--target",
+        return {"Options::target", "kiln_warmup's target argument", "--target",
                 "KILN_TARGET"};
       case Knob::kernels_dir:
         return {"Options::kernels_dir", "", "--kernels-dir", "KILN_KERNELS_DIR"};
@@ -74,11 +74,11 @@ std::string knob_name(Knob knob) {
                 "CUDA_VISIBLE_DEVICES (kiln uses the first visible device)", ""};
       case Knob::debug: return {"Options::debug", "", "", "KILN_DEBUG"};
       case Knob::warmup:
-        return {"Runtime::warmup or `kiln warm`", "kiln_warmup_default or `kiln warm`",
+        return {"Runtime::warmup or `kiln warm`", "kiln_warmup or `kiln warm`",
                 "`kiln warm`", ""};
       case Knob::compile_only:
         return {"Runtime::compile or `kiln warm --target`",
-                "kiln_warmup_default's target argument or `kiln warm --target`",
+                "kiln_warmup's target argument or `kiln warm --target`",
                 "`kiln warm --target`", ""};
     }
     return {};

@@ -139,10 +139,14 @@ kiln_status kiln_merge_states(const DLTensor* v_a, const DLTensor* s_a, const DL
 kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const DLTensor* v_out,
                                    const DLTensor* s_out, void* stream);
 
-/* Compiles (or finds in the cache) the default kernel set for device 0, or for `target`
- * ("sm_90a", "gfx90a") when it is not NULL; threads 0 means one per hardware thread. Kernels for
- * device 0's target are loaded on device 0's runtime as well; the runtimes of other devices find
- * them in the disk cache on their first call. */
+/* Compiles (or finds in the cache) the default kernel set for device `device` (the DLPack device
+ * id of the tensors it will run on: a process per GPU passes its own, as with torch's
+ * cuda:<rank>), or for `target` ("sm_90a", "gfx90a") when it is not NULL; threads 0 means one per
+ * hardware thread. Kernels for that device's target are loaded on its runtime as well; the
+ * runtimes of other devices find them in the disk cache on their first call. */
+kiln_status kiln_warmup(int device, const char* target, int threads);
+
+/* kiln_warmup on device 0. */
 kiln_status kiln_warmup_default(const char* target, int threads);
 
 /* This thread's message for the last failed call; "" when none failed. Valid until the next

@@ -323,6 +323,7 @@ TEST_CASE("the C API's messages on malformed tensors say what is wrong and the f
 
 TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal is an error",
           "[gpu][capi]") {
+  KILN_REQUIRE_GPU();
   ReferenceProblem p;
   p.dtype = DType::bf16;
   p.heads = p.heads_kv = 2;
@@ -363,6 +364,23 @@ TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal
   for (Tensor* t : {&call.q, &call.k, &call.v, &call.out}) t->set_device(kDLCUDA, count);
   check_status(call.run(), KILN_ERROR_NOT_FOUND,
                {("there is no cuda device " + std::to_string(count)).c_str()});
+}
+
+TEST_CASE("kiln_warmup warms the runtime of the device it is given", "[capi]") {
+  // No GPU here, so each call stops where it needs the device's target: the message names the
+  // device whose runtime it reached.
+  if (default_runtime(0).info().target.empty()) {
+    for (const int device : {0, 3}) {
+      check_status(kiln_warmup(device, nullptr, 1), KILN_ERROR_NOT_FOUND,
+                   {("device " + std::to_string(device)).c_str(), "kiln_warmup's target argument"});
+    }
+    check_status(kiln_warmup_default(nullptr, 1), KILN_ERROR_NOT_FOUND, {"device 0"});
+  }
+  check_status(
+      kiln_warmup(kMaxDefaultRuntimes, "sm_90a", 1), KILN_ERROR_INVALID_ARGUMENT,
+      {("device " + std::to_string(kMaxDefaultRuntimes) + " has no process-wide runtime").c_str()});
+  check_status(kiln_warmup(-1, "sm_90a", 1), KILN_ERROR_INVALID_ARGUMENT,
+               {"device -1 has no process-wide runtime"});
 }
 
 }  // namespace

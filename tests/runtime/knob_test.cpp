@@ -32,7 +32,7 @@ TEST_CASE("each interface names its own knobs, and the variables are common", "[
     CHECK(knob_name(Knob::compile_only) == "`kiln warm --target`");
     {
       const InterfaceScope c(Interface::c);
-      CHECK(knob_name(Knob::target) == "kiln_warmup_default's target argument or KILN_TARGET");
+      CHECK(knob_name(Knob::target) == "kiln_warmup's target argument or KILN_TARGET");
       CHECK(knob_name(Knob::backend) == "KILN_BACKEND");
       CHECK(knob_name(Knob::device) == "the tensors' DLPack device_id");
     }
@@ -86,7 +86,7 @@ TEST_CASE("no device and no target: the root cause first, then the caller's knob
   CHECK(contains(message, "give Options::target or KILN_TARGET (e.g. sm_90a"));
   {
     const InterfaceScope c(Interface::c);
-    CHECK(contains(target_error(), "give kiln_warmup_default's target argument or KILN_TARGET"));
+    CHECK(contains(target_error(), "give kiln_warmup's target argument or KILN_TARGET"));
   }
   const InterfaceScope cli(Interface::cli);
   CHECK(contains(target_error(), "give --target or KILN_TARGET"));
