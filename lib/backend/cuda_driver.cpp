@@ -43,7 +43,6 @@ constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
 constexpr int CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
 constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
-constexpr int CU_TENSOR_MAP_SWIZZLE_NONE = 0;
 constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
 constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
 constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;
@@ -388,8 +387,8 @@ class CudaDriver final : public Driver {
                                    : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
         static_cast<unsigned>(layout.rank), const_cast<void*>(layout.data), layout.dims,
         layout.byte_strides, layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        layout.swizzle_128b ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_NONE,
-        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (result != CUDA_SUCCESS) {
       throw Error(ErrorCategory::unsupported,
                   api_->failure(result, "cuTensorMapEncodeTiled") +
