@@ -101,10 +101,10 @@ __device__ __forceinline__ void probability_fragment(unsigned (&a)[4],
   a[3] = mma::pack2<T>(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
 }
 
-// Columns 64 c .. 64 c + 63 of a warpgroup accumulator held as n8 tiles.
+// A warpgroup accumulator held as n8 tiles, as the flat array one wide wgmma writes.
 template <int Tiles>
-__device__ __forceinline__ float (&columns64(float (&acc)[1][Tiles][4], int c))[32] {
-  return *reinterpret_cast<float(*)[32]>(&acc[0][8 * c][0]);
+__device__ __forceinline__ float (&all_columns(float (&acc)[1][Tiles][4]))[4 * Tiles] {
+  return *reinterpret_cast<float(*)[4 * Tiles]>(&acc[0][0][0]);
 }
 
 // Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile) and the K tile at
@@ -116,14 +116,11 @@ __device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsi
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
-    const unsigned k_offset = (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32;
     const unsigned long long a =
         wgmma::descriptor(q_rows + (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32, 0, 1024);
-#pragma unroll
-    for (int c = 0; c < Tr::block_n / 64; ++c) {
-      const unsigned long long b = wgmma::descriptor(k_tile + k_offset + c * 64 * 128, 0, 1024);
-      wgmma::mma_ss<typename Tr::T, false>(columns64(s, c), a, b, kk > 0);
-    }
+    const unsigned long long b =
+        wgmma::descriptor(k_tile + (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32, 0, 1024);
+    wgmma::mma_ss<typename Tr::T, false, Tr::block_n>(all_columns(s), a, b, kk > 0);
   }
   wgmma::commit();
 }
@@ -138,12 +135,8 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
   wgmma::fence();
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-#pragma unroll
-    for (int c = 0; c < Tr::v_dim / 64; ++c) {
-      const unsigned long long b = wgmma::descriptor(v_tile + c * Tr::block_n * 128 + kk * 16 * 128,
-                                                     Tr::block_n * 128, 1024);
-      wgmma::mma_rs<typename Tr::T, true>(columns64(o, c), a[kk], b, true);
-    }
+    const unsigned long long b = wgmma::descriptor(v_tile + kk * 16 * 128, Tr::block_n * 128, 1024);
+    wgmma::mma_rs<typename Tr::T, true, Tr::v_dim>(all_columns(o), a[kk], b, true);
   }
   wgmma::commit();
 }
@@ -160,8 +153,7 @@ __device__ __forceinline__ void zero_columns(float (&acc)[1][Tiles][4]) {
 // Keeps the compiler from touching an accumulator before the wait that completes it.
 template <int Tiles>
 __device__ __forceinline__ void pin_columns(float (&acc)[1][Tiles][4]) {
-#pragma unroll
-  for (int c = 0; c < Tiles / 8; ++c) wgmma::pin(columns64(acc, c));
+  wgmma::pin(all_columns(acc));
 }
 
 // The probabilities of every key of a block as PV's A fragments.

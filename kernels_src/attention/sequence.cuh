@@ -53,20 +53,24 @@ __device__ __forceinline__ Sequence locate_sequence(const AttentionParams& p, in
   return s;
 }
 
-// The query rows [begin, end) of `seq` that this CTA's row block (blockIdx.x) covers; empty
-// (begin >= end) when the block lies past the sequence's end. Row blocks run last-first: under a
-// causal band the late ones have the most keys, and starting them first keeps the tail of the
-// grid short.
+// The query rows [begin, end) of `seq` that a row block covers; empty (begin >= end) when the
+// block lies past the sequence's end.
 struct RowBlock {
   int begin;
   int end;
 };
 
 template <int BlockM>
-__device__ __forceinline__ RowBlock cta_row_block(const Sequence& seq) {
-  const int m_block = static_cast<int>(gridDim.x - 1 - blockIdx.x);
+__device__ __forceinline__ RowBlock row_block(const Sequence& seq, int m_block) {
   const int begin = m_block * BlockM;
   return {begin, min(begin + BlockM, seq.seqlen_q)};
+}
+
+// This CTA's row block (blockIdx.x). Row blocks run last-first: under a causal band the late ones
+// have the most keys, and starting them first keeps the tail of the grid short.
+template <int BlockM>
+__device__ __forceinline__ RowBlock cta_row_block(const Sequence& seq) {
+  return row_block<BlockM>(seq, static_cast<int>(gridDim.x - 1 - blockIdx.x));
 }
 
 }  // namespace kiln::attention

@@ -66,6 +66,28 @@ __device__ __forceinline__ void prefetch_map(const void* map) {
                : "memory");
 }
 
+// Starts copying `bytes` (a multiple of 16) from shared address `source` to `destination` in
+// global memory, both 16-byte aligned, in this thread's current bulk group; the copy reads shared
+// memory through the async proxy, so writes to it must be fenced first (fence_shared_for_async).
+__device__ __forceinline__ void store_bulk(void* destination, unsigned source, unsigned bytes) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(destination),
+               "r"(source), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void commit_bulk() {
+  asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+// Waits until this thread's bulk groups but the Pending newest are done reading shared memory
+// (wait_bulk_read), or done (wait_bulk).
+template <int Pending>
+__device__ __forceinline__ void wait_bulk_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(Pending) : "memory");
+}
+template <int Pending>
+__device__ __forceinline__ void wait_bulk() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
+}
+
 // Gives this warpgroup's registers back to the CTA's pool, or takes more from it: every warp of
 // the warpgroup runs the same one, and the counts of all warpgroups must fit the register file.
 template <int Registers>

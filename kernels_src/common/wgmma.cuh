@@ -1,4 +1,4 @@
-// PTX wrappers for Hopper's warpgroup MMA (sm_90a): wgmma.mma_async m64n64k16 with fp32
+// PTX wrappers for Hopper's warpgroup MMA (sm_90a): wgmma.mma_async m64nNk16 with fp32
 // accumulators, its fences and groups, and the shared-memory matrix descriptors of the
 // 128-byte-swizzled tiles it reads.
 //
@@ -57,62 +57,125 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
   for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
-#define KILN_WGMMA_D32                                                                          \
+// An m64nNk16 accumulator, N / 2 floats per thread: its registers as PTX operands %0.. and the
+// bindings of d[0 .. N / 2) to them.
+#define KILN_WGMMA_R32                                                                          \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
-#define KILN_WGMMA_D32_OPERANDS(d)                                                                \
-  "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), \
-      "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]),    \
-      "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]),  \
-      "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]),  \
-      "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-#define KILN_WGMMA_SS(type)                                                          \
-  asm volatile(                                                                      \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                                   \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." type "." type " " KILN_WGMMA_D32 \
-      ", %32, %33, p, 1, 1, 0, %35;\n}\n"                                            \
-      : KILN_WGMMA_D32_OPERANDS(d)                                                   \
-      : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
-#define KILN_WGMMA_RS(type)                                                                    \
-  asm volatile(                                                                                \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                                             \
-      "wgmma.mma_async.sync.aligned.m64n64k16.f32." type "." type " " KILN_WGMMA_D32           \
-      ", {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"                                        \
-      : KILN_WGMMA_D32_OPERANDS(d)                                                             \
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(static_cast<int>(accumulate)), \
-        "n"(TransposeB ? 1 : 0))
+#define KILN_WGMMA_R64                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define KILN_WGMMA_R96                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "  \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "  \
+  "%92, %93, %94, %95}"
+#define KILN_WGMMA_R128                                                                            \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "    \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "     \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "     \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "     \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, "     \
+  "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, " \
+  "%109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, "     \
+  "%124, %125, %126, %127}"
+#define KILN_WGMMA_F8(i)                                                                \
+  "+f"(d[(i)]), "+f"(d[(i) + 1]), "+f"(d[(i) + 2]), "+f"(d[(i) + 3]), "+f"(d[(i) + 4]), \
+      "+f"(d[(i) + 5]), "+f"(d[(i) + 6]), "+f"(d[(i) + 7])
+#define KILN_WGMMA_F32(i) \
+  KILN_WGMMA_F8(i), KILN_WGMMA_F8((i) + 8), KILN_WGMMA_F8((i) + 16), KILN_WGMMA_F8((i) + 24)
+#define KILN_WGMMA_F64 KILN_WGMMA_F32(0), KILN_WGMMA_F32(32)
+#define KILN_WGMMA_F96 KILN_WGMMA_F64, KILN_WGMMA_F32(64)
+#define KILN_WGMMA_F128 KILN_WGMMA_F96, KILN_WGMMA_F32(96)
 
-// d (+)= A * B for a 64x16 A and a 16x64 B, both from shared memory (descriptors a and b);
-// accumulate false overwrites d. Thread t of the warpgroup holds, with w = t / 32,
-// g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e), d[4j + 2 + e] =
-// D(16w + g + 8, 8j + 2q + e), the mma.sync m16n8 accumulator layout per warp.
-template <class T, bool TransposeB>
-__device__ __forceinline__ void mma_ss(float (&d)[32], unsigned long long a, unsigned long long b,
-                                       bool accumulate) {
-  if constexpr (is_same<T, f16>::value) {
-    KILN_WGMMA_SS("f16");
+// The operands after the accumulator's f: for A in shared memory a, b, accumulate, TransposeB;
+// for A in registers a[0..3], then the same.
+#define KILN_WGMMA_SS(type, n, f, a_, b_, p_, t_)                                                  \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #p_                                            \
+               ", 0;\n"                                                                            \
+               "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." type "." type " " KILN_WGMMA_R##f \
+               ", %" #a_ ", %" #b_ ", p, 1, 1, 0, %" #t_ ";\n}\n"                                  \
+               : KILN_WGMMA_F_##f                                                                  \
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
+#define KILN_WGMMA_RS(type, n, f, a0, a1, a2, a3, b_, p_, t_)                                      \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #p_                                            \
+               ", 0;\n"                                                                            \
+               "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." type "." type " " KILN_WGMMA_R##f \
+               ", {%" #a0 ", %" #a1 ", %" #a2 ", %" #a3 "}, %" #b_ ", p, 1, 1, %" #t_ ";\n}\n"     \
+               : KILN_WGMMA_F_##f                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),                               \
+                 "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
+#define KILN_WGMMA_F_32 KILN_WGMMA_F32(0)
+#define KILN_WGMMA_F_64 KILN_WGMMA_F64
+#define KILN_WGMMA_F_96 KILN_WGMMA_F96
+#define KILN_WGMMA_F_128 KILN_WGMMA_F128
+#define KILN_WGMMA_TYPED(op, ...)         \
+  if constexpr (is_same<T, f16>::value) { \
+    op("f16", __VA_ARGS__);               \
+  } else {                                \
+    op("bf16", __VA_ARGS__);              \
+  }
+
+// d (+)= A * B for a 64x16 A and a 16xN B (N 64, 128, 192 or 256), both from shared memory
+// (descriptors a and b); accumulate false overwrites d. Thread t of the warpgroup holds, with
+// w = t / 32, g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e),
+// d[4j + 2 + e] = D(16w + g + 8, 8j + 2q + e), the mma.sync m16n8 accumulator layout per warp,
+// so n8 tiles j of one wide product are those of narrower ones side by side.
+template <class T, bool TransposeB, int N>
+__device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
+                                       unsigned long long b, bool accumulate) {
+  static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
+                "wgmma takes f16 or bf16 operands.");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N must be 64, 128, 192 or 256.");
+  if constexpr (N == 64) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 64, 32, 32, 33, 34, 35)
+  } else if constexpr (N == 128) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 128, 64, 64, 65, 66, 67)
+  } else if constexpr (N == 192) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 192, 96, 96, 97, 98, 99)
   } else {
-    static_assert(is_same<T, bf16>::value, "wgmma takes f16 or bf16 operands.");
-    KILN_WGMMA_SS("bf16");
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 256, 128, 128, 129, 130, 131)
   }
 }
 
 // As mma_ss with A from registers, in mma.sync's m16n8k16 A-fragment layout per warp (rows
 // 16w..16w + 15 of the 64).
-template <class T, bool TransposeB>
-__device__ __forceinline__ void mma_rs(float (&d)[32], const unsigned (&a)[4], unsigned long long b,
-                                       bool accumulate) {
-  if constexpr (is_same<T, f16>::value) {
-    KILN_WGMMA_RS("f16");
+template <class T, bool TransposeB, int N>
+__device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[4],
+                                       unsigned long long b, bool accumulate) {
+  static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
+                "wgmma takes f16 or bf16 operands.");
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N must be 64, 128, 192 or 256.");
+  if constexpr (N == 64) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_RS, 64, 32, 32, 33, 34, 35, 36, 37, 38)
+  } else if constexpr (N == 128) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_RS, 128, 64, 64, 65, 66, 67, 68, 69, 70)
+  } else if constexpr (N == 192) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_RS, 192, 96, 96, 97, 98, 99, 100, 101, 102)
   } else {
-    static_assert(is_same<T, bf16>::value, "wgmma takes f16 or bf16 operands.");
-    KILN_WGMMA_RS("bf16");
+    KILN_WGMMA_TYPED(KILN_WGMMA_RS, 256, 128, 128, 129, 130, 131, 132, 133, 134)
   }
 }
 
+#undef KILN_WGMMA_TYPED
 #undef KILN_WGMMA_RS
 #undef KILN_WGMMA_SS
-#undef KILN_WGMMA_D32_OPERANDS
-#undef KILN_WGMMA_D32
+#undef KILN_WGMMA_F_128
+#undef KILN_WGMMA_F_96
+#undef KILN_WGMMA_F_64
+#undef KILN_WGMMA_F_32
+#undef KILN_WGMMA_F128
+#undef KILN_WGMMA_F96
+#undef KILN_WGMMA_F64
+#undef KILN_WGMMA_F32
+#undef KILN_WGMMA_F8
+#undef KILN_WGMMA_R128
+#undef KILN_WGMMA_R96
+#undef KILN_WGMMA_R64
+#undef KILN_WGMMA_R32
 
 }  // namespace kiln::wgmma

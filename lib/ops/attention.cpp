@@ -1,8 +1,10 @@
 // Forward attention: validate -> problem -> choose -> spec -> params -> launch.
 #include "kiln/attention.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 
 #include <fmt/format.h>
 
@@ -435,13 +437,28 @@ TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool va
   return map;
 }
 
+// How many (batch, head) pairs the tma kernel's persistent CTAs work through together: as many
+// as keep their K and V in 4 MiB of L2, for the CTAs at work at once read the same keys (on an
+// H100, 16 MiB read K and V from memory twice as often). Scheduling only: results do not depend
+// on it.
+int section_pairs_of(const Shape& s) {
+  constexpr std::int64_t kL2Bytes = 4 << 20;
+  const std::int64_t kv_bytes = std::max<std::int64_t>(s.seqlen_k, 1) *
+                                (s.head_dim + s.head_dim_v) * 2 /
+                                (s.heads / s.heads_kv);  // per query head, f16 and bf16
+  return static_cast<int>(std::clamp<std::int64_t>(kL2Bytes / kv_bytes, 1, s.heads * s.batch));
+}
+
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
                                  const TensorView& k, const TensorView& v, const AttentionConfig& c,
-                                 const Shape& s, Runtime& runtime) {
+                                 const Shape& s, unsigned* tile_counter, int section_pairs,
+                                 Runtime& runtime) {
   return {.q_map = tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
           .k_map = tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
           .v_map = tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
-          .p = params};
+          .p = params,
+          .maybe_tile_counter = tile_counter,
+          .section_pairs = section_pairs};
 }
 
 // Runs a call with `config`, or with choose()'s when there is none.
@@ -467,18 +484,29 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const KernelSpec spec = attention_spec(checked.problem, c);
   const Kernel kernel = runtime.kernel(spec, stream);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
-  const LaunchConfig launch{
+  LaunchConfig launch{
       .grid = {static_cast<std::uint32_t>(row_blocks), static_cast<std::uint32_t>(s.heads),
                static_cast<std::uint32_t>(s.batch)},
       .block = {static_cast<std::uint32_t>(threads_of(c))},
       .shared_bytes = static_cast<std::uint32_t>(*detail::dynamic_shared_bytes(spec)),
       .stream = stream};
   const AttentionParams params = params_of(q, k, v, out, options, s);
-  if (c.kernel == AttentionKernel::tma) {
-    kernel.launch(launch, tma_params_of(params, q, k, v, c, s, runtime));
-  } else {
+  if (c.kernel != AttentionKernel::tma) {
     kernel.launch(launch, params);
+    return;
   }
+  // Persistent (see attention_forward_tma_persistent): a CTA per SM (one fits), taking tiles
+  // from a counter the stream keeps zero; otherwise a CTA per tile.
+  const std::int64_t tiles = row_blocks * s.heads * s.batch;
+  const bool persistent =
+      attention_forward_tma_persistent(s.head_dim, s.head_dim_v, c.block_m, c.block_n, c.stages);
+  launch.grid = {static_cast<std::uint32_t>(
+      persistent ? std::min<std::int64_t>(tiles, std::max(runtime.device_info().multiprocessors, 1))
+                 : tiles)};
+  const std::shared_ptr<void> counter =
+      persistent ? runtime.stream_zeros(2 * sizeof(unsigned), stream) : nullptr;
+  kernel.launch(launch, tma_params_of(params, q, k, v, c, s, static_cast<unsigned*>(counter.get()),
+                                      persistent ? section_pairs_of(s) : 1, runtime));
 }
 
 }  // namespace

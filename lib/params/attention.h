@@ -87,11 +87,16 @@ struct alignas(64) TensorMap {
 // q, k and v, each 4-d (head_dim, tokens, heads, batch), innermost first, with 128-byte-swizzled
 // boxes of 64 columns by block_m (q) or block_n (k, v) rows. Varlen puts every sequence in the
 // token dim of one batch (tokens start at cu_seqlens); padded batches index the batch dim.
+// The persistent grid's scheduling (neither changes results): maybe_tile_counter, two words that
+// are zero at launch and that the kernel leaves zero (null: tiles are dealt round-robin), and
+// section_pairs, how many (batch, head) pairs' tiles are taken together (at least 1).
 struct AttentionTmaParams {
   TensorMap q_map;
   TensorMap k_map;
   TensorMap v_map;
   AttentionParams p;
+  unsigned* maybe_tile_counter;
+  int section_pairs;
 };
 
 // Dynamic shared memory of attention_forward for a spec, in bytes; host and kernel share it.
@@ -126,6 +131,36 @@ KILN_PARAMS_FN constexpr long long attention_forward_wgmma_smem_bytes(long long 
   const long long tiles = block_m * qk_dim + stages * block_n * (qk_dim + v_dim);
   const long long staging = block_m * (v_dim + 8);
   return 1024 + 2 * (tiles > staging ? tiles : staging);
+}
+
+// Whether attention_forward_tma runs persistent (a CTA per SM taking tile after tile): where a
+// tile of its own to stage the output in (block_m rows of head_dim_v rounded to 64, plus 8) fits
+// in 227 KiB beside the tiles of attention_forward_wgmma, so that a tile's output is copied out
+// while the next tile computes. Otherwise a CTA takes one tile and stages its output in the
+// tiles' memory once done with them.
+KILN_PARAMS_FN constexpr bool attention_forward_tma_persistent(long long head_dim,
+                                                               long long head_dim_v,
+                                                               long long block_m, long long block_n,
+                                                               long long stages) {
+  const long long qk_dim = (head_dim + 63) / 64 * 64;
+  const long long v_dim = (head_dim_v + 63) / 64 * 64;
+  const long long tiles = block_m * qk_dim + stages * block_n * (qk_dim + v_dim);
+  return 1024 + 2 * (tiles + block_m * (v_dim + 8)) <= 227 * 1024;
+}
+
+// Dynamic shared memory of attention_forward_tma: attention_forward_wgmma's, plus the staging
+// tile when persistent.
+KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(long long head_dim,
+                                                                    long long head_dim_v,
+                                                                    long long block_m,
+                                                                    long long block_n,
+                                                                    long long stages) {
+  const long long tiles =
+      attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages);
+  if (!attention_forward_tma_persistent(head_dim, head_dim_v, block_m, block_n, stages)) {
+    return tiles;
+  }
+  return tiles + 2 * block_m * ((head_dim_v + 63) / 64 * 64 + 8);
 }
 
 // Dynamic shared memory of attention_forward_portable, in bytes: one K and one V tile of block_n

@@ -88,7 +88,11 @@ constexpr KernelSchema kKernels[] = {
     {"kiln::attention_forward_wgmma", "kiln::AttentionParams", kAttentionForwardWgmma,
      wgmma_shared_bytes},
     {"kiln::attention_forward_tma", "kiln::AttentionTmaParams", kAttentionForwardWgmma,
-     wgmma_shared_bytes},
+     [](const KernelSpec& s) {
+       return attention_forward_tma_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
+                                               integer(s, "block_m"), integer(s, "block_n"),
+                                               integer(s, "stages"));
+     }},
     {"kiln::attention_forward_portable", "kiln::AttentionParams", kAttentionForwardPortable,
      [](const KernelSpec& s) {
        return attention_forward_portable_smem_bytes(

@@ -71,14 +71,9 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
-    // The tma kernel at head dim 256 spills 116 bytes with NVRTC 13.0 (its consumers' code is
-    // held to the 168 registers a 384-thread CTA gets per thread: a 64 x 256 fp32 accumulator
-    // is 128 of them) and still runs 1.2-1.3x the wgmma kernel, which does not spill; anything
-    // else is held to 32 bytes (24 seen at head dim 64 with a band). More is a regression worth
-    // a look.
-    const bool tma_256 = spec.entry == "kiln::attention_forward_tma" &&
-                         info.spec.find("head_dim=256") != std::string::npos;
-    CHECK(info.spill_bytes <= (tma_256 ? 128 : 32));
+    // None spills with NVRTC 13.0 (the tma kernel's producer needs its 32 registers); up to 32
+    // bytes are let pass, more is a regression worth a look.
+    CHECK(info.spill_bytes <= 32);
   }
 }
 
