@@ -8,8 +8,8 @@ allocating on the CPU and with torch's CUDA caching allocator, measured apart on
 
     KILN_LIB=build/lib/libkiln.so PYTHONPATH=python python python/bench_host.py
 
-Measured here (2-core VM, Python 3.11, torch 2.15, us per call, median of 7 runs):
-  see the numbers committed in the report of issue 16 and in kiln._capi's docstring.
+Times are this thread's CPU time (time.thread_time), median of 7 runs of 20000 calls; the
+numbers and the choice of ctypes they support are in kiln/_capi.py's docstring.
 """
 import statistics
 import sys
@@ -76,6 +76,11 @@ def main():
     row("  through the dispatcher: torch.ops.kiln.attention_with_kvcache",
         lambda: ops.attention_with_kvcache(*args))
     row("  ctypes call overhead alone: kiln_version()", _capi.lib.kiln_version)
+    row("  packing one tensor (kiln.ops._tensor)", lambda: ops._tensor(0, q, "q"))
+    # What a compiled extension would pay per tensor instead: nanobind's nb::ndarray caster
+    # (nanobind 3.1, src/nb_ndarray.cpp) imports a torch tensor by calling its __dlpack__.
+    row("  a nanobind extension's import of one tensor: q.__dlpack__(max_version=(1, 0))",
+        lambda: q.__dlpack__(max_version=(1, 0)))
     row("torch.empty_like(q) (CPU; the CUDA caching allocator costs more)",
         lambda: torch.empty_like(q))
     ops.eager = plain_eager

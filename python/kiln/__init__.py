@@ -21,7 +21,13 @@ __all__ = ["KilnError", "KilnValueError", "__version__", *_TORCH_NAMES]
 
 def __getattr__(name):
     if name in _TORCH_NAMES:
-        from . import interface
+        try:
+            from . import interface
+        except ModuleNotFoundError as e:
+            if e.name != "torch":
+                raise
+            raise ImportError(f"kiln.{name} needs PyTorch, which is not installed: "
+                              f"pip install 'torch>=2.4'") from e
         value = getattr(interface, name)
         globals()[name] = value
         return value

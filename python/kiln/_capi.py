@@ -1,12 +1,16 @@
 """kiln's C API (include/kiln/kiln.h) through ctypes: the loaded libkiln, its structs' layouts and
 a per-thread scratch block into which each call packs its DLTensors and options.
 
-Why ctypes and not a compiled extension: libkiln links neither torch nor CUDA, so a wheel with no
-extension module serves every Python, torch and CUDA version; and the host cost measured by
-python/tests/bench_host.py (CPU, torch 2.15, Python 3.11) is small next to the 10 us budget of a
-call: packing q, k, v, out and the options with struct.pack_into and calling kiln_attention costs
-about 3 us, of which the ctypes call itself is 0.6 us (see the numbers in that file's docstring).
-Filling ctypes.Structure fields one by one, as bench/kiln_ctypes.py does, costs 4 to 5 times more.
+Why ctypes and not a compiled extension (nanobind): measured with python/bench_host.py (CPU
+thread time on a loaded 2-core VM, Python 3.11, torch 2.15), describing one torch tensor to
+kiln costs 1.1 us here (reading data_ptr, shape, stride, device and dtype from torch, 0.45 us of
+it, and one struct.pack_into), while nanobind's nb::ndarray caster imports a torch tensor
+through its __dlpack__ method, 2.3 us alone; a ctypes call costs 0.1 us. A decode step with an
+append (7 tensors) costs 16 us from the Python call to kiln's return here, 12 us without the
+append, 11.5 us for flash_attn_func; through torch's dispatcher (a custom op) it would be 28 us,
+so eager calls skip it (kiln.ops). And libkiln links neither torch nor CUDA: a wheel with no
+extension module serves every Python, torch and CUDA version, which a compiled extension
+bound to torch's C++ ABI (the only way below torch's Python-level attribute costs) would not.
 
 Nothing here imports torch: tensors arrive as (data, device_type, device_id, dtype code, bits,
 shape, strides), so the C layout can be tested and used without it.
@@ -140,7 +144,8 @@ _SCRATCH_SIZE = _CACHE_AT + KVCACHE.size
 class Scratch(threading.local):
     """This thread's block for one call's structs: kiln reads them during the call only, so each
     call reuses it, and no Python object per tensor is made. slots[i]: (offset, address, sizes'
-    address, strides' address) of tensor slot i."""
+    address, strides' address) of tensor slot i (0 to MAX_TENSORS - 1), which
+    TENSOR_PACKERS[rank] fill (kiln.ops._tensor)."""
 
     def __init__(self):
         self.buffer = ctypes.create_string_buffer(_SCRATCH_SIZE)
@@ -155,16 +160,6 @@ class Scratch(threading.local):
 
 
 scratch = Scratch()
-
-
-def pack_tensor(slot, data, device_type, device_id, code, bits, shape, strides):
-    """Writes a DLTensor into this thread's slot `slot` (0 to MAX_TENSORS - 1) and returns its
-    address. data points at element 0 (byte_offset 0); strides count elements."""
-    s = scratch
-    offset, address, sizes, strides_at = s.slots[slot]
-    TENSOR_PACKERS[len(shape)](s.buffer, offset, data, device_type, device_id, len(shape), code,
-                               bits, 1, sizes, strides_at, 0, *shape, *strides)
-    return address
 
 
 def pack_options(size, scale, causal, window_left, window_right, top_left, softcap, alibi,

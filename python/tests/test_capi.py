@@ -54,14 +54,19 @@ def test_packed_dltensor_has_the_c_layout():
     assert _capi.DLTENSOR.size == ctypes.sizeof(_capi.DLTensor)
 
 
-def test_a_packed_tensor_reads_back_as_the_dltensor_kiln_gets():
-    address = _capi.pack_tensor(3, 0x1230, _capi.KDL_CUDA, 5, _capi.KDL_BFLOAT, 16,
-                                (2, 7, 3), (100, 10, 1))
-    t = _capi.DLTensor.from_address(address)
-    assert (t.data, t.device.device_type, t.device.device_id, t.ndim) == (0x1230, 2, 5, 3)
-    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes, t.byte_offset) == (4, 16, 1, 0)
-    assert [t.shape[i] for i in range(3)] == [2, 7, 3]
-    assert [t.strides[i] for i in range(3)] == [100, 10, 1]
+def test_a_packed_tensor_reads_back_as_the_dltensor_kiln_gets(as_gpu):
+    import torch
+
+    from kiln import ops
+    base = torch.empty(4, 8, 6, dtype=torch.bfloat16)
+    view = base[1:3, ::2, 1:4]  # offset, strided
+    t = _capi.DLTensor.from_address(ops._tensor(3, view, "view"))
+    assert (t.data, t.device.device_type, t.device.device_id, t.ndim) == (
+        view.data_ptr(), ops._GPU, 0, 3)
+    assert (t.dtype.code, t.dtype.bits, t.dtype.lanes, t.byte_offset) == (
+        _capi.KDL_BFLOAT, 16, 1, 0)
+    assert [t.shape[i] for i in range(3)] == [2, 4, 3]
+    assert [t.strides[i] for i in range(3)] == [48, 12, 1]
 
 
 @pytest.mark.parametrize("ctype, init", [
