@@ -7,8 +7,7 @@ the Python calls (kiln.interface) allocate the outputs, which torch.compile trac
 allocation, and shape inference is theirs. No op reads a tensor's values on the host.
 
 Eager calls on plain CUDA tensors skip the dispatcher and call the implementation directly: the
-dispatcher costs 14 to 16 us a call (python/tests/bench_host.py), more than the whole budget of a
-call. Anything else (torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU
+dispatcher adds about 16 us a call (python/bench_host.py), more than a call's whole budget. Anything else (torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU
 tensors) goes through the op.
 
 No autograd yet: torch refuses an autograd formula for an op that mutates its arguments, so
@@ -82,15 +81,15 @@ def _stream(t):
     return _raw_stream(device) if device >= 0 else _NULL
 
 
-def _check(status, what):
+def _check(status):
     """Raises kiln's error for a nonzero status; during CUDA graph capture, a missing kernel
     (kiln cannot load one while a stream captures) gets the Python fix."""
     if not status:
         return
     message = _capi.last_error()
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
-        message += (f" [kiln.{what} during CUDA graph capture: call kiln.warmup(device) or run "
-                    f"the same call once before capturing, so its kernels are loaded]")
+        message += (" [during CUDA graph capture: call kiln.warmup(device) or run the same call "
+                    "once before capturing, so that its kernels are loaded]")
     raise _capi.error(status, message)
 
 
@@ -124,6 +123,24 @@ class NoBackward(torch.autograd.Function):
             f"scaled_dot_product_attention) where gradients are needed")
 
 
+def _fake(*args):
+    """The fake kernel of every op: its outputs are tensors its caller made, so there is no
+    shape to compute and nothing to return."""
+    return None
+
+
+# The implementation behind each op, for eager calls (see the module's docstring).
+direct = {}
+
+
+def _op(fn, mutates_args):
+    """fn (named _<op>) as the custom op kiln::<op>, with its fake kernel."""
+    op = torch.library.custom_op(f"kiln::{fn.__name__[1:]}", fn, mutates_args=mutates_args)
+    op.register_fake(_fake)
+    direct[op] = fn
+    return op
+
+
 # --- kiln_attention ----------------------------------------------------------------------------
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
@@ -138,16 +155,10 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
         _maybe(7, cu_seqlens_q, "cu_seqlens_q"), _maybe(8, cu_seqlens_k, "cu_seqlens_k"),
         _maybe(9, seqused_k, "seqused_k"), max_seqlen_q, max_seqlen_k)
     _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
-                           _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)),
-           "attention")
+                           _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
 
-attention = torch.library.custom_op("kiln::attention", _attention, mutates_args=("out", "lse"))
-
-
-@attention.register_fake
-def _(*args):
-    return None
+attention = _op(_attention, mutates_args=("out", "lse"))
 
 
 # --- kiln_attention_with_kvcache -----------------------------------------------------------------
@@ -170,19 +181,12 @@ def _attention_with_kvcache(
         _maybe(9, rotary_cos, "rotary_cos"), _maybe(10, rotary_sin, "rotary_sin"),
         rotary_interleaved, num_splits)
     _check(_capi.attention_with_kvcache(_tensor(0, q, "q"), cache, _tensor(11, out, "out"),
-                                        options, _maybe(12, lse, "lse"), _stream(q)),
-           "flash_attn_with_kvcache")
+                                        options, _maybe(12, lse, "lse"), _stream(q)))
 
 
 # NOTE: the cache is declared mutated even without k and v: a schema is fixed per op.
-attention_with_kvcache = torch.library.custom_op(
-    "kiln::attention_with_kvcache", _attention_with_kvcache,
-    mutates_args=("k_cache", "v_cache", "out", "lse"))
-
-
-@attention_with_kvcache.register_fake
-def _(*args):
-    return None
+attention_with_kvcache = _op(_attention_with_kvcache,
+                             mutates_args=("k_cache", "v_cache", "out", "lse"))
 
 
 # --- kiln_merge_states, kiln_merge_states_many -------------------------------------------------
@@ -192,39 +196,16 @@ def _merge_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, out: T
     _check(_capi.merge_states(_tensor(0, v_a, "v_a"), _tensor(1, lse_a, "lse_a"),
                               _tensor(2, v_b, "v_b"), _tensor(3, lse_b, "lse_b"),
                               _tensor(4, out, "out"), _maybe(5, out_lse, "out_lse"),
-                              _stream(out)),
-           "merge_states")
+                              _stream(out)))
 
 
-merge_states = torch.library.custom_op("kiln::merge_states", _merge_states,
-                                       mutates_args=("out", "out_lse"))
-
-
-@merge_states.register_fake
-def _(*args):
-    return None
+merge_states = _op(_merge_states, mutates_args=("out", "out_lse"))
 
 
 def _merge_states_many(v: Tensor, lse: Tensor, out: Tensor, out_lse: Optional[Tensor]) -> None:
     _check(_capi.merge_states_many(_tensor(0, v, "v"), _tensor(1, lse, "lse"),
                                    _tensor(2, out, "out"), _maybe(3, out_lse, "out_lse"),
-                                   _stream(out)),
-           "merge_states")
+                                   _stream(out)))
 
 
-merge_states_many = torch.library.custom_op("kiln::merge_states_many", _merge_states_many,
-                                            mutates_args=("out", "out_lse"))
-
-
-@merge_states_many.register_fake
-def _(*args):
-    return None
-
-
-# The implementation behind each op, for eager calls (see the module's docstring).
-direct = {
-    attention: _attention,
-    attention_with_kvcache: _attention_with_kvcache,
-    merge_states: _merge_states,
-    merge_states_many: _merge_states_many,
-}
+merge_states_many = _op(_merge_states_many, mutates_args=("out", "out_lse"))
