@@ -3,13 +3,13 @@ a per-thread scratch block into which each call packs its DLTensors and options.
 
 Why ctypes and not a compiled extension (nanobind): measured with python/bench_host.py (CPU
 thread time on a loaded 2-core VM, Python 3.11, torch 2.15), describing one torch tensor to
-kiln costs 1.1 us here (reading data_ptr, shape, stride, device and dtype from torch, 0.45 us of
-it, and one struct.pack_into), while nanobind's nb::ndarray caster imports a torch tensor
-through its __dlpack__ method, 2.3 us alone; a ctypes call costs 0.1 us. A decode step with an
-append (7 tensors) costs 16 us from the Python call to kiln's return here, 12 us without the
-append, 11.5 us for flash_attn_func; through torch's dispatcher (a custom op) it would be 28 us,
-so eager calls skip it (kiln.ops). And libkiln links neither torch nor CUDA: a wheel with no
-extension module serves every Python, torch and CUDA version, which a compiled extension
+kiln costs 1.0 us here (reading data_ptr, shape, strides, device and dtype from torch is about
+half of it, then one struct.pack_into), while nanobind's nb::ndarray caster imports a torch
+tensor through its __dlpack__ method, 2.3 us alone; a ctypes call costs 0.1 us. From the Python
+call to kiln's return, a decode step with an append (7 tensors) costs 15 us here, 12 us without
+the append, 11 us for flash_attn_func; through torch's dispatcher (a custom op) the decode step
+would cost 27 us, so eager calls skip it (kiln.ops). And libkiln links neither torch nor CUDA: a
+wheel with no extension module serves every Python, torch and CUDA version, which an extension
 bound to torch's C++ ABI (the only way below torch's Python-level attribute costs) would not.
 
 Nothing here imports torch: tensors arrive as (data, device_type, device_id, dtype code, bits,
@@ -126,6 +126,9 @@ DLTENSOR = struct.Struct("=QiiiBBHQQQ")
 TENSOR_SLOT = DLTENSOR.size + 2 * 8 * MAX_RANK
 TENSOR_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q{8 * (MAX_RANK - n)}x{n}q").pack_into
                   for n in range(MAX_RANK + 1)]
+# A row-major tensor goes without strides (a NULL strides pointer means compact in DLPack),
+# which saves reading them from torch.
+COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in range(MAX_RANK + 1)]
 # kiln_attention_options and kiln_decode_options have the same field types in the same order.
 OPTIONS = struct.Struct("=QfiiiifQQQQQii")
 KVCACHE = struct.Struct("=QQQQQQ")
@@ -145,7 +148,7 @@ class Scratch(threading.local):
     """This thread's block for one call's structs: kiln reads them during the call only, so each
     call reuses it, and no Python object per tensor is made. slots[i]: (offset, address, sizes'
     address, strides' address) of tensor slot i (0 to MAX_TENSORS - 1), which
-    TENSOR_PACKERS[rank] fill (kiln.ops._tensor)."""
+    TENSOR_PACKERS[rank] and COMPACT_PACKERS[rank] fill (kiln.ops._tensor)."""
 
     def __init__(self):
         self.buffer = ctypes.create_string_buffer(_SCRATCH_SIZE)

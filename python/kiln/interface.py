@@ -205,7 +205,7 @@ def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):
     (tokens, heads); without, v_a (tokens, states, heads, dv) and lse_a (tokens, states, heads)
     merge over the states dim. Returns (out, out_lse): out like one state in v_a's dtype, out_lse
     float32 (tokens, heads); out= and out_lse= write there. Any strides, so the LSE of
-    flash_attn_func (batch, heads, seqlen) fits as lse.transpose(1, 2) of a batch row."""
+    flash_attn_func (batch, heads, seqlen) fits as lse[b].transpose(0, 1), with out[b]."""
     many = v_b is None and lse_b is None
     if many:
         tokens, _, heads, dv = v_a.shape

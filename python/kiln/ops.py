@@ -40,6 +40,7 @@ cpu_device = (_capi.KDL_CPU, 0)
 _NULL = 0
 _scratch = _capi.scratch
 _PACKERS = _capi.TENSOR_PACKERS
+_COMPACT_PACKERS = _capi.COMPACT_PACKERS
 
 try:
     _raw_stream = torch._C._cuda_getCurrentRawStream  # what torch.compile's generated code calls
@@ -67,8 +68,12 @@ def _tensor(slot, t, name):
     offset, address, sizes, strides = s.slots[slot]
     shape = t.shape
     n = len(shape)
-    _PACKERS[n](s.buffer, offset, t.data_ptr(), kind, device, n, dtype[0], dtype[1], 1, sizes,
-                strides, 0, *shape, *t.stride())
+    if t.is_contiguous():
+        _COMPACT_PACKERS[n](s.buffer, offset, t.data_ptr(), kind, device, n, dtype[0], dtype[1],
+                            1, sizes, _NULL, 0, *shape)
+    else:
+        _PACKERS[n](s.buffer, offset, t.data_ptr(), kind, device, n, dtype[0], dtype[1], 1,
+                    sizes, strides, 0, *shape, *t.stride())
     return address
 
 

@@ -67,6 +67,10 @@ def test_a_packed_tensor_reads_back_as_the_dltensor_kiln_gets(as_gpu):
         _capi.KDL_BFLOAT, 16, 1, 0)
     assert [t.shape[i] for i in range(3)] == [2, 4, 3]
     assert [t.strides[i] for i in range(3)] == [48, 12, 1]
+    # A row-major tensor goes with NULL strides, DLPack's compact layout.
+    t = _capi.DLTensor.from_address(ops._tensor(4, base, "base"))
+    assert [t.shape[i] for i in range(3)] == [4, 8, 6] and not t.strides
+    assert t.data == base.data_ptr()
 
 
 @pytest.mark.parametrize("ctype, init", [
