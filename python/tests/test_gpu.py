@@ -115,8 +115,9 @@ def paged(k_cache, v_cache, page_size):
 def test_flash_attn_with_kvcache(page_size, append, rope, seqlen_q, kw):
     ref = reference()
     batch, h, hk, d, seqlen = 3, 16, 4, 128, 512
-    # A sequence with no keys gives LSE -inf; with an append, the first starts empty.
-    lengths = torch.tensor([0 if append else 1, 131, 400], dtype=I32, device="cuda")
+    # Every query row keeps a key (a row with none has LSE -inf both here and in the
+    # reference); with an append, the first sequence starts empty.
+    lengths = torch.tensor([0 if append else seqlen_q, 131, 400], dtype=I32, device="cuda")
     q = randn(batch, seqlen_q, h, d)
     k_cache, v_cache = randn(batch, seqlen, hk, d), randn(batch, seqlen, hk, d)
     k_new = randn(batch, seqlen_q, hk, d) if append else None
