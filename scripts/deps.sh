@@ -2,8 +2,9 @@
 # Installs what kiln builds with, from Debian's packages (needs root). The CUDA toolkit (NVRTC,
 # headers, cudart for the tests) is expected on the machine already.
 set -euo pipefail
+# python3 and its venv: the Python package's tests (scripts/test_python.sh) and README check.
 packages=(cmake ninja-build g++ libfmt-dev libxxhash-dev nlohmann-json3-dev libcli11-dev catch2
-          libdlpack-dev libamdhip64-dev libhiprtc-builtins5)
+          libdlpack-dev libamdhip64-dev libhiprtc-builtins5 python3 python3-venv)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

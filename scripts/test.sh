@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# The test command: installs dependencies, builds, runs every test through ctest; then builds
-# again with AddressSanitizer and UndefinedBehaviorSanitizer and runs the tests once more. With
-# no GPU the [gpu] tests report "skipped" with the reason.
+# The test command: installs dependencies, builds, runs every test through ctest and the Python
+# package's pytest suite (scripts/test_python.sh); then builds again with AddressSanitizer and
+# UndefinedBehaviorSanitizer and runs the ctest tests once more. With no GPU the [gpu] tests
+# report "skipped" with the reason.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 bash scripts/build.sh
 ctest --test-dir "${BUILD:-build}" --output-on-failure -j 2
+bash scripts/test_python.sh
 
 # The sanitized build checks no kernels ahead and builds no benchmark or example; it has no
 # tests of the installed kiln (a consumer would have to link the sanitizers too).

@@ -6,6 +6,8 @@
 //                   pasted into tests/readme/NAME.cpp (.c) in place of the line
 //                   `// README snippet`, its #include lines hoisted to the top of the file.
 //   ```sh           each command line becomes a check_command() call in OUT/checks.cmake.
+//   ```python       OUT/readme_L<line>.py, which must compile (python3 -m py_compile): it needs
+//                   torch and a GPU to run, which python/tests/test_readme.py does.
 //
 // Any other fence is an error, so that no block goes unchecked. Usage:
 //   kiln_readme_blocks README.md WRAPPER_DIR OUT_DIR
@@ -162,9 +164,16 @@ int main(int argc, char** argv) try {
         }
         checks += ")\n";
       }
+    } else if (block.language == "python") {
+      // Blank lines first, so that a syntax error names the block's README line.
+      std::string source(block.line - 1, '\n');
+      for (const std::string& line : block.lines) source += line + "\n";
+      const fs::path file = fs::absolute(out / ("readme_L" + std::to_string(block.line) + ".py"));
+      write_file(file, source);
+      checks += "check_python(" + cmake_quote(where) + " " + cmake_quote(file.string()) + ")\n";
     } else {
       throw std::runtime_error(where + ": a code block in '" + block.language +
-                               "', which nothing checks: use cpp, c or sh, or teach "
+                               "', which nothing checks: use cpp, c, sh or python, or teach "
                                "tests/readme/blocks.cpp to check it");
     }
   }

@@ -1,5 +1,6 @@
 # Checks every code block of README (see blocks.cpp): builds the C and C++ blocks against the kiln
-# installed in PREFIX and runs them; for each shell command, checks that what it names exists.
+# installed in PREFIX and runs them; for each shell command, checks that what it names exists;
+# compiles the Python blocks.
 include(${CMAKE_CURRENT_LIST_DIR}/../consumer/run_installed.cmake)
 file(REMOVE_RECURSE ${WORK_DIR})
 
@@ -42,6 +43,16 @@ function(check_command where program)
   endif()
   if(NOT result EQUAL 0)
     message(SEND_ERROR "${where}: ${what}: ${result}")
+  endif()
+endfunction()
+
+# A Python block: it must compile.
+function(check_python where file)
+  find_program(PYTHON3 python3 REQUIRED)
+  execute_process(COMMAND ${PYTHON3} -m py_compile ${file} RESULT_VARIABLE result
+                  ERROR_VARIABLE error)
+  if(NOT result EQUAL 0)
+    message(SEND_ERROR "${where}: python3 -m py_compile: ${error}")
   endif()
 endfunction()
 

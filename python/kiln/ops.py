@@ -1,0 +1,216 @@
+"""kiln's torch custom ops (namespace kiln), one per C call, and the path an eager call takes
+around them.
+
+Each op writes into tensors its caller allocated (`out`, `lse`, and the KV cache when appending)
+and returns nothing, so each declares mutates_args and its fake kernel has no shape to compute:
+the Python calls (kiln.interface) allocate the outputs, which torch.compile traces like any other
+allocation, and shape inference is theirs. No op reads a tensor's values on the host.
+
+Eager calls on plain CUDA tensors skip the dispatcher and call the implementation directly: the
+dispatcher adds about 16 us a call (python/bench_host.py), more than a call's whole budget. Anything else (torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU
+tensors) goes through the op.
+
+No autograd yet: torch refuses an autograd formula for an op that mutates its arguments, so
+outputs that need one pass through NoBackward, whose backward raises.
+"""
+from typing import Optional
+
+import torch
+
+from . import _capi
+from ._capi import KilnValueError
+
+Tensor = torch.Tensor
+
+# DLPack (code, bits) of the dtypes kiln's C API reads (kiln names the one it does not take).
+_DTYPES = {
+    torch.float16: (_capi.KDL_FLOAT, 16),
+    torch.bfloat16: (_capi.KDL_BFLOAT, 16),
+    torch.float32: (_capi.KDL_FLOAT, 32),
+    torch.float64: (_capi.KDL_FLOAT, 64),
+    torch.int32: (_capi.KDL_INT, 32),
+    torch.int64: (_capi.KDL_INT, 64),
+}
+# ROCm builds of torch call their devices "cuda" too.
+_GPU = _capi.KDL_ROCM if getattr(torch.version, "hip", None) else _capi.KDL_CUDA
+# What a CPU tensor is sent as: kDLCPU, which kiln refuses, naming it. The tests without a GPU
+# set (_GPU, 0) to have kiln check CPU tensors' shapes as a GPU's, with its own messages (an
+# empty problem then returns before any launch).
+cpu_device = (_capi.KDL_CPU, 0)
+_NULL = 0
+_scratch = _capi.scratch
+_PACKERS = _capi.TENSOR_PACKERS
+_COMPACT_PACKERS = _capi.COMPACT_PACKERS
+
+try:
+    _raw_stream = torch._C._cuda_getCurrentRawStream  # what torch.compile's generated code calls
+except AttributeError:  # a torch built without CUDA: no stream to find
+    def _raw_stream(device):
+        return 0
+
+try:
+    _is_compiling = torch.compiler.is_compiling
+except AttributeError:  # torch 2.4 has it in torch._dynamo
+    _is_compiling = torch._dynamo.is_compiling
+
+
+def _tensor(slot, t, name):
+    """Packs torch tensor t into this thread's DLTensor `slot`; returns its address."""
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None:
+        raise KilnValueError(_capi.KILN_ERROR_INVALID_ARGUMENT,
+                             f"{name} has dtype {t.dtype}: kiln takes float16 or bfloat16 data, "
+                             f"float32 LSE and ALiBi slopes, int32 indices")
+    device = t.get_device()
+    kind, device = (_GPU, device) if device >= 0 else cpu_device
+    # data points at element 0 (data_ptr() includes a view's offset), so byte_offset is 0.
+    s = _scratch
+    offset, address, sizes, strides = s.slots[slot]
+    shape = t.shape
+    n = len(shape)
+    if t.is_contiguous():
+        _COMPACT_PACKERS[n](s.buffer, offset, t.data_ptr(), kind, device, n, dtype[0], dtype[1],
+                            1, sizes, _NULL, 0, *shape)
+    else:
+        _PACKERS[n](s.buffer, offset, t.data_ptr(), kind, device, n, dtype[0], dtype[1], 1,
+                    sizes, strides, 0, *shape, *t.stride())
+    return address
+
+
+def _maybe(slot, t, name):
+    return _NULL if t is None else _tensor(slot, t, name)
+
+
+def _stream(t):
+    device = t.get_device()
+    return _raw_stream(device) if device >= 0 else _NULL
+
+
+def _check(status):
+    """Raises kiln's error for a nonzero status; during CUDA graph capture, a missing kernel
+    (kiln cannot load one while a stream captures) gets the Python fix."""
+    if not status:
+        return
+    message = _capi.last_error()
+    if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+        message += (" [during CUDA graph capture: call kiln.warmup(device) or run the same call "
+                    "once before capturing, so that its kernels are loaded]")
+    raise _capi.error(status, message)
+
+
+def eager(t):
+    """Whether a call on t may skip the dispatcher: a plain CUDA tensor outside tracing."""
+    return type(t) is Tensor and t.is_cuda and not _is_compiling()
+
+
+def needs_grad(tensors):
+    """Whether any of these tensors (None entries are skipped) requires grad."""
+    for t in tensors:
+        if t is not None and t.requires_grad:
+            return True
+    return False
+
+
+class NoBackward(torch.autograd.Function):
+    """Identity on a kiln output, recorded so that a backward through it raises."""
+
+    @staticmethod
+    def forward(ctx, out, what, *inputs):
+        ctx.what = what
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise NotImplementedError(
+            f"kiln.{ctx.what} has no backward yet: kiln computes the forward pass only (a "
+            f"backward pass is planned). Run it under torch.no_grad() or torch.inference_mode(), "
+            f"or use an attention with a backward (torch.nn.functional."
+            f"scaled_dot_product_attention) where gradients are needed")
+
+
+def _fake(*args):
+    """The fake kernel of every op: its outputs are tensors its caller made, so there is no
+    shape to compute and nothing to return."""
+    return None
+
+
+# The implementation behind each op, for eager calls (see the module's docstring).
+direct = {}
+
+
+def _op(fn, mutates_args):
+    """fn (named _<op>) as the custom op kiln::<op>, with its fake kernel."""
+    op = torch.library.custom_op(f"kiln::{fn.__name__[1:]}", fn, mutates_args=mutates_args)
+    op.register_fake(_fake)
+    direct[op] = fn
+    return op
+
+
+# --- kiln_attention ----------------------------------------------------------------------------
+
+def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
+               bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
+               cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+               seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+               softmax_scale: float, causal: bool, window_left: int, window_right: int,
+               top_left: bool, softcap: float) -> None:
+    options = _capi.pack_options(
+        _capi.ATTENTION_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
+        softcap, _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(6, bias, "bias"),
+        _maybe(7, cu_seqlens_q, "cu_seqlens_q"), _maybe(8, cu_seqlens_k, "cu_seqlens_k"),
+        _maybe(9, seqused_k, "seqused_k"), max_seqlen_q, max_seqlen_k)
+    _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
+                           _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
+
+
+attention = _op(_attention, mutates_args=("out", "lse"))
+
+
+# --- kiln_attention_with_kvcache -----------------------------------------------------------------
+
+def _attention_with_kvcache(
+        q: Tensor, k_cache: Tensor, v_cache: Tensor, cache_seqlens: Tensor, out: Tensor,
+        lse: Optional[Tensor], k: Optional[Tensor], v: Optional[Tensor],
+        rotary_cos: Optional[Tensor], rotary_sin: Optional[Tensor],
+        cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
+        alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
+        window_right: int, top_left: bool, softcap: float, rotary_interleaved: bool,
+        num_splits: int) -> None:
+    cache = _capi.pack_cache(_tensor(1, k_cache, "k_cache"), _tensor(2, v_cache, "v_cache"),
+                             _tensor(3, cache_seqlens, "cache_seqlens"),
+                             _maybe(4, cache_batch_idx, "cache_batch_idx"),
+                             _maybe(5, block_table, "block_table"))
+    options = _capi.pack_options(
+        _capi.DECODE_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
+        softcap, _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(7, k, "k"), _maybe(8, v, "v"),
+        _maybe(9, rotary_cos, "rotary_cos"), _maybe(10, rotary_sin, "rotary_sin"),
+        rotary_interleaved, num_splits)
+    _check(_capi.attention_with_kvcache(_tensor(0, q, "q"), cache, _tensor(11, out, "out"),
+                                        options, _maybe(12, lse, "lse"), _stream(q)))
+
+
+# NOTE: the cache is declared mutated even without k and v: a schema is fixed per op.
+attention_with_kvcache = _op(_attention_with_kvcache,
+                             mutates_args=("k_cache", "v_cache", "out", "lse"))
+
+
+# --- kiln_merge_states, kiln_merge_states_many -------------------------------------------------
+
+def _merge_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, out: Tensor,
+                  out_lse: Optional[Tensor]) -> None:
+    _check(_capi.merge_states(_tensor(0, v_a, "v_a"), _tensor(1, lse_a, "lse_a"),
+                              _tensor(2, v_b, "v_b"), _tensor(3, lse_b, "lse_b"),
+                              _tensor(4, out, "out"), _maybe(5, out_lse, "out_lse"),
+                              _stream(out)))
+
+
+merge_states = _op(_merge_states, mutates_args=("out", "out_lse"))
+
+
+def _merge_states_many(v: Tensor, lse: Tensor, out: Tensor, out_lse: Optional[Tensor]) -> None:
+    _check(_capi.merge_states_many(_tensor(0, v, "v"), _tensor(1, lse, "lse"),
+                                   _tensor(2, out, "out"), _maybe(3, out_lse, "out_lse"),
+                                   _stream(out)))
+
+
+merge_states_many = _op(_merge_states_many, mutates_args=("out", "out_lse"))

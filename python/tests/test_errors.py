@@ -1,0 +1,182 @@
+"""Every refusal: FlashAttention arguments kiln cannot honour, Python-side checks, and kiln's own
+messages and statuses surfaced as KilnError; backward raises; a kernel missing during CUDA graph
+capture names the fix. No GPU: kiln checks CPU tensors as device 0's (conftest.as_gpu), and a
+problem with batch 0 returns before any launch."""
+import math
+
+import pytest
+import torch
+
+import kiln
+from kiln import _capi
+
+BF16, I32 = torch.bfloat16, torch.int32
+
+
+def bf16(*shape):
+    return torch.empty(*shape, dtype=BF16)
+
+
+Q, K = bf16(0, 5, 8, 64), bf16(0, 7, 2, 64)  # batch 0: checked, never launched
+QV, KV = bf16(0, 8, 64), bf16(0, 2, 64)
+CU = torch.zeros(1, dtype=I32)
+CACHE = bf16(4, 64, 2, 64)
+SEQLENS = torch.empty(0, dtype=I32)
+
+
+def refused(kind, status, *words):
+    """pytest.raises for a KilnError of `kind` and `status` whose message has every word."""
+    class Check:
+        def __enter__(self):
+            self.raises = pytest.raises(kind)
+            self.info = self.raises.__enter__()
+            return self.info
+
+        def __exit__(self, *exc):
+            handled = self.raises.__exit__(*exc)
+            assert self.info.value.status == status
+            for word in words:
+                assert word in str(self.info.value), (word, str(self.info.value))
+            return handled
+    return Check()
+
+
+UNSUPPORTED = [
+    ("flash_attn_func dropout_p", lambda: kiln.flash_attn_func(Q, K, K, 0.1), "dropout_p=0.1"),
+    ("flash_attn_varlen_func dropout_p",
+     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0, dropout_p=0.5),
+     "dropout_p=0.5"),
+    ("flash_attn_func return_attn_probs",
+     lambda: kiln.flash_attn_func(Q, K, K, return_attn_probs=True), "return_attn_probs=True"),
+    ("flash_attn_varlen_func return_attn_probs",
+     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0, return_attn_probs=True),
+     "return_softmax_lse=True"),
+    ("flash_attn_varlen_func block_table",
+     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0,
+                                         block_table=torch.empty(0, 1, dtype=I32)),
+     "block_table="),
+    ("flash_attn_with_kvcache cache_leftpad",
+     lambda: kiln.flash_attn_with_kvcache(Q, CACHE, CACHE, cache_seqlens=SEQLENS,
+                                          cache_leftpad=SEQLENS), "cache_leftpad="),
+]
+
+
+@pytest.mark.parametrize("name, call, word", UNSUPPORTED, ids=[u[0] for u in UNSUPPORTED])
+def test_flash_attention_arguments_kiln_cannot_honour_are_named(name, call, word):
+    with refused(kiln.KilnError, _capi.KILN_ERROR_UNSUPPORTED, word, "not supported by kiln"):
+        call()
+
+
+INVALID = [
+    ("window_size of one value", lambda: kiln.flash_attn_func(Q, K, K, window_size=(5,)),
+     "window_size=(5,)"),
+    ("window_size below -1", lambda: kiln.flash_attn_func(Q, K, K, window_size=(-2, 0)),
+     "window_size=(-2, 0)"),
+    ("window_size not numbers", lambda: kiln.flash_attn_func(Q, K, K, window_size="left"),
+     "window_size='left'"),
+    ("softmax_scale 0", lambda: kiln.flash_attn_func(Q, K, K, softmax_scale=0.0),
+     "softmax_scale=0.0"),
+    ("softmax_scale NaN", lambda: kiln.flash_attn_func(Q, K, K, softmax_scale=math.nan),
+     "softmax_scale=nan"),
+    ("softmax_scale negative",
+     lambda: kiln.flash_attn_with_kvcache(Q, CACHE, CACHE, cache_seqlens=SEQLENS,
+                                          softmax_scale=-1.0), "softmax_scale=-1.0"),
+    ("max_seqlen_q a tensor",
+     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, torch.tensor(5), 0),
+     "max_seqlen_q is a Tensor: pass a Python int"),
+    ("max_seqlen_k a bool",
+     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, True), "max_seqlen_k is a bool"),
+    ("out of the wrong shape", lambda: kiln.flash_attn_func(Q, K, K, out=bf16(0, 5, 8, 32)),
+     "out has shape (0, 5, 8, 32)"),
+    ("out of the wrong dtype",
+     lambda: kiln.flash_attn_func(Q, K, K, out=torch.empty(0, 5, 8, 64, dtype=torch.float16)),
+     "torch.float16"),
+    ("merge_states with v_b but no lse_b",
+     lambda: kiln.merge_states(bf16(0, 8, 32), torch.empty(0, 8), bf16(0, 8, 32)),
+     "v_b with lse_b"),
+    ("paged cache without cache_seqlens",
+     lambda: kiln.flash_attn_with_kvcache(Q, CACHE, CACHE, block_table=torch.empty(0, 1,
+                                                                                    dtype=I32)),
+     "cache_seqlens is None with a block_table"),
+    ("a dtype DLPack mapping kiln lacks",
+     lambda: kiln.flash_attn_func(Q, K, K, alibi_slopes=torch.empty(8, dtype=torch.complex64)),
+     "alibi_slopes has dtype torch.complex64"),
+    ("warmup on the CPU", lambda: kiln.warmup("cpu"), "device=cpu"),
+]
+
+
+@pytest.mark.parametrize("name, call, word", INVALID, ids=[i[0] for i in INVALID])
+def test_python_side_checks_name_the_argument(as_gpu, name, call, word):
+    with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT, word):
+        call()
+
+
+# kiln's own checks, as the C API reports them.
+KILN = [
+    ("head dims differ", lambda: kiln.flash_attn_func(Q, bf16(0, 7, 2, 32), K),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "k.size(-1) is 32 but q.size(-1) (head_dim) is 64"),
+    ("heads not a multiple", lambda: kiln.flash_attn_func(Q, bf16(0, 7, 3, 64), bf16(0, 7, 3, 64)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "multiple of the kv heads"),
+    ("fp32 data", lambda: kiln.flash_attn_func(Q.float(), K.float(), K.float()),
+     _capi.KILN_ERROR_UNSUPPORTED, "attention takes f16 or bf16"),
+    ("negative softcap", lambda: kiln.flash_attn_func(Q, K, K, softcap=-1.0),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "softcap is -1"),
+    ("bias of the wrong seqlen_k", lambda: kiln.flash_attn_func(Q, K, K, bias=bf16(0, 8, 5, 6)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "bias.size(-1) is 6 but seqlen_k is 7"),
+    ("int64 cache_seqlens",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE,
+                                          cache_seqlens=torch.empty(0, dtype=torch.int64)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "seqlens has dtype i64: it must be int32"),
+    ("num_splits out of range",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, cache_seqlens=SEQLENS,
+                                          num_splits=1000),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "num_splits is 1000"),
+    ("merge_states LSE of the wrong heads",
+     lambda: kiln.merge_states(bf16(0, 8, 32), torch.empty(0, 7), bf16(0, 8, 32),
+                               torch.empty(0, 8)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "size(-1) is 7 but heads is 8"),
+]
+
+
+@pytest.mark.parametrize("name, call, status, words", KILN, ids=[k[0] for k in KILN])
+def test_kilns_own_messages_are_surfaced(as_gpu, name, call, status, words):
+    with refused(kiln.KilnError, status, words):
+        call()
+
+
+def test_cpu_tensors_are_refused_by_kiln_naming_the_device():
+    with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT,
+                 "q is on DLPack device type 1: kiln takes GPU memory"):
+        kiln.flash_attn_func(Q, K, K)
+
+
+def test_a_valid_call_passes_kilns_checks(as_gpu):
+    out, lse = kiln.flash_attn_func(Q, K, K, causal=True, return_softmax_lse=True)
+    assert out.shape == Q.shape and lse.shape == (0, 8, 5)
+    out, lse = kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, K[:, :1], K[:, :1],
+                                            cache_seqlens=SEQLENS, return_softmax_lse=True)
+    assert out.shape == (0, 1, 8, 64) and lse.shape == (0, 8, 1)
+
+
+@pytest.mark.parametrize("call", [
+    lambda q: kiln.flash_attn_func(q, K, K),
+    lambda q: kiln.flash_attn_varlen_func(q.flatten(0, 1), KV, KV, CU, CU, 0, 0),
+    lambda q: kiln.flash_attn_with_kvcache(q, CACHE, CACHE, cache_seqlens=SEQLENS),
+    lambda q: kiln.merge_states(q[:, 0], torch.empty(0, 8), q[:, 1], torch.empty(0, 8))[0],
+], ids=["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states"])
+def test_backward_raises_naming_the_missing_piece(as_gpu, call):
+    q = Q.clone().requires_grad_()
+    out = call(q)
+    assert out.requires_grad
+    with pytest.raises(NotImplementedError, match="has no backward yet"):
+        out.float().sum().backward()
+    with torch.no_grad():
+        assert not call(q).requires_grad
+
+
+def test_a_kernel_missing_during_graph_capture_names_kiln_warmup(as_gpu, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(kiln.KilnError, match=r"during CUDA graph capture: call "
+                                             r"kiln.warmup\(device\)"):
+        kiln.flash_attn_func(Q, bf16(0, 7, 2, 32), K)

@@ -1,0 +1,154 @@
+"""Shape inference with FakeTensorMode for every call and op, and torch.compile(fullgraph=True)
+tracing through kiln with no graph break and no .item(): no GPU needed (fake and meta tensors
+never reach kiln)."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import kiln
+from kiln import ops
+
+BF16, I32, F32 = torch.bfloat16, torch.int32, torch.float32
+
+
+def tensors(device):
+    """The inputs of every call, on `device`: GQA 8/2 heads, head dim 64, v's 32 (dv != d)."""
+    t = {
+        "q": torch.empty(2, 5, 8, 64, dtype=BF16, device=device),
+        "k": torch.empty(2, 7, 2, 64, dtype=BF16, device=device),
+        "v": torch.empty(2, 7, 2, 32, dtype=BF16, device=device),
+        "qv": torch.empty(9, 8, 64, dtype=BF16, device=device),  # varlen, 9 query tokens
+        "kv": torch.empty(11, 2, 64, dtype=BF16, device=device),
+        "vv": torch.empty(11, 2, 32, dtype=BF16, device=device),
+        "cu_q": torch.empty(3, dtype=I32, device=device),
+        "cu_k": torch.empty(3, dtype=I32, device=device),
+        "k_cache": torch.empty(16, 64, 2, 64, dtype=BF16, device=device),  # 16 pages of 64
+        "v_cache": torch.empty(16, 64, 2, 32, dtype=BF16, device=device),
+        "seqlens": torch.empty(2, dtype=I32, device=device),
+        "table": torch.empty(2, 8, dtype=I32, device=device),
+        "bias": torch.empty(1, 8, 5, 7, dtype=BF16, device=device).expand(2, 8, 5, 7),
+        "states": torch.empty(6, 3, 8, 32, dtype=BF16, device=device),
+        "state_lse": torch.empty(6, 3, 8, dtype=F32, device=device),
+    }
+    return t
+
+
+# Each call on tensors(), and the shapes and dtypes of what it returns.
+CALLS = {
+    "flash_attn_func": (
+        lambda t: kiln.flash_attn_func(t["q"], t["k"], t["v"], causal=True, bias=t["bias"],
+                                       return_softmax_lse=True),
+        [((2, 5, 8, 32), BF16), ((2, 8, 5), F32)]),
+    "flash_attn_varlen_func": (
+        lambda t: kiln.flash_attn_varlen_func(t["qv"], t["kv"], t["vv"], t["cu_q"], t["cu_k"],
+                                              5, 7, window_size=(3, 0),
+                                              return_softmax_lse=True),
+        [((9, 8, 32), BF16), ((8, 9), F32)]),
+    "flash_attn_with_kvcache": (
+        lambda t: kiln.flash_attn_with_kvcache(t["q"][:, :1], t["k_cache"], t["v_cache"],
+                                               t["k"][:, :1], t["v"][:, :1],
+                                               cache_seqlens=t["seqlens"],
+                                               block_table=t["table"], causal=True,
+                                               return_softmax_lse=True),
+        [((2, 1, 8, 32), BF16), ((2, 8, 1), F32)]),
+    "flash_attn_with_kvcache contiguous, int cache_seqlens": (
+        lambda t: kiln.flash_attn_with_kvcache(t["q"], t["k_cache"][:2], t["v_cache"][:2],
+                                               cache_seqlens=3),
+        [((2, 5, 8, 32), BF16)]),
+    "merge_states two": (
+        lambda t: kiln.merge_states(t["states"][:, 0], t["state_lse"][:, 0], t["states"][:, 1],
+                                    t["state_lse"][:, 1]),
+        [((6, 8, 32), BF16), ((6, 8), F32)]),
+    "merge_states many": (
+        lambda t: kiln.merge_states(t["states"], t["state_lse"]),
+        [((6, 8, 32), BF16), ((6, 8), F32)]),
+}
+
+
+def flat(result):
+    return list(result) if isinstance(result, tuple) else [result]
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_fake_tensor_shapes(name):
+    call, expected = CALLS[name]
+    with FakeTensorMode():
+        results = flat(call(tensors("cuda")))
+    assert [(tuple(r.shape), r.dtype) for r in results] == expected
+    assert all(r.device == torch.device("cuda", 0) for r in results)
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_meta_tensor_shapes(name):
+    call, expected = CALLS[name]
+    assert [(tuple(r.shape), r.dtype) for r in flat(call(tensors("meta")))] == expected
+
+
+def compile_fullgraph(fn, backend="aot_eager"):
+    """fn compiled with fullgraph=True (a graph break is an error), and the FX graphs Dynamo
+    captured."""
+    graphs = []
+
+    def recording(gm, example_inputs):
+        graphs.append(gm)
+        return torch._dynamo.lookup_backend(backend)(gm, example_inputs)
+
+    torch._dynamo.reset()
+    return torch.compile(fn, fullgraph=True, backend=recording), graphs
+
+
+def test_the_compile_harness_fails_on_a_graph_break():
+    def breaks(x):
+        torch._dynamo.graph_break()
+        return x + 1
+    compiled, _ = compile_fullgraph(breaks)
+    with pytest.raises(Exception, match="graph_break|Graph break|graph break"):
+        compiled(torch.empty(3, device="meta"))
+
+
+@pytest.mark.parametrize("name", sorted(CALLS))
+def test_compile_fullgraph_traces_every_call(name):
+    call, expected = CALLS[name]
+    compiled, graphs = compile_fullgraph(lambda t: call(t))
+    results = flat(compiled(tensors("meta")))
+    assert [(tuple(r.shape), r.dtype) for r in results] == expected
+    assert len(graphs) == 1
+    code = graphs[0].code
+    assert "torch.ops.kiln." in code
+    assert ".item()" not in code and "_local_scalar_dense" not in code
+
+
+def test_compile_fullgraph_over_a_decode_step_with_dynamic_shapes():
+    def step(q, k_cache, v_cache, k, v, seqlens, table):
+        out = kiln.flash_attn_with_kvcache(q, k_cache, v_cache, k, v, cache_seqlens=seqlens,
+                                           block_table=table, causal=True)
+        return out.float().sum(-1)
+    torch._dynamo.reset()
+    compiled = torch.compile(step, fullgraph=True, backend="aot_eager", dynamic=True)
+    t = tensors("meta")
+    for batch in (2, 3):
+        q = torch.empty(batch, 1, 8, 64, dtype=BF16, device="meta")
+        k = torch.empty(batch, 1, 2, 64, dtype=BF16, device="meta")
+        v = torch.empty(batch, 1, 2, 32, dtype=BF16, device="meta")
+        seqlens = torch.empty(batch, dtype=I32, device="meta")
+        table = torch.empty(batch, 8, dtype=I32, device="meta")
+        assert compiled(q, t["k_cache"], t["v_cache"], k, v, seqlens, table).shape == (batch, 1, 8)
+
+
+def test_eager_calls_skip_the_dispatcher_only_on_plain_cuda_tensors():
+    assert not ops.eager(torch.empty(2))  # CPU: through the op, so kiln names the device
+    assert not ops.eager(torch.empty(2, device="meta"))
+    with FakeTensorMode():
+        assert not ops.eager(torch.empty(2, device="cuda"))
+
+
+def test_every_op_is_registered_with_a_fake_kernel_and_its_mutations():
+    for name, mutated in (("attention", {"out", "lse"}),
+                          ("attention_with_kvcache", {"k_cache", "v_cache", "out", "lse"}),
+                          ("merge_states", {"out", "out_lse"}),
+                          ("merge_states_many", {"out", "out_lse"})):
+        schema = getattr(torch.ops.kiln, name).default._schema
+        written = {a.name for a in schema.arguments if a.alias_info and a.alias_info.is_write}
+        assert written == mutated, name
+        assert torch._C._dispatch_has_kernel_for_dispatch_key(
+            f"kiln::{name}", "Meta"), f"kiln::{name} has no fake/meta kernel"

@@ -1,0 +1,275 @@
+"""kiln's calls on a GPU against a float64 reference with FlashAttention's tolerance rule
+(python/tests/reference.py: the error at most twice that of the same computation done plainly
+in the input dtype, plus 1e-5), on every GPU's ordinal or a second stream, under torch.compile,
+and captured in a CUDA graph replayed with new cache lengths. Outputs are poisoned with NaN
+before each call; inputs are fresh random values. Skipped without a GPU."""
+import pytest
+import torch
+
+import kiln
+
+pytestmark = pytest.mark.gpu
+BF16, F16, I32 = torch.bfloat16, torch.float16, torch.int32
+
+
+def reference():
+    import reference as ref  # python/tests/reference.py
+    return ref
+
+
+def randn(*shape, dtype=BF16, device="cuda"):
+    return torch.randn(*shape, dtype=dtype, device=device)
+
+
+def nan_like(t):
+    return torch.full_like(t, float("nan"))
+
+
+def check_attention(out, lse, q, k, v, **kw):
+    ref = reference()
+    out_ref, lse_ref = ref.attention_ref(q, k, v, upcast=True, **kw)
+    out_plain, lse_plain = ref.attention_ref(q, k, v, upcast=False, **kw)
+    ref.check_close(out, out_ref, out_plain)
+    if lse is not None:
+        ref.check_close(lse, lse_ref, lse_plain)
+
+
+CASES = [
+    # (batch, seqlen_q, seqlen_k, heads, heads_kv, d, dv, options)
+    (2, 113, 113, 4, 4, 64, 64, {}),
+    (1, 17, 1023, 8, 2, 128, 128, {"causal": True}),
+    (3, 128, 77, 6, 3, 96, 96, {"causal": True, "window_size": (32, 0)}),
+    (2, 64, 200, 4, 1, 72, 72, {"window_size": (40, 20), "softcap": 30.0}),
+    (1, 33, 65, 4, 4, 192, 128, {"softmax_scale": 0.07}),
+    (2, 40, 90, 4, 2, 64, 64, {"causal": True, "top_left": True}),
+    (2, 1, 513, 8, 8, 256, 256, {}),
+]
+
+
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("case", CASES)
+def test_flash_attn_func(case, dtype):
+    batch, sq, sk, h, hk, d, dv, kw = case
+    q, k, v = randn(batch, sq, h, d, dtype=dtype), randn(batch, sk, hk, d, dtype=dtype), \
+        randn(batch, sk, hk, dv, dtype=dtype)
+    out = nan_like(q[..., :dv])
+    result, lse = kiln.flash_attn_func(q, k, v, return_softmax_lse=True, out=out, **kw)
+    assert result is out
+    check_attention(out, lse, q, k, v, **kw)
+    check_attention(kiln.flash_attn_func(q, k, v, **kw), None, q, k, v, **kw)
+
+
+def test_flash_attn_func_alibi_and_a_broadcast_bias():
+    q, k, v = randn(2, 50, 8, 64), randn(2, 70, 2, 64), randn(2, 70, 2, 64)
+    slopes = torch.rand(2, 8, device="cuda", dtype=torch.float32)
+    bias = randn(1, 8, 50, 70).expand(2, 8, 50, 70)  # stride 0 over the batch
+    out, lse = kiln.flash_attn_func(q, k, v, causal=True, alibi_slopes=slopes, bias=bias,
+                                    return_softmax_lse=True)
+    check_attention(out, lse, q, k, v, causal=True, alibi_slopes=slopes, bias=bias)
+
+
+def varlen(lengths):
+    cu = torch.zeros(len(lengths) + 1, dtype=I32)
+    cu[1:] = torch.tensor(lengths).cumsum(0)
+    return cu.cuda(), max(lengths)
+
+
+@pytest.mark.parametrize("kw", [{}, {"causal": True}, {"window_size": (16, 4), "softcap": 20.0}])
+def test_flash_attn_varlen_func(kw):
+    (cu_q, max_q), (cu_k, max_k) = varlen([17, 1, 64, 113]), varlen([30, 1, 64, 200])
+    q, k, v = randn(int(cu_q[-1]), 8, 128), randn(int(cu_k[-1]), 2, 128), \
+        randn(int(cu_k[-1]), 2, 128)
+    out = nan_like(q)
+    _, lse = kiln.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, out=out,
+                                         return_softmax_lse=True, **kw)
+    check_attention(out, lse, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, **kw)
+    seqused = torch.tensor([20, 1, 33, 150], dtype=I32, device="cuda")
+    out = kiln.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, seqused_k=seqused, **kw)
+    check_attention(out, None, q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, seqused_k=seqused,
+                    **kw)
+
+
+def rotary(seqlen, rotary_dim, dtype=BF16):
+    angle = torch.rand(seqlen, rotary_dim // 2, device="cuda", dtype=torch.float32) * 6.28
+    return angle.cos().to(dtype), angle.sin().to(dtype)
+
+
+def paged(k_cache, v_cache, page_size):
+    """The contiguous cache (batch, seqlen, hk, d) as pages in a random order and its table."""
+    batch, seqlen = k_cache.shape[:2]
+    per_seq = seqlen // page_size
+    order = torch.randperm(batch * per_seq, device="cuda")
+    table = order.view(batch, per_seq).to(I32)
+    k_pages, v_pages = torch.empty_like(k_cache).view(-1, page_size, *k_cache.shape[2:]), \
+        torch.empty_like(v_cache).view(-1, page_size, *v_cache.shape[2:])
+    k_pages[order] = k_cache.reshape(-1, page_size, *k_cache.shape[2:])
+    v_pages[order] = v_cache.reshape(-1, page_size, *v_cache.shape[2:])
+    return k_pages, v_pages, table
+
+
+@pytest.mark.parametrize("page_size", [None, 16, 64])
+@pytest.mark.parametrize("append, rope", [(False, None), (True, None), (True, True),
+                                          (True, False)])
+@pytest.mark.parametrize("seqlen_q, kw", [(1, {}), (1, {"causal": True, "window_size": (100, 0)}),
+                                          (4, {"causal": True, "softcap": 15.0})])
+def test_flash_attn_with_kvcache(page_size, append, rope, seqlen_q, kw):
+    ref = reference()
+    batch, h, hk, d, seqlen = 3, 16, 4, 128, 512
+    # Every query row keeps a key (a row with none has LSE -inf both here and in the
+    # reference); with an append, the first sequence starts empty.
+    lengths = torch.tensor([0 if append else seqlen_q, 131, 400], dtype=I32, device="cuda")
+    q = randn(batch, seqlen_q, h, d)
+    k_cache, v_cache = randn(batch, seqlen, hk, d), randn(batch, seqlen, hk, d)
+    k_new = randn(batch, seqlen_q, hk, d) if append else None
+    v_new = randn(batch, seqlen_q, hk, d) if append else None
+    cos, sin = rotary(seqlen, 64) if rope is not None else (None, None)
+    call_kw = dict(k=k_new, v=v_new, rotary_cos=cos, rotary_sin=sin, cache_seqlens=lengths,
+                   rotary_interleaved=bool(rope) if rope is not None else True, **kw)
+    expected = {}
+    for upcast in (True, False):
+        expected[upcast] = ref.kvcache_ref(q, k_cache.clone(), v_cache.clone(), upcast=upcast,
+                                           **call_kw)
+    if page_size is None:
+        kc, vc, table = k_cache, v_cache, None
+    else:
+        kc, vc, table = paged(k_cache, v_cache, page_size)
+    out = nan_like(q)
+    _, lse = kiln.flash_attn_with_kvcache(q, kc, vc, block_table=table, out=out,
+                                          return_softmax_lse=True, **call_kw)
+    ref.check_close(out, expected[True][0], expected[False][0])
+    ref.check_close(lse, expected[True][1], expected[False][1])
+    if append:  # the cache now holds the (rotated) new keys, as the reference's does
+        if table is not None:
+            kc = kc[table.long()].reshape(k_cache.shape)
+            vc = vc[table.long()].reshape(v_cache.shape)
+        for b, n in enumerate(lengths.tolist()):
+            rows = slice(n, n + seqlen_q)
+            ref.check_close(kc[b, rows], expected[True][2][b, rows], expected[False][2][b, rows])
+            torch.testing.assert_close(vc[b, rows], v_new[b], rtol=0, atol=0)
+
+
+def test_flash_attn_with_kvcache_batch_idx_splits_and_int_seqlens():
+    ref = reference()
+    q, k_cache, v_cache = randn(2, 1, 8, 64), randn(5, 300, 8, 64), randn(5, 300, 8, 64)
+    idx = torch.tensor([4, 1], dtype=I32, device="cuda")
+    for splits in (0, 1, 3):
+        out = kiln.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=250,
+                                           cache_batch_idx=idx, num_splits=splits)
+        rows_k, rows_v = k_cache[idx.long()], v_cache[idx.long()]
+        seqlens = torch.full((2,), 250, dtype=I32, device="cuda")
+        out_ref = ref.kvcache_ref(q, rows_k, rows_v, cache_seqlens=seqlens)[0]
+        out_plain = ref.kvcache_ref(q, rows_k, rows_v, cache_seqlens=seqlens, upcast=False)[0]
+        ref.check_close(out, out_ref, out_plain)
+
+
+def test_merge_states_of_two_key_halves_is_attention_over_all():
+    q, k, v = randn(1, 40, 8, 64), randn(1, 300, 8, 64), randn(1, 300, 8, 64)
+    halves = [kiln.flash_attn_func(q, k[:, a:b], v[:, a:b], return_softmax_lse=True)
+              for a, b in ((0, 120), (120, 300))]
+    states = [(o[0], lse[0].transpose(0, 1)) for o, lse in halves]  # (tokens, heads, ...)
+    out, out_lse = kiln.merge_states(states[0][0], states[0][1], states[1][0], states[1][1],
+                                     out=nan_like(states[0][0]))
+    check_attention(out[None], out_lse.transpose(0, 1)[None], q, k, v)
+    many = torch.stack([states[0][0], states[1][0]], 1)
+    many_lse = torch.stack([states[0][1], states[1][1]], 1)
+    out_many, lse_many = kiln.merge_states(many, many_lse)
+    torch.testing.assert_close(out_many, out, rtol=0, atol=0)
+    torch.testing.assert_close(lse_many, out_lse, rtol=0, atol=0)
+
+
+def test_every_gpu_ordinal_or_a_second_stream():
+    devices = [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    for device in devices:
+        with torch.cuda.device(0):  # the call follows its tensors, not the current device
+            q, k, v = (randn(2, 64, 4, 64, device=device) for _ in range(3))
+            out = kiln.flash_attn_func(q, k, v, causal=True)
+        assert out.device == torch.device(device)
+        check_attention(out, None, q, k, v, causal=True)
+    if len(devices) == 1:
+        q, k, v = (randn(2, 64, 4, 64) for _ in range(3))
+        expected = kiln.flash_attn_func(q, k, v)
+        late_q = nan_like(q)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            # q arrives late on `side`: a call launched on another stream would read NaN.
+            torch.cuda._sleep(50_000_000)
+            late_q.copy_(q)
+            out = kiln.flash_attn_func(late_q, k, v)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+def test_torch_compile_end_to_end():
+    def attend(q, k, v, k_cache, v_cache, seqlens):
+        a = kiln.flash_attn_func(q, k, v, causal=True)
+        b = kiln.flash_attn_with_kvcache(q[:, -1:], k_cache, v_cache, k[:, -1:], v[:, -1:],
+                                         cache_seqlens=seqlens)
+        return a * 2, b + 1
+    q, k, v = randn(2, 64, 8, 64), randn(2, 64, 2, 64), randn(2, 64, 2, 64)
+    cache = [randn(2, 256, 2, 64) for _ in range(2)]
+    seqlens = torch.tensor([10, 200], dtype=I32, device="cuda")
+    eager_cache = [c.clone() for c in cache]
+    expected = attend(q, k, v, *eager_cache, seqlens)
+    torch._dynamo.reset()
+    compiled = torch.compile(attend, fullgraph=True)
+    got = compiled(q, k, v, *cache, seqlens)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    for a, b in zip(cache, eager_cache):  # the append happened in place under compile too
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_cuda_graph_replays_decode_with_new_cache_lengths():
+    ref = reference()
+    batch, h, hk, d, seqlen = 4, 8, 2, 128, 1024
+    q, k_new, v_new = randn(batch, 1, h, d), randn(batch, 1, hk, d), randn(batch, 1, hk, d)
+    k_cache, v_cache = randn(batch, seqlen, hk, d), randn(batch, seqlen, hk, d)
+    lengths = torch.tensor([5, 100, 0, 700], dtype=I32, device="cuda")
+    out = torch.empty_like(q)
+
+    def step():
+        kiln.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
+                                     causal=True, out=out)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm: loads the kernels before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for new_lengths in ([6, 101, 1, 701], [900, 3, 64, 0], [1023, 1022, 512, 17]):
+        lengths.copy_(torch.tensor(new_lengths, dtype=I32))
+        for t in (q, k_new, v_new):
+            t.copy_(torch.randn_like(t))
+        out.fill_(float("nan"))
+        before_k, before_v = k_cache.clone(), v_cache.clone()
+        graph.replay()
+        torch.cuda.synchronize()
+        kw = dict(k=k_new, v=v_new, cache_seqlens=lengths, causal=True)
+        out_ref = ref.kvcache_ref(q, before_k.clone(), before_v.clone(), **kw)[0]
+        out_plain = ref.kvcache_ref(q, before_k, before_v, upcast=False, **kw)[0]
+        ref.check_close(out, out_ref, out_plain)
+
+
+def test_capturing_a_call_whose_kernel_is_not_loaded_names_kiln_warmup():
+    # head dim 40 with softcap and top_left: a variant no other test loads in this process.
+    q, k, v = randn(1, 8, 2, 40), randn(1, 8, 2, 40), randn(1, 8, 2, 40)
+    graph = torch.cuda.CUDAGraph()
+    with pytest.raises(kiln.KilnError, match=r"not warmed.*kiln.warmup\(device\)"):
+        with torch.cuda.graph(graph):
+            kiln.flash_attn_func(q, k, v, softcap=7.0, top_left=True, causal=True)
+
+
+def test_backward_raises_on_the_gpu():
+    q = randn(1, 16, 2, 64).requires_grad_()
+    out = kiln.flash_attn_func(q, q.detach(), q.detach())
+    with pytest.raises(NotImplementedError, match="kiln.flash_attn_func has no backward yet"):
+        out.float().sum().backward()
+
+
+def test_warmup_and_info():
+    kiln.warmup()
+    kiln.warmup(torch.device("cuda", 0))
+    assert len(kiln.info()["devices"]) == torch.cuda.device_count()
