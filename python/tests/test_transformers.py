@@ -24,6 +24,11 @@ transformers = pytest.importorskip("transformers")
 
 import kiln  # noqa: E402
 import kiln.transformers as kiln_hf  # noqa: E402
+
+try:
+    from kiln import _capi as kiln_capi
+except ImportError:  # the kiln package is not built here: needs_kiln skips what uses it
+    kiln_capi = None
 from reference import attention_ref, check_close, kvcache_ref  # noqa: E402
 
 GENERATE = 8
@@ -144,9 +149,12 @@ class Calls:
         return result.to(q.dtype)
 
 
-@pytest.mark.skipif(
+needs_kiln = pytest.mark.skipif(
     not hasattr(kiln, "flash_attn_with_kvcache"), reason="the kiln package is not built here"
 )
+
+
+@needs_kiln
 @pytest.mark.parametrize("name", ["flash_attn_func", "flash_attn_with_kvcache"])
 def test_stand_ins_take_kilns_arguments(name):
     import inspect
@@ -369,6 +377,42 @@ def test_mask_function():
     assert kiln_hf.make_mask(**dict(base, kv_length=10)) is not None
     # Custom mask functions or packed sequences: transformers forbids the skip.
     assert kiln_hf.make_mask(**dict(base, allow_is_causal_skip=False)) is not None
+
+
+@needs_kiln
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="with a GPU, the gpu tests run kiln on these calls"
+)
+@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("padded", [False, True], ids=["unpadded", "left-padded"])
+@torch.no_grad()
+def test_kiln_accepts_every_call(as_gpu, monkeypatch, name, padded):
+    """kiln's own checks (shapes, strides, alignment, dtypes, the bias, the window) on every call
+    the mapping makes, prefill and generation, bf16: as_gpu sends CPU tensors as a GPU's, and
+    with no GPU kiln stops after its checks for want of a driver. Each call must get that far;
+    the stand-in then answers it."""
+    stand_ins = Calls()
+    refused = (kiln_capi.KILN_ERROR_INVALID_ARGUMENT, kiln_capi.KILN_ERROR_UNSUPPORTED)
+
+    def checked(name):
+        real, stand_in = getattr(kiln, name), getattr(stand_ins, name)
+
+        def call(*args, **kwargs):
+            with pytest.raises(kiln.KilnError) as error:
+                real(*args, **kwargs)
+            assert error.value.status not in refused, str(error.value)
+            return stand_in(*args, **kwargs)
+
+        return call
+
+    for call in ("flash_attn_func", "flash_attn_with_kvcache"):
+        monkeypatch.setattr(kiln, call, checked(call))
+    kiln_hf.register()
+    _, with_kiln = model_pair(CONFIGS[name], dtype_kiln=torch.bfloat16)
+    ids, mask = prompts(padded=padded)
+    generate(with_kiln, ids, mask)
+    made = {c["call"] for c in stand_ins.log}
+    assert made == {"func", "kvcache"} or (padded and made == {"func"}), made
 
 
 def test_training_and_dropout_raise(calls):
