@@ -14,7 +14,6 @@ convention). Each row also checks kiln's output against SDPA's; a mismatch, or a
 not run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
 """
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -24,8 +23,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import (cell, describe, library_line, ratio, save_results,  # noqa: E402
-                          start, time_interleaved, wall_ms, warm_up)
+from bench_common import (cell, describe, device_line, library_line, ratio,  # noqa: E402
+                          save_results, start, time_interleaved, wall_ms, warm_up)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SDPA_BACKENDS = {
@@ -204,7 +203,6 @@ def cache_was_empty():
 
 # ---------------------------------------------------------------------------------- printing
 def header_lines(kiln, args):
-    p = torch.cuda.get_device_properties(0)
     if args.layout == "bshd":
         layout = ("q/k/v are contiguous (batch, seqlen, heads, d) tensors: kiln reads them "
                   "as they are, SDPA gets .transpose(1, 2) views of the same storage")
@@ -212,10 +210,8 @@ def header_lines(kiln, args):
         layout = ("q/k/v are contiguous (batch, heads, seqlen, d) tensors: SDPA reads them "
                   "as they are, kiln gets .transpose(1, 2) views of the same storage")
     return [
-        f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
-        f"{library_line(kiln)}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        device_line(),
+        library_line(kiln),
         f"inputs: {layout}; no copies; kiln called as kiln.flash_attn_func(q, k, v, "
         f"causal=..., out=out)",
         f"timing: CUDA events around each call, median of {args.reps} calls per backend, "

@@ -1,6 +1,7 @@
 """What the torch benchmarks (attention.py, decode.py, python_host.py) share: the start of a
 run, the kiln package, warm-up until fast, CUDA-event medians with the backends taking turns,
 table cells, the git commit, results to $OUT."""
+import datetime
 import glob
 import importlib.util
 import json
@@ -58,10 +59,19 @@ def find_library(where):
     )
 
 
+def device_line():
+    """The header line of the GPU and the torch, CUDA and cuDNN that ran."""
+    p = torch.cuda.get_device_properties(0)
+    return (f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+
+
 def library_line(kiln):
-    """Which kiln ran: its version, library and the commit of this checkout."""
+    """The header line of which kiln ran, when: its version, library and the commit of this
+    checkout."""
     info = kiln.info()
-    return f"kiln {info['version']} ({info['library']}) at commit {git_commit()}"
+    return (f"kiln {info['version']} ({info['library']}) at commit {git_commit()}, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
 def save_results(name, results):

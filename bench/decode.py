@@ -20,7 +20,6 @@ against SDPA's; a mismatch, or a row kiln could not run, makes the exit status 1
 set, the results go to $OUT/decode.json.
 """
 import argparse
-import datetime
 import functools
 import itertools
 import os
@@ -32,8 +31,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import (cell, describe, library_line, ratio, save_results,  # noqa: E402
-                          start, time_interleaved, warm_up)
+from bench_common import (cell, describe, device_line, library_line, ratio,  # noqa: E402
+                          save_results, start, time_interleaved, warm_up)
 
 HEADS, HEADS_KV, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 ROWS = [(1, 32768), (8, 8192), (32, 4096), (64, 16384), (128, 2048)]
@@ -227,12 +226,9 @@ def check_row(calls, outs, q, k, v, tol):
 
 # ---------------------------------------------------------------------------------- printing
 def header_lines(kiln, args):
-    p = torch.cuda.get_device_properties(0)
     return [
-        f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
-        f"{library_line(kiln)}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        device_line(),
+        library_line(kiln),
         f"bf16, {HEADS} query heads, {HEADS_KV} kv heads, d {HEAD_DIM}, seqlen_q 1, every "
         f"sequence at the full cache length; kiln num_splits {args.splits or 'heuristic'}",
         "kiln: contiguous cache (batch, length, heads_kv, d), and paged caches (p16, p256) with "

@@ -25,7 +25,6 @@ With $OUT set, the results go to $OUT/python_host.json.
 """
 
 import argparse
-import datetime
 import functools
 import os
 import statistics
@@ -36,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import cell, describe, library_line, save_results, start, warm_up  # noqa: E402
+from bench_common import (cell, describe, device_line, library_line,  # noqa: E402
+                          save_results, start, warm_up)
 
 HEADS, HEADS_KV, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 ROWS = [(1, 4096, None), (32, 4096, None), (32, 4096, 256)]  # (batch, length, page size)
@@ -172,12 +172,9 @@ def bench_row(kiln, batch, length, page_size, args):
 
 # ---------------------------------------------------------------------------------- printing
 def header_lines(kiln, args):
-    p = torch.cuda.get_device_properties(0)
     return [
-        f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}, Python {sys.version.split()[0]}",
-        f"{library_line(kiln)}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        f"{device_line()}, Python {sys.version.split()[0]}",
+        library_line(kiln),
         f"bf16 decode steps: {HEADS} query heads, {HEADS_KV} kv heads, d {HEAD_DIM}, seqlen_q 1",
         f"host us: CPU time per call, {args.calls} calls queued behind a GPU spin, median of "
         f"{args.reps} samples; kernel us: CUDA events around one call queued behind a spin; "

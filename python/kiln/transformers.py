@@ -150,12 +150,7 @@ def attention_forward(
     softcap = softcap or 0.0
     if attention_mask is not None:
         out = _kiln.flash_attn_func(
-            q,
-            k,
-            v,
-            softmax_scale=scaling,
-            softcap=softcap,
-            bias=_bias(attention_mask, query, key),
+            q, k, v, softmax_scale=scaling, softcap=softcap, bias=_bias(attention_mask, query, key)
         )
         return out, None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)

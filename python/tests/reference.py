@@ -74,9 +74,19 @@ def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_l
     return out, lse
 
 
-def _out_dtypes(q, upcast):
-    """(compute dtype, lse dtype)."""
-    return (torch.float64, torch.float64) if upcast else (q.dtype, torch.float32)
+def _options(q, upcast, softmax_scale, **band):
+    """The per-sequence _attend options every call shares, and the LSE's dtype: float64 when
+    upcast, else the inputs' dtype (float32 for the LSE, as kiln's)."""
+    dtype, lse_dtype = (torch.float64, torch.float64) if upcast else (q.dtype, torch.float32)
+    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    return dict(scale=scale, dtype=dtype, **band), lse_dtype
+
+
+def _slopes(alibi_slopes, b):
+    """Sequence b's ALiBi slopes (heads) from (heads) or (batch, heads)."""
+    if alibi_slopes is None or alibi_slopes.dim() == 1:
+        return alibi_slopes
+    return alibi_slopes[b]
 
 
 def attention_ref(
@@ -108,8 +118,8 @@ def attention_ref(
         raise ValueError("varlen needs both cu_seqlens_q and cu_seqlens_k")
     if varlen and bias is not None:
         raise ValueError("bias is dense only (kiln takes no bias with varlen)")
-    dtype, lse_dtype = _out_dtypes(q, upcast)
-    scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    band = dict(causal=causal, window_size=window_size, softcap=softcap, top_left=top_left)
+    options, lse_dtype = _options(q, upcast, softmax_scale, **band)
 
     if varlen:
         starts_q = cu_seqlens_q.tolist()
@@ -134,21 +144,8 @@ def attention_ref(
         if bias is not None:
             full = bias.expand(batch, q.shape[2], q.shape[1], k.shape[1])
             bias_b = full[b, :, :, : k_b.shape[0]]
-        slopes_b = None
-        if alibi_slopes is not None:
-            slopes_b = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
         out_b, lse_b = _attend(
-            q_seqs[b],
-            k_b,
-            v_b,
-            scale=scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            slopes=slopes_b,
-            bias=bias_b,
-            top_left=top_left,
-            dtype=dtype,
+            q_seqs[b], k_b, v_b, slopes=_slopes(alibi_slopes, b), bias=bias_b, **options
         )
         outs.append(out_b)
         lses.append(lse_b.to(lse_dtype))
@@ -214,7 +211,9 @@ def kvcache_ref(
         raise ValueError("rotary needs k and v to append (as flash_attn_with_kvcache)")
     if k is not None and cache_seqlens is None:
         raise ValueError("append needs cache_seqlens: where the new keys go")
-    dtype, lse_dtype = _out_dtypes(q, upcast)
+    band = dict(causal=causal, window_size=window_size, softcap=softcap, top_left=top_left)
+    options, lse_dtype = _options(q, upcast, softmax_scale, **band)
+    dtype = options["dtype"]
     batch, s_q = q.shape[0], q.shape[1]
     s_new = 0 if k is None else k.shape[1]
     paged = block_table is not None
@@ -258,21 +257,13 @@ def kvcache_ref(
                     k_cache_new[row, pos] = k_b[t].to(k_cache.dtype)
                     v_cache_new[row, pos] = v[b, t].to(v_cache.dtype)
         seqlen_k = cached[b] + s_new
-        slopes_b = None
-        if alibi_slopes is not None:
-            slopes_b = alibi_slopes if alibi_slopes.dim() == 1 else alibi_slopes[b]
         out_b, lse_b = _attend(
             q_b,
             sequence_rows(k_cache_new, b)[:seqlen_k],
             sequence_rows(v_cache_new, b)[:seqlen_k],
-            scale=softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1]),
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            slopes=slopes_b,
+            slopes=_slopes(alibi_slopes, b),
             bias=None,
-            top_left=top_left,
-            dtype=dtype,
+            **options,
         )
         outs.append(out_b)
         lses.append(lse_b.to(lse_dtype))

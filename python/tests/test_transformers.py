@@ -43,10 +43,17 @@ class Calls:
     def __init__(self):
         self.log = []
 
-    def check_layout(self, name, *tensors):
-        for t in tensors:
+    def record(self, call, q, k, v, softmax_scale, causal, window_size, softcap, **fields):
+        """Logs a call; returns the band options, as the reference takes them."""
+        for t in (q, k, v):
             # kiln needs stride 1 on the last dim; the mapping must not have to copy for it.
-            assert t.stride(-1) == 1, f"{name}: last-dim stride {t.stride(-1)}"
+            assert t.stride(-1) == 1, f"{call}: last-dim stride {t.stride(-1)}"
+        window = tuple(window_size)
+        log = dict(call=call, q=q, k=k, v=v, causal=causal, window=window, softcap=softcap)
+        self.log.append(dict(log, scale=softmax_scale, **fields))
+        return dict(
+            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap
+        )
 
     def flash_attn_func(
         self,
@@ -67,31 +74,8 @@ class Calls:
         return_softmax_lse=False,
         out=None,
     ):
-        self.check_layout("flash_attn_func", q, k, v)
-        self.log.append(
-            dict(
-                call="func",
-                q=q,
-                k=k,
-                v=v,
-                causal=causal,
-                window=tuple(window_size),
-                softcap=softcap,
-                scale=softmax_scale,
-                bias=bias,
-            )
-        )
-        result, _ = attention_ref(
-            q,
-            k,
-            v,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
-            bias=bias,
-            top_left=top_left,
-        )
+        band = self.record("func", q, k, v, softmax_scale, causal, window_size, softcap, bias=bias)
+        result, _ = attention_ref(q, k, v, bias=bias, top_left=top_left, **band)
         return result.to(q.dtype)
 
     def flash_attn_with_kvcache(
@@ -119,32 +103,20 @@ class Calls:
         top_left=False,
         out=None,
     ):
-        self.check_layout("flash_attn_with_kvcache", q, k_cache, v_cache)
-        self.log.append(
-            dict(
-                call="kvcache",
-                q=q,
-                k=k_cache,
-                v=v_cache,
-                causal=causal,
-                window=tuple(window_size),
-                softcap=softcap,
-                scale=softmax_scale,
-                bias=None,
-                appended=k is not None,
-            )
-        )
-        result, _, _, _ = kvcache_ref(
+        band = self.record(
+            "kvcache",
             q,
             k_cache,
             v_cache,
-            k=k,
-            v=v,
-            cache_seqlens=cache_seqlens,
-            softmax_scale=softmax_scale,
-            causal=causal,
-            window_size=window_size,
-            softcap=softcap,
+            softmax_scale,
+            causal,
+            window_size,
+            softcap,
+            bias=None,
+            appended=k is not None,
+        )
+        result, _, _, _ = kvcache_ref(
+            q, k_cache, v_cache, k=k, v=v, cache_seqlens=cache_seqlens, top_left=top_left, **band
         )
         return result.to(q.dtype)
 
@@ -174,46 +146,38 @@ def calls(monkeypatch):
 # --- tiny models ---------------------------------------------------------------------------------
 
 VOCAB = 97
+# Both models: GQA 4:2, head dim 16, weights large enough for sharp attention (so a wrong mask
+# or window shows in the logits), token 0 for padding.
+SIZES = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+    initializer_range=0.2,
+    pad_token_id=0,
+    bos_token_id=1,
+    eos_token_id=None,
+)
 
 
 def llama_config():
-    return transformers.LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        initializer_range=0.2,
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=None,
-    )
+    return transformers.LlamaConfig(**SIZES)
 
 
 def gemma2_config():
     # Layer 0 slides over the last 5 keys, layer 1 sees them all; the scale is not 1/sqrt(d);
     # softcap 5 bends the logits, which the large initializer makes big.
     return transformers.Gemma2Config(
-        vocab_size=VOCAB,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        max_position_embeddings=256,
-        initializer_range=0.2,
+        **SIZES,
         query_pre_attn_scalar=40,
         sliding_window=5,
         attn_logit_softcapping=5.0,
         final_logit_softcapping=30.0,
         layer_types=["sliding_attention", "full_attention"],
-        pad_token_id=0,
-        bos_token_id=1,
-        eos_token_id=None,
     )
 
 
