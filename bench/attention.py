@@ -1,5 +1,6 @@
-"""Forward attention benchmark: kiln (C API through ctypes) next to PyTorch SDPA's flash, cuDNN
-and mem-efficient backends, in one process on one GPU (issue 3, "Performance").
+"""Forward attention benchmark: kiln (its Python package, kiln.flash_attn_func) next to PyTorch
+SDPA's flash, cuDNN and mem-efficient backends, in one process on one GPU (issue 3,
+"Performance"; issue 16: the package reaches the C API's TFLOP/s).
 
     KILN_LIB=build KILN_CACHE_DIR=$(mktemp -d) python3 bench/attention.py [--quick] [--warm]
 
@@ -13,7 +14,6 @@ convention). Each row also checks kiln's output against SDPA's; a mismatch, or a
 not run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
 """
 import argparse
-import datetime
 import os
 import sys
 import time
@@ -23,9 +23,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import kiln_ctypes  # noqa: E402  (lives beside this file)
-from bench_common import (cell, describe, git_commit, ratio, save_results,  # noqa: E402
-                          start, time_interleaved, wall_ms, warm_up)
+from bench_common import (cell, describe, device_line, library_line, ratio,  # noqa: E402
+                          save_results, start, time_interleaved, wall_ms, warm_up)
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 SDPA_BACKENDS = {
@@ -67,12 +66,13 @@ def parse_args():
     p.add_argument("--reps", type=int, default=30, help="timed calls per backend and row")
     p.add_argument("--rows", choices=["all", "grid", "models"], default="all",
                    help="the head-dim x seqlen grid, the model shapes, or both (default)")
-    p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB)")
+    p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB; "
+                   "neither: the installed package's, else ./build's)")
     p.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
                    help="memory layout of the inputs that kiln and SDPA share (default bshd)")
     p.add_argument("--tol", type=float, default=2e-2, help="max abs diff kiln vs SDPA")
     p.add_argument("--warm", action="store_true",
-                   help="run kiln_warmup_default after the cold measurement and flag rows "
+                   help="run kiln.warmup() after the cold measurement and flag rows "
                         "whose kernel it did not cover")
     return p.parse_args()
 
@@ -125,7 +125,7 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args, model=None):
     row = {"dtype": dtype_name, "head_dim": d, "seqlen": seqlen, "batch": batch, "heads": heads,
            "heads_kv": heads_kv, "model": name, "causal": causal,
            "flops": row_flops(batch, heads, seqlen, d, causal), "errors": {}}
-    calls = {"kiln": kiln.bind_attention(q, k, v, out, causal=causal)}
+    calls = {"kiln": lambda: kiln.flash_attn_func(q, k, v, causal=causal, out=out)}
     # SDPA's fused kernels need as many kv heads as query heads: repeat them (not timed).
     k_sdpa, v_sdpa = ((k.repeat_interleave(heads // heads_kv, dim=2),
                        v.repeat_interleave(heads // heads_kv, dim=2))
@@ -172,8 +172,8 @@ def measure_cold(kiln):
     def first_call(dtype, d, causal):
         q, k, v, out = make_inputs(dtype, d, 512, "bshd")
         try:
-            return wall_ms(lambda: kiln.attention(q, k, v, out, causal=causal)), None
-        except kiln_ctypes.KilnError as ex:
+            return wall_ms(lambda: kiln.flash_attn_func(q, k, v, causal=causal, out=out)), None
+        except kiln.KilnError as ex:
             return None, describe(ex)
     process_ms, process_err = first_call(torch.float16, 64, False)
     cold_ms, cold_err = first_call(torch.bfloat16, 128, True)
@@ -203,7 +203,6 @@ def cache_was_empty():
 
 # ---------------------------------------------------------------------------------- printing
 def header_lines(kiln, args):
-    p = torch.cuda.get_device_properties(0)
     if args.layout == "bshd":
         layout = ("q/k/v are contiguous (batch, seqlen, heads, d) tensors: kiln reads them "
                   "as they are, SDPA gets .transpose(1, 2) views of the same storage")
@@ -211,11 +210,10 @@ def header_lines(kiln, args):
         layout = ("q/k/v are contiguous (batch, heads, seqlen, d) tensors: SDPA reads them "
                   "as they are, kiln gets .transpose(1, 2) views of the same storage")
     return [
-        f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
-        f"kiln {kiln.path} at commit {git_commit()}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
-        f"inputs: {layout}; no copies",
+        device_line(),
+        library_line(kiln),
+        f"inputs: {layout}; no copies; kiln called as kiln.flash_attn_func(q, k, v, "
+        f"causal=..., out=out)",
         f"timing: CUDA events around each call, median of {args.reps} calls per backend, "
         f"backends interleaved call by call, after warm-up until a call is fast",
         f"TFLOP/s: 4*batch*heads*seqlen^2*d (halved when causal); {TOKENS} tokens, "
@@ -299,9 +297,9 @@ def main():
     print_cold(cold, empty)
     if args.warm:
         t0 = time.perf_counter()
-        kiln.warmup_default()
+        kiln.warmup()
         cold["warmup_default_s"] = time.perf_counter() - t0
-        print(f"kiln_warmup_default: {cold['warmup_default_s']:.1f} s")
+        print(f"kiln.warmup(): {cold['warmup_default_s']:.1f} s")
 
     print("\nTFLOP/s" + "\n" + TABLE_HEAD, flush=True)
     rows, seen = [], set()
@@ -316,7 +314,7 @@ def main():
         print_new_errors(row, seen)
         if args.warm and row["first_call_ms"].get("kiln", 0) > COMPILED_MS:
             print(f"    kiln first call {row['first_call_ms']['kiln']:.0f} ms: "
-                  f"kernel not covered by kiln_warmup_default?")
+                  f"kernel not covered by kiln.warmup()?")
         torch.cuda.empty_cache()
 
     summary = summarize(rows)

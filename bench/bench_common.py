@@ -1,26 +1,77 @@
-"""What the torch benchmarks (attention.py, decode.py) share: the start of a run, warm-up until
-fast, CUDA-event medians with the backends taking turns, table cells, the git commit, results
-to $OUT."""
+"""What the torch benchmarks (attention.py, decode.py, python_host.py) share: the start of a
+run, the kiln package, warm-up until fast, CUDA-event medians with the backends taking turns,
+table cells, the git commit, results to $OUT."""
+import datetime
+import glob
+import importlib.util
 import json
 import os
 import statistics
 import subprocess
+import sys
 import time
 
 import torch
 
-import kiln_ctypes
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def start(args, header_lines):
-    """Seeds torch, loads libkiln (args.lib, else $KILN_LIB) and prints the run's header lines,
-    header_lines(kiln, args); returns (kiln, header)."""
+    """Seeds torch, imports the kiln package (its libkiln from args.lib, else $KILN_LIB) and
+    prints the run's header lines, header_lines(kiln, args); returns (kiln, header)."""
     torch.manual_seed(0)
-    kiln = kiln_ctypes.Kiln(args.lib)
+    kiln = load_kiln(args.lib)
     header = header_lines(kiln, args)
     for line in header:
         print(line)
     return kiln, header
+
+
+def load_kiln(where=None):
+    """The kiln package: the installed one, else the source tree's (python/). Its libkiln comes
+    from `where` or $KILN_LIB, a build dir or the library itself (the package takes only the
+    library), else, for the source tree's package, from ./build; an installed package without
+    either uses the libkiln it bundles."""
+    where = where or os.environ.get("KILN_LIB")
+    installed = importlib.util.find_spec("kiln") is not None
+    if not installed:
+        sys.path.insert(0, os.path.join(ROOT, "python"))
+        where = where or os.path.join(ROOT, "build")
+    if where:
+        os.environ["KILN_LIB"] = find_library(where)
+    import kiln
+
+    return kiln
+
+
+def find_library(where):
+    """Path of libkiln.so: `where` itself, or where a build (or install) dir puts it."""
+    if os.path.isfile(where):
+        return where
+    # The build tree mirrors the install tree, so the library sits in <dir>/lib (or a
+    # multiarch subdir of it); a dir holding the .so directly works too.
+    for pattern in ("libkiln.so", "lib/libkiln.so", "lib64/libkiln.so", "lib/*/libkiln.so"):
+        hits = sorted(glob.glob(os.path.join(where, pattern)))
+        if hits:
+            return hits[0]
+    raise FileNotFoundError(
+        f"no libkiln.so in {where!r}: set KILN_LIB (or --lib) to the build dir or the library"
+    )
+
+
+def device_line():
+    """The header line of the GPU and the torch, CUDA and cuDNN that ran."""
+    p = torch.cuda.get_device_properties(0)
+    return (f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
+            f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}")
+
+
+def library_line(kiln):
+    """The header line of which kiln ran, when: its version, library and the commit of this
+    checkout."""
+    info = kiln.info()
+    return (f"kiln {info['version']} ({info['library']}) at commit {git_commit()}, "
+            f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
 def save_results(name, results):
@@ -132,8 +183,7 @@ def cell(x, fmt):
 
 def git_commit():
     try:
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        return subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"],
+        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
                               capture_output=True, text=True, check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return "unknown"  # a copy of the tree without .git

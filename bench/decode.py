@@ -1,6 +1,7 @@
-"""Decode attention benchmark: kiln's attention_with_kvcache (C API through ctypes) on a
+"""Decode attention benchmark: kiln's flash_attn_with_kvcache (its Python package) on a
 contiguous and on paged KV caches, next to PyTorch SDPA's flash and cuDNN backends on the same
-keys, in one process on one GPU (issue 4, "Performance").
+keys, in one process on one GPU (issue 4, "Performance"; issue 16: the package reaches the C
+API's TB/s).
 
     KILN_LIB=build KILN_CACHE_DIR=$(mktemp -d) python3 bench/decode.py [--quick]
 
@@ -19,7 +20,7 @@ against SDPA's; a mismatch, or a row kiln could not run, makes the exit status 1
 set, the results go to $OUT/decode.json.
 """
 import argparse
-import datetime
+import functools
 import itertools
 import os
 import sys
@@ -30,8 +31,8 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_common import (cell, describe, git_commit, ratio, save_results,  # noqa: E402
-                          start, time_interleaved, warm_up)
+from bench_common import (cell, describe, device_line, library_line, ratio,  # noqa: E402
+                          save_results, start, time_interleaved, warm_up)
 
 HEADS, HEADS_KV, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
 ROWS = [(1, 32768), (8, 8192), (32, 4096), (64, 16384), (128, 2048)]
@@ -54,7 +55,8 @@ def parse_args():
                    help="independent input sets the calls take turns over (default 2)")
     p.add_argument("--rows", default=None,
                    help="comma-separated BATCHxLENGTH rows instead of the default ones")
-    p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB)")
+    p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB; "
+                   "neither: the installed package's, else ./build's)")
     p.add_argument("--splits", type=int, default=0,
                    help="kiln's num_splits (default 0: its heuristic)")
     p.add_argument("--tol", type=float, default=2e-2,
@@ -107,8 +109,9 @@ def kiln_calls(kiln, q, k, v, seqlens, splits):
     caches.update({f"kiln p{p}": paged(k, v, p) for p in PAGE_SIZES})
     for name, (kc, vc, table) in caches.items():
         outs[name] = torch.empty_like(q)
-        calls[name] = kiln.bind_attention_with_kvcache(q, kc, vc, seqlens, outs[name],
-                                                       block_table=table, num_splits=splits)
+        calls[name] = functools.partial(kiln.flash_attn_with_kvcache, q, kc, vc,
+                                        cache_seqlens=seqlens, block_table=table,
+                                        num_splits=splits, out=outs[name])
     return calls, outs
 
 
@@ -223,12 +226,9 @@ def check_row(calls, outs, q, k, v, tol):
 
 # ---------------------------------------------------------------------------------- printing
 def header_lines(kiln, args):
-    p = torch.cuda.get_device_properties(0)
     return [
-        f"device {p.name} ({p.multi_processor_count} SMs), torch {torch.__version__}, "
-        f"CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()}",
-        f"kiln {kiln.path} at commit {git_commit()}, "
-        f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC",
+        device_line(),
+        library_line(kiln),
         f"bf16, {HEADS} query heads, {HEADS_KV} kv heads, d {HEAD_DIM}, seqlen_q 1, every "
         f"sequence at the full cache length; kiln num_splits {args.splits or 'heuristic'}",
         "kiln: contiguous cache (batch, length, heads_kv, d), and paged caches (p16, p256) with "
