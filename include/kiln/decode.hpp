@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "kiln/runtime.hpp"
+#include "kiln/score.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -33,20 +34,9 @@ struct KVCache {
 };
 
 struct DecodeOptions {
-  std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
-
-  // The band of AttentionOptions, over the keys 0 .. seqlen_k - 1 of each sequence, where
-  // seqlen_k = seqlens[b] + seqlen_new: query i sees key j when
-  //   i + offset - window_left <= j <= i + offset + window_right,
-  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded. causal sets
-  // window_right to 0 whatever it was and keeps window_left, as in AttentionOptions.
-  bool causal = false;
-  int window_left = -1;
-  int window_right = -1;
-  bool top_left = false;
-
-  float softcap = 0;                       // > 0: logits = softcap * tanh(logits / softcap)
-  std::optional<TensorView> alibi_slopes;  // fp32 (heads) or (batch, heads)
+  // Scale, band, softcap and ALiBi, as in AttentionOptions. The band runs over the keys
+  // 0 .. seqlen_k - 1 of each sequence, where seqlen_k = seqlens[b] + seqlen_new.
+  ScoreOptions score;
 
   // Append: k_new (batch, seqlen_new, heads_kv, head_dim) and v_new (..., head_dim_v), q's
   // dtype, are written into the cache at positions seqlens[b] .. seqlens[b] + seqlen_new - 1

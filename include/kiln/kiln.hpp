@@ -9,6 +9,7 @@
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
+#include "kiln/score.hpp"
 #include "kiln/spec.hpp"
 #include "kiln/tensor.hpp"
 

@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
   const RowBlock rows = cta_row_block<Tr::block_m>(seq);
   if (rows.begin >= rows.end) return;
-  const Band band = make_band<Spec::band>(p, seq);
+  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, rows.begin, rows.end, Tr::block_n);
 
   const int thread = threadIdx.x;

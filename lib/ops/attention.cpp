@@ -8,7 +8,7 @@
 
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
-#include "ops/score_params.hpp"
+#include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
 #include "params/attention.h"
 #include "params/registry.hpp"
@@ -30,12 +30,13 @@ using detail::unsupported;
 constexpr int kMaxConfigValue = 1024;
 constexpr int kMaxWarps = 32;
 
-// The sizes of one call, read off the validated tensors.
+// The sizes of one call, read off the validated tensors, and its checked score.
 struct Shape {
   bool varlen = false;
   std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, heads_kv = 0;
   std::int64_t head_dim = 0, head_dim_v = 0;
   std::int64_t tokens_q = 0;  // varlen: total query tokens
+  ScoreParams score{};        // the options' score, as the kernels read it
 };
 
 Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -92,7 +93,6 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int device) {
-  detail::check_score_options(o.softmax_scale, o.softcap, o.window_left, o.window_right);
   if (s.varlen) {
     if (!o.cu_seqlens_q || !o.cu_seqlens_k) {
       invalid(fmt::format("varlen needs both cu_seqlens_q and cu_seqlens_k; {} is missing",
@@ -128,7 +128,7 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     check_common(*o.seqused_k, "seqused_k", device);
     check_int_vector(*o.seqused_k, "seqused_k", s.batch, "batch");
   }
-  if (o.alibi_slopes) detail::check_alibi_slopes(*o.alibi_slopes, s.batch, s.heads, device);
+  s.score = detail::score_params(o.score, s.batch, s.heads, s.head_dim, device);
   if (o.bias) {
     const TensorView& b = *o.bias;
     check_common(b, "bias", device);
@@ -165,10 +165,10 @@ AttentionProblem problem_of(const Shape& s, DType dtype, const AttentionOptions&
   return {.dtype = dtype,
           .head_dim = static_cast<int>(s.head_dim),
           .head_dim_v = static_cast<int>(s.head_dim_v),
-          .band = detail::has_band(o),
+          .band = detail::has_band(o.score),
           .varlen = s.varlen,
-          .softcap = o.softcap > 0,
-          .alibi = o.alibi_slopes.has_value(),
+          .softcap = o.score.softcap > 0,
+          .alibi = o.score.alibi_slopes.has_value(),
           .bias = o.bias.has_value()};
 }
 
@@ -211,7 +211,7 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   p.heads_kv = static_cast<int>(s.heads_kv);
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_k = static_cast<int>(s.seqlen_k);
-  detail::set_score_params(p, o, s.head_dim);
+  p.score = s.score;
   if (o.bias) {
     const TensorView& b = *o.bias;
     p.maybe_bias = b.data;

@@ -54,14 +54,6 @@ void check_int_vector(const TensorView& t, std::string_view name, std::int64_t l
 // GQA/MQA: `heads` query heads over `heads_kv` kv heads (those of tensor `k_name`).
 void check_heads(std::int64_t heads, std::int64_t heads_kv, std::string_view k_name);
 
-// The scalar options of the score: scale, softcap and the band's windows (with causal, any
-// window_right is taken as 0: see set_score_params).
-void check_score_options(std::optional<float> softmax_scale, float softcap, int window_left,
-                         int window_right);
-
-// fp32 ALiBi slopes, (heads) or (batch, heads).
-void check_alibi_slopes(const TensorView& a, std::int64_t batch, std::int64_t heads, int device);
-
 // One expected size of a tensor and how messages name it: {8, "heads"}.
 struct Extent {
   std::int64_t size;
