@@ -6,6 +6,7 @@
 
 #include "kiln/runtime.hpp"
 #include "kiln/score.hpp"
+#include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -77,7 +78,7 @@ struct AttentionConfig {
 // dims, the portable one on AMD's
 // wave64 gfx9 targets, such as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's
 // stops at gfx90c). Throws kiln::Error (unsupported) for any other target.
-AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
+AttentionConfig choose(const AttentionProblem& problem, const Target& target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 
 // Computes out = softmax(scale * q k^T + mask + bias) v on `stream` (CUstream or hipStream_t;
@@ -104,6 +105,6 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
 // The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
 // dims 64, 128 and 256, with and without a mask, each with choose()'s config; none for targets
 // attention does not run on.
-std::vector<KernelSpec> attention_default_specs(std::string_view target);
+std::vector<KernelSpec> attention_default_specs(const Target& target);
 
 }  // namespace kiln

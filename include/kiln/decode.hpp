@@ -8,6 +8,7 @@
 
 #include "kiln/runtime.hpp"
 #include "kiln/score.hpp"
+#include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -95,7 +96,7 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
 // The specs `kiln warm` compiles by default for decode on `target` (sm_80 or newer; none
 // elsewhere): bf16 and fp16, head dims 64 and 128, contiguous and paged caches, one query token
 // with GQA groups of up to 16 heads, and the merge of split-KV.
-std::vector<KernelSpec> decode_default_specs(std::string_view target);
+std::vector<KernelSpec> decode_default_specs(const Target& target);
 
 // Merging attention states. A state is an attention output v (fp16, bf16 or fp32) over some
 // set of keys and its fp32 natural-log LSE s; the merge is the attention over the union:

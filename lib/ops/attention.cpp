@@ -245,29 +245,33 @@ std::string_view kernel_name(AttentionKernel kernel) {
 
 // AMD targets attention runs on: gfx9 (GCN and CDNA), whose wavefronts have the 64 lanes that
 // kernels_src/common/vendor.cuh assumes for every AMD target.
-bool amd_target_supported(std::string_view target) {
-  return target.starts_with("gfx9");
+bool amd_target_supported(const Target& target) {
+  return target.arch() >= 0x900 && target.arch() <= 0x9ff;  // gfx9xx
 }
 
-bool runs_on(std::string_view target) {
-  return target.starts_with("gfx") ? amd_target_supported(target)
-                                   : detail::is_sm80_or_newer(target);
+bool runs_on(const Target& target) {
+  return target.amd() ? amd_target_supported(target) : detail::is_sm80_or_newer(target);
 }
 
-void require_target(std::string_view target, AttentionKernel kernel) {
-  if (target.starts_with("gfx")) {
+// Hopper's arch-specific target, the one with wgmma (the wgmma and tma kernels).
+bool is_sm90a(const Target& target) {
+  return target.nvidia() && target.arch() == 90 && target.arch_specific();
+}
+
+void require_target(const Target& target, AttentionKernel kernel) {
+  if (target.amd()) {
     if (!amd_target_supported(target)) {
       unsupported(
           fmt::format("attention on {} is not supported: on AMD it runs on gfx9 targets "
                       "(wave64, such as gfx90a) that the loaded hipRTC can build",
-                      target));
+                      target.name()));
     }
     if (kernel != AttentionKernel::portable) {
       unsupported(
           fmt::format("the {} attention kernel uses NVIDIA instructions and cannot run on {}: "
                       "use a portable config (AttentionKernel::portable), as choose() gives AMD "
                       "targets",
-                      kernel_name(kernel), target));
+                      kernel_name(kernel), target.name()));
     }
     return;
   }
@@ -275,20 +279,20 @@ void require_target(std::string_view target, AttentionKernel kernel) {
     unsupported(
         fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores) or an AMD gfx9 "
                     "one; the target is {}",
-                    target));
+                    target.name()));
   }
-  if ((kernel == AttentionKernel::wgmma || kernel == AttentionKernel::tma) && target != "sm_90a") {
+  if ((kernel == AttentionKernel::wgmma || kernel == AttentionKernel::tma) && !is_sm90a(target)) {
     unsupported(fmt::format(
         "the {} attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
         "the mma kernel (AttentionKernel::mma)",
-        kernel_name(kernel), target));
+        kernel_name(kernel), target.name()));
   }
 }
 
 }  // namespace
 
-AttentionConfig choose(const AttentionProblem& problem, std::string_view target) {
-  const bool amd = target.starts_with("gfx");
+AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
+  const bool amd = target.amd();
   require_target(target, amd ? AttentionKernel::portable : AttentionKernel::mma);
   const int widest = std::max(problem.head_dim, problem.head_dim_v);
   if (amd) {
@@ -307,7 +311,7 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
   // double the work: mma. Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of
   // smem at 256 holds only 64 keys a step, and a third stage gained nothing at 128. Inputs TMA
   // cannot tile (a stride of 0) run the wgmma kernel on the same tiles (run()).
-  if (target == "sm_90a" && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
+  if (is_sm90a(target) && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
     constexpr AttentionKernel tma = AttentionKernel::tma;
     if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
     return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
@@ -361,7 +365,7 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
 namespace {
 
 // A caller's config: a kernel there is, that `target` runs, with sizes in range.
-void check_config(const AttentionConfig& config, std::string_view target) {
+void check_config(const AttentionConfig& config, const Target& target) {
   const AttentionKernel kernel = config.kernel;
   if (kernel != AttentionKernel::mma && kernel != AttentionKernel::wgmma &&
       kernel != AttentionKernel::tma && kernel != AttentionKernel::portable) {
@@ -451,7 +455,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Validated checked = validate(q, k, v, out, options, runtime.device());
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
-  const std::string target = runtime.target();
+  const Target target = runtime.target();
   if (config) check_config(*config, target);
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
@@ -507,7 +511,7 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
   }
 }
 
-std::vector<KernelSpec> attention_default_specs(std::string_view target) {
+std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!runs_on(target)) return specs;
   for (DType dtype : {DType::bf16, DType::f16}) {

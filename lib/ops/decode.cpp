@@ -306,17 +306,17 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
   return p;
 }
 
-void require_target(std::string_view target) {
-  if (target.starts_with("gfx")) {
+void require_target(const Target& target) {
+  if (target.amd()) {
     unsupported(
         fmt::format("decode attention on {} is not supported yet: its kernel uses NVIDIA "
                     "tensor-core instructions; AMD support is planned",
-                    target));
+                    target.name()));
   }
   if (!is_sm80_or_newer(target)) {
     unsupported(fmt::format(
         "decode attention needs an sm_80 or newer GPU (bf16 tensor cores); the target is {}",
-        target));
+        target.name()));
   }
 }
 

@@ -224,9 +224,8 @@ void check_lse(const TensorView& l, std::string_view name, std::string_view layo
   }
 }
 
-bool is_sm80_or_newer(std::string_view target) {
-  const std::string_view digits = target.substr(target.find('_') + 1);
-  return target.starts_with("sm_") && digits.size() >= 2 && (digits[0] >= '8' || digits.size() > 2);
+bool is_sm80_or_newer(const Target& target) {
+  return target.nvidia() && target.arch() >= 80;
 }
 
 }  // namespace kiln::detail

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln::detail {
@@ -66,6 +67,6 @@ void check_lse(const TensorView& l, std::string_view name, std::string_view layo
                std::initializer_list<Extent> extents, int device);
 
 // Whether `target` is an NVIDIA one with bf16 tensor cores: sm_80 or newer.
-bool is_sm80_or_newer(std::string_view target);
+bool is_sm80_or_newer(const Target& target);
 
 }  // namespace kiln::detail
