@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -113,7 +114,47 @@ constexpr std::array kKVCacheEnds = {
     KILN_FIELD_END(kiln_kvcache, seqlens), KILN_FIELD_END(kiln_kvcache, batch_idx),
     KILN_FIELD_END(kiln_kvcache, block_table)};
 
+// The score's fields, which kiln_attention_options and kiln_decode_options both hold right after
+// struct_size, in this order and of these types (kiln.h; their ends are checked below): one
+// reading of them serves both structs, with no code that takes "any struct with these names".
+struct CScoreFields {
+  float softmax_scale;
+  int causal;
+  int window_left;
+  int window_right;
+  int top_left;
+  float softcap;
+  const DLTensor* alibi_slopes;
+};
+
+constexpr std::array kScoreFieldsEnds = {
+    KILN_FIELD_END(CScoreFields, softmax_scale), KILN_FIELD_END(CScoreFields, causal),
+    KILN_FIELD_END(CScoreFields, window_left),   KILN_FIELD_END(CScoreFields, window_right),
+    KILN_FIELD_END(CScoreFields, top_left),      KILN_FIELD_END(CScoreFields, softcap),
+    KILN_FIELD_END(CScoreFields, alibi_slopes)};
+
 #undef KILN_FIELD_END
+
+// Where the score's fields start in both structs.
+constexpr std::size_t kScoreFieldsAt = offsetof(kiln_attention_options, softmax_scale);
+
+// Whether a struct whose fields end at `ends` opens with CScoreFields at kScoreFieldsAt.
+template <std::size_t N>
+constexpr bool opens_with_score_fields(const std::array<std::size_t, N>& ends) {
+  for (std::size_t i = 0; i < kScoreFieldsEnds.size(); ++i) {
+    if (ends[i] != kScoreFieldsAt + kScoreFieldsEnds[i]) return false;
+  }
+  return true;
+}
+static_assert(opens_with_score_fields(kAttentionOptionsEnds));
+static_assert(opens_with_score_fields(kDecodeOptionsEnds));
+
+template <class C>
+concept ScoreFieldsStruct =
+    std::same_as<C, kiln_attention_options> || std::same_as<C, kiln_decode_options>;
+
+// The score's defaults: windows unbounded (-1), which a zeroed struct would not give.
+constexpr CScoreFields kScoreDefaults{.window_left = -1, .window_right = -1};
 
 // A field appended to a struct but not to its list above would leave its full size unknown.
 template <class C, std::size_t N>
@@ -145,21 +186,22 @@ C read_sized(const C& given, const C& defaults, const std::array<std::size_t, N>
   return c;
 }
 
-template <class COptions>
-COptions score_defaults() {
-  COptions options{};
-  options.struct_size = sizeof(COptions);
-  options.window_left = -1;
-  options.window_right = -1;
+// A C options struct as its *_init leaves it: zeros, but for struct_size and the score's fields.
+template <ScoreFieldsStruct C>
+C options_defaults() {
+  C options{};
+  options.struct_size = sizeof(C);
+  std::memcpy(reinterpret_cast<unsigned char*>(&options) + kScoreFieldsAt, &kScoreDefaults,
+              sizeof kScoreDefaults);
   return options;
 }
 
 kiln_attention_options attention_defaults() {
-  return score_defaults<kiln_attention_options>();
+  return options_defaults<kiln_attention_options>();
 }
 
 kiln_decode_options decode_defaults() {
-  kiln_decode_options options = score_defaults<kiln_decode_options>();
+  kiln_decode_options options = options_defaults<kiln_decode_options>();
   options.rotary_interleaved = 1;  // FlashAttention's flash_attn_with_kvcache default
   return options;
 }
@@ -331,16 +373,20 @@ class CallTensors {
   std::optional<Device> first_;
 };
 
-// The score options kiln_attention_options and kiln_decode_options share, C to C++.
-template <class COptions, class Options>
-void copy_score_options(const COptions& c, Options& o, CallTensors& tensors) {
-  if (c.softmax_scale > 0) o.softmax_scale = c.softmax_scale;
-  o.causal = c.causal != 0;
-  o.window_left = c.window_left;
-  o.window_right = c.window_right;
-  o.top_left = c.top_left != 0;
-  o.softcap = c.softcap;
-  o.alibi_slopes = tensors.maybe(c.alibi_slopes, "alibi_slopes");
+// The score's fields of `c` as ScoreOptions; the slopes are converted as the call's tensors.
+template <ScoreFieldsStruct C>
+ScoreOptions score_options(const C& c, CallTensors& tensors) {
+  CScoreFields fields;
+  std::memcpy(&fields, reinterpret_cast<const unsigned char*>(&c) + kScoreFieldsAt, sizeof fields);
+  ScoreOptions o;
+  if (fields.softmax_scale > 0) o.softmax_scale = fields.softmax_scale;
+  o.causal = fields.causal != 0;
+  o.window_left = fields.window_left;
+  o.window_right = fields.window_right;
+  o.top_left = fields.top_left != 0;
+  o.softcap = fields.softcap;
+  o.alibi_slopes = tensors.maybe(fields.alibi_slopes, "alibi_slopes");
+  return o;
 }
 
 }  // namespace
@@ -365,7 +411,7 @@ kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor*
                            tout = tensors(out, "out");
     const kiln_attention_options c = kiln::attention_options(options);
     kiln::AttentionOptions o;
-    kiln::copy_score_options(c, o, tensors);
+    o.score = kiln::score_options(c, tensors);
     o.bias = tensors.maybe(c.bias, "bias");
     o.lse = tensors.maybe(lse, "lse");
     o.cu_seqlens_q = tensors.maybe(c.cu_seqlens_q, "cu_seqlens_q");
@@ -407,7 +453,7 @@ kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* c
     const kiln::TensorView tout = tensors(out, "out");
     const kiln_decode_options c = kiln::decode_options(options);
     kiln::DecodeOptions o;
-    kiln::copy_score_options(c, o, tensors);
+    o.score = kiln::score_options(c, tensors);
     o.k_new = tensors.maybe(c.k_new, "k_new");
     o.v_new = tensors.maybe(c.v_new, "v_new");
     o.rotary_cos = tensors.maybe(c.rotary_cos, "rotary_cos");

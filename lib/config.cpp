@@ -175,7 +175,9 @@ Config resolve_config(const Options& options) {
                 fmt::format("backend is '{}' ({}): expected cuda or hip", *config.backend,
                             knob_name(Knob::backend)));
   }
-  config.target = options.target ? options.target : env("KILN_TARGET");
+  if (const auto target = options.target ? options.target : env("KILN_TARGET")) {
+    config.target = Target(*target);
+  }
   config.kernels_dir = options.kernels_dir;
   if (!config.kernels_dir) {
     if (auto dir = env("KILN_KERNELS_DIR")) config.kernels_dir = *dir;

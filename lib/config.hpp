@@ -8,12 +8,13 @@
 #include <vector>
 
 #include "kiln/runtime.hpp"
+#include "kiln/target.hpp"
 
 namespace kiln::detail {
 
 struct Config {
   std::optional<std::string> backend;  // "cuda" or "hip"
-  std::optional<std::string> target;
+  std::optional<Target> target;
   std::optional<std::filesystem::path> kernels_dir;  // from Options or KILN_KERNELS_DIR
   std::optional<std::filesystem::path> cache_dir;    // nullopt: no usable default (no HOME)
   std::vector<std::filesystem::path> cache_ro_dirs;

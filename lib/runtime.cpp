@@ -29,6 +29,7 @@
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
+#include "kiln/target.hpp"
 #include "log.hpp"
 
 namespace kiln {
@@ -117,6 +118,15 @@ struct Obtained {
   WarmupStatus status;
 };
 
+// The target of a spec, named by it in the error when it names none.
+Target target_of(const KernelSpec& spec) {
+  try {
+    return Target(spec.target);
+  } catch (const Error& e) {
+    throw Error(e.category(), fmt::format("{}: {}", to_string(spec), e.what()));
+  }
+}
+
 }  // namespace
 
 struct Runtime::Impl {
@@ -173,10 +183,7 @@ struct Runtime::Impl {
 
   std::string choose_backend() {
     if (config.backend) return *config.backend;
-    if (config.target) {
-      const std::string_view vendor = detail::vendor_of_target(*config.target);
-      if (!vendor.empty()) return std::string(vendor);
-    }
+    if (config.target) return std::string(config.target->backend());
     for (std::string_view vendor : {"cuda", "hip"}) {
       if (Driver* d = driver_for(vendor); d && d->device_count() > config.device) {
         return std::string(vendor);
@@ -202,7 +209,7 @@ struct Runtime::Impl {
   }
 
   std::string default_target() {
-    if (config.target) return *config.target;
+    if (config.target) return config.target->name();
     if (auto target = device_target()) return *target;
     const std::string missing = missing_device().value_or(
         fmt::format("the {} driver does not name device {}'s target", backend, config.device));
@@ -216,14 +223,7 @@ struct Runtime::Impl {
 
   Unit unit_of(KernelSpec spec) {
     if (spec.target.empty()) spec.target = default_target();
-    const std::string_view vendor = detail::vendor_of_target(spec.target);
-    if (vendor.empty()) {
-      throw Error(ErrorCategory::invalid_argument,
-                  fmt::format("target '{}' of {} is neither CUDA (sm_XY) nor HIP (gfxN): use "
-                              "e.g. sm_90a or gfx90a",
-                              spec.target, to_string(spec)));
-    }
-    return detail::make_unit(spec, sources, compiler(vendor));
+    return detail::make_unit(spec, sources, compiler(target_of(spec).backend()));
   }
 
   // `hot_path`: the compile stalls a call (Runtime::kernel), so it is said at the default level.
@@ -234,7 +234,7 @@ struct Runtime::Impl {
                               "warm the cache where compiling is allowed, or set KILN_JIT=on",
                               asked.spec, asked.key.hex()));
     }
-    const Compiler& c = compiler(detail::vendor_of_target(asked.target)).real();
+    const Compiler& c = compiler(Target(asked.target).backend()).real();
     // NOTE: `asked` was keyed with the fact memo's answers. A binary must be stored under the
     // key its own compiler gives, and built with that compiler's options, so the unit is made
     // again from the real compiler (0.1 ms beside a compile): the same key, unless the memo was
@@ -301,7 +301,7 @@ struct Runtime::Impl {
     write_text(base.string() + ".log", result.log);
     if (!result.intermediate.empty()) write_text(base.string() + ".ptx", result.intermediate);
     if (!result.binary.empty()) {
-      write_text(base.string() + (unit.target.starts_with("gfx") ? ".co" : ".cubin"),
+      write_text(base.string() + (Target(unit.target).amd() ? ".co" : ".cubin"),
                  {reinterpret_cast<const char*>(result.binary.data()), result.binary.size()});
     }
     return source;

@@ -5,6 +5,8 @@
 #include <string>
 
 #include "kiln/runtime.hpp"
+#include "kiln/score.hpp"
+#include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -18,24 +20,8 @@ namespace kiln {
 // stride a multiple of 8 elements (16 bytes), as are the data pointers. Inputs may broadcast
 // (stride 0); outputs (out, lse) must give every element its own address.
 struct AttentionOptions {
-  std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
+  ScoreOptions score;  // scale, band (causal, sliding window), softcap, ALiBi
 
-  // One mask model, a band: query i sees key j when
-  //   i + offset - window_left <= j <= i + offset + window_right
-  // where offset = seqlen_k - seqlen_q (bottom-right, as FlashAttention) or 0 with top_left
-  // (as mem-efficient attention's CausalFromTopLeft). -1 is unbounded. causal sets
-  // window_right to 0 whatever it was (-1, 0 or a count) and keeps window_left, as
-  // FlashAttention does: {.causal = true, .window_left = w - 1, .window_right = w - 1}, what
-  // Hugging Face passes for a sliding-window layer, is the causal band of the last w keys.
-  bool causal = false;
-  int window_left = -1;
-  int window_right = -1;
-  bool top_left = false;
-
-  float softcap = 0;  // > 0: logits = softcap * tanh(logits / softcap)
-
-  // fp32 ALiBi slopes, (heads) or (batch, heads): logits -= slope * |i + offset - j|.
-  std::optional<TensorView> alibi_slopes;
   // Additive bias of q's dtype, (batch, heads, seqlen_q, seqlen_k), any strides; stride 0
   // broadcasts (over batch or heads, say). Not with varlen.
   std::optional<TensorView> bias;
@@ -92,7 +78,7 @@ struct AttentionConfig {
 // dims, the portable one on AMD's
 // wave64 gfx9 targets, such as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's
 // stops at gfx90c). Throws kiln::Error (unsupported) for any other target.
-AttentionConfig choose(const AttentionProblem& problem, std::string_view target);
+AttentionConfig choose(const AttentionProblem& problem, const Target& target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 
 // Computes out = softmax(scale * q k^T + mask + bias) v on `stream` (CUstream or hipStream_t;
@@ -119,6 +105,6 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
 // The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
 // dims 64, 128 and 256, with and without a mask, each with choose()'s config; none for targets
 // attention does not run on.
-std::vector<KernelSpec> attention_default_specs(std::string_view target);
+std::vector<KernelSpec> attention_default_specs(const Target& target);
 
 }  // namespace kiln

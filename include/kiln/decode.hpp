@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "kiln/runtime.hpp"
+#include "kiln/score.hpp"
+#include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln {
@@ -33,20 +35,9 @@ struct KVCache {
 };
 
 struct DecodeOptions {
-  std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
-
-  // The band of AttentionOptions, over the keys 0 .. seqlen_k - 1 of each sequence, where
-  // seqlen_k = seqlens[b] + seqlen_new: query i sees key j when
-  //   i + offset - window_left <= j <= i + offset + window_right,
-  // offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left). -1 is unbounded. causal sets
-  // window_right to 0 whatever it was and keeps window_left, as in AttentionOptions.
-  bool causal = false;
-  int window_left = -1;
-  int window_right = -1;
-  bool top_left = false;
-
-  float softcap = 0;                       // > 0: logits = softcap * tanh(logits / softcap)
-  std::optional<TensorView> alibi_slopes;  // fp32 (heads) or (batch, heads)
+  // Scale, band, softcap and ALiBi, as in AttentionOptions. The band runs over the keys
+  // 0 .. seqlen_k - 1 of each sequence, where seqlen_k = seqlens[b] + seqlen_new.
+  ScoreOptions score;
 
   // Append: k_new (batch, seqlen_new, heads_kv, head_dim) and v_new (..., head_dim_v), q's
   // dtype, are written into the cache at positions seqlens[b] .. seqlens[b] + seqlen_new - 1
@@ -105,7 +96,7 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
 // The specs `kiln warm` compiles by default for decode on `target` (sm_80 or newer; none
 // elsewhere): bf16 and fp16, head dims 64 and 128, contiguous and paged caches, one query token
 // with GQA groups of up to 16 heads, and the merge of split-KV.
-std::vector<KernelSpec> decode_default_specs(std::string_view target);
+std::vector<KernelSpec> decode_default_specs(const Target& target);
 
 // Merging attention states. A state is an attention output v (fp16, bf16 or fp32) over some
 // set of keys and its fp32 natural-log LSE s; the merge is the attention over the union:

@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   const int warp = thread / 32;
   const int lane = thread % 32;
 
-  const Band band = make_band<Spec::band>(p, seq);
+  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
   const LogitTransform<Spec, mma::ApproxMath> transform =
       make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);

@@ -226,7 +226,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   const int row = rows.begin + thread / Tr::row_lanes;
   const bool row_valid = row < rows.end;
 
-  const Band band = make_band<Spec::band>(p, seq);
+  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, rows.begin, rows.end, Tr::block_n);
   const LogitTransform<Spec, Math> transform = make_logit_transform<Spec, Math>(p, seq, band);
   const float to_log2 = transform.to_log2();

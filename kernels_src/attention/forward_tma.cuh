@@ -79,8 +79,8 @@ struct TileOrder {
     Tile tile;
     tile.seq = locate_sequence<Spec::varlen>(p, pair / p.heads, pair % p.heads);
     tile.rows = row_block<BlockM>(tile.seq, row_blocks() - 1 - within / pairs);
-    tile.blocks =
-        key_blocks(make_band<Spec::band>(p, tile.seq), tile.rows.begin, tile.rows.end, BlockN);
+    tile.blocks = key_blocks(make_band<Spec::band>(p.score, tile.seq.seqlen_q, tile.seq.seqlen_k),
+                             tile.rows.begin, tile.rows.end, BlockN);
     return tile;
   }
 };
@@ -288,7 +288,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       tma::wait(&q_full, 0);
     }
     const KeyBlocks& blocks = tile.blocks;
-    const Band band = make_band<Spec::band>(p, seq);
+    const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
     const LogitTransform<Spec, mma::ApproxMath> transform =
         make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);
     const float to_log2 = transform.to_log2();

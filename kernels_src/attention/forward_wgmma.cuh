@@ -192,7 +192,7 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   const int lane = thread % 32;
   const int warpgroup = warp / 4;
 
-  const Band band = make_band<Spec::band>(p, seq);
+  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
   const LogitTransform<Spec, mma::ApproxMath> transform =
       make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);

@@ -73,18 +73,21 @@ struct LogitTransform {
   }
 };
 
+// The ALiBi slope of query head `head` of sequence `batch` (spec has_alibi).
+__device__ __forceinline__ float alibi_slope(const ScoreParams& score, int batch, int head) {
+  return score.maybe_alibi_slopes[batch * score.alibi_batch_stride + head];
+}
+
 template <class Spec, class Math>
 __device__ __forceinline__ LogitTransform<Spec, Math> make_logit_transform(const AttentionParams& p,
                                                                            const Sequence& seq,
                                                                            const Band& band) {
   LogitTransform<Spec, Math> f;
-  f.scale = p.softmax_scale;
-  f.softcap = p.softcap;
-  f.inv_softcap = Spec::has_softcap ? 1.f / p.softcap : 0.f;
+  f.scale = p.score.softmax_scale;
+  f.softcap = p.score.softcap;
+  f.inv_softcap = Spec::has_softcap ? 1.f / p.score.softcap : 0.f;
   f.alibi_slope = 0.f;
-  if constexpr (Spec::has_alibi) {
-    f.alibi_slope = p.maybe_alibi_slopes[seq.batch * p.alibi_batch_stride + seq.head];
-  }
+  if constexpr (Spec::has_alibi) f.alibi_slope = alibi_slope(p.score, seq.batch, seq.head);
   f.offset = band.offset;
   f.seqlen_q = seq.seqlen_q;
   f.seqlen_k = seq.seqlen_k;

@@ -2,8 +2,7 @@
 // alike), bounded by seqlen_k, and the KV blocks it lets a row block skip or take unmasked.
 #pragma once
 
-#include "attention/sequence.cuh"
-#include "kiln/params/attention.h"
+#include "kiln/params/score.h"
 
 namespace kiln::attention {
 
@@ -22,14 +21,15 @@ struct Band {
   }
 };
 
-// Without a band in the spec only seqlen_k bounds the keys; the offset still places ALiBi.
+// The band of a sequence of seqlen_q queries over seqlen_k keys. Without a band in the spec
+// only seqlen_k bounds the keys; the offset still places ALiBi.
 template <bool Banded>
-__device__ __forceinline__ Band make_band(const AttentionParams& p, const Sequence& s) {
+__device__ __forceinline__ Band make_band(const ScoreParams& score, int seqlen_q, int seqlen_k) {
   Band band;
-  band.offset = p.top_left ? 0 : s.seqlen_k - s.seqlen_q;
-  band.left = Banded ? p.window_left : -1;
-  band.right = Banded ? p.window_right : -1;
-  band.seqlen_k = s.seqlen_k;
+  band.offset = score.top_left ? 0 : seqlen_k - seqlen_q;
+  band.left = Banded ? score.window_left : -1;
+  band.right = Banded ? score.window_right : -1;
+  band.seqlen_k = seqlen_k;
   return band;
 }
 

@@ -34,6 +34,7 @@
 // LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
+#include "attention/logits.cuh"
 #include "attention/mask.cuh"
 #include "attention/softmax.cuh"
 #include "attention/tile_io.cuh"
@@ -344,11 +345,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   const int row_end = min(row_begin + Tr::rows, packed_rows);
   const int seqlen_k = p.seqlens[batch] + p.seqlen_new;
 
-  attention::Band band;
-  band.offset = p.top_left ? 0 : seqlen_k - p.seqlen_q;
-  band.left = Spec::band ? p.window_left : -1;
-  band.right = Spec::band ? p.window_right : -1;
-  band.seqlen_k = seqlen_k;
+  const attention::Band band = attention::make_band<Spec::band>(p.score, p.seqlen_q, seqlen_k);
 
   // The keys any row of the block attends, cut into num_splits ranges of whole CTA steps.
   constexpr int step = Tr::warps * Tr::block_n;
@@ -426,13 +423,13 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     rows.last_key[r] = min(split_end - 1, band.last_key(rows.query[r]));
     rows.alibi_slope[r] = 0.f;
     if constexpr (Spec::has_alibi) {
-      rows.alibi_slope[r] = p.maybe_alibi_slopes[batch * p.alibi_batch_stride + rows.head[r]];
+      rows.alibi_slope[r] = attention::alibi_slope(p.score, batch, rows.head[r]);
     }
   }
   DecodeLogits<Spec> logits;
-  logits.scale = p.softmax_scale;
-  logits.softcap = p.softcap;
-  logits.inv_softcap = Spec::has_softcap ? 1.f / p.softcap : 0.f;
+  logits.scale = p.score.softmax_scale;
+  logits.softcap = p.score.softcap;
+  logits.inv_softcap = Spec::has_softcap ? 1.f / p.score.softcap : 0.f;
   logits.offset = band.offset;
   const float to_log2 = logits.to_log2();
 

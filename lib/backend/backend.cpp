@@ -1,15 +1,9 @@
-// Which backend builds a target, and what the backends' messages share.
+// What the backends share: the default of drivers without TMA, and their messages.
 #include "backend/backend.hpp"
 
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
-
-std::string_view vendor_of_target(std::string_view target) noexcept {
-  if (target.starts_with("sm_") || target.starts_with("compute_")) return "cuda";
-  if (target.starts_with("gfx")) return "hip";
-  return {};
-}
 
 void Driver::encode_tensor_map(void*, const TensorMapLayout&) {
   throw Error(ErrorCategory::unsupported,

@@ -120,7 +120,4 @@ std::unique_ptr<Driver> open_hip_driver();
 // What a failed device-to-host copy was doing, for its error message.
 std::string copying_to_host(std::string_view device, int ordinal, std::size_t bytes);
 
-// "cuda" for sm_*/compute_*, "hip" for gfx*; empty for anything else.
-std::string_view vendor_of_target(std::string_view target) noexcept;
-
 }  // namespace kiln::detail

@@ -1,11 +1,12 @@
 // Where ROCm's libraries live and how HIP writes versions.
 #include "backend/rocm.hpp"
 
-#include <algorithm>
 #include <array>
 #include <filesystem>
+#include <optional>
 
 #include "backend/dynlib.hpp"
+#include "kiln/target.hpp"
 
 namespace kiln::detail {
 
@@ -16,14 +17,8 @@ std::vector<std::string> rocm_library_candidates(std::span<const std::string_vie
 }
 
 bool is_gfx_target(std::string_view target) {
-  constexpr std::string_view prefix = "gfx";
-  if (!target.starts_with(prefix)) return false;
-  target.remove_prefix(prefix.size());
-  const auto is_lower_alnum = [](char c) {
-    return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'z');
-  };
-  return target.size() >= 3 && target.size() <= 4 &&
-         std::all_of(target.begin(), target.end(), is_lower_alnum);
+  const std::optional<Target> parsed = Target::parse(target);
+  return parsed && parsed->amd();
 }
 
 std::string hip_version_text(int version) {

@@ -11,7 +11,7 @@ namespace kiln::detail {
 // `names` looked for in $ROCM_PATH/lib first, then on the loader's path, then in /opt/rocm/lib.
 std::vector<std::string> rocm_library_candidates(std::span<const std::string_view> names);
 
-// Whether `target` reads like an AMD GPU architecture: gfx90a, gfx942, gfx1100.
+// Whether `target` names an AMD GPU architecture (kiln::Target): gfx90a, gfx942, gfx1100.
 bool is_gfx_target(std::string_view target);
 
 // HIP_VERSION encoding (major * 10^7 + minor * 10^5 + patch) as "5.2.21153".

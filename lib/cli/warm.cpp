@@ -4,7 +4,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
@@ -14,12 +13,12 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
-#include "backend/backend.hpp"
 #include "cli/commands.hpp"
 #include "config.hpp"
 #include "jit/manifest.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln/target.hpp"
 
 namespace kiln::cli {
 namespace {
@@ -82,46 +81,14 @@ std::vector<KernelSpec> without_duplicates(std::vector<KernelSpec> specs, std::s
   return specs;
 }
 
-// The targets a mistyped one probably meant: "sm_90 or sm_90a" for sm90 or SM-90, "gfx90a" for
-// GFX90A; empty when nothing is near.
-std::string meant_target(std::string_view target) {
-  std::string word;
-  for (char c : target) {
-    if (std::isalnum(static_cast<unsigned char>(c))) {
-      word += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-    }
-  }
-  if (word.starts_with("gfx")) return word;
-  for (std::string_view prefix : {"sm", "compute"}) {
-    if (word.starts_with(prefix)) word.erase(0, prefix.size());
-  }
-  const std::size_t digits = std::min(word.find_first_not_of("0123456789"), word.size());
-  int version = 0;
-  if (digits == 0 ||
-      std::from_chars(word.data(), word.data() + digits, version).ec != std::errc()) {
-    return {};
-  }
-  if (digits < word.size()) return "sm_" + word;  // sm90a
-  // NOTE: the "a" targets (sm_90a and later) hold the features that do not carry forward.
-  return version >= 90 ? fmt::format("sm_{0} or sm_{0}a", version) : fmt::format("sm_{}", version);
-}
-
 // `spec.target`, checked before anything compiles: a target that is no target, or whose
 // compiler is missing or refuses it, would fail every spec written for it, each at length.
 void check_target(const KernelSpec& spec, const RuntimeInfo& info, Runtime& runtime) {
-  const std::string& target = spec.target;
-  const std::string_view vendor = detail::vendor_of_target(target);
-  if (vendor.empty()) {
-    const std::string meant = meant_target(target);
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("target '{}' names no GPU architecture (CUDA targets are sm_XY, "
-                            "such as sm_80 or sm_90a, HIP ones gfxN, such as gfx90a){}",
-                            target, meant.empty() ? "" : "; did you mean " + meant + "?"));
-  }
+  const Target target(spec.target);  // names the target it probably meant
   for (const BackendInfo& backend : info.backends) {
-    if (backend.name == vendor && !backend.compiler_found) {
+    if (backend.name == target.backend() && !backend.compiler_found) {
       throw Error(ErrorCategory::not_found,
-                  fmt::format("cannot build for target '{}': {}", target, backend.compiler));
+                  fmt::format("cannot build for target '{}': {}", spec.target, backend.compiler));
     }
   }
   try {

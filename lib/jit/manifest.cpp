@@ -7,6 +7,7 @@
 
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+#include "kiln/target.hpp"
 #include "params/registry.hpp"
 
 namespace kiln::detail {
@@ -33,6 +34,9 @@ std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view n
       // NOTE: checked here as well as before compiling, so that a bad line fails the whole
       // manifest up front, named by its line.
       check_schema(specs.back());
+      // A target that is none fails with the one it probably meant (an empty one is the
+      // runtime's).
+      if (!specs.back().target.empty()) static_cast<void>(Target(specs.back().target));
     } catch (const Error& e) {
       throw Error(e.category(), fmt::format("{}:{}: {}", printable(name), number, e.what()));
     }

@@ -10,7 +10,7 @@
 
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
-#include "ops/score_params.hpp"
+#include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
 #include "params/attention.h"
 #include "params/registry.hpp"
@@ -32,12 +32,13 @@ using detail::unsupported;
 constexpr int kMaxConfigValue = 1024;
 constexpr int kMaxWarps = 32;
 
-// The sizes of one call, read off the validated tensors.
+// The sizes of one call, read off the validated tensors, and its checked score.
 struct Shape {
   bool varlen = false;
   std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, heads_kv = 0;
   std::int64_t head_dim = 0, head_dim_v = 0;
   std::int64_t tokens_q = 0;  // varlen: total query tokens
+  ScoreParams score{};        // the options' score, as the kernels read it
 };
 
 Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -94,7 +95,6 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 }
 
 void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int device) {
-  detail::check_score_options(o.softmax_scale, o.softcap, o.window_left, o.window_right);
   if (s.varlen) {
     if (!o.cu_seqlens_q || !o.cu_seqlens_k) {
       invalid(fmt::format("varlen needs both cu_seqlens_q and cu_seqlens_k; {} is missing",
@@ -130,7 +130,7 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     check_common(*o.seqused_k, "seqused_k", device);
     check_int_vector(*o.seqused_k, "seqused_k", s.batch, "batch");
   }
-  if (o.alibi_slopes) detail::check_alibi_slopes(*o.alibi_slopes, s.batch, s.heads, device);
+  s.score = detail::score_params(o.score, s.batch, s.heads, s.head_dim, device);
   if (o.bias) {
     const TensorView& b = *o.bias;
     check_common(b, "bias", device);
@@ -167,10 +167,10 @@ AttentionProblem problem_of(const Shape& s, DType dtype, const AttentionOptions&
   return {.dtype = dtype,
           .head_dim = static_cast<int>(s.head_dim),
           .head_dim_v = static_cast<int>(s.head_dim_v),
-          .band = detail::has_band(o),
+          .band = detail::has_band(o.score),
           .varlen = s.varlen,
-          .softcap = o.softcap > 0,
-          .alibi = o.alibi_slopes.has_value(),
+          .softcap = o.score.softcap > 0,
+          .alibi = o.score.alibi_slopes.has_value(),
           .bias = o.bias.has_value()};
 }
 
@@ -213,7 +213,7 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   p.heads_kv = static_cast<int>(s.heads_kv);
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_k = static_cast<int>(s.seqlen_k);
-  detail::set_score_params(p, o, s.head_dim);
+  p.score = s.score;
   if (o.bias) {
     const TensorView& b = *o.bias;
     p.maybe_bias = b.data;
@@ -247,29 +247,33 @@ std::string_view kernel_name(AttentionKernel kernel) {
 
 // AMD targets attention runs on: gfx9 (GCN and CDNA), whose wavefronts have the 64 lanes that
 // kernels_src/common/vendor.cuh assumes for every AMD target.
-bool amd_target_supported(std::string_view target) {
-  return target.starts_with("gfx9");
+bool amd_target_supported(const Target& target) {
+  return target.arch() >= 0x900 && target.arch() <= 0x9ff;  // gfx9xx
 }
 
-bool runs_on(std::string_view target) {
-  return target.starts_with("gfx") ? amd_target_supported(target)
-                                   : detail::is_sm80_or_newer(target);
+bool runs_on(const Target& target) {
+  return target.amd() ? amd_target_supported(target) : detail::is_sm80_or_newer(target);
 }
 
-void require_target(std::string_view target, AttentionKernel kernel) {
-  if (target.starts_with("gfx")) {
+// Hopper's arch-specific target, the one with wgmma (the wgmma and tma kernels).
+bool is_sm90a(const Target& target) {
+  return target.nvidia() && target.arch() == 90 && target.arch_specific();
+}
+
+void require_target(const Target& target, AttentionKernel kernel) {
+  if (target.amd()) {
     if (!amd_target_supported(target)) {
       unsupported(
           fmt::format("attention on {} is not supported: on AMD it runs on gfx9 targets "
                       "(wave64, such as gfx90a) that the loaded hipRTC can build",
-                      target));
+                      target.name()));
     }
     if (kernel != AttentionKernel::portable) {
       unsupported(
           fmt::format("the {} attention kernel uses NVIDIA instructions and cannot run on {}: "
                       "use a portable config (AttentionKernel::portable), as choose() gives AMD "
                       "targets",
-                      kernel_name(kernel), target));
+                      kernel_name(kernel), target.name()));
     }
     return;
   }
@@ -277,20 +281,20 @@ void require_target(std::string_view target, AttentionKernel kernel) {
     unsupported(
         fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores) or an AMD gfx9 "
                     "one; the target is {}",
-                    target));
+                    target.name()));
   }
-  if ((kernel == AttentionKernel::wgmma || kernel == AttentionKernel::tma) && target != "sm_90a") {
+  if ((kernel == AttentionKernel::wgmma || kernel == AttentionKernel::tma) && !is_sm90a(target)) {
     unsupported(fmt::format(
         "the {} attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
         "the mma kernel (AttentionKernel::mma)",
-        kernel_name(kernel), target));
+        kernel_name(kernel), target.name()));
   }
 }
 
 }  // namespace
 
-AttentionConfig choose(const AttentionProblem& problem, std::string_view target) {
-  const bool amd = target.starts_with("gfx");
+AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
+  const bool amd = target.amd();
   require_target(target, amd ? AttentionKernel::portable : AttentionKernel::mma);
   const int widest = std::max(problem.head_dim, problem.head_dim_v);
   if (amd) {
@@ -309,7 +313,7 @@ AttentionConfig choose(const AttentionProblem& problem, std::string_view target)
   // double the work: mma. Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of
   // smem at 256 holds only 64 keys a step, and a third stage gained nothing at 128. Inputs TMA
   // cannot tile (a stride of 0) run the wgmma kernel on the same tiles (run()).
-  if (target == "sm_90a" && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
+  if (is_sm90a(target) && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
     constexpr AttentionKernel tma = AttentionKernel::tma;
     if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
     return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
@@ -363,7 +367,7 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
 namespace {
 
 // A caller's config: a kernel there is, that `target` runs, with sizes in range.
-void check_config(const AttentionConfig& config, std::string_view target) {
+void check_config(const AttentionConfig& config, const Target& target) {
   const AttentionKernel kernel = config.kernel;
   if (kernel != AttentionKernel::mma && kernel != AttentionKernel::wgmma &&
       kernel != AttentionKernel::tma && kernel != AttentionKernel::portable) {
@@ -468,7 +472,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Validated checked = validate(q, k, v, out, options, runtime.device());
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
-  const std::string target = runtime.target();
+  const Target target = runtime.target();
   if (config) check_config(*config, target);
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
@@ -535,7 +539,7 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
   }
 }
 
-std::vector<KernelSpec> attention_default_specs(std::string_view target) {
+std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!runs_on(target)) return specs;
   for (DType dtype : {DType::bf16, DType::f16}) {

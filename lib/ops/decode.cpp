@@ -13,7 +13,7 @@
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
 #include "ops/kvcache_checks.hpp"
-#include "ops/score_params.hpp"
+#include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln {
@@ -22,7 +22,7 @@ namespace {
 
 constexpr std::int64_t kMaxGridYZ = 65535;
 
-// The sizes of one decode call, read off the validated tensors.
+// The sizes of one decode call, read off the validated tensors, and its checked score.
 struct Shape {
   std::int64_t batch = 0, seqlen_q = 0, heads = 0, heads_kv = 0;
   std::int64_t head_dim = 0, head_dim_v = 0;
@@ -31,6 +31,7 @@ struct Shape {
   std::int64_t cache_rows = 0;  // cache.k.size(0): cache rows, or pages when paged
   std::int64_t page_size = 0;   // paged: cache.k.size(1)
   std::int64_t capacity = 0;    // keys one sequence can hold
+  ScoreParams score{};          // the options' score, as the kernels read it
 };
 
 std::string_view capacity_source(const Shape& s) {
@@ -194,7 +195,7 @@ void check_rotary(const DecodeOptions& o, const TensorView& q, const Shape& s, i
   // NOTE: with a band, q token i rotates at seqlens[b] + i, which passes the last key when q
   // has more tokens than k_new.
   const std::int64_t past_keys =
-      has_band(o) ? std::max<std::int64_t>(s.seqlen_q - s.seqlen_new, 0) : 0;
+      has_band(o.score) ? std::max<std::int64_t>(s.seqlen_q - s.seqlen_new, 0) : 0;
   if (cos.size(0) < s.capacity + past_keys) {
     invalid(fmt::format(
         "rotary_cos.size(0) (seqlen_ro) is {} but the cache holds up to {} keys per sequence "
@@ -206,12 +207,11 @@ void check_rotary(const DecodeOptions& o, const TensorView& q, const Shape& s, i
 }
 
 void check_options(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
-  check_score_options(o.softmax_scale, o.softcap, o.window_left, o.window_right);
   if (o.num_splits < 0 || o.num_splits > kMaxDecodeSplits) {
     invalid(fmt::format("num_splits is {}: use 0 (the heuristic chooses) or 1 to {}", o.num_splits,
                         kMaxDecodeSplits));
   }
-  if (o.alibi_slopes) check_alibi_slopes(*o.alibi_slopes, s.batch, s.heads, device);
+  s.score = score_params(o.score, s.batch, s.heads, s.head_dim, device);
   if (o.lse) {
     check_lse(*o.lse, "lse", "(batch, heads, seqlen_q)",
               {{s.batch, "batch"}, {s.heads, "heads"}, {s.seqlen_q, "seqlen_q"}}, device);
@@ -244,9 +244,9 @@ DecodeProblem problem_of(const Shape& s, DType dtype, const DecodeOptions& o) {
           .head_dim_v = static_cast<int>(s.head_dim_v),
           .rows_per_kv_head = static_cast<int>(s.seqlen_q * s.heads / s.heads_kv),
           .paged = s.paged,
-          .band = has_band(o),
-          .softcap = o.softcap > 0,
-          .alibi = o.alibi_slopes.has_value(),
+          .band = has_band(o.score),
+          .softcap = o.score.softcap > 0,
+          .alibi = o.score.alibi_slopes.has_value(),
           // NOTE: with no keys to append and no q to rotate the append kernel has nothing to
           // do, and a grid of 0 blocks is a launch error.
           .append = o.k_new.has_value() && (s.seqlen_new > 0 || o.rotary_cos.has_value()),
@@ -283,7 +283,7 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
   p.heads_kv = static_cast<int>(s.heads_kv);
   p.seqlen_q = static_cast<int>(s.seqlen_q);
   p.seqlen_new = static_cast<int>(s.seqlen_new);
-  set_score_params(p, o, s.head_dim);
+  p.score = s.score;
   if (o.lse) {
     p.maybe_lse = static_cast<float*>(o.lse->data);
     p.lse_batch_stride = o.lse->stride(0);
@@ -301,22 +301,22 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
     p.rotary_stride = o.rotary_cos->stride(0);
     p.rotary_dim = static_cast<int>(2 * o.rotary_cos->size(1));
     p.rotary_interleaved = o.rotary_interleaved ? 1 : 0;
-    p.rotary_q_causal = has_band(o) ? 1 : 0;
+    p.rotary_q_causal = has_band(o.score) ? 1 : 0;
   }
   return p;
 }
 
-void require_target(std::string_view target) {
-  if (target.starts_with("gfx")) {
+void require_target(const Target& target) {
+  if (target.amd()) {
     unsupported(
         fmt::format("decode attention on {} is not supported yet: its kernel uses NVIDIA "
                     "tensor-core instructions; AMD support is planned",
-                    target));
+                    target.name()));
   }
   if (!is_sm80_or_newer(target)) {
     unsupported(fmt::format(
         "decode attention needs an sm_80 or newer GPU (bf16 tensor cores); the target is {}",
-        target));
+        target.name()));
   }
 }
 

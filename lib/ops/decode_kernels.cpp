@@ -84,7 +84,7 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
   return c;
 }
 
-std::vector<KernelSpec> decode_default_specs(std::string_view target) {
+std::vector<KernelSpec> decode_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!detail::is_sm80_or_newer(target)) return specs;
   // A long cache on few sequences, so that the config is the split one.

@@ -1,7 +1,6 @@
 // Input checks the attention and decode families share.
 #include "ops/tensor_checks.hpp"
 
-#include <cmath>
 #include <limits>
 #include <utility>
 
@@ -211,39 +210,6 @@ void check_heads(std::int64_t heads, std::int64_t heads_kv, std::string_view k_n
   }
 }
 
-void check_score_options(std::optional<float> softmax_scale, float softcap, int window_left,
-                         int window_right) {
-  // NOTE: the kernels fold the scale into the softmax's base-2 exponent, where a zero or
-  // negative factor would turn masked -inf logits into NaN and invert the running max.
-  if (softmax_scale && !(std::isfinite(*softmax_scale) && *softmax_scale > 0)) {
-    invalid(fmt::format("softmax_scale is {}: it must be finite and positive", *softmax_scale));
-  }
-  if (!std::isfinite(softcap) || softcap < 0) {
-    invalid(fmt::format("softcap is {}: use 0 (off) or a positive value", softcap));
-  }
-  if (window_left < -1 || window_right < -1) {
-    invalid(
-        fmt::format("window ({}, {}) has a value below -1: windows are -1 (unbounded) or "
-                    "a key count",
-                    window_left, window_right));
-  }
-}
-
-void check_alibi_slopes(const TensorView& a, std::int64_t batch, std::int64_t heads, int device) {
-  check_common(a, "alibi_slopes", device);
-  if (a.dtype != DType::f32) {
-    invalid(fmt::format("alibi_slopes has dtype {}: it must be f32", to_string(a.dtype)));
-  }
-  if (a.rank != 1 && a.rank != 2) {
-    invalid(fmt::format("alibi_slopes has rank {}: use (heads) or (batch, heads)", a.rank));
-  }
-  require_size(a, "alibi_slopes", a.rank - 1, heads, "heads");
-  if (a.rank == 2) require_size(a, "alibi_slopes", 0, batch, "batch");
-  if (heads > 1 && a.stride(a.rank - 1) != 1) {
-    invalid(fmt::format("alibi_slopes.stride(-1) is {}: it must be 1", a.stride(a.rank - 1)));
-  }
-}
-
 void check_lse(const TensorView& l, std::string_view name, std::string_view layout,
                std::initializer_list<Extent> extents, int device) {
   check_common(l, name, device);
@@ -258,9 +224,8 @@ void check_lse(const TensorView& l, std::string_view name, std::string_view layo
   }
 }
 
-bool is_sm80_or_newer(std::string_view target) {
-  const std::string_view digits = target.substr(target.find('_') + 1);
-  return target.starts_with("sm_") && digits.size() >= 2 && (digits[0] >= '8' || digits.size() > 2);
+bool is_sm80_or_newer(const Target& target) {
+  return target.nvidia() && target.arch() >= 80;
 }
 
 }  // namespace kiln::detail

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <utility>
 
+#include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln::detail {
@@ -54,14 +55,6 @@ void check_int_vector(const TensorView& t, std::string_view name, std::int64_t l
 // GQA/MQA: `heads` query heads over `heads_kv` kv heads (those of tensor `k_name`).
 void check_heads(std::int64_t heads, std::int64_t heads_kv, std::string_view k_name);
 
-// The scalar options of the score: scale, softcap and the band's windows (with causal, any
-// window_right is taken as 0: see set_score_params).
-void check_score_options(std::optional<float> softmax_scale, float softcap, int window_left,
-                         int window_right);
-
-// fp32 ALiBi slopes, (heads) or (batch, heads).
-void check_alibi_slopes(const TensorView& a, std::int64_t batch, std::int64_t heads, int device);
-
 // One expected size of a tensor and how messages name it: {8, "heads"}.
 struct Extent {
   std::int64_t size;
@@ -74,6 +67,6 @@ void check_lse(const TensorView& l, std::string_view name, std::string_view layo
                std::initializer_list<Extent> extents, int device);
 
 // Whether `target` is an NVIDIA one with bf16 tensor cores: sm_80 or newer.
-bool is_sm80_or_newer(std::string_view target);
+bool is_sm80_or_newer(const Target& target);
 
 }  // namespace kiln::detail

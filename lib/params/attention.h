@@ -12,6 +12,8 @@
 #endif
 #endif
 
+#include "kiln/params/score.h"
+
 namespace kiln {
 
 // The forward kernel's only argument. Layouts follow FlashAttention: q (batch, seqlen_q, heads,
@@ -38,24 +40,7 @@ struct AttentionParams {
   int seqlen_q;  // varlen: the longest sequence (sizes the grid)
   int seqlen_k;  // varlen: unused (lengths come from cu_seqlens_k or seqused_k)
 
-  float softmax_scale;  // multiplies q.k before softmax, usually 1/sqrt(head_dim)
-
-  // The one mask model: query i attends key j when
-  //   i + offset - window_left <= j <= i + offset + window_right,
-  // with offset = seqlen_k - seqlen_q (bottom-right, FlashAttention's default) or 0 when
-  // top_left is set. A window of -1 is unbounded; causal is (-1, 0). Only read by kernels whose
-  // spec has band = true.
-  int window_left;
-  int window_right;
-  int top_left;  // 0 or 1
-
-  // softcap > 0: logits become softcap * tanh(logits / softcap) (spec has_softcap).
-  float softcap;
-
-  // fp32 slopes: logit(i, j) -= slope * |i + offset - j|, slope at
-  // maybe_alibi_slopes[b * alibi_batch_stride + h] (0 = one slope per head; spec has_alibi).
-  const float* maybe_alibi_slopes;
-  long long alibi_batch_stride;
+  ScoreParams score;  // scale, band, softcap and ALiBi
 
   // Additive bias of the input dtype, element (b, h, i, j) at
   // b * bias_batch_stride + h * bias_head_stride + i * bias_row_stride + j * bias_col_stride;

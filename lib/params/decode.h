@@ -10,6 +10,8 @@
 #endif
 #endif
 
+#include "kiln/params/score.h"
+
 namespace kiln {
 
 // The argument of decode_append and attention_decode (kernels_src/decode/). Layouts follow
@@ -45,13 +47,9 @@ struct DecodeParams {
   int seqlen_q;
   int seqlen_new;  // appended keys per sequence: sequence b attends seqlens[b] + seqlen_new keys
 
-  float softmax_scale;
-  int window_left;  // the band of AttentionParams, offset = seqlen_k - seqlen_q unless top_left
-  int window_right;
-  int top_left;
-  float softcap;                    // spec has_softcap
-  const float* maybe_alibi_slopes;  // spec has_alibi: slope at [b * alibi_batch_stride + h]
-  long long alibi_batch_stride;
+  // Scale, band, softcap and ALiBi (attention_decode). Sequence b's band has its offset from
+  // seqlen_k = seqlens[b] + seqlen_new keys.
+  ScoreParams score;
 
   // fp32 LSE, element (b, h, i) at b * lse_batch_stride + h * lse_head_stride + i. Null: none.
   float* maybe_lse;

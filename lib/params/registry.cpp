@@ -10,6 +10,7 @@
 
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+#include "kiln/params/score.h"
 #include "params/attention.h"
 #include "params/decode.h"
 #include "params/elementwise.h"
@@ -25,6 +26,9 @@ constexpr ParamsLayout kLayouts[] = {
      alignof(AttentionTmaParams)},
     {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams), alignof(DecodeParams)},
     {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams), alignof(MergeParams)},
+    // Held by AttentionParams and DecodeParams, taken alone by no kernel of kiln's; a kernel of
+    // the caller's own may take it.
+    {"kiln::ScoreParams", "kiln/params/score.h", sizeof(ScoreParams), alignof(ScoreParams)},
 };
 
 constexpr ConstantKind kInt = ConstantKind::integer;

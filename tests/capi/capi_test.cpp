@@ -319,6 +319,36 @@ TEST_CASE("the C API's messages on malformed tensors say what is wrong and the f
                {"q's data pointer", "not aligned", "a whole number of elements"});
 }
 
+TEST_CASE("the score's fields of both C options structs reach the call", "[capi]") {
+  const Tensor slopes(0x6000000, {kDLFloat, 32, 1}, {5});
+  // `init` resets the call's options to the defaults before each bad field.
+  const auto check_fields = [&](auto& call, auto init) {
+    // With an output, validation reaches the score.
+    call.out.t().data = reinterpret_cast<void*>(0x5000000);
+    init(&call.options);
+    call.options.softmax_scale = std::numeric_limits<float>::infinity();
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"softmax_scale is inf"});
+    init(&call.options);
+    call.options.softcap = -2;
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"softcap is -2"});
+    init(&call.options);
+    call.options.window_left = -3;
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"window (-3, -1)"});
+    init(&call.options);
+    call.options.causal = 1;
+    call.options.window_right = -4;
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"window (-1, -4)"});
+    init(&call.options);
+    call.options.top_left = 1;
+    call.options.alibi_slopes = slopes.get();
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"alibi_slopes.size(-1) is 5"});
+  };
+  Call attention;
+  check_fields(attention, [](kiln_attention_options* o) { kiln_attention_options_init(o); });
+  DecodeCall decode;
+  check_fields(decode, [](kiln_decode_options* o) { kiln_decode_options_init(o); });
+}
+
 // --- GPU --------------------------------------------------------------------------------------
 
 TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal is an error",

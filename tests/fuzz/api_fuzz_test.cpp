@@ -160,6 +160,16 @@ void mutate_some(const std::vector<TensorView*>& all, Random& r) {
 
 // --- the calls --------------------------------------------------------------------------------
 
+// The score's scalar options of either family, any of them set at random.
+void random_score_scalars(ScoreOptions& s, Random& r) {
+  if (r.chance(0.3)) s.softmax_scale = r.scalar();
+  if (r.chance(0.3)) s.softcap = r.scalar();
+  s.causal = r.chance(0.3);
+  if (r.chance(0.3)) s.window_left = r.small_int();
+  if (r.chance(0.3)) s.window_right = r.small_int();
+  s.top_left = r.chance(0.2);
+}
+
 struct AttentionCall {
   TensorView q, k, v, out;
   AttentionOptions options;
@@ -190,19 +200,14 @@ AttentionCall random_attention(Random& r) {
     if (r.chance(0.2)) o.bias = tensor(6, dtype, {d.batch, d.heads, d.seqlen_q, d.seqlen_k});
     if (r.chance(0.3)) o.lse = tensor(7, DType::f32, {d.batch, d.heads, d.seqlen_q});
   }
-  if (r.chance(0.2)) o.alibi_slopes = tensor(8, DType::f32, {d.heads});
+  if (r.chance(0.2)) o.score.alibi_slopes = tensor(8, DType::f32, {d.heads});
   if (r.chance(0.2)) o.seqused_k = tensor(9, DType::i32, {d.batch});
-  if (r.chance(0.3)) o.softmax_scale = r.scalar();
-  if (r.chance(0.3)) o.softcap = r.scalar();
-  o.causal = r.chance(0.3);
-  if (r.chance(0.3)) o.window_left = r.small_int();
-  if (r.chance(0.3)) o.window_right = r.small_int();
-  o.top_left = r.chance(0.2);
+  random_score_scalars(o.score, r);
   if (r.chance(0.1)) o.max_seqlen_q = r.small_int();
   if (r.chance(0.1)) o.max_seqlen_k = r.small_int();
   std::vector<TensorView*> all{&c.q, &c.k, &c.v, &c.out};
   for (auto* t :
-       {&o.bias, &o.lse, &o.alibi_slopes, &o.seqused_k, &o.cu_seqlens_q, &o.cu_seqlens_k}) {
+       {&o.bias, &o.lse, &o.score.alibi_slopes, &o.seqused_k, &o.cu_seqlens_q, &o.cu_seqlens_k}) {
     if (*t) all.push_back(&**t);
   }
   mutate_some(all, r);
@@ -257,17 +262,12 @@ DecodeCall random_decode(Random& r) {
     }
   }
   if (r.chance(0.3)) o.lse = tensor(11, DType::f32, {d.batch, d.heads, d.seqlen_q});
-  if (r.chance(0.2)) o.alibi_slopes = tensor(12, DType::f32, {d.batch, d.heads});
-  if (r.chance(0.3)) o.softmax_scale = r.scalar();
-  if (r.chance(0.3)) o.softcap = r.scalar();
-  o.causal = r.chance(0.3);
-  if (r.chance(0.3)) o.window_left = r.small_int();
-  if (r.chance(0.3)) o.window_right = r.small_int();
-  o.top_left = r.chance(0.2);
+  if (r.chance(0.2)) o.score.alibi_slopes = tensor(12, DType::f32, {d.batch, d.heads});
+  random_score_scalars(o.score, r);
   if (r.chance(0.4)) o.num_splits = r.small_int();
   std::vector<TensorView*> all{&c.q, &c.out, &cache.k, &cache.v, &cache.seqlens};
   for (auto* t : {&cache.batch_idx, &cache.block_table, &o.k_new, &o.v_new, &o.rotary_cos,
-                  &o.rotary_sin, &o.lse, &o.alibi_slopes}) {
+                  &o.rotary_sin, &o.lse, &o.score.alibi_slopes}) {
     if (*t) all.push_back(&**t);
   }
   mutate_some(all, r);
@@ -475,8 +475,8 @@ void check_status(kiln_status status, Outcomes& outcomes) {
 
 // The fields kiln_attention_options and kiln_decode_options share, C++ to C (0: the default
 // scale).
-template <class Options, class COptions>
-void copy_score_options(const Options& o, COptions& c, ToDLPack& dl) {
+template <class COptions>
+void copy_score_options(const ScoreOptions& o, COptions& c, ToDLPack& dl) {
   c.softmax_scale = o.softmax_scale.value_or(0.f);
   c.causal = o.causal;
   c.window_left = o.window_left;
@@ -491,7 +491,7 @@ void run_c(const AttentionCall& c, Random& r, Outcomes& outcomes) {
   const AttentionOptions& o = c.options;
   kiln_attention_options options;
   kiln_attention_options_init(&options);
-  copy_score_options(o, options, dl);
+  copy_score_options(o.score, options, dl);
   options.bias = dl(o.bias);
   options.cu_seqlens_q = dl(o.cu_seqlens_q);
   options.cu_seqlens_k = dl(o.cu_seqlens_k);
@@ -511,7 +511,7 @@ void run_c(const DecodeCall& c, Random& r, Outcomes& outcomes) {
   const DecodeOptions& o = c.options;
   kiln_decode_options options;
   kiln_decode_options_init(&options);
-  copy_score_options(o, options, dl);
+  copy_score_options(o.score, options, dl);
   options.k_new = dl(o.k_new);
   options.v_new = dl(o.v_new);
   options.rotary_cos = dl(o.rotary_cos);

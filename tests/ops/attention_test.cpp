@@ -526,7 +526,7 @@ void add_alibi(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937
   for (float& x : host) x = slope(rng);
   ref.alibi_slopes.assign(host.begin(), host.end());
   d.buffers.push_back(upload(host));
-  d.options.alibi_slopes =
+  d.options.score.alibi_slopes =
       c.alibi == Alibi::per_head
           ? TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads})
           : TensorView::contiguous(d.buffers.back()->get(), DType::f32, {rows, c.heads});
@@ -703,12 +703,12 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   d.out_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.out}) * 2);
   d.out = view_of(*d.out_buffer, c.dtype, l.out);
   d.lse_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.lse}) * 4);
-  d.options = {.softmax_scale = c.softmax_scale,
-               .causal = c.causal,
-               .window_left = c.window_left,
-               .window_right = c.window_right,
-               .top_left = c.top_left,
-               .softcap = c.softcap};
+  d.options = {.score = {.softmax_scale = c.softmax_scale,
+                         .causal = c.causal,
+                         .window_left = c.window_left,
+                         .window_right = c.window_right,
+                         .top_left = c.top_left,
+                         .softcap = c.softcap}};
   if (c.alibi != Alibi::none) add_alibi(c, ref, d, rng);
   if (c.bias != Bias::none) add_bias(c, ref, d, rng);
   add_sequences(c, ref, d);
@@ -1145,7 +1145,7 @@ TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA ca
   const auto out_view = [&](DeviceBuffer& b) {
     return kiln::TensorView::contiguous(b.get(), DType::bf16, {batch, seqlen, heads, dim});
   };
-  const kiln::AttentionOptions options{.causal = true};
+  const kiln::AttentionOptions options{.score = {.causal = true}};
   const kiln::AttentionProblem problem{
       .dtype = DType::bf16, .head_dim = dim, .head_dim_v = dim, .band = true};
   INFO("choose() picks " << static_cast<int>(kiln::choose(problem, rt.target()).kernel));
@@ -1201,7 +1201,7 @@ TEST_CASE("attention ignores whatever the rows past each sequence's keys hold",
     const auto seqused = kiln::test::upload(used);
     const auto cu_q_buffer = kiln::test::upload(cu_q);
     const auto cu_k_buffer = kiln::test::upload(cu_k);
-    kiln::AttentionOptions options{.causal = true};
+    kiln::AttentionOptions options{.score = {.causal = true}};
     kiln::TensorView q_view, kv_view;
     const auto kv_shape = [&](void* data) {
       return varlen ? TensorView::contiguous(data, DType::bf16, {key_rows, heads, dim})

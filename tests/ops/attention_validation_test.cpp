@@ -10,9 +10,8 @@
 
 #include "kiln/attention.hpp"
 #include "kiln/error.hpp"
-#include "ops/score_params.hpp"
+#include "ops/score.hpp"
 #include "ops/validation_support.hpp"
-#include "params/attention.h"
 
 namespace {
 
@@ -120,9 +119,12 @@ TEST_CASE("attention passes valid calls of every layout and option", "[attention
   check_accepted(packed);
 
   Call options = padded_call();
-  options.options = {
-      .softmax_scale = 0.5f, .causal = true, .window_left = 32, .top_left = true, .softcap = 30};
-  options.options.alibi_slopes = view(0x5000000, DType::f32, {2, 8});
+  options.options = {.score = {.softmax_scale = 0.5f,
+                               .causal = true,
+                               .window_left = 32,
+                               .top_left = true,
+                               .softcap = 30}};
+  options.options.score.alibi_slopes = view(0x5000000, DType::f32, {2, 8});
   options.options.lse = view(0x6000000, DType::f32, {2, 8, 128});
   options.options.seqused_k = view(0x7000000, DType::i32, {2});
   check_accepted(options);
@@ -430,13 +432,13 @@ TEST_CASE("attention refuses an lse of the wrong shape or dtype", "[attention]")
 
 TEST_CASE("attention refuses alibi slopes of the wrong shape or dtype", "[attention]") {
   Call c = padded_call();
-  c.options.alibi_slopes = view(0x5000000, DType::f32, {4});
+  c.options.score.alibi_slopes = view(0x5000000, DType::f32, {4});
   check_invalid(c, {"alibi_slopes.size(-1) is 4", "heads", "8"});
-  c.options.alibi_slopes = view(0x5000000, DType::f32, {3, 8});
+  c.options.score.alibi_slopes = view(0x5000000, DType::f32, {3, 8});
   check_invalid(c, {"alibi_slopes.size(0) is 3", "batch", "2"});
-  c.options.alibi_slopes = view(0x5000000, DType::f32, {1, 2, 8});
+  c.options.score.alibi_slopes = view(0x5000000, DType::f32, {1, 2, 8});
   check_invalid(c, {"alibi_slopes has rank 3", "(heads) or (batch, heads)"});
-  c.options.alibi_slopes = view(0x5000000, DType::bf16, {8});
+  c.options.score.alibi_slopes = view(0x5000000, DType::bf16, {8});
   check_invalid(c, {"alibi_slopes has dtype bf16", "f32"});
 }
 
@@ -497,12 +499,12 @@ TEST_CASE("attention refuses incomplete or malformed varlen arguments", "[attent
 
 TEST_CASE("attention refuses windows below -1", "[attention]") {
   Call c = padded_call();
-  c.options.window_left = -2;
+  c.options.score.window_left = -2;
   check_invalid(c, {"window (-2, -1)", "below -1"});
-  c.options.window_left = 16;
-  c.options.window_right = -7;
+  c.options.score.window_left = 16;
+  c.options.score.window_right = -7;
   check_invalid(c, {"window (16, -7)", "below -1"});
-  c.options = {.causal = true, .window_right = -2};
+  c.options = {.score = {.causal = true, .window_right = -2}};
   check_invalid(c, {"window (-1, -2)", "below -1"});
 }
 
@@ -512,13 +514,12 @@ TEST_CASE("attention takes causal as window_right 0 whatever window_right says, 
   for (int window_right : {-1, 0, 5, 4095}) {
     INFO("window_right " << window_right);
     Call c = padded_call();
-    c.options = {.causal = true, .window_left = 4095, .window_right = window_right};
+    c.options = {.score = {.causal = true, .window_left = 4095, .window_right = window_right}};
     std::string why;
     CHECK(kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime()));
     INFO("why: " << why);
     check_accepted(c);
-    kiln::AttentionParams p{};
-    kiln::detail::set_score_params(p, c.options, 64);
+    const kiln::ScoreParams p = kiln::detail::score_params(c.options.score, 2, 8, 64, 0);
     CHECK(p.window_left == 4095);
     CHECK(p.window_right == 0);
   }
@@ -529,21 +530,21 @@ TEST_CASE("attention refuses a negative or non-finite softcap and a non-positive
   const float nan = std::numeric_limits<float>::quiet_NaN();
   const float inf = std::numeric_limits<float>::infinity();
   Call c = padded_call();
-  c.options.softcap = -1;
+  c.options.score.softcap = -1;
   check_invalid(c, {"softcap is -1", "positive"});
-  c.options.softcap = nan;
+  c.options.score.softcap = nan;
   check_invalid(c, {"softcap is nan"});
-  c.options.softcap = inf;
+  c.options.score.softcap = inf;
   check_invalid(c, {"softcap is inf"});
 
   c = padded_call();
-  c.options.softmax_scale = nan;
+  c.options.score.softmax_scale = nan;
   check_invalid(c, {"softmax_scale is nan", "finite"});
-  c.options.softmax_scale = -inf;
+  c.options.score.softmax_scale = -inf;
   check_invalid(c, {"softmax_scale is -inf", "finite"});
-  c.options.softmax_scale = 0;
+  c.options.score.softmax_scale = 0;
   check_invalid(c, {"softmax_scale is 0", "positive"});
-  c.options.softmax_scale = -0.125f;
+  c.options.score.softmax_scale = -0.125f;
   check_invalid(c, {"softmax_scale is -0.125", "positive"});
 }
 
@@ -554,7 +555,7 @@ TEST_CASE("attention refuses misaligned pointers of its small tensors", "[attent
   c.options.bias = view(0x5000001, DType::bf16, {2, 8, 128, 256});
   check_invalid(c, {"bias", "aligned"});
   c = padded_call();
-  c.options.alibi_slopes = view(0x5000002, DType::f32, {8});
+  c.options.score.alibi_slopes = view(0x5000002, DType::f32, {8});
   check_invalid(c, {"alibi_slopes", "aligned"});
   c = padded_call();
   c.options.lse = view(0x5000002, DType::f32, {2, 8, 128});

@@ -321,17 +321,17 @@ struct DeviceDecode {
 void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   const DecodeReferenceProblem& p = s.problem;
   const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
-  d.options.softmax_scale = c.softmax_scale;
-  d.options.causal = c.causal;
-  d.options.window_left = c.window_left;
-  d.options.window_right = c.window_right;
-  d.options.top_left = c.top_left;
-  d.options.softcap = c.softcap;
+  d.options.score.softmax_scale = c.softmax_scale;
+  d.options.score.causal = c.causal;
+  d.options.score.window_left = c.window_left;
+  d.options.score.window_right = c.window_right;
+  d.options.score.top_left = c.top_left;
+  d.options.score.softcap = c.softcap;
   d.options.num_splits = c.num_splits;
   const auto& slopes = p.attention.alibi_slopes;
   if (!slopes.empty()) {
     void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));
-    d.options.alibi_slopes =
+    d.options.score.alibi_slopes =
         c.alibi == Alibi::per_head
             ? TensorView::contiguous(data, DType::f32, {c.heads})
             : TensorView::contiguous(data, DType::f32, {batch, std::int64_t{c.heads}});

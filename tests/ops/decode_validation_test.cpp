@@ -15,9 +15,8 @@
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 #include "ops/kvcache_checks.hpp"
-#include "ops/score_params.hpp"
+#include "ops/score.hpp"
 #include "ops/validation_support.hpp"
-#include "params/decode.h"
 
 namespace kiln::test {
 namespace {
@@ -127,12 +126,12 @@ TEST_CASE("decode passes valid calls of every cache layout and option", "[decode
   }
 
   DecodeCall options = append_call();
-  options.options.softmax_scale = 0.5f;
-  options.options.causal = true;
-  options.options.window_left = 32;
-  options.options.softcap = 30;
+  options.options.score.softmax_scale = 0.5f;
+  options.options.score.causal = true;
+  options.options.score.window_left = 32;
+  options.options.score.softcap = 30;
   options.options.rotary_interleaved = false;  // GPT-NeoX, not the default
-  options.options.alibi_slopes = view(0xC000000, DType::f32, {2, 8});
+  options.options.score.alibi_slopes = view(0xC000000, DType::f32, {2, 8});
   options.options.lse = view(0xD000000, DType::f32, {2, 8, 1});
   options.options.num_splits = 128;
   check_accepted(options);
@@ -488,7 +487,7 @@ TEST_CASE("decode refuses rotary tables that do not fit", "[decode]") {
   paged.q = reshaped(paged.q, {2, 4, 8, 64});
   paged.out = reshaped(paged.out, {2, 4, 8, 64});
   check_accepted(paged);
-  paged.options.causal = true;
+  paged.options.score.causal = true;
   check_invalid(paged, {"seqlen_ro) is 130", "128 keys", "q's last 3 tokens"});
   paged.options.rotary_cos = view(0xA000000, DType::bf16, {131, 16});
   paged.options.rotary_sin = view(0xB000000, DType::bf16, {131, 16});
@@ -508,9 +507,9 @@ TEST_CASE("decode refuses an lse or alibi slopes of the wrong shape", "[decode]"
   check_accepted(c);
 
   c = contiguous_call();
-  c.options.alibi_slopes = view(0xC000000, DType::f32, {4});
+  c.options.score.alibi_slopes = view(0xC000000, DType::f32, {4});
   check_invalid(c, {"alibi_slopes.size(-1) is 4", "heads", "8"});
-  c.options.alibi_slopes = view(0xC000000, DType::f32, {3, 8});
+  c.options.score.alibi_slopes = view(0xC000000, DType::f32, {3, 8});
   check_invalid(c, {"alibi_slopes.size(0) is 3", "batch", "2"});
 }
 
@@ -520,12 +519,11 @@ TEST_CASE("decode takes causal as window_right 0 whatever window_right says, as 
   for (int window_right : {-1, 0, 5, 4095}) {
     INFO("window_right " << window_right);
     DecodeCall c = append_call();
-    c.options.causal = true;
-    c.options.window_left = 4095;
-    c.options.window_right = window_right;
+    c.options.score.causal = true;
+    c.options.score.window_left = 4095;
+    c.options.score.window_right = window_right;
     check_accepted(c);
-    DecodeParams p{};
-    detail::set_score_params(p, c.options, 64);
+    const ScoreParams p = detail::score_params(c.options.score, 2, 8, 64, 0);
     CHECK(p.window_left == 4095);
     CHECK(p.window_right == 0);
   }
@@ -535,18 +533,18 @@ TEST_CASE("DecodeOptions rotates interleaved pairs by default, as flash_attn_wit
           "[decode]") {
   const DecodeOptions defaults;
   CHECK(defaults.rotary_interleaved);
-  CHECK_FALSE(defaults.causal);
-  CHECK(defaults.window_left == -1);
-  CHECK(defaults.window_right == -1);
+  CHECK_FALSE(defaults.score.causal);
+  CHECK(defaults.score.window_left == -1);
+  CHECK(defaults.score.window_right == -1);
   CHECK(defaults.num_splits == 0);
 }
 
 TEST_CASE("decode refuses bad scalar options and split counts", "[decode]") {
   DecodeCall c = contiguous_call();
-  c.options.window_left = -2;
+  c.options.score.window_left = -2;
   check_invalid(c, {"window (-2, -1)", "below -1"});
   c = contiguous_call();
-  c.options.softmax_scale = std::numeric_limits<float>::quiet_NaN();
+  c.options.score.softmax_scale = std::numeric_limits<float>::quiet_NaN();
   check_invalid(c, {"softmax_scale is nan", "finite"});
   for (int splits : {-1, 129}) {
     c = contiguous_call();

@@ -1,0 +1,32 @@
+// kiln::ScoreOptions: how every attention family (attention(), attention_with_kvcache()) turns
+// q.k into the logits its softmax sees: scale, band mask, softcap and ALiBi.
+#pragma once
+
+#include <optional>
+
+#include "kiln/tensor.hpp"
+
+namespace kiln {
+
+struct ScoreOptions {
+  std::optional<float> softmax_scale;  // default 1 / sqrt(head_dim)
+
+  // One mask model, a band: query i sees key j when
+  //   i + offset - window_left <= j <= i + offset + window_right
+  // where offset = seqlen_k - seqlen_q (bottom-right, as FlashAttention) or 0 with top_left
+  // (as mem-efficient attention's CausalFromTopLeft). -1 is unbounded. causal sets
+  // window_right to 0 whatever it was (-1, 0 or a count) and keeps window_left, as
+  // FlashAttention does: {.causal = true, .window_left = w - 1, .window_right = w - 1}, what
+  // Hugging Face passes for a sliding-window layer, is the causal band of the last w keys.
+  bool causal = false;
+  int window_left = -1;
+  int window_right = -1;
+  bool top_left = false;
+
+  float softcap = 0;  // > 0: logits = softcap * tanh(logits / softcap)
+
+  // fp32 ALiBi slopes, (heads) or (batch, heads): logits -= slope * |i + offset - j|.
+  std::optional<TensorView> alibi_slopes;
+};
+
+}  // namespace kiln

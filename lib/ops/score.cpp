@@ -1,0 +1,74 @@
+// The score model on the host: validation of ScoreOptions and the ScoreParams it fills.
+#include "ops/score.hpp"
+
+#include <cmath>
+
+#include <fmt/format.h>
+
+#include "ops/tensor_checks.hpp"
+
+namespace kiln::detail {
+namespace {
+
+void check_scalars(const ScoreOptions& o) {
+  // NOTE: the kernels fold the scale into the softmax's base-2 exponent, where a zero or
+  // negative factor would turn masked -inf logits into NaN and invert the running max.
+  if (o.softmax_scale && !(std::isfinite(*o.softmax_scale) && *o.softmax_scale > 0)) {
+    invalid(fmt::format("softmax_scale is {}: it must be finite and positive", *o.softmax_scale));
+  }
+  if (!std::isfinite(o.softcap) || o.softcap < 0) {
+    invalid(fmt::format("softcap is {}: use 0 (off) or a positive value", o.softcap));
+  }
+  // NOTE: with causal, window_right is taken as 0 whatever it is, but a value below -1 is a
+  // mistake either way.
+  if (o.window_left < -1 || o.window_right < -1) {
+    invalid(
+        fmt::format("window ({}, {}) has a value below -1: windows are -1 (unbounded) or "
+                    "a key count",
+                    o.window_left, o.window_right));
+  }
+}
+
+// fp32 ALiBi slopes, (heads) or (batch, heads).
+void check_alibi_slopes(const TensorView& a, std::int64_t batch, std::int64_t heads, int device) {
+  check_common(a, "alibi_slopes", device);
+  if (a.dtype != DType::f32) {
+    invalid(fmt::format("alibi_slopes has dtype {}: it must be f32", to_string(a.dtype)));
+  }
+  if (a.rank != 1 && a.rank != 2) {
+    invalid(fmt::format("alibi_slopes has rank {}: use (heads) or (batch, heads)", a.rank));
+  }
+  require_size(a, "alibi_slopes", a.rank - 1, heads, "heads");
+  if (a.rank == 2) require_size(a, "alibi_slopes", 0, batch, "batch");
+  if (heads > 1 && a.stride(a.rank - 1) != 1) {
+    invalid(fmt::format("alibi_slopes.stride(-1) is {}: it must be 1", a.stride(a.rank - 1)));
+  }
+}
+
+}  // namespace
+
+bool has_band(const ScoreOptions& o) {
+  return o.causal || o.window_left >= 0 || o.window_right >= 0;
+}
+
+ScoreParams score_params(const ScoreOptions& o, std::int64_t batch, std::int64_t heads,
+                         std::int64_t head_dim, int device) {
+  check_scalars(o);
+  if (o.alibi_slopes) check_alibi_slopes(*o.alibi_slopes, batch, heads, device);
+  ScoreParams p{};
+  p.softmax_scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
+  // NOTE: causal is window_right 0 whatever window_right says, and keeps window_left, as
+  // FlashAttention takes it (flash_api.cpp: `if (is_causal) window_size_right = 0`): Hugging
+  // Face transformers passes causal with (w - 1, w - 1) for its sliding-window layers.
+  p.window_left = o.window_left;
+  p.window_right = o.causal ? 0 : o.window_right;
+  p.top_left = o.top_left ? 1 : 0;
+  p.softcap = o.softcap;
+  if (o.alibi_slopes) {
+    p.maybe_alibi_slopes = static_cast<const float*>(o.alibi_slopes->data);
+    p.alibi_batch_stride = o.alibi_slopes->rank == 2 ? o.alibi_slopes->stride(0) : 0;
+  }
+  return p;
+}
+
+}  // namespace kiln::detail

@@ -1,0 +1,137 @@
+// include/kiln/params/score.h and lib/ops/score.cpp: the one score model every attention family
+// holds, its ABI, the header JIT compiles get, and the function that fills it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <concepts>
+#include <cstddef>
+#include <filesystem>
+#include <set>
+#include <string>
+#include <type_traits>
+
+#include "jit/sources.hpp"
+#include "jit/unit.hpp"
+#include "kiln/kiln.hpp"
+#include "ops/score.hpp"
+#include "params/attention.h"
+#include "params/decode.h"
+#include "params/registry.hpp"
+#include "support.hpp"
+
+namespace kiln::test {
+namespace {
+
+// NOTE: kernels read these bytes as the host wrote them, so the layout is part of the ABI of
+// every Params that holds it: a change here is a change of all of them.
+static_assert(std::is_standard_layout_v<ScoreParams> && std::is_trivially_copyable_v<ScoreParams>);
+static_assert(std::same_as<decltype(AttentionParams::score), ScoreParams>);
+static_assert(std::same_as<decltype(DecodeParams::score), ScoreParams>);
+
+// A call of batch 2, 8 heads, head dim 64, on device 0.
+ScoreParams filled(const ScoreOptions& o) {
+  return detail::score_params(o, 2, 8, 64, 0);
+}
+
+}  // namespace
+
+TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[params][score]") {
+  CHECK(sizeof(ScoreParams) == 40);
+  CHECK(alignof(ScoreParams) == 8);
+  CHECK(offsetof(ScoreParams, softmax_scale) == 0);
+  CHECK(offsetof(ScoreParams, window_left) == 4);
+  CHECK(offsetof(ScoreParams, window_right) == 8);
+  CHECK(offsetof(ScoreParams, top_left) == 12);
+  CHECK(offsetof(ScoreParams, softcap) == 16);
+  CHECK(offsetof(ScoreParams, maybe_alibi_slopes) == 24);
+  CHECK(offsetof(ScoreParams, alibi_batch_stride) == 32);
+
+  // A generated unit whose spec names it static_asserts this size and alignment.
+  const detail::ParamsLayout& layout = detail::params_layout("kiln::ScoreParams");
+  CHECK(layout.header == "kiln/params/score.h");
+  CHECK(layout.size == sizeof(ScoreParams));
+  CHECK(layout.alignment == alignof(ScoreParams));
+}
+
+TEST_CASE("every attention and decode kernel compiles against the host's score.h",
+          "[params][score]") {
+  const std::string host =
+      read_file(std::filesystem::path(KILN_SOURCE_DIR) / "include" / "kiln" / "params" / "score.h");
+  std::vector<KernelSpec> specs;
+  for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
+    for (KernelSpec& spec : default_specs(target)) specs.push_back(std::move(spec));
+  }
+  const auto tree =
+      detail::SourceTree::locate(std::filesystem::path(KILN_SOURCE_DIR) / "kernels_src");
+  const std::set<std::string> holders = {"kiln::AttentionParams", "kiln::AttentionTmaParams",
+                                         "kiln::DecodeParams"};
+  std::set<std::string> seen;
+  for (const KernelSpec& spec : specs) {
+    if (!holders.contains(spec.params)) continue;  // unary, merge
+    INFO(to_string(spec));
+    const std::string unit = detail::render_source(spec, detail::params_layout(spec.params));
+    int found = 0;
+    for (const detail::Header& header : tree.closure(unit, spec.source)) {
+      if (header.name != "kiln/params/score.h") continue;
+      CHECK(header.content == host);
+      ++found;
+    }
+    CHECK(found == 1);
+    seen.insert(spec.params);
+  }
+  CHECK(seen == holders);
+}
+
+TEST_CASE("score_params fills the kernels' score from the options", "[params][score]") {
+  const ScoreParams defaults = filled({});
+  CHECK(defaults.softmax_scale == 0.125f);  // 1 / sqrt(64)
+  CHECK(defaults.window_left == -1);
+  CHECK(defaults.window_right == -1);
+  CHECK(defaults.top_left == 0);
+  CHECK(defaults.softcap == 0);
+  CHECK(defaults.maybe_alibi_slopes == nullptr);
+  CHECK_FALSE(detail::has_band({}));
+
+  // causal is window_right 0 whatever window_right says, and keeps window_left.
+  const ScoreOptions band{.softmax_scale = 0.5f,
+                          .causal = true,
+                          .window_left = 4095,
+                          .window_right = 4095,
+                          .top_left = true,
+                          .softcap = 30};
+  const ScoreParams p = filled(band);
+  CHECK(p.softmax_scale == 0.5f);
+  CHECK(p.window_left == 4095);
+  CHECK(p.window_right == 0);
+  CHECK(p.top_left == 1);
+  CHECK(p.softcap == 30);
+  CHECK(detail::has_band(band));
+  CHECK(detail::has_band({.window_left = 0}));
+  CHECK(detail::has_band({.window_right = 0}));
+
+  // One slope per head, or per batch and head at the slopes' batch stride.
+  TensorView slopes = TensorView::contiguous(reinterpret_cast<void*>(0x5000000), DType::f32, {8});
+  const ScoreParams per_head = filled({.alibi_slopes = slopes});
+  CHECK(per_head.maybe_alibi_slopes == slopes.data);
+  CHECK(per_head.alibi_batch_stride == 0);
+  slopes = TensorView::contiguous(slopes.data, DType::f32, {2, 8});
+  slopes.strides[0] = 16;
+  CHECK(filled({.alibi_slopes = slopes}).alibi_batch_stride == 16);
+}
+
+TEST_CASE("score_params refuses bad options, naming the value and the fix", "[params][score]") {
+  CHECK_THROWS_WITH(filled({.softmax_scale = 0.f}),
+                    Catch::Contains("softmax_scale is 0: it must be finite and positive"));
+  CHECK_THROWS_WITH(filled({.softmax_scale = std::nanf("")}),
+                    Catch::Contains("softmax_scale is nan"));
+  CHECK_THROWS_WITH(filled({.softcap = -1}),
+                    Catch::Contains("softcap is -1: use 0 (off) or a positive value"));
+  CHECK_THROWS_WITH(filled({.causal = true, .window_right = -2}),
+                    Catch::Contains("window (-1, -2) has a value below -1"));
+  const TensorView wrong =
+      TensorView::contiguous(reinterpret_cast<void*>(0x5000000), DType::f32, {3, 8});
+  CHECK_THROWS_WITH(filled({.alibi_slopes = wrong}),
+                    Catch::Contains("alibi_slopes.size(0) is 3") && Catch::Contains("batch"));
+}
+
+}  // namespace kiln::test
