@@ -35,13 +35,18 @@ struct TmaTraits : WgmmaTraits<Spec> {
   static constexpr int consumer_groups = Base::block_m / 64;
   static constexpr int consumer_threads = consumer_groups * 128;
   static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup
-  // setmaxnreg counts: the producer keeps what issuing copies and walking the tiles needs (with
-  // 24 it spilled), the consumers take what the 64K-register file has left, at most 240
-  // (multiples of 8).
-  static constexpr int producer_registers = 32;
-  static constexpr int consumer_registers = 240;
-  static_assert(producer_registers * 128 + consumer_registers * consumer_threads <= 65536,
-                "the warpgroups' registers do not fit the register file.");
+  // setmaxnreg counts: the producer keeps 24, the least there is (walking the tiles it spills a
+  // little under a band, off the consumers' path; with 32 the consumers, left 232, spill
+  // instead), and the consumers take what the CTA was launched with beyond that, at most 240
+  // (multiples of 8). A count the launch did not provide makes setmaxnreg.inc wait forever.
+  static constexpr int launch_registers = 65536 / threads / 8 * 8;  // per thread, as ptxas gives
+  static constexpr int producer_registers = 24;
+  static constexpr int spare_registers =
+      (launch_registers * threads - producer_registers * 128) / consumer_threads / 8 * 8;
+  static constexpr int consumer_registers = spare_registers < 240 ? spare_registers : 240;
+  static_assert(producer_registers * 128 + consumer_registers * consumer_threads <=
+                    launch_registers * threads,
+                "the warpgroups' registers do not fit what the CTA is launched with.");
   // A CTA per SM taking tile after tile, with an output staging tile of its own after the Q and
   // K/V tiles; or a CTA per tile (see attention_forward_tma_persistent).
   static constexpr bool persistent = attention_forward_tma_persistent(
@@ -143,7 +148,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   constexpr unsigned consumer_warps = Tr::consumer_threads / 32;  // one arrival from each
   if (thread == 0) {
     tma::init(&q_full, 1);
-    tma::init(&q_empty, consumer_warps);
+    tma::init(&q_empty, Tr::consumer_threads);  // every thread that read q_tile_index
     tma::init(&v_tail, 1);
 #pragma unroll
     for (int s = 0; s < Tr::stages; ++s) {
@@ -330,7 +335,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     // Block j's scores are computed while block j - 1's probabilities multiply V, and its
     // softmax runs under that product; o is rescaled once the product is in. Q's slot goes back
     // once the last scores are in.
-    if (turns == 0) release(&q_empty);
+    if (turns == 0) tma::arrive(&q_empty);
     if (turns > 0) {
       float s[1][Tr::s_tiles][4];
       unsigned a[Tr::block_n / 16][4];
@@ -341,7 +346,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       pass_turn(0);
       wgmma::wait<0>();
       release(&k_empty[slot]);
-      if (turns == 1) release(&q_empty);
+      if (turns == 1) tma::arrive(&q_empty);
       transform_logits(s, blocks.begin);
       softmax.update(s, o, to_log2);
       probability_fragments<Tr>(a, s);
@@ -355,7 +360,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
         pass_turn(turn);
         wgmma::wait<1>();
         release(&k_empty[next]);
-        if (turn + 1 == turns) release(&q_empty);
+        if (turn + 1 == turns) tma::arrive(&q_empty);
         transform_logits(s, blocks.begin + turn);
         float rescale[2];
         softmax.exponentiate(s, to_log2, rescale);

@@ -71,9 +71,10 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
-    // None spills with NVRTC 13.0 (the tma kernel's producer needs its 32 registers); up to 32
-    // bytes are let pass, more is a regression worth a look.
-    CHECK(info.spill_bytes <= 32);
+    // With NVRTC 13.0 only the tma kernel's producer spills (52 bytes at head dim 128 with a
+    // band: it keeps 24 registers so that the consumers get 240); up to 64 bytes are let pass,
+    // more is a regression worth a look.
+    CHECK(info.spill_bytes <= 64);
   }
 }
 
