@@ -204,8 +204,9 @@ def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):
     v_b and lse_b, two states v (tokens, heads, dv) with float32 natural-log LSEs
     (tokens, heads); without, v_a (tokens, states, heads, dv) and lse_a (tokens, states, heads)
     merge over the states dim. Returns (out, out_lse): out like one state in v_a's dtype, out_lse
-    float32 (tokens, heads); out= and out_lse= write there. Any strides, so the LSE of
-    flash_attn_func (batch, heads, seqlen) fits as lse[b].transpose(0, 1), with out[b]."""
+    float32 (tokens, heads); out= and out_lse= write there. Any strides (LSEs whose last stride
+    is not 1 are copied first), so the LSE of flash_attn_func (batch, heads, seqlen) fits as
+    lse[b].transpose(0, 1), with out[b]."""
     many = v_b is None and lse_b is None
     if many:
         tokens, _, heads, dv = v_a.shape
@@ -216,6 +217,9 @@ def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):
     else:
         tokens, heads, dv = v_a.shape
     out = _output(out, (tokens, heads, dv), v_a, "out")
+    # kiln reads a token's LSEs contiguous (stride 1 over heads); others, such as
+    # flash_attn_func's LSE taken as lse[b].transpose(0, 1), are copied so first.
+    lse_a, lse_b = (x if x is None or x.stride(-1) == 1 else x.contiguous() for x in (lse_a, lse_b))
     if out_lse is None:
         out_lse = v_a.new_empty((tokens, heads), dtype=torch.float32)
     if many:

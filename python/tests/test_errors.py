@@ -158,6 +158,16 @@ def test_a_valid_call_passes_kilns_checks(as_gpu):
     assert out.shape == (0, 1, 8, 64) and lse.shape == (0, 8, 1)
 
 
+def test_merge_states_takes_an_lse_of_any_strides(as_gpu):
+    # flash_attn_func's LSE as lse[b].transpose(0, 1): kiln wants stride 1 over heads, and
+    # merge_states copies it so. Its checks pass; what stops the call here is the missing GPU.
+    lse = torch.zeros(1, 8, 4)[0].transpose(0, 1)
+    assert lse.stride(-1) == 4
+    with pytest.raises(kiln.KilnError) as error:
+        kiln.merge_states(bf16(4, 8, 32), lse, bf16(4, 8, 32), lse)
+    assert "stride" not in str(error.value) and "device 0" in str(error.value)
+
+
 @pytest.mark.parametrize("call", [
     lambda q: kiln.flash_attn_func(q, K, K),
     lambda q: kiln.flash_attn_varlen_func(q.flatten(0, 1), KV, KV, CU, CU, 0, 0),
