@@ -307,8 +307,8 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
     if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .kernel = portable};
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
-  // Measured on an H100 (bench/RESULTS.md, run 13): the tma kernel runs 0.76-1.05x cuDNN where
-  // the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and the mma kernel 0.65-0.71x (64);
+  // Measured on an H100 (bench/RESULTS.md, runs 13 and 14): the tma kernel runs 0.78-1.08x
+  // cuDNN where the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and mma 0.65-0.71x (64);
   // at 80 and 96, padded to 128, it still beats the mma kernel. Below 64 the padding would
   // double the work: mma. Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of
   // smem at 256 holds only 64 keys a step, and a third stage gained nothing at 128. Inputs TMA
