@@ -63,8 +63,8 @@ enum class AttentionKernel {
 
 // How it runs. Every config gives results within the same tolerance.
 struct AttentionConfig {
-  int block_m = 128;  // query rows per CTA; wgmma: 64, 128 or 192 (a warpgroup per 64 rows),
-                      // tma: 64 or 128
+  int block_m = 128;  // query rows per CTA; wgmma and tma: 64, 128 or 192 (a warpgroup per 64
+                      // rows)
   int block_n = 64;   // keys per step; wgmma: a multiple of 64 up to 256
   int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps);
                       // wgmma and tma ignore it (block_m / 16)

@@ -8,7 +8,9 @@
 // products and its output leaves by bulk copies under the next one's; otherwise a CTA takes one
 // tile. The producer warpgroup hands registers back (setmaxnreg) to the consumers.
 //
-// Spec constants: those of attention_forward_wgmma (block_m 64 or 128 here, block_n, stages).
+// Spec constants: those of attention_forward_wgmma (block_m, block_n, stages). With two consumer
+// warpgroups (block_m 128) they take turns at the tensor cores (ping-pong, below); with three
+// (192) the scheduler interleaves them.
 //
 // Keys past a sequence's end get probability 0, and their V rows are zeros whatever memory holds
 // there: TMA reads zeros past the tensor's token dim, and the producer zeroes the rest of the
@@ -30,8 +32,6 @@ namespace attention {
 template <class Spec>
 struct TmaTraits : WgmmaTraits<Spec> {
   using Base = WgmmaTraits<Spec>;
-  static_assert(Base::block_m == 64 || Base::block_m == 128,
-                "block_m must be 64 or 128: one consumer warpgroup per 64 query rows.");
   static constexpr int consumer_groups = Base::block_m / 64;
   static constexpr int consumer_threads = consumer_groups * 128;
   static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup

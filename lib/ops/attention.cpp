@@ -307,14 +307,22 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
     if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .kernel = portable};
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
-  // Measured on an H100 (bench/RESULTS.md, runs 13 and 14): the tma kernel runs 0.78-1.08x
-  // cuDNN where the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and mma 0.65-0.71x (64);
-  // at 80 and 96, padded to 128, it still beats the mma kernel. Below 64 the padding would
-  // double the work: mma. Two consumer warpgroups (128 rows) share each K/V tile; 192 KiB of
-  // smem at 256 holds only 64 keys a step, and a third stage gained nothing at 128. Inputs TMA
-  // cannot tile (a stride of 0) run the wgmma kernel on the same tiles (run()).
+  // Measured on an H100 (bench/RESULTS.md, runs 13 to 15; kiln_bench_tune times the
+  // candidates): the tma kernel runs 0.78-1.08x cuDNN where the wgmma kernel ran 0.65-0.79x (head
+  // dims 128 and 256) and mma 0.65-0.71x (64); at 80 and 96, padded to 128, it still beats the
+  // mma kernel. Below 64 the padding would double the work: mma. At 64 three consumer warpgroups
+  // (192 rows) share each K/V tile without a mask (15-20% faster than two), and with one two take
+  // 192 keys a step (5-11% faster from 4096 tokens, 9% slower at 1024); 192 x 192 spills. From
+  // 65 to 128 two warpgroups and 128 keys: a third stage or warpgroup gained nothing. 192 KiB of
+  // smem at 256 holds only 64 keys a step. Inputs TMA cannot tile (a stride of 0) run the wgmma
+  // kernel on the same tiles (run()).
   if (is_sm90a(target) && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
     constexpr AttentionKernel tma = AttentionKernel::tma;
+    if (widest <= 64) {
+      return problem.band
+                 ? AttentionConfig{.block_m = 128, .block_n = 192, .stages = 2, .kernel = tma}
+                 : AttentionConfig{.block_m = 192, .block_n = 128, .stages = 3, .kernel = tma};
+    }
     if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
     return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
   }
