@@ -6,6 +6,7 @@
 //                                            hit through load and launch
 //   kiln_bench_runtime dispatch CACHE        host time per launch, kiln vs cuLaunchKernel
 //   kiln_bench_runtime warmup CACHE          the default specs at 1, 2, 4, 8 and 16 threads
+//   kiln_bench_runtime decode CACHE          host time per kiln::attention_with_kvcache call
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
@@ -166,6 +167,52 @@ int dispatch(const fs::path& cache) {
   return 0;
 }
 
+// Host time of a whole decode step through the C++ API (validation, config, spec, lookup,
+// scratch and launch), bf16, 32 query heads on 8 kv heads, d 128, 4096 cached keys, batch 1
+// (split-KV: scratch and a tag) and 32 (no split); compare dispatch's raw cuLaunchKernel.
+int decode(const fs::path& cache) {
+  check(cudaFree(nullptr), "cudaFree(0)");
+  kiln::Runtime rt(options_for(cache));
+  for (const int batch : {1, 32}) {
+    constexpr int kLength = 4096, kHeads = 32, kHeadsKv = 8, kDim = 128;
+    const std::size_t cache_bytes = std::size_t{2} * batch * kLength * kHeadsKv * kDim;
+    void *q, *k, *v, *out, *seqlens;
+    for (void** buffer : {&q, &out}) check(cudaMalloc(buffer, 2 * batch * kHeads * kDim), "q");
+    for (void** buffer : {&k, &v}) {
+      check(cudaMalloc(buffer, cache_bytes), "cache");
+      check(cudaMemset(*buffer, 0x3c, cache_bytes), "cache");  // bf16 0.0115: finite values
+    }
+    check(cudaMemset(q, 0x3c, 2 * batch * kHeads * kDim), "q");
+    check(cudaMalloc(&seqlens, 4 * batch), "seqlens");
+    const std::vector<int> lengths(static_cast<std::size_t>(batch), kLength);
+    check(cudaMemcpy(seqlens, lengths.data(), 4 * lengths.size(), cudaMemcpyHostToDevice),
+          "seqlens");
+    using kiln::DType;
+    using kiln::TensorView;
+    const kiln::KVCache kv{
+        .k = TensorView::contiguous(k, DType::bf16, {batch, kLength, kHeadsKv, kDim}),
+        .v = TensorView::contiguous(v, DType::bf16, {batch, kLength, kHeadsKv, kDim}),
+        .seqlens = TensorView::contiguous(seqlens, DType::i32, {batch})};
+    const TensorView q_view = TensorView::contiguous(q, DType::bf16, {batch, 1, kHeads, kDim});
+    const TensorView out_view = TensorView::contiguous(out, DType::bf16, {batch, 1, kHeads, kDim});
+    const auto step = [&] { kiln::attention_with_kvcache(q_view, kv, out_view, {}, nullptr, rt); };
+    step();
+    check(cudaDeviceSynchronize(), "sync");
+    constexpr int kBatch = 64, kRounds = 100;
+    std::vector<double> us;
+    for (int round = 0; round < kRounds; ++round) {
+      const auto start = Clock::now();
+      for (int i = 0; i < kBatch; ++i) step();
+      us.push_back(ms_since(start) * 1000.0 / kBatch);
+      check(cudaDeviceSynchronize(), "sync");
+    }
+    std::printf("decode step, batch %d x %d keys: %.3f us a call (median of %d batches of %d)\n",
+                batch, kLength, median(us), kRounds, kBatch);
+    for (void* buffer : {q, k, v, out, seqlens}) check(cudaFree(buffer), "cudaFree");
+  }
+  return 0;
+}
+
 // Warm-up of the default specs into an empty cache, for sm_90a, at several thread counts.
 int warmup(const fs::path& cache) {
   const std::vector<kiln::KernelSpec> specs = kiln::default_specs("sm_90a");
@@ -189,7 +236,7 @@ int warmup(const fs::path& cache) {
 
 int main(int argc, char** argv) {
   if (argc != 3) {
-    std::fprintf(stderr, "usage: %s cold|first-launch|dispatch|warmup CACHE_DIR\n", argv[0]);
+    std::fprintf(stderr, "usage: %s cold|first-launch|dispatch|decode|warmup CACHE_DIR\n", argv[0]);
     return 2;
   }
   try {
@@ -198,6 +245,7 @@ int main(int argc, char** argv) {
     if (mode == "cold") return cold(cache);
     if (mode == "first-launch") return first_launch(cache);
     if (mode == "dispatch") return dispatch(cache);
+    if (mode == "decode") return decode(cache);
     if (mode == "warmup") return warmup(cache);
     std::fprintf(stderr, "unknown mode '%s'\n", mode.c_str());
     return 2;

@@ -9,10 +9,18 @@ namespace kiln::attention {
 
 // Each thread holds rows g and g + 8 (g = lane / 4) of each of the warp's MTiles m16 tiles,
 // shared with the 3 other lanes of its quad: row r = 2 * tile + half. VoteFrom: the output
-// accumulators per thread from which rescale_output votes to skip the multiplies.
-template <int MTiles, int VoteFrom = 128>
+// accumulators per thread from which rescale_output votes to skip the multiplies. Slack: how far
+// (in base-2 units) a row's logits may rise above its running max before the max follows them;
+// 0 follows every rise. The sum, o and the LSE all count from the running max, so the result is
+// the same; probabilities then reach at most 2^Slack, which fp32 sums and fp16/bf16 P operands
+// hold with their usual relative precision, and once a row's max is near its final value no
+// step rescales o.
+template <int MTiles, int VoteFrom = 128, int Slack = 0>
 struct OnlineSoftmax {
   static constexpr int rows = 2 * MTiles;
+  // Whether rescale_output votes to skip the multiplies for o of OTiles n8 tiles.
+  template <int OTiles>
+  static constexpr bool votes = MTiles* OTiles * 4 >= VoteFrom;
   float row_max[rows];  // of logits seen so far, equal across the quad
   float row_sum[rows];  // this thread's share of the sum; the quad's shares add up at the end
 
@@ -51,6 +59,9 @@ struct OnlineSoftmax {
           m = fmaxf(m, fmaxf(s[mt][nt][2 * half], s[mt][nt][2 * half + 1]));
         }
         m = mma::quad_max(m);
+        // NOTE: the difference is +inf or NaN only when the running max is -inf (no logit yet),
+        // where the max must follow.
+        if (Slack > 0 && (m - row_max[r]) * to_log2 <= static_cast<float>(Slack)) m = row_max[r];
         const float shift = softmax_shift(m, to_log2);
         rescale[r] = softmax_rescale<mma::ApproxMath>(row_max[r], m, shift, to_log2);
         row_max[r] = m;
@@ -76,7 +87,7 @@ struct OnlineSoftmax {
   template <int OTiles>
   __device__ __forceinline__ void rescale_output(float (&o)[MTiles][OTiles][4],
                                                  const float (&rescale)[rows]) {
-    if constexpr (MTiles * OTiles * 4 >= VoteFrom) {
+    if constexpr (votes<OTiles>) {
       bool grew = false;
 #pragma unroll
       for (int r = 0; r < rows; ++r) grew |= rescale[r] != 1.f;
