@@ -51,11 +51,14 @@ Shape check_q_cache_out(const TensorView& q, const KVCache& cache, const TensorV
                         int device) {
   Shape s;
   s.paged = cache.block_table.has_value();
-  const std::string_view rows = s.paged ? "num_pages, page_size" : "batch_cache, seqlen_cache";
   require_rank(q, "q", 4, "(batch, seqlen_q, heads, head_dim)");
   require_rank(out, "out", 4, "(batch, seqlen_q, heads, head_dim_v)");
-  require_rank(cache.k, "cache.k", 4, fmt::format("({}, heads_kv, head_dim)", rows));
-  require_rank(cache.v, "cache.v", 4, fmt::format("({}, heads_kv, head_dim_v)", rows));
+  require_rank(cache.k, "cache.k", 4,
+               s.paged ? "(num_pages, page_size, heads_kv, head_dim)"
+                       : "(batch_cache, seqlen_cache, heads_kv, head_dim)");
+  require_rank(cache.v, "cache.v", 4,
+               s.paged ? "(num_pages, page_size, heads_kv, head_dim_v)"
+                       : "(batch_cache, seqlen_cache, heads_kv, head_dim_v)");
   for (const auto& [t, name] : {std::pair{&q, "q"}, std::pair{&cache.k, "cache.k"},
                                 std::pair{&cache.v, "cache.v"}, std::pair{&out, "out"}}) {
     check_common(*t, name, device);
