@@ -18,9 +18,10 @@ namespace kiln::attention {
 template <int MTiles, int VoteFrom = 128, int Slack = 0>
 struct OnlineSoftmax {
   static constexpr int rows = 2 * MTiles;
-  // Whether rescale_output votes to skip the multiplies for o of OTiles n8 tiles.
+  // Whether rescale_output votes to skip the multiplies for o of OTiles n8 tiles (4 accumulators
+  // each per thread).
   template <int OTiles>
-  static constexpr bool votes = MTiles* OTiles * 4 >= VoteFrom;
+  static constexpr bool votes = VoteFrom <= 4 * (MTiles * OTiles);
   float row_max[rows];  // of logits seen so far, equal across the quad
   float row_sum[rows];  // this thread's share of the sum; the quad's shares add up at the end
 

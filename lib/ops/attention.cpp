@@ -308,7 +308,7 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
   // Measured on an H100 (bench/RESULTS.md, runs 13 to 15; kiln_bench_tune times the
-  // candidates): the tma kernel runs 0.78-1.08x cuDNN where the wgmma kernel ran 0.65-0.79x (head
+  // candidates): the tma kernel runs 0.71-1.11x cuDNN where the wgmma kernel ran 0.65-0.79x (head
   // dims 128 and 256) and mma 0.65-0.71x (64); at 80 and 96, padded to 128, it still beats the
   // mma kernel. Below 64 the padding would double the work: mma. At 64 three consumer warpgroups
   // (192 rows) share each K/V tile without a mask (15-20% faster than two), and with one two take
