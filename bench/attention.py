@@ -7,7 +7,9 @@ SDPA's flash, cuDNN and mem-efficient backends, in one process on one GPU (issue
 Rows: bf16 and fp16, head dims 64/128/256, seqlen 1k/4k/16k at 16k tokens (batch 16384 // seqlen)
 and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/peers.py; then
 real models' prefill shapes (MODEL_ROWS: GQA 4:1 and 8:1, head dims 80 and 96, batches of short
-sequences), causal. SDPA's fused kernels take no GQA, so on those rows they get K and V repeated
+sequences), causal; then a varlen batch of mixed lengths (VARLEN_LENGTHS: kiln's
+flash_attn_varlen_func on the packed tokens, SDPA on the same tokens as a jagged nested tensor,
+the layout PyTorch offers for it). SDPA's fused kernels take no GQA, so on those rows they get K and V repeated
 to every query head (the same FLOPs; kiln reads the kv heads once). TFLOP/s
 count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
 convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could
@@ -54,6 +56,8 @@ MODEL_ROWS = [
     ("phi3-mini", 2, 4096, 32, 32, 96),
 ]
 
+# One varlen batch (bf16, d 128, 16 heads, causal): sequence lengths of a mixed prefill batch.
+VARLEN_LENGTHS = [4096, 3000, 2048, 1000, 512, 256, 129, 64]
 
 # --quick: a smoke test that still touches both dtypes, three head dims and both masks.
 QUICK_ROWS = [("bf16", 64, 1024, False), ("bf16", 128, 4096, True),
@@ -65,7 +69,8 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help="4 rows only, for smoke tests")
     p.add_argument("--reps", type=int, default=30, help="timed calls per backend and row")
     p.add_argument("--rows", choices=["all", "grid", "models"], default="all",
-                   help="the head-dim x seqlen grid, the model shapes, or both (default)")
+                   help="the head-dim x seqlen grid, the model shapes and the varlen batch, or "
+                   "both (default)")
     p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB; "
                    "neither: the installed package's, else ./build's)")
     p.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
@@ -131,17 +136,45 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args, model=None):
                        v.repeat_interleave(heads // heads_kv, dim=2))
                       if heads_kv != heads else (k, v))
     calls.update({n: sdpa_call(b, q, k_sdpa, v_sdpa, causal) for n, b in SDPA_BACKENDS.items()})
+    return time_row(row, calls, out, args)
+
+
+def bench_varlen_row(kiln, args):
+    """The varlen batch: packed (total, heads, d) tokens, cu_seqlens from VARLEN_LENGTHS."""
+    d, heads, lengths = 128, 16, VARLEN_LENGTHS
+    offsets = [0]
+    for n in lengths:
+        offsets.append(offsets[-1] + n)
+    cu = torch.tensor(offsets, device="cuda", dtype=torch.int32)
+    q, k, v = (torch.randn(offsets[-1], heads, d, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    out = torch.empty_like(q)
+    longest = max(lengths)
+    row = {"dtype": "bf16", "head_dim": d, "seqlen": longest, "batch": len(lengths),
+           "heads": heads, "heads_kv": heads, "model": "varlen-mixed", "causal": True,
+           "flops": sum(row_flops(1, heads, n, d, True) for n in lengths), "errors": {}}
+    calls = {"kiln": lambda: kiln.flash_attn_varlen_func(q, k, v, cu, cu, longest, longest,
+                                                         causal=True, out=out)}
+    # (batch, jagged tokens, heads, d) nested tensors, transposed for SDPA as in sdpa_call.
+    nested = [torch.nested.nested_tensor_from_jagged(t, offsets=cu.long()) for t in (q, k, v)]
+    calls.update({n: sdpa_call(b, *nested, True) for n, b in SDPA_BACKENDS.items()})
+    return time_row(row, calls, out, args, lambda t: t.transpose(1, 2).values())
+
+
+def time_row(row, calls, out, args, unpack=lambda t: t.transpose(1, 2)):
+    """Warms and times `calls` into `row`, with the ratios and the check (`unpack` takes an
+    SDPA output to kiln's layout)."""
     row["first_call_ms"] = warm_up(calls, row["errors"])
     ms = time_interleaved(calls, args.reps, row["errors"])
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
     row["tflops"] = {n: (row["flops"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
     row["kiln_over_flash"] = ratio(row["tflops"], "kiln", "flash")
     row["kiln_over_cudnn"] = ratio(row["tflops"], "kiln", "cudnn")
-    row["check"] = check_row(calls, out, args.tol)
+    row["check"] = check_row(calls, out, args.tol, unpack)
     return row
 
 
-def check_row(calls, out, tol):
+def check_row(calls, out, tol, unpack):
     """kiln's output against the first SDPA backend that ran, once, with out poisoned first.
 
     NaN in out means kiln left an element unwritten; it fails the check like a wrong value.
@@ -152,7 +185,7 @@ def check_row(calls, out, tol):
     out.fill_(float("nan"))
     try:
         calls["kiln"]()
-        expected = calls[ref_name]().transpose(1, 2)
+        expected = unpack(calls[ref_name]())
     except Exception as ex:  # it ran while timed: failing now is as bad as a wrong answer
         return {"ref": ref_name, "max_abs_diff": None, "ok": False, "error": describe(ex)}
     diff = (out.float() - expected.float()).abs().max().item()
@@ -307,8 +340,11 @@ def main():
     models = [] if args.quick else [("bf16", m[5], m[2], True, m) for m in MODEL_ROWS]
     grid = [] if args.rows == "models" else grid
     models = [] if args.rows == "grid" else models
-    for dtype_name, d, seqlen, causal, model in grid + models:
-        row = bench_row(kiln, dtype_name, d, seqlen, causal, args, model)
+    row_calls = [lambda g=g: bench_row(kiln, *g[:4], args, g[4]) for g in grid + models]
+    if not args.quick and args.rows != "grid":
+        row_calls.append(lambda: bench_varlen_row(kiln, args))
+    for bench in row_calls:
+        row = bench()
         rows.append(row)
         print(row_line(row), flush=True)
         print_new_errors(row, seen)
