@@ -9,8 +9,8 @@ and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/pe
 real models' prefill shapes (MODEL_ROWS: GQA 4:1 and 8:1, head dims 80 and 96, batches of short
 sequences), causal; then a varlen batch of mixed lengths (VARLEN_LENGTHS: kiln's
 flash_attn_varlen_func on the packed tokens, SDPA on the same tokens as a jagged nested tensor,
-the layout PyTorch offers for it). SDPA's fused kernels take no GQA, so on those rows they get K and V repeated
-to every query head (the same FLOPs; kiln reads the kv heads once). TFLOP/s
+the layout PyTorch offers for it). SDPA's fused kernels take no GQA, so on those rows they get
+K and V repeated to every query head (the same FLOPs; kiln reads the kv heads once). TFLOP/s
 count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
 convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could
 not run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
@@ -69,8 +69,8 @@ def parse_args():
     p.add_argument("--quick", action="store_true", help="4 rows only, for smoke tests")
     p.add_argument("--reps", type=int, default=30, help="timed calls per backend and row")
     p.add_argument("--rows", choices=["all", "grid", "models"], default="all",
-                   help="the head-dim x seqlen grid, the model shapes and the varlen batch, or "
-                   "both (default)")
+                   help="the head-dim x seqlen grid, the model shapes (with the varlen "
+                   "batch), or both (default)")
     p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB; "
                    "neither: the installed package's, else ./build's)")
     p.add_argument("--layout", choices=["bshd", "bhsd"], default="bshd",
