@@ -52,13 +52,12 @@ std::vector<kiln::AttentionConfig> candidates(int head_dim) {
     return kiln::AttentionConfig{.block_m = m, .block_n = n, .stages = stages, .kernel = tma};
   };
   if (head_dim <= 64) {
-    return {config(128, 128, 2), config(192, 128, 2), config(192, 192, 2), config(128, 192, 2),
-            config(192, 128, 3)};
+    return {config(128, 128, 2), config(192, 128, 2), config(128, 192, 2), config(192, 128, 3)};
   }
   if (head_dim <= 128) {
-    return {config(128, 128, 2), config(128, 128, 3), config(192, 128, 2), config(128, 64, 3)};
+    return {config(128, 128, 2), config(128, 128, 3), config(128, 64, 3)};
   }
-  return {config(128, 64, 2), config(64, 64, 2), config(64, 64, 3)};
+  return {config(128, 64, 2), config(64, 64, 2)};
 }
 
 // Random bf16 values in [-1, 1) from a fixed seed.

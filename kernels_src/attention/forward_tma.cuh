@@ -2,11 +2,12 @@
 // tiles with TMA (cp.async.bulk.tensor) into the 128-byte-swizzled layout wgmma reads, signalling
 // shared-memory mbarriers; block_m / 64 consumer warpgroups compute as forward_wgmma.cuh does,
 // each on 64 query rows, and hand each K/V slot back through an mbarrier when done with it. No
-// CTA-wide barrier in the key loop. Where shared memory has room for an output staging tile
-// (attention_forward_tma_persistent: head dims up to 128) the grid is persistent, a CTA per SM
-// taking tile after tile (TileScheduler), so that a tile's loads run under the last one's
-// products and its output leaves by bulk copies under the next one's; otherwise a CTA takes one
-// tile. The producer warpgroup hands registers back (setmaxnreg) to the consumers.
+// CTA-wide barrier in the key loop. The grid is persistent, a CTA per SM taking tile after tile
+// (TileScheduler), so that a tile's loads run under the last one's products. Where shared memory
+// has room for an output staging tile (attention_forward_tma_staged: head dims up to 128) a
+// tile's output leaves by bulk copies under the next one's products; otherwise each thread
+// stores its accumulators. The producer warpgroup hands registers back (setmaxnreg) to the
+// consumers.
 //
 // Spec constants: those of attention_forward_wgmma (block_m, block_n, stages). With two consumer
 // warpgroups (block_m 128) they take turns at the tensor cores (ping-pong, below); with three
@@ -16,8 +17,8 @@
 // there: TMA reads zeros past the tensor's token dim, and the producer zeroes the rest of the
 // block that holds a sequence's last key (a varlen neighbour's rows, or rows past seqused_k).
 //
-// Launch: grid (x) the tile count, ceil(seqlen_q / block_m) * heads * batch, or when persistent
-// at most one CTA per SM; block (block_m / 64 + 1) * 128 threads; dynamic shared memory
+// Launch: grid (x) at most one CTA per SM, and at most the tile count, ceil(seqlen_q / block_m) *
+// heads * batch; block (block_m / 64 + 1) * 128 threads; dynamic shared memory
 // attention_forward_tma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages); the
 // argument is an AttentionTmaParams whose tensor maps have boxes of 64 columns by block_m (q)
 // and block_n (k, v) rows.
@@ -35,26 +36,26 @@ struct TmaTraits : WgmmaTraits<Spec> {
   static constexpr int consumer_groups = Base::block_m / 64;
   static constexpr int consumer_threads = consumer_groups * 128;
   static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup
-  // setmaxnreg counts: the producer keeps 24, the least there is (walking the tiles it spills a
-  // little under a band, off the consumers' path; with 32 the consumers, left 232, spill
-  // instead), and the consumers take what the CTA was launched with beyond that, at most 240
-  // (multiples of 8). A count the launch did not provide makes setmaxnreg.inc wait forever.
+  // setmaxnreg counts: the producer keeps 40 beside two consumer warpgroups (walking the tiles
+  // under a band it needs them; with 24 it spilled 68-92 bytes, while the consumers do not spill
+  // at the 232 left to them) and 24, the least there is, beside three (whose 160 each are tight).
+  // The consumers take what the CTA was launched with beyond that, at most 240 (multiples of 8).
+  // A count the launch did not provide makes setmaxnreg.inc wait forever.
   static constexpr int launch_registers = 65536 / threads / 8 * 8;  // per thread, as ptxas gives
-  static constexpr int producer_registers = 24;
+  static constexpr int producer_registers = consumer_groups == 2 ? 40 : 24;
   static constexpr int spare_registers =
       (launch_registers * threads - producer_registers * 128) / consumer_threads / 8 * 8;
   static constexpr int consumer_registers = spare_registers < 240 ? spare_registers : 240;
   static_assert(producer_registers * 128 + consumer_registers * consumer_threads <=
                     launch_registers * threads,
                 "the warpgroups' registers do not fit what the CTA is launched with.");
-  // A CTA per SM taking tile after tile, with an output staging tile of its own after the Q and
-  // K/V tiles; or a CTA per tile (see attention_forward_tma_persistent).
-  static constexpr bool persistent = attention_forward_tma_persistent(
+  // Whether an output staging tile follows the Q and K/V tiles (attention_forward_tma_staged).
+  static constexpr bool staged = attention_forward_tma_staged(
       Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages);
   static constexpr int staging_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
 };
 
-// One tile of the persistent grid: block_m query rows of one (batch, head) sequence, and the key
+// One tile of the grid: block_m query rows of one (batch, head) sequence, and the key
 // blocks they visit.
 struct Tile {
   Sequence seq;
@@ -62,7 +63,7 @@ struct Tile {
   KeyBlocks blocks;
 };
 
-// The persistent grid's tiles, numbered in the order the CTAs take them. The (batch, head) pairs
+// The grid's tiles, numbered in the order the CTAs take them. The (batch, head) pairs
 // fall into sections of section_pairs neighbours, whose K and V the host sized to stay in L2
 // together; a section's tiles come before the next section's, and within one the last row block
 // of every pair comes first (under a causal band it has the most keys), then the one before it,
@@ -116,6 +117,29 @@ struct TileScheduler {
     }
   }
 };
+
+// Stores a thread's output rows (row0 and row0 + 8, those before row_end) from its accumulators
+// where there is no room to stage them: a quad writes 16 bytes of a row per n8 tile, which L2
+// gathers into whole sectors.
+template <class Tr>
+__device__ __forceinline__ void store_output(typename Tr::T* out, long long row_stride,
+                                             const float (&o)[1][Tr::o_tiles][4], int row0,
+                                             int row_end, int lane) {
+  using T = typename Tr::T;
+#pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = row0 + 8 * half;
+    if (row >= row_end) continue;
+    T* const columns = out + row * row_stride + 2 * (lane % 4);
+#pragma unroll
+    for (int j = 0; j < Tr::o_tiles; ++j) {
+      if (j * 8 < Tr::head_dim_v) {  // the tiles past head_dim_v hold padding
+        *reinterpret_cast<unsigned*>(columns + j * 8) =
+            mma::pack2<T>(o[0][j][2 * half], o[0][j][2 * half + 1]);
+      }
+    }
+  }
+}
 
 }  // namespace attention
 
@@ -204,60 +228,69 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
                        batch);
         }
       }
-      for (int block = tile.blocks.begin; block < tile.blocks.end; ++block, ++kv_count) {
-        const int slot = kv_count % Tr::stages;
-        const bool reused = kv_count >= Tr::stages;
-        const unsigned reuse = phase(kv_count) ^ 1;  // the phase that freed the slot
-        unsigned char* const k_tile = tiles + Tr::q_bytes + slot * Tr::slot_bytes;
-        unsigned char* const v_tile = k_tile + Tr::k_bytes;
-        const int key = k_token + block * Tr::block_n;
-        if (issuer) {
-          if (reused) tma::wait(&k_empty[slot], reuse);
-          tma::arrive_expect_tx(&k_full[slot], Tr::k_bytes);
+      // The i-th block the CTA loads goes to slot i % stages, its K and V with barriers of
+      // their own.
+      const auto slot_tile = [&](int i) {
+        return tiles + Tr::q_bytes + i % Tr::stages * Tr::slot_bytes;
+      };
+      const auto load_k = [&](int block, int i) {
+        if (!issuer) return;
+        const int slot = i % Tr::stages;
+        if (i >= Tr::stages) tma::wait(&k_empty[slot], phase(i) ^ 1);  // the phase that freed it
+        tma::arrive_expect_tx(&k_full[slot], Tr::k_bytes);
 #pragma unroll
-          for (int c = 0; c < Tr::qk_dim / 64; ++c) {
-            tma::load_4d(k_tile + c * Tr::block_n * 128, &tp.k_map, &k_full[slot], 64 * c, key,
-                         head_kv, batch);
-          }
-          if (reused) tma::wait(&v_empty[slot], reuse);
+        for (int c = 0; c < Tr::qk_dim / 64; ++c) {
+          tma::load_4d(slot_tile(i) + c * Tr::block_n * 128, &tp.k_map, &k_full[slot], 64 * c,
+                       k_token + block * Tr::block_n, head_kv, batch);
         }
-        // Keys past the sequence's end get probability 0, but 0 times a NaN or infinity in their
-        // V rows (another sequence's, or memory the caller never wrote) is NaN: the block
-        // holding the last key is zeroed past it, as the wgmma kernel's loads do, before the
-        // consumers see it. (K needs nothing: masking replaces those logits whatever they are.)
+      };
+      // Keys past the sequence's end get probability 0, but 0 times a NaN or infinity in their V
+      // rows (another sequence's, or memory the caller never wrote) is NaN: the block holding the
+      // last key is zeroed past it, as the wgmma kernel's loads do, before the consumers see it.
+      // (K needs nothing: masking replaces those logits whatever they are.)
+      const auto load_v = [&](int block, int i) {
+        const int slot = i % Tr::stages;
+        unsigned char* const v_tile = slot_tile(i) + Tr::k_bytes;
         const int valid = seq.seqlen_k - block * Tr::block_n;
         const bool tail = valid < Tr::block_n;
         unsigned long long* const landed = tail ? &v_tail : &v_full[slot];
         if (issuer) {
+          if (i >= Tr::stages) tma::wait(&v_empty[slot], phase(i) ^ 1);
           tma::arrive_expect_tx(landed, Tr::slot_bytes - Tr::k_bytes);
 #pragma unroll
           for (int c = 0; c < Tr::v_dim / 64; ++c) {
-            tma::load_4d(v_tile + c * Tr::block_n * 128, &tp.v_map, landed, 64 * c, key, head_kv,
-                         batch);
+            tma::load_4d(v_tile + c * Tr::block_n * 128, &tp.v_map, landed, 64 * c,
+                         k_token + block * Tr::block_n, head_kv, batch);
           }
         }
-        if (tail) {
-          tma::wait(&v_tail, tail_count++ & 1);
-          // Whole 128-byte rows: the swizzle only moves pieces within a row.
-          constexpr int pieces = Tr::block_n * 8;  // per 64-column chunk
-          for (int c = 0; c < Tr::v_dim / 64; ++c) {
-            uint4* const chunk = reinterpret_cast<uint4*>(v_tile + c * Tr::block_n * 128);
-            for (int piece = valid * 8 + lane; piece < pieces; piece += 32) {
-              chunk[piece] = make_uint4(0, 0, 0, 0);
-            }
+        if (!tail) return;
+        tma::wait(&v_tail, tail_count++ & 1);
+        // Whole 128-byte rows: the swizzle only moves pieces within a row.
+        constexpr int pieces = Tr::block_n * 8;  // per 64-column chunk
+        for (int c = 0; c < Tr::v_dim / 64; ++c) {
+          uint4* const chunk = reinterpret_cast<uint4*>(v_tile + c * Tr::block_n * 128);
+          for (int piece = valid * 8 + lane; piece < pieces; piece += 32) {
+            chunk[piece] = make_uint4(0, 0, 0, 0);
           }
-          wgmma::fence_shared_for_async();  // the zeros are visible to wgmma's reads
-          __syncwarp();
-          if (issuer) tma::arrive(&v_full[slot]);
         }
+        wgmma::fence_shared_for_async();  // the zeros are visible to wgmma's reads
+        __syncwarp();
+        if (issuer) tma::arrive(&v_full[slot]);
+      };
+      // K runs a block ahead of V: the consumers need block j + 1's K for its scores while block
+      // j's V is still in use, so K's load need not wait for a V slot to come free.
+      const int first = kv_count;
+      for (int block = tile.blocks.begin; block <= tile.blocks.end; ++block) {
+        const int i = first + block - tile.blocks.begin;
+        if (block < tile.blocks.end) load_k(block, i);
+        if (block > tile.blocks.begin) load_v(block - 1, i - 1);
       }
+      kv_count += tile.blocks.end - tile.blocks.begin;
     }
-    if constexpr (Tr::persistent) {
-      publish(-1);  // none left: the consumers stop
-      if (issuer) {
-        tma::arrive(&q_full);
-        scheduler.finish();
-      }
+    publish(-1);  // none left: the consumers stop
+    if (issuer) {
+      tma::arrive(&q_full);
+      scheduler.finish();
     }
     return;
   }
@@ -275,23 +308,30 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     __syncwarp();
     if (lane == 0) tma::arrive(empty);
   };
+  // Ping-pong: with two consumer warpgroups, each issues its products only in its turn and then
+  // passes the turn on, so that one's softmax runs while the other's products keep the tensor
+  // cores busy. Named barrier 2 + g is warpgroup g's turn: its 128 threads sync on it, the
+  // other's 128 arrive. Both take a turn per key block of the tile they share, so the turns run
+  // on from tile to tile, and one warpgroup's first products of a tile go in while the other
+  // still finishes the last: the second warpgroup hands the first its first turn before any
+  // tile, and the first takes the second's last hand-off after the last.
+  constexpr bool ping_pong = Tr::consumer_groups == 2;
+  const auto take_turn = [&] {
+    if constexpr (ping_pong) tma::named_sync(2 + warpgroup, 256);
+  };
+  const auto pass_turn = [&] {
+    if constexpr (ping_pong) tma::named_arrive(3 - warpgroup, 256);
+  };
+  if (ping_pong && warpgroup == 1) tma::named_arrive(2, 256);
   int kv_count = 0;
-  // Persistent, the tiles the producer hands over until it has none; otherwise the CTA's own
-  // (when it has rows: the producer loads nothing for an empty one), once.
+  // The tiles the producer hands over, until it has none.
   for (int q_count = 0;; ++q_count) {
-    int index = static_cast<int>(blockIdx.x);
-    if constexpr (Tr::persistent) {
-      tma::wait(&q_full, q_count & 1);
-      index = *static_cast<volatile int*>(&q_tile_index);
-      if (index < 0) break;
-    }
+    tma::wait(&q_full, q_count & 1);
+    const int index = *static_cast<volatile int*>(&q_tile_index);
+    if (index < 0) break;
     const Tile tile = order.tile(index);
     const Sequence& seq = tile.seq;
     const RowBlock& rows = tile.rows;
-    if constexpr (!Tr::persistent) {
-      if (rows.begin >= rows.end) break;
-      tma::wait(&q_full, 0);
-    }
     const KeyBlocks& blocks = tile.blocks;
     const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
     const LogitTransform<Spec, mma::ApproxMath> transform =
@@ -318,22 +358,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       release(&v_empty[slot]);
     };
 
-    // Ping-pong: with two consumer warpgroups, each issues its products only in its turn and
-    // then passes the turn on, so that one's softmax runs while the other's products keep the
-    // tensor cores busy. Named barrier 2 + g is warpgroup g's turn: its 128 threads sync on it,
-    // the other's 128 arrive. In every tile the second warpgroup hands the first its first turn
-    // and skips its last hand-off, so that every barrier sees as many arrivals as syncs.
-    constexpr bool ping_pong = Tr::consumer_groups == 2;
     const int turns = blocks.end - blocks.begin;
-    const auto take_turn = [&] {
-      if constexpr (ping_pong) tma::named_sync(2 + warpgroup, 256);
-    };
-    const auto pass_turn = [&](int turn) {
-      if constexpr (ping_pong) {
-        if (warpgroup == 0 || turn + 1 < turns) tma::named_arrive(3 - warpgroup, 256);
-      }
-    };
-    if (ping_pong && warpgroup == 1 && turns > 0) tma::named_arrive(2, 256);
 
     // Block j's scores are computed while block j - 1's probabilities multiply V, and its
     // softmax runs under that product; o is rescaled once the product is in. Q's slot goes back
@@ -346,7 +371,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       tma::wait(&k_full[slot], phase(kv_count));
       take_turn();
       start_scores<Tr>(s, q_rows, k_tile(slot));
-      pass_turn(0);
+      pass_turn();
       wgmma::wait<0>();
       release(&k_empty[slot]);
       if (turns == 1) tma::arrive(&q_empty);
@@ -360,7 +385,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
         take_turn();
         start_scores<Tr>(s, q_rows, k_tile(next));
         start_output<Tr>(o, a, k_tile(slot) + Tr::k_bytes);
-        pass_turn(turn);
+        pass_turn();
         wgmma::wait<1>();
         release(&k_empty[next]);
         if (turn + 1 == turns) tma::arrive(&q_empty);
@@ -381,7 +406,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     float lse[2];
     softmax.finish(o, to_log2, lse);
     T* const out = static_cast<T*>(p.out) + seq.out_offset;
-    if constexpr (Tr::persistent) {
+    if constexpr (Tr::staged) {
       // Each warp stages its 16 rows and copies them out with bulk copies, a row each, which run
       // while the warp goes on to the next tile; the rows are free again once the copies have
       // read them.
@@ -400,21 +425,13 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       }
       tma::commit_bulk();
     } else {
-      // The CTA's only tile: its output is staged in the tiles' memory once every consumer is
-      // done reading them (and every copy has landed), and stored in whole 16-byte pieces.
-      tma::named_sync(1, Tr::consumer_threads);
-      T* const staging = reinterpret_cast<T*>(tiles);
-      stage_output<Tr>(staging, o, warp, lane);
-      tma::named_sync(1, Tr::consumer_threads);
-      store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::consumer_threads>(
-          out + rows.begin * p.out_seq_stride, p.out_seq_stride, staging, rows.end - rows.begin,
-          thread);
+      store_output<Tr>(out, p.out_seq_stride, o, row0, rows.end, lane);
     }
     if (p.maybe_lse != nullptr)
       store_lse<Tr>(p.maybe_lse + seq.lse_offset, lse, row0, seq.seqlen_q, lane);
-    if constexpr (!Tr::persistent) break;
   }
-  if constexpr (Tr::persistent) tma::wait_bulk<0>();  // the copies are done before the CTA exits
+  if (ping_pong && warpgroup == 0) take_turn();
+  if constexpr (Tr::staged) tma::wait_bulk<0>();  // the copies are done before the CTA exits
 }
 
 }  // namespace kiln

@@ -307,20 +307,21 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
     if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .kernel = portable};
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
-  // Measured on an H100 (bench/RESULTS.md, runs 13 to 15; kiln_bench_tune times the
+  // Measured on an H100 (bench/RESULTS.md, runs 13 to 16; kiln_bench_tune times the
   // candidates): the tma kernel runs 0.71-1.11x cuDNN where the wgmma kernel ran 0.65-0.79x (head
   // dims 128 and 256) and mma 0.65-0.71x (64); at 80 and 96, padded to 128, it still beats the
   // mma kernel. Below 64 the padding would double the work: mma. At 64 three consumer warpgroups
-  // (192 rows) share each K/V tile without a mask (15-20% faster than two), and with one two take
-  // 192 keys a step (5-11% faster from 4096 tokens, 9% slower at 1024); 192 x 192 spills. From
-  // 65 to 128 two warpgroups and 128 keys: a third stage or warpgroup gained nothing. 192 KiB of
-  // smem at 256 holds only 64 keys a step. Inputs TMA cannot tile (a stride of 0) run the wgmma
-  // kernel on the same tiles (run()).
+  // (192 rows) share each K/V tile without a mask (15-20% faster than two); with one, two
+  // warpgroups and 128 keys (192 keys: 10% slower at 1024 tokens, 3% faster at 16384); 192 x 192
+  // spills. From 65 to 128 two warpgroups and 128 keys: a third stage or warpgroup gained
+  // nothing, and a single stage (tried in run 16) lost 10-30%. 192 KiB of smem at 256 holds only
+  // 64 keys a step (one stage of 64 or 128 keys lost 30-70%). Inputs TMA cannot tile (a stride of
+  // 0) run the wgmma kernel on the same tiles (run()).
   if (is_sm90a(target) && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
     constexpr AttentionKernel tma = AttentionKernel::tma;
     if (widest <= 64) {
       return problem.band
-                 ? AttentionConfig{.block_m = 128, .block_n = 192, .stages = 2, .kernel = tma}
+                 ? AttentionConfig{.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma}
                  : AttentionConfig{.block_m = 192, .block_n = 128, .stages = 3, .kernel = tma};
     }
     if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
@@ -507,18 +508,13 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     kernel.launch(launch, params);
     return;
   }
-  // Persistent (see attention_forward_tma_persistent): a CTA per SM (one fits), taking tiles
-  // from a counter the stream keeps zero; otherwise a CTA per tile.
+  // Persistent: a CTA per SM (one fits), taking tiles from a counter the stream keeps zero.
   const std::int64_t tiles = row_blocks * s.heads * s.batch;
-  const bool persistent =
-      attention_forward_tma_persistent(s.head_dim, s.head_dim_v, c.block_m, c.block_n, c.stages);
   launch.grid = {static_cast<std::uint32_t>(
-      persistent ? std::min<std::int64_t>(tiles, std::max(runtime.device_info().multiprocessors, 1))
-                 : tiles)};
-  const std::shared_ptr<void> counter =
-      persistent ? runtime.stream_zeros(2 * sizeof(unsigned), stream) : nullptr;
+      std::min<std::int64_t>(tiles, std::max(runtime.device_info().multiprocessors, 1)))};
+  const std::shared_ptr<void> counter = runtime.stream_zeros(2 * sizeof(unsigned), stream);
   kernel.launch(launch, tma_params_of(params, q, k, v, c, s, static_cast<unsigned*>(counter.get()),
-                                      persistent ? section_pairs_of(s) : 1, runtime));
+                                      section_pairs_of(s), runtime));
 }
 
 }  // namespace

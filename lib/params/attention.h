@@ -118,15 +118,13 @@ KILN_PARAMS_FN constexpr long long attention_forward_wgmma_smem_bytes(long long 
   return 1024 + 2 * (tiles > staging ? tiles : staging);
 }
 
-// Whether attention_forward_tma runs persistent (a CTA per SM taking tile after tile): where a
-// tile of its own to stage the output in (block_m rows of head_dim_v rounded to 64, plus 8) fits
-// in 227 KiB beside the tiles of attention_forward_wgmma, so that a tile's output is copied out
-// while the next tile computes. Otherwise a CTA takes one tile and stages its output in the
-// tiles' memory once done with them.
-KILN_PARAMS_FN constexpr bool attention_forward_tma_persistent(long long head_dim,
-                                                               long long head_dim_v,
-                                                               long long block_m, long long block_n,
-                                                               long long stages) {
+// Whether attention_forward_tma stages its output in a tile of its own (block_m rows of
+// head_dim_v rounded to 64, plus 8), which must fit in 227 KiB beside the tiles of
+// attention_forward_wgmma, so that a tile's output is copied out with bulk copies while the next
+// tile computes; otherwise each thread stores its share of the output from registers.
+KILN_PARAMS_FN constexpr bool attention_forward_tma_staged(long long head_dim, long long head_dim_v,
+                                                           long long block_m, long long block_n,
+                                                           long long stages) {
   const long long qk_dim = (head_dim + 63) / 64 * 64;
   const long long v_dim = (head_dim_v + 63) / 64 * 64;
   const long long tiles = block_m * qk_dim + stages * block_n * (qk_dim + v_dim);
@@ -134,7 +132,7 @@ KILN_PARAMS_FN constexpr bool attention_forward_tma_persistent(long long head_di
 }
 
 // Dynamic shared memory of attention_forward_tma: attention_forward_wgmma's, plus the staging
-// tile when persistent.
+// tile where it fits.
 KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(long long head_dim,
                                                                     long long head_dim_v,
                                                                     long long block_m,
@@ -142,7 +140,7 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(long long he
                                                                     long long stages) {
   const long long tiles =
       attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages);
-  if (!attention_forward_tma_persistent(head_dim, head_dim_v, block_m, block_n, stages)) {
+  if (!attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages)) {
     return tiles;
   }
   return tiles + 2 * block_m * ((head_dim_v + 63) / 64 * 64 + 8);

@@ -115,8 +115,8 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, mma)) == 2 * (128 * 136 + 64 * 272));
   const AttentionConfig tma = choose(problem, "sm_90a");
   REQUIRE(tma.kernel == AttentionKernel::tma);
-  // Persistent at d128: the wgmma kernel's tiles and a staging tile of 128 rows of 136 columns.
-  CHECK(attention_forward_tma_persistent(128, 128, tma.block_m, tma.block_n, tma.stages));
+  // At d128 the wgmma kernel's tiles and a staging tile of 128 rows of 136 columns.
+  CHECK(attention_forward_tma_staged(128, 128, tma.block_m, tma.block_n, tma.stages));
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, tma)) ==
         attention_forward_wgmma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages) +
             2 * 128 * 136);
@@ -124,11 +124,11 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   wgmma.kernel = AttentionKernel::wgmma;
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, wgmma)) ==
         attention_forward_wgmma_smem_bytes(128, 128, wgmma.block_m, wgmma.block_n, wgmma.stages));
-  // At d256 the staging tile does not fit beside the tiles: a CTA per tile, no extra memory.
+  // At d256 the staging tile does not fit beside the tiles: no extra memory.
   const AttentionProblem wide{.dtype = DType::bf16, .head_dim = 256, .head_dim_v = 256};
   const AttentionConfig tma256 = choose(wide, "sm_90a");
   CHECK_FALSE(
-      attention_forward_tma_persistent(256, 256, tma256.block_m, tma256.block_n, tma256.stages));
+      attention_forward_tma_staged(256, 256, tma256.block_m, tma256.block_n, tma256.stages));
   CHECK(
       detail::dynamic_shared_bytes(attention_spec(wide, tma256)) ==
       attention_forward_wgmma_smem_bytes(256, 256, tma256.block_m, tma256.block_n, tma256.stages));
