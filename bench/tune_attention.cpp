@@ -52,10 +52,11 @@ std::vector<kiln::AttentionConfig> candidates(int head_dim) {
     return kiln::AttentionConfig{.block_m = m, .block_n = n, .stages = stages, .kernel = tma};
   };
   if (head_dim <= 64) {
-    return {config(128, 128, 2), config(192, 128, 2), config(128, 192, 2), config(192, 128, 3)};
+    return {config(128, 128, 2), config(192, 128, 2), config(128, 176, 2), config(128, 192, 2),
+            config(192, 128, 3)};
   }
   if (head_dim <= 128) {
-    return {config(128, 128, 2), config(128, 128, 3), config(128, 64, 3)};
+    return {config(128, 128, 2), config(128, 128, 3), config(128, 176, 2)};
   }
   return {config(128, 64, 2), config(64, 64, 2)};
 }
@@ -129,7 +130,7 @@ int run(const fs::path& cache) {
       return host;
     };
     const kiln::AttentionProblem problem{
-        .head_dim = s.head_dim, .head_dim_v = s.head_dim, .band = s.causal};
+        .head_dim = s.head_dim, .head_dim_v = s.head_dim, .band = s.causal, .seqlen_k = s.seqlen};
     const kiln::AttentionConfig chosen =
         kiln::choose(problem, kiln::Target::parse(runtime.target()).value());
     call(chosen);

@@ -49,7 +49,13 @@ struct AttentionProblem {
   bool softcap = false;
   bool alibi = false;
   bool bias = false;
+  // Keys per sequence (with varlen, max_seqlen_k); 0 when not known. It only steers choose()'s
+  // tile shape, which on sm_90a takes longer key blocks from kLongSeqlenK keys on.
+  long long seqlen_k = 0;
 };
+
+// Where choose() starts giving sm_90a longer key blocks (bench/RESULTS.md, run 16).
+inline constexpr long long kLongSeqlenK = 2048;
 
 // The forward kernels attention() can run.
 enum class AttentionKernel {
@@ -103,8 +109,8 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                   std::string* why = nullptr, Runtime& runtime = default_runtime());
 
 // The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
-// dims 64, 128 and 256, with and without a mask, each with choose()'s config; none for targets
-// attention does not run on.
+// dims 64, 128 and 256, with and without a mask, each with choose()'s configs for short and long
+// sequences; none for targets attention does not run on.
 std::vector<KernelSpec> attention_default_specs(const Target& target);
 
 }  // namespace kiln

@@ -8,7 +8,7 @@
 // Spec constants: those of attention_forward (forward.cuh) without warps, which is
 // block_m / 16:
 //   block_m      64, 128 or 192: one warpgroup per 64 query rows.
-//   block_n      keys per pipeline step, 64, 128, 192 or 256.
+//   block_n      keys per pipeline step, 64, 128, 176, 192 or 256.
 //   stages       K/V tile slots in shared memory, 2 to 4 (stages - 1 steps in flight).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 in shared memory (the swizzle
 // width); config choice keeps the waste small.
@@ -35,8 +35,9 @@ struct WgmmaTraits : HeadTraits<Spec> {
   static constexpr int stages = static_cast<int>(Spec::stages);
   static_assert(block_m == 64 || block_m == 128 || block_m == 192,
                 "block_m must be 64, 128 or 192: one warpgroup per 64 query rows.");
-  static_assert(block_n % 64 == 0 && block_n >= 64 && block_n <= 256,
-                "block_n must be 64, 128, 192 or 256.");
+  static_assert(block_n == 64 || block_n == 128 || block_n == 176 || block_n == 192 ||
+                    block_n == 256,
+                "block_n must be 64, 128, 176, 192 or 256 (a wgmma N).");
   static_assert(stages >= 2 && stages <= 4, "stages must be 2, 3 or 4.");
 
   static constexpr int warps = block_m / 16;

@@ -67,6 +67,12 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
   "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
   "%56, %57, %58, %59, %60, %61, %62, %63}"
+#define KILN_WGMMA_R88                                                                          \
+  "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
+  "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "  \
+  "%56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, "  \
+  "%74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87}"
 #define KILN_WGMMA_R96                                                                          \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "  \
@@ -89,6 +95,7 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 #define KILN_WGMMA_F32(i) \
   KILN_WGMMA_F8(i), KILN_WGMMA_F8((i) + 8), KILN_WGMMA_F8((i) + 16), KILN_WGMMA_F8((i) + 24)
 #define KILN_WGMMA_F64 KILN_WGMMA_F32(0), KILN_WGMMA_F32(32)
+#define KILN_WGMMA_F88 KILN_WGMMA_F64, KILN_WGMMA_F8(64), KILN_WGMMA_F8(72), KILN_WGMMA_F8(80)
 #define KILN_WGMMA_F96 KILN_WGMMA_F64, KILN_WGMMA_F32(64)
 #define KILN_WGMMA_F128 KILN_WGMMA_F96, KILN_WGMMA_F32(96)
 
@@ -111,6 +118,7 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
                  "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
 #define KILN_WGMMA_F_32 KILN_WGMMA_F32(0)
 #define KILN_WGMMA_F_64 KILN_WGMMA_F64
+#define KILN_WGMMA_F_88 KILN_WGMMA_F88
 #define KILN_WGMMA_F_96 KILN_WGMMA_F96
 #define KILN_WGMMA_F_128 KILN_WGMMA_F128
 #define KILN_WGMMA_TYPED(op, ...)         \
@@ -120,7 +128,7 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
     op("bf16", __VA_ARGS__);              \
   }
 
-// d (+)= A * B for a 64x16 A and a 16xN B (N 64, 128, 192 or 256), both from shared memory
+// d (+)= A * B for a 64x16 A and a 16xN B (N 64, 128, 176, 192 or 256), both from shared memory
 // (descriptors a and b); accumulate false overwrites d. Thread t of the warpgroup holds, with
 // w = t / 32, g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e),
 // d[4j + 2 + e] = D(16w + g + 8, 8j + 2q + e), the mma.sync m16n8 accumulator layout per warp,
@@ -130,11 +138,14 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
                                        unsigned long long b, bool accumulate) {
   static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
                 "wgmma takes f16 or bf16 operands.");
-  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N must be 64, 128, 192 or 256.");
+  static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
+                "N must be 64, 128, 176, 192 or 256.");
   if constexpr (N == 64) {
     KILN_WGMMA_TYPED(KILN_WGMMA_SS, 64, 32, 32, 33, 34, 35)
   } else if constexpr (N == 128) {
     KILN_WGMMA_TYPED(KILN_WGMMA_SS, 128, 64, 64, 65, 66, 67)
+  } else if constexpr (N == 176) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 176, 88, 88, 89, 90, 91)
   } else if constexpr (N == 192) {
     KILN_WGMMA_TYPED(KILN_WGMMA_SS, 192, 96, 96, 97, 98, 99)
   } else {
@@ -166,15 +177,18 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[4]
 #undef KILN_WGMMA_SS
 #undef KILN_WGMMA_F_128
 #undef KILN_WGMMA_F_96
+#undef KILN_WGMMA_F_88
 #undef KILN_WGMMA_F_64
 #undef KILN_WGMMA_F_32
 #undef KILN_WGMMA_F128
 #undef KILN_WGMMA_F96
+#undef KILN_WGMMA_F88
 #undef KILN_WGMMA_F64
 #undef KILN_WGMMA_F32
 #undef KILN_WGMMA_F8
 #undef KILN_WGMMA_R128
 #undef KILN_WGMMA_R96
+#undef KILN_WGMMA_R88
 #undef KILN_WGMMA_R64
 #undef KILN_WGMMA_R32
 

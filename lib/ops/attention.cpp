@@ -171,7 +171,8 @@ AttentionProblem problem_of(const Shape& s, DType dtype, const AttentionOptions&
           .varlen = s.varlen,
           .softcap = o.score.softcap > 0,
           .alibi = o.score.alibi_slopes.has_value(),
-          .bias = o.bias.has_value()};
+          .bias = o.bias.has_value(),
+          .seqlen_k = s.seqlen_k};
 }
 
 struct Validated {
@@ -308,23 +309,26 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
     return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
   }
   // Measured on an H100 (bench/RESULTS.md, runs 13 to 16; kiln_bench_tune times the
-  // candidates): the tma kernel runs 0.71-1.11x cuDNN where the wgmma kernel ran 0.65-0.79x (head
+  // candidates): the tma kernel runs 0.71-1.18x cuDNN where the wgmma kernel ran 0.65-0.79x (head
   // dims 128 and 256) and mma 0.65-0.71x (64); at 80 and 96, padded to 128, it still beats the
   // mma kernel. Below 64 the padding would double the work: mma. At 64 three consumer warpgroups
   // (192 rows) share each K/V tile without a mask (15-20% faster than two); with one, two
-  // warpgroups and 128 keys (192 keys: 10% slower at 1024 tokens, 3% faster at 16384); 192 x 192
-  // spills. From 65 to 128 two warpgroups and 128 keys: a third stage or warpgroup gained
-  // nothing, and a single stage (tried in run 16) lost 10-30%. 192 KiB of smem at 256 holds only
-  // 64 keys a step (one stage of 64 or 128 keys lost 30-70%). Inputs TMA cannot tile (a stride of
-  // 0) run the wgmma kernel on the same tiles (run()).
+  // warpgroups, and 192 keys a step from kLongSeqlenK keys (2-6% faster there, 6-10% slower at
+  // 1024); 192 x 192 spills. From 65 to 128 two warpgroups, and 176 keys a step from
+  // kLongSeqlenK (2-5% faster there; 10-19% slower at 512 and 1024 with a mask); a third stage
+  // or warpgroup gained nothing, and a single stage lost 10-30%. 192 KiB of smem at 256 holds
+  // only 64 keys a step (one stage of 64 or 128 keys lost 30-70%). Inputs TMA cannot tile (a
+  // stride of 0) run the wgmma kernel on the same tiles (run()).
   if (is_sm90a(target) && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
     constexpr AttentionKernel tma = AttentionKernel::tma;
+    const bool long_keys = problem.seqlen_k >= kLongSeqlenK;
     if (widest <= 64) {
-      return problem.band
-                 ? AttentionConfig{.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma}
-                 : AttentionConfig{.block_m = 192, .block_n = 128, .stages = 3, .kernel = tma};
+      if (!problem.band) return {.block_m = 192, .block_n = 128, .stages = 3, .kernel = tma};
+      return {.block_m = 128, .block_n = long_keys ? 192 : 128, .stages = 2, .kernel = tma};
     }
-    if (widest <= 128) return {.block_m = 128, .block_n = 128, .stages = 2, .kernel = tma};
+    if (widest <= 128) {
+      return {.block_m = 128, .block_n = long_keys ? 176 : 128, .stages = 2, .kernel = tma};
+    }
     return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
   }
   // The mma kernel, tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every
@@ -549,9 +553,15 @@ std::vector<KernelSpec> attention_default_specs(const Target& target) {
   for (DType dtype : {DType::bf16, DType::f16}) {
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {
-        const AttentionProblem problem{
-            .dtype = dtype, .head_dim = dim, .head_dim_v = dim, .band = band};
-        specs.push_back(attention_spec(problem, choose(problem, target)));
+        for (long long seqlen_k : {0LL, kLongSeqlenK}) {
+          const AttentionProblem problem{.dtype = dtype,
+                                         .head_dim = dim,
+                                         .head_dim_v = dim,
+                                         .band = band,
+                                         .seqlen_k = seqlen_k};
+          const KernelSpec spec = attention_spec(problem, choose(problem, target));
+          if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
+        }
       }
     }
   }

@@ -65,15 +65,17 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   const auto specs = kiln::attention_default_specs("sm_90a");
-  REQUIRE(specs.size() == 12);
+  // bf16 and f16 at head dims 64, 128 and 256, with and without a mask (12), and the longer key
+  // blocks of long sequences at 64 with a mask and at 128 (6).
+  REQUIRE(specs.size() == 18);
   check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
-    // With NVRTC 13.0 only the tma kernel's producer spills (52 bytes at head dim 128 with a
-    // band: it keeps 24 registers so that the consumers get 240); up to 64 bytes are let pass,
-    // more is a regression worth a look.
+    // With NVRTC 13.0 none spills (the tma kernel's producer, walking the tiles, spilled 52-92
+    // bytes with a band while it kept 24 registers); up to 64 bytes are let pass, more is a
+    // regression worth a look.
     CHECK(info.spill_bytes <= 64);
   }
 }

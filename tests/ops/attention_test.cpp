@@ -623,7 +623,8 @@ kiln::AttentionProblem problem_of(const Case& c) {
           .varlen = c.varlen(),
           .softcap = c.softcap > 0,
           .alibi = c.alibi != Alibi::none,
-          .bias = c.bias != Bias::none};
+          .bias = c.bias != Bias::none,
+          .seqlen_k = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k};
 }
 
 // A wgmma config for the dims choose() leaves to the mma kernel on sm_90a (zero-padded to the
@@ -764,6 +765,37 @@ TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][atte
     c.heads_kv = 1;
     c.seqlen_q = c.seqlen_k = 2049;
     run_case(rt, c, rng);
+  }
+}
+
+TEST_CASE("attention matches the reference with the tiles of long sequences", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(11);
+  // From kLongSeqlenK keys choose() takes longer key blocks on sm_90a (176 or 192 keys): a key
+  // count that leaves a partial last block, with and without a mask, padded and varlen.
+  static_assert(kiln::kLongSeqlenK <= 2100);
+  for (int dim : {64, 128}) {
+    for (bool causal : {false, true}) {
+      run_case(rt,
+               {.seqlen_q = 300,
+                .seqlen_k = 2100,
+                .heads = 2,
+                .heads_kv = 1,
+                .head_dim = dim,
+                .causal = causal,
+                .lse = true},
+               rng);
+    }
+    run_case(rt,
+             {.dtype = DType::f16,
+              .heads = 2,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .causal = true,
+              .seqlens_q = {200, 77},
+              .seqlens_k = {2100, 2300}},
+             rng);
   }
 }
 
