@@ -115,12 +115,12 @@ template <class Tr>
 __device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsigned q_rows,
                                              unsigned k_tile) {
   wgmma::fence();
+  const unsigned long long q = wgmma::descriptor(q_rows, 0, 1024);
+  const unsigned long long k = wgmma::descriptor(k_tile, 0, 1024);
 #pragma unroll
   for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
-    const unsigned long long a =
-        wgmma::descriptor(q_rows + (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32, 0, 1024);
-    const unsigned long long b =
-        wgmma::descriptor(k_tile + (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32, 0, 1024);
+    const unsigned long long a = wgmma::advance(q, (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32);
+    const unsigned long long b = wgmma::advance(k, (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32);
     wgmma::mma_ss<typename Tr::T, false, Tr::block_n>(all_columns(s), a, b, kk > 0);
   }
   wgmma::commit();
@@ -134,10 +134,11 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
                                              const unsigned (&a)[Tr::block_n / 16][4],
                                              unsigned v_tile) {
   wgmma::fence();
+  const unsigned long long v = wgmma::descriptor(v_tile, Tr::block_n * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    const unsigned long long b = wgmma::descriptor(v_tile + kk * 16 * 128, Tr::block_n * 128, 1024);
-    wgmma::mma_rs<typename Tr::T, true, Tr::v_dim>(all_columns(o), a[kk], b, true);
+    wgmma::mma_rs<typename Tr::T, true, Tr::v_dim>(all_columns(o), a[kk],
+                                                   wgmma::advance(v, kk * 16 * 128), true);
   }
   wgmma::commit();
 }

@@ -28,6 +28,14 @@ __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsig
          static_cast<unsigned long long>(stride_bytes >> 4) << 32 | 1ull << 62;
 }
 
+// The descriptor of the operand `offset` bytes past the one `base` describes. The address field
+// (bits 0-13, in 16-byte units) never carries: shared memory ends below 2^18 bytes. One 32-bit add
+// where descriptor() would mask, shift and merge again.
+__device__ __forceinline__ unsigned long long advance(unsigned long long base, unsigned offset) {
+  const unsigned low = static_cast<unsigned>(base) + (offset >> 4);
+  return (base & 0xFFFFFFFF00000000ull) | low;
+}
+
 // Orders this thread's earlier register writes (accumulators, A fragments) before the next
 // wgmma reads them.
 __device__ __forceinline__ void fence() {
