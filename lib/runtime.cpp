@@ -512,9 +512,9 @@ struct Runtime::Impl {
 
   detail::SingleFlight<std::shared_ptr<LoadedKernel>> memory;
   detail::SingleFlight<KernelInfo> on_disk;
-  // The hot path's shortcut: canonical spec as the caller wrote it -> loaded kernel.
+  // The hot path's shortcut: spec as the caller wrote it (hashed, not printed) -> loaded kernel.
   std::shared_mutex by_spec_mutex;
-  std::unordered_map<std::string, std::shared_ptr<LoadedKernel>> by_spec;
+  std::unordered_map<KernelSpec, std::shared_ptr<LoadedKernel>> by_spec;
   std::mutex recorded_mutex;
   std::unordered_set<std::string> recorded;  // canonical specs, target included
 
@@ -526,10 +526,9 @@ Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(options)) {}
 Runtime::~Runtime() = default;
 
 Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
-  const std::string canonical = to_string(spec);
   {
     std::shared_lock lock(impl_->by_spec_mutex);
-    if (auto it = impl_->by_spec.find(canonical); it != impl_->by_spec.end()) {
+    if (auto it = impl_->by_spec.find(spec); it != impl_->by_spec.end()) {
       impl_->stats_memory_hits.fetch_add(1, std::memory_order_relaxed);
       return Kernel(it->second);
     }
@@ -538,7 +537,7 @@ Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
   impl_->record(unit.spec);
   auto kernel = impl_->loaded(unit, true, stream).first;
   std::unique_lock lock(impl_->by_spec_mutex);
-  impl_->by_spec.emplace(canonical, kernel);
+  impl_->by_spec.emplace(spec, kernel);
   return Kernel(std::move(kernel));
 }
 

@@ -114,6 +114,26 @@ std::string to_string(const KernelSpec& spec) {
   return text;
 }
 
+std::size_t hash_value(const KernelSpec& spec) noexcept {
+  std::size_t h = 0;
+  // boost's hash_combine step: order matters, so "ab","c" and "a","bc" differ by position.
+  const auto mix = [&h](std::size_t value) {
+    h ^= value + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  };
+  const std::hash<std::string_view> text;
+  for (std::string_view field : {std::string_view(spec.source), std::string_view(spec.entry),
+                                 std::string_view(spec.params), std::string_view(spec.target)}) {
+    mix(text(field));
+  }
+  for (const Constant& c : spec.constants) {
+    mix(text(c.name));
+    mix(c.value.index());
+    std::visit([&](auto value) { mix(static_cast<std::size_t>(value)); }, c.value);
+  }
+  for (const std::string& option : spec.options) mix(text(option));
+  return h;
+}
+
 KernelSpec parse_spec(std::string_view text) {
   // NOTE: no field of a spec has a use for one, and a spec is echoed in messages and reports.
   if (const auto control =

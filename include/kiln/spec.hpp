@@ -1,7 +1,9 @@
 // KernelSpec: what one compiled kernel is, in a canonical and printable form.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <string_view>
 #include <variant>
@@ -51,4 +53,15 @@ std::string to_string(const KernelSpec& spec);
 // Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part.
 KernelSpec parse_spec(std::string_view text);
 
+// A hash of every field, in the order written (equal specs hash equal), for maps keyed by spec:
+// the runtime's memory hits hash a spec instead of printing it.
+std::size_t hash_value(const KernelSpec& spec) noexcept;
+
 }  // namespace kiln
+
+template <>
+struct std::hash<kiln::KernelSpec> {
+  std::size_t operator()(const kiln::KernelSpec& spec) const noexcept {
+    return kiln::hash_value(spec);
+  }
+};

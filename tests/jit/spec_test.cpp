@@ -39,6 +39,26 @@ TEST_CASE("set replaces a constant of the same name", "[jit][spec]") {
   CHECK(kiln::to_string(spec).find("op=7") != std::string::npos);
 }
 
+TEST_CASE("hash_value is equal for equal specs and tells each field apart", "[jit][spec]") {
+  const kiln::KernelSpec spec = sample();
+  CHECK(kiln::hash_value(spec) == kiln::hash_value(sample()));
+  CHECK(std::hash<kiln::KernelSpec>{}(spec) == kiln::hash_value(spec));
+  // A change in any one field changes the hash (for these values; a hash may collide, and the
+  // runtime's map compares specs on a match).
+  std::vector<kiln::KernelSpec> changed(7, spec);
+  changed[0].source = "elementwise/unary2.cuh";
+  changed[1].entry = "kiln::binary";
+  changed[2].params = "kiln::BinaryParams";
+  changed[3].set("op", 5);
+  changed[4].set("fast", false);
+  changed[5].options.push_back("-DX=1");
+  changed[6].target = "sm_90a";
+  for (const kiln::KernelSpec& other : changed) {
+    INFO(kiln::to_string(other));
+    CHECK(kiln::hash_value(other) != kiln::hash_value(spec));
+  }
+}
+
 TEST_CASE("parse_spec reads what to_string prints", "[jit][spec]") {
   kiln::KernelSpec spec = sample();
   spec.set("neg", -12);
