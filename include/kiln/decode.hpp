@@ -87,11 +87,35 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
                   const DecodeOptions& options = {}, std::string* why = nullptr,
                   Runtime& runtime = default_runtime());
 
-// The config attention_with_kvcache() uses: splits from the heuristic (or options.num_splits)
-// for `batch` sequences of up to `capacity` keys on `multiprocessors` SMs, with
-// rows_per_kv_head = seqlen_q * heads / heads_kv.
-DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long long capacity,
-                           int head_dim, int head_dim_v, int multiprocessors, int requested_splits);
+// A decode call as its kernels see it: what decides the compiled variants, and the sizes that
+// steer the config. Enough to choose() a model's decode config and list its specs
+// (decode_specs) without calling attention_with_kvcache(), to warm them ahead.
+struct DecodeProblem {
+  DType dtype = DType::bf16;
+  int head_dim = 0;
+  int head_dim_v = 0;
+  int rows_per_kv_head = 1;  // seqlen_q * heads / heads_kv: the query rows a kv head serves
+  bool paged = false;
+  bool band = false;  // any mask: causal or a window
+  bool softcap = false;
+  bool alibi = false;
+  bool append = false;  // k_new and v_new given, with keys to append or q to rotate
+  bool rotary = false;
+  // The sizes choose() weighs: sequences, kv heads, keys each sequence's cache holds, and
+  // DecodeOptions::num_splits.
+  int batch = 1;
+  int heads_kv = 1;
+  long long capacity = 0;
+  int requested_splits = 0;
+};
+
+// The config attention_with_kvcache() uses for `problem` on a device of `multiprocessors` SMs:
+// splits from the heuristic, or at most problem.requested_splits when that is positive.
+DecodeConfig choose(const DecodeProblem& problem, int multiprocessors);
+
+// Every spec a call of `problem` with `config` compiles: the append kernel (problem.append)
+// and the attention kernel.
+std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config);
 
 // The specs `kiln warm` compiles by default for decode on `target` (sm_80 or newer; none
 // elsewhere): bf16 and fp16, head dims 64 and 128, contiguous and paged caches, one query token

@@ -253,7 +253,11 @@ DecodeProblem problem_of(const Shape& s, DType dtype, const DecodeOptions& o) {
           // NOTE: with no keys to append and no q to rotate the append kernel has nothing to
           // do, and a grid of 0 blocks is a launch error.
           .append = o.k_new.has_value() && (s.seqlen_new > 0 || o.rotary_cos.has_value()),
-          .rotary = o.rotary_cos.has_value()};
+          .rotary = o.rotary_cos.has_value(),
+          .batch = static_cast<int>(s.batch),
+          .heads_kv = static_cast<int>(s.heads_kv),
+          .capacity = s.capacity,
+          .requested_splits = o.num_splits};
 }
 
 // The first three strides of a (batch or page, seq, heads, dim) tensor.
@@ -463,11 +467,8 @@ void attention_with_kvcache(const TensorView& q, const KVCache& cache, const Ten
   const detail::Shape s = detail::validate(q, cache, out, options, runtime.device());
   if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
   detail::require_target(runtime.target());
-  const detail::DecodeProblem problem = detail::problem_of(s, q.dtype, options);
-  const DecodeConfig config =
-      choose_decode(static_cast<int>(s.batch), static_cast<int>(s.heads_kv),
-                    problem.rows_per_kv_head, s.capacity, problem.head_dim, problem.head_dim_v,
-                    runtime.device_info().multiprocessors, options.num_splits);
+  const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
+  const DecodeConfig config = choose(problem, runtime.device_info().multiprocessors);
   if (runtime.debug()) detail::check_cache_indices(runtime, cache, detail::bounds_of(s), stream);
   detail::launch_decode(runtime, problem, config, detail::params_of(q, cache, out, options, s),
                         stream);

@@ -48,32 +48,31 @@ int split_heuristic(long long ctas, long long slots, int max_splits) {
 
 }  // namespace
 
-DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long long capacity,
-                           int head_dim, int head_dim_v, int multiprocessors,
-                           int requested_splits) {
+DecodeConfig choose(const DecodeProblem& problem, int multiprocessors) {
   DecodeConfig c;
-  const int m_tiles = detail::decode_m_tiles(rows_per_kv_head, head_dim_v);
+  const int m_tiles = detail::decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
   // As many cp.async slots per warp as fit kSmemPerCta, 2 to 4.
   c.stages = 2;
   while (c.stages < 4) {
     DecodeConfig deeper = c;
     ++deeper.stages;
-    if (smem_bytes(head_dim, head_dim_v, m_tiles, deeper) > kSmemPerCta) break;
+    if (smem_bytes(problem.head_dim, problem.head_dim_v, m_tiles, deeper) > kSmemPerCta) break;
     c = deeper;
   }
   const long long step = static_cast<long long>(c.warps) * c.block_n;
-  const long long keys = std::max(capacity, 0LL);
+  const long long keys = std::max(problem.capacity, 0LL);
   const int max_splits =
       static_cast<int>(std::clamp<long long>(ceil_div(keys, step), 1, detail::kMaxDecodeSplits));
-  if (requested_splits > 0) {
-    c.num_splits = std::min(requested_splits, max_splits);
+  if (problem.requested_splits > 0) {
+    c.num_splits = std::min(problem.requested_splits, max_splits);
     return c;
   }
   // NOTE: callers may pass any ints: a negative count counts as none, and a CTA count beyond
   // int64 saturates (so many CTAs need no splits).
-  const std::int64_t groups = std::int64_t{std::max(batch, 0)} * std::max(heads_kv, 0);
+  const std::int64_t groups =
+      std::int64_t{std::max(problem.batch, 0)} * std::max(problem.heads_kv, 0);
   const std::int64_t ctas =
-      detail::checked_mul(groups, ceil_div(std::max(rows_per_kv_head, 0), 16LL * m_tiles))
+      detail::checked_mul(groups, ceil_div(std::max(problem.rows_per_kv_head, 0), 16LL * m_tiles))
           .value_or(std::numeric_limits<std::int64_t>::max());
   const int worthwhile =
       static_cast<int>(std::clamp<long long>(ceil_div(keys, kMinSplitKeys), 1, max_splits));
@@ -82,6 +81,13 @@ DecodeConfig choose_decode(int batch, int heads_kv, int rows_per_kv_head, long l
   // against 2.76 with 28.
   c.num_splits = split_heuristic(ctas, std::max(1, multiprocessors), worthwhile);
   return c;
+}
+
+std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config) {
+  std::vector<KernelSpec> specs;
+  if (problem.append) specs.push_back(detail::decode_append_spec(problem));
+  specs.push_back(detail::decode_attention_spec(problem, config));
+  return specs;
 }
 
 std::vector<KernelSpec> decode_default_specs(const Target& target) {
@@ -93,14 +99,17 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
   for (DType dtype : {DType::bf16, DType::f16}) {
     for (int dim : {64, 128}) {
       for (bool paged : {false, true}) {
-        const detail::DecodeProblem problem{.dtype = dtype,
-                                            .head_dim = dim,
-                                            .head_dim_v = dim,
-                                            .rows_per_kv_head = kRows,
-                                            .paged = paged};
-        const DecodeConfig config =
-            choose_decode(kBatch, kHeadsKv, kRows, kCapacity, dim, dim, kSms, 0);
-        specs.push_back(detail::decode_attention_spec(problem, config));
+        const DecodeProblem problem{.dtype = dtype,
+                                    .head_dim = dim,
+                                    .head_dim_v = dim,
+                                    .rows_per_kv_head = kRows,
+                                    .paged = paged,
+                                    .batch = kBatch,
+                                    .heads_kv = kHeadsKv,
+                                    .capacity = kCapacity};
+        for (KernelSpec& spec : decode_specs(problem, choose(problem, kSms))) {
+          specs.push_back(std::move(spec));
+        }
       }
       // merge_states over the outputs of two such calls.
       specs.push_back(detail::merge_spec(dtype, dtype, dim));
@@ -199,13 +208,6 @@ KernelSpec merge_spec(DType in, DType out, int head_dim) {
                   .params = "kiln::MergeParams"};
   spec.set("dtype_in", in).set("dtype_out", out).set("head_dim", head_dim);
   return spec;
-}
-
-std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config) {
-  std::vector<KernelSpec> specs;
-  if (problem.append) specs.push_back(decode_append_spec(problem));
-  specs.push_back(decode_attention_spec(problem, config));
-  return specs;
 }
 
 void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,

@@ -12,20 +12,6 @@ namespace kiln::detail {
 // The most key splits one call takes (DecodeOptions::num_splits and the heuristic).
 constexpr int kMaxDecodeSplits = 128;
 
-// What changes the generated code of a decode call.
-struct DecodeProblem {
-  DType dtype = DType::bf16;
-  int head_dim = 0;
-  int head_dim_v = 0;
-  int rows_per_kv_head = 1;  // seqlen_q * (heads / heads_kv): the packed query rows of a group
-  bool paged = false;
-  bool band = false;
-  bool softcap = false;
-  bool alibi = false;
-  bool append = false;  // k_new / v_new given
-  bool rotary = false;
-};
-
 // m16 row tiles a CTA of attention_decode packs: 1, 2 or 4, fewer for wide heads (more rows
 // take more row blocks).
 int decode_m_tiles(int rows_per_kv_head, int head_dim_v);
@@ -34,9 +20,6 @@ KernelSpec decode_append_spec(const DecodeProblem& problem);
 KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config);
 // The merge_states kernel of states whose v has dtype `in`.
 KernelSpec merge_spec(DType in, DType out, int head_dim);
-
-// Every spec one decode call compiles (for warm-up and `kiln warm`).
-std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config);
 
 // Runs a validated decode call: the append kernel when problem.append (which also writes the
 // rotated q into scratch when problem.rotary), then attention_decode, whose splits merge their

@@ -474,6 +474,29 @@ kiln::Runtime make_runtime() {
 
 }  // namespace
 
+TEST_CASE("a decode problem gives its config and specs without a call", "[decode]") {
+  kiln::DecodeProblem problem{.head_dim = 128,
+                              .head_dim_v = 128,
+                              .rows_per_kv_head = 4,
+                              .append = true,
+                              .batch = 1,
+                              .heads_kv = 8,
+                              .capacity = 32768};
+  // One sequence of many keys on 132 SMs: the heuristic splits them; a request caps the splits.
+  CHECK(kiln::choose(problem, 132).num_splits > 1);
+  problem.requested_splits = 3;
+  CHECK(kiln::choose(problem, 132).num_splits == 3);
+  problem.capacity = 16;  // one step of keys: one split whatever is asked
+  CHECK(kiln::choose(problem, 132).num_splits == 1);
+  const std::vector<kiln::KernelSpec> specs =
+      kiln::decode_specs(problem, kiln::choose(problem, 132));
+  REQUIRE(specs.size() == 2);
+  CHECK(specs[0].source == "decode/append.cuh");
+  CHECK(specs[1].source == "decode/attention.cuh");
+  problem.append = false;
+  CHECK(kiln::decode_specs(problem, {}).size() == 1);
+}
+
 TEST_CASE("decode over contiguous and paged caches of ragged lengths", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt = make_runtime();
@@ -518,8 +541,15 @@ TEST_CASE("decode split-KV over a long cache: 1, 2, 7, 64 splits and the heurist
   std::mt19937 rng(3);
   const int sms = rt.device_info().multiprocessors;
   for (int splits : {1, 2, 7, 0, 64}) {
-    const kiln::DecodeConfig config = kiln::choose_decode(3, 2, 4, 3005, 128, 128, sms, splits);
-    INFO("choose_decode gives " << config.num_splits << " splits for " << splits << " asked");
+    const kiln::DecodeConfig config = kiln::choose({.head_dim = 128,
+                                                    .head_dim_v = 128,
+                                                    .rows_per_kv_head = 4,
+                                                    .batch = 3,
+                                                    .heads_kv = 2,
+                                                    .capacity = 3005,
+                                                    .requested_splits = splits},
+                                                   sms);
+    INFO("choose gives " << config.num_splits << " splits for " << splits << " asked");
     CHECK(config.num_splits >= 1);
     CHECK(config.num_splits <= (splits ? splits : 128));
     run_case(rt, {.seqlens = {3000, 2111, 1}, .num_splits = splits}, rng);

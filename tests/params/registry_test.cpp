@@ -49,8 +49,8 @@ std::vector<KernelSpec> built_specs() {
        {AttentionKernel::mma, AttentionKernel::wgmma, AttentionKernel::portable}) {
     specs.push_back(attention_spec(all, {.kernel = kernel}));
   }
-  const detail::DecodeProblem decode{.head_dim = 128, .head_dim_v = 128, .append = true};
-  for (KernelSpec& spec : detail::decode_specs(decode, {})) specs.push_back(std::move(spec));
+  const DecodeProblem decode{.head_dim = 128, .head_dim_v = 128, .append = true};
+  for (KernelSpec& spec : decode_specs(decode, {})) specs.push_back(std::move(spec));
   return specs;
 }
 
@@ -135,7 +135,7 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   const AttentionConfig portable = choose(problem, "gfx90a");
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, portable)) ==
         attention_forward_portable_smem_bytes(128, 128, portable.block_n));
-  const detail::DecodeProblem decode{.head_dim = 64, .head_dim_v = 64, .rows_per_kv_head = 8};
+  const DecodeProblem decode{.head_dim = 64, .head_dim_v = 64, .rows_per_kv_head = 8};
   const DecodeConfig config;
   CHECK(detail::dynamic_shared_bytes(detail::decode_attention_spec(decode, config)) ==
         attention_decode_smem_bytes(64, 64, detail::decode_m_tiles(8, 64), config.block_n,
