@@ -710,7 +710,7 @@ void Kernel::launch_raw(const LaunchConfig& config, const void* params, std::siz
   if (size != loaded_->params_size) {
     throw Error(ErrorCategory::invalid_argument,
                 fmt::format("{} takes a {}-byte Params struct but launch got {} bytes: pass the "
-                            "family's Params struct from lib/params",
+                            "family's Params struct from <kiln/params/...>",
                             loaded_->info.spec, loaded_->params_size, size));
   }
   loaded_->function->launch(config, params);

@@ -31,7 +31,7 @@ struct Constant {
 struct KernelSpec {
   std::string source;  // path under kernels_src, e.g. "elementwise/unary.cuh"
   std::string entry;   // qualified kernel template, e.g. "kiln::unary"
-  std::string params;  // the family's Params header, e.g. "elementwise" (see lib/params/)
+  std::string params;  // the family's Params type, e.g. "kiln::UnaryParams" (see kiln/params/)
   std::vector<Constant> constants;
   std::vector<std::string> options;  // extra compiler options, e.g. "-DKILN_TRACE=1"
   std::string target;                // "sm_90a", "gfx90a"; empty: the runtime's device

@@ -10,9 +10,9 @@
 
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
+#include "kiln/params/attention.h"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
-#include "params/attention.h"
 #include "params/registry.hpp"
 
 namespace kiln {

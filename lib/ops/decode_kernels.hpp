@@ -4,8 +4,8 @@
 #pragma once
 
 #include "kiln/decode.hpp"
+#include "kiln/params/decode.h"
 #include "kiln/spec.hpp"
-#include "params/decode.h"
 
 namespace kiln::detail {
 

@@ -5,7 +5,7 @@
 
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
-#include "params/elementwise.h"
+#include "kiln/params/elementwise.h"
 
 namespace kiln {
 namespace {
@@ -15,7 +15,7 @@ constexpr UnaryOp kOps[] = {UnaryOp::neg,  UnaryOp::abs,  UnaryOp::exp,  UnaryOp
                             UnaryOp::relu, UnaryOp::gelu, UnaryOp::silu, UnaryOp::sqrt};
 constexpr DType kDTypes[] = {DType::f16, DType::bf16, DType::f32, DType::f64};
 
-// The device enum (lib/params/elementwise.h) is what the kernel sees; keep the two in step.
+// The device enum (kiln/params/elementwise.h) is what the kernel sees; keep the two in step.
 static_assert(static_cast<int>(UnaryOp::sqrt) == unary_op::sqrt &&
                   static_cast<int>(UnaryOp::gelu) == unary_op::gelu &&
                   sizeof(kOps) / sizeof(kOps[0]) == unary_op::count,

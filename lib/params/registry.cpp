@@ -10,10 +10,10 @@
 
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+#include "kiln/params/attention.h"
+#include "kiln/params/decode.h"
+#include "kiln/params/elementwise.h"
 #include "kiln/params/score.h"
-#include "params/attention.h"
-#include "params/decode.h"
-#include "params/elementwise.h"
 
 namespace kiln::detail {
 namespace {

@@ -6,8 +6,8 @@
 
 #include "jit/manifest.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln/params/attention.h"
 #include "ops/decode_kernels.hpp"
-#include "params/attention.h"
 #include "params/registry.hpp"
 #include "support.hpp"
 

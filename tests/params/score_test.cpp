@@ -13,9 +13,9 @@
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/kiln.hpp"
+#include "kiln/params/attention.h"
+#include "kiln/params/decode.h"
 #include "ops/score.hpp"
-#include "params/attention.h"
-#include "params/decode.h"
 #include "params/registry.hpp"
 #include "support.hpp"
 

@@ -1,7 +1,7 @@
 // The score model every attention family's Params hold (AttentionParams::score,
-// DecodeParams::score): scale, band, softcap and ALiBi. A Params header like those of
-// lib/params, and public: the host includes it and JIT compiles are handed it by this one name,
-// "kiln/params/score.h", so Params headers that hold it include it the same way in both.
+// DecodeParams::score): scale, band, softcap and ALiBi. Like every Params header, the host
+// includes it and JIT compiles are handed it by this one name, "kiln/params/score.h", so Params
+// headers that hold it include it the same way in both.
 #pragma once
 
 namespace kiln {

@@ -1,5 +1,6 @@
-// Params of the decode family (append, split-KV attention, merge): compiled into the host
-// library and injected into each JIT compile as "kiln/params/decode.h".
+// Params of the decode family (append, split-KV attention, merge): public (a Kernel of the
+// family launches with them), compiled into the host library and injected into each JIT compile
+// as "kiln/params/decode.h".
 #pragma once
 
 #ifndef KILN_PARAMS_FN

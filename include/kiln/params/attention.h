@@ -1,5 +1,6 @@
-// Params of the attention family: compiled into the host library and injected into each JIT
-// compile as "kiln/params/attention.h", so host and kernel always agree on the layout.
+// Params of the attention family: public (a Kernel of the family launches with them), compiled
+// into the host library and injected into each JIT compile as "kiln/params/attention.h", so host
+// and kernel always agree on the layout.
 #pragma once
 
 // Functions in params headers are compiled by the host compiler and by NVRTC/hipRTC, whose JIT
