@@ -3,16 +3,7 @@
 // and kernel always agree on the layout.
 #pragma once
 
-// Functions in params headers are compiled by the host compiler and by NVRTC/hipRTC, whose JIT
-// mode refuses functions not marked for the device.
-#ifndef KILN_PARAMS_FN
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
-#define KILN_PARAMS_FN __host__ __device__
-#else
-#define KILN_PARAMS_FN
-#endif
-#endif
-
+#include "kiln/params/function.h"
 #include "kiln/params/score.h"
 
 namespace kiln {

@@ -3,14 +3,7 @@
 // as "kiln/params/decode.h".
 #pragma once
 
-#ifndef KILN_PARAMS_FN
-#if defined(__CUDACC__) || defined(__CUDACC_RTC__) || defined(__HIPCC__) || defined(__HIPCC_RTC__)
-#define KILN_PARAMS_FN __host__ __device__
-#else
-#define KILN_PARAMS_FN
-#endif
-#endif
-
+#include "kiln/params/function.h"
 #include "kiln/params/score.h"
 
 namespace kiln {
