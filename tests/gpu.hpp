@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -73,5 +74,35 @@ std::unique_ptr<DeviceBuffer> upload(const std::vector<T>& host) {
   buffer->upload(host);
   return buffer;
 }
+
+// A stream, graph and graph instance destroyed with the object.
+struct GraphOnStream {
+  cudaStream_t stream = nullptr;
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  GraphOnStream() { KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
+  ~GraphOnStream() {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(stream);
+  }
+  GraphOnStream(const GraphOnStream&) = delete;
+  GraphOnStream& operator=(const GraphOnStream&) = delete;
+
+  // Captures what `work` queues on the stream and instantiates it; a capture that fails is
+  // ended before the error goes on, so the stream stays usable.
+  void capture(const std::function<void()>& work) {
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
+    try {
+      work();
+    } catch (...) {
+      cudaStreamEndCapture(stream, &graph);
+      cudaGetLastError();
+      throw;
+    }
+    KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  }
+};
 
 }  // namespace kiln::test

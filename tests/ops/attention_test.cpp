@@ -8,6 +8,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -687,19 +688,25 @@ void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase
   }
 }
 
-// Runs `c` with the kernel choose() picks, with the portable one AMD targets run and, on sm_90a,
-// with the wgmma and tma kernels where choose() picks another, on the same inputs, each checked by
-// check_kernel against one fp64 reference.
-void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
-  INFO(describe(c));
+// A case on the device: fresh random inputs in their layouts, poisoned outputs, and the fp64
+// reference of the same inputs.
+struct Prepared {
+  Layouts l;
+  DeviceCase d;
+  ReferenceResult want;
+  bool has_rows = false;  // some query row to compute
+};
+
+Prepared prepare(const Case& c, std::mt19937& rng) {
   ReferenceProblem ref = reference_problem(c);
-  const Layouts l = layouts_of(c, ref);
+  Prepared p{.l = layouts_of(c, ref)};
+  const Layouts& l = p.l;
+  DeviceCase& d = p.d;
   const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
   const auto q = kiln::test::random_normal(c.dtype, total_q * c.heads * c.head_dim, rng);
   const auto k = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.head_dim, rng);
   const auto v = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.dim_v(), rng);
 
-  DeviceCase d;
   upload_qkv(c, l, q, k, v, d);
   d.out_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.out}) * 2);
   d.out = view_of(*d.out_buffer, c.dtype, l.out);
@@ -714,20 +721,28 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   if (c.bias != Bias::none) add_bias(c, ref, d, rng);
   add_sequences(c, ref, d);
   if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
-  const ReferenceResult want = kiln::test::attention_reference(ref, q, k, v);
-
+  p.want = kiln::test::attention_reference(ref, q, k, v);
   const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;
-  const bool has_rows = ref.batch() > 0 && c.heads > 0 && rows > 0;
-  check_kernel(rt, c, l, d, want, has_rows, std::nullopt, "the kernel choose() picks");
-  check_kernel(rt, c, l, d, want, has_rows, kiln::choose(problem_of(c), "gfx90a"),
+  p.has_rows = ref.batch() > 0 && c.heads > 0 && rows > 0;
+  return p;
+}
+
+// Runs `c` with the kernel choose() picks, with the portable one AMD targets run and, on sm_90a,
+// with the wgmma and tma kernels where choose() picks another, on the same inputs, each checked by
+// check_kernel against one fp64 reference.
+void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
+  INFO(describe(c));
+  Prepared p = prepare(c, rng);
+  check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
+  check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, kiln::choose(problem_of(c), "gfx90a"),
                "the portable kernel, with AMD's config");
   if (rt.target() == "sm_90a") {
     const kiln::AttentionKernel chosen = kiln::choose(problem_of(c), "sm_90a").kernel;
     if (chosen != kiln::AttentionKernel::wgmma) {
-      check_kernel(rt, c, l, d, want, has_rows, wgmma_config(c), "the wgmma kernel");
+      check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, wgmma_config(c), "the wgmma kernel");
     }
     if (chosen != kiln::AttentionKernel::tma) {
-      check_kernel(rt, c, l, d, want, has_rows, tma_config(c), "the tma kernel");
+      check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, tma_config(c), "the tma kernel");
     }
   }
 }
@@ -796,6 +811,53 @@ TEST_CASE("attention matches the reference with the tiles of long sequences", "[
               .seqlens_q = {200, 77},
               .seqlens_k = {2100, 2300}},
              rng);
+  }
+}
+
+TEST_CASE("attention captured in a CUDA graph: the tma kernel deals tiles round-robin",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Options options = options_for(cache_dir());
+  options.debug = false;  // the debug checks copy to the host, which a capture forbids
+  kiln::Runtime rt(options);
+  std::mt19937 rng(12);
+  // Under capture the runtime names no stream, so the persistent tma kernel gets no tile
+  // counter and each CTA takes every gridDim-th tile: the replay must give the eager call's bits.
+  for (bool causal : {false, true}) {
+    const Case c{.batch = 3,
+                 .seqlen_q = 700,
+                 .seqlen_k = 900,
+                 .heads = 4,
+                 .heads_kv = 2,
+                 .head_dim = 128,
+                 .causal = causal,
+                 .lse = true};
+    INFO(describe(c));
+    Prepared p = prepare(c, rng);
+    kiln::test::GraphOnStream g;
+    const auto call = [&] {
+      kiln::attention(p.d.q, p.d.k, p.d.v, p.d.out, p.d.options, g.stream, rt);
+    };
+    const auto run = [&](const std::function<void()>& work) {
+      p.d.out_buffer->poison();
+      p.d.lse_buffer->poison();
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());  // a non-blocking stream does not wait for it
+      work();
+      KILN_CUDA_CHECK(cudaStreamSynchronize(g.stream));
+      kiln::test::sync_and_check();
+      return std::pair{p.d.out_buffer->download<std::uint16_t>(),
+                       p.d.lse_buffer->download<std::uint32_t>()};
+    };
+    // Eager first: it compiles and loads the kernel, which a capture cannot do.
+    const auto eager = run(call);
+    check_out(c, p.l, eager.first, p.want);
+    check_lse(c, p.l, eager.second, p.want);
+    g.capture(call);
+    const auto replayed = run([&] { KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.stream)); });
+    check_out(c, p.l, replayed.first, p.want);
+    check_lse(c, p.l, replayed.second, p.want);
+    const bool same_bits = replayed == eager;
+    CHECK(same_bits);
   }
 }
 

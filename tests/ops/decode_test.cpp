@@ -785,36 +785,6 @@ TEST_CASE("decode split-KV is right whatever its scratch held", "[gpu][decode]")
 
 namespace {
 
-// A stream, graph and graph instance destroyed with the object.
-struct GraphOnStream {
-  cudaStream_t stream = nullptr;
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  GraphOnStream() { KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking)); }
-  ~GraphOnStream() {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-    cudaStreamDestroy(stream);
-  }
-  GraphOnStream(const GraphOnStream&) = delete;
-  GraphOnStream& operator=(const GraphOnStream&) = delete;
-
-  // Captures what `work` queues on the stream and instantiates it; a capture that fails is
-  // ended before the error goes on, so the stream stays usable.
-  void capture(const std::function<void()>& work) {
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeGlobal));
-    try {
-      work();
-    } catch (...) {
-      cudaStreamEndCapture(stream, &graph);
-      cudaGetLastError();
-      throw;
-    }
-    KILN_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
-    KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  }
-};
-
 template <class T>
 void copy_async(const TensorView& to, const std::vector<T>& from, cudaStream_t stream) {
   KILN_CUDA_CHECK(cudaMemcpyAsync(to.data, from.data(), from.size() * sizeof(T),
@@ -836,7 +806,7 @@ TEST_CASE("decode step captured in a CUDA graph, replayed with new cache lengths
       .seqlens = {40, 0, 200}, .seqlen_new = 1, .page_size = 16, .capacity = 512, .num_splits = 4};
   Setup s = make_setup(c, rng);
   DeviceDecode d = upload_case(c, s);
-  GraphOnStream g;
+  kiln::test::GraphOnStream g;
   const auto call = [&] {
     kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, g.stream, rt);
   };
@@ -965,14 +935,14 @@ TEST_CASE("a kernel not loaded yet fails a call under graph capture, naming its 
     kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, stream, rt);
   };
   {
-    GraphOnStream g;
+    kiln::test::GraphOnStream g;
     const auto captured = [&] { g.capture([&] { call(g.stream); }); };
     CHECK_THROWS_WITH(captured(), Catch::Contains("not warmed") &&
                                       Catch::Contains("decode/attention.cuh") &&
                                       Catch::Contains("warm these specs before capturing"));
   }
   // Nothing was left broken: the same call runs eagerly, and then captures and replays.
-  GraphOnStream g;
+  kiln::test::GraphOnStream g;
   d.out->poison();
   d.lse->poison();
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
