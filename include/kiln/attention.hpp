@@ -71,7 +71,7 @@ enum class AttentionKernel {
 struct AttentionConfig {
   int block_m = 128;  // query rows per CTA; wgmma and tma: 64, 128 or 192 (a warpgroup per 64
                       // rows)
-  int block_n = 64;   // keys per step; wgmma: a multiple of 64 up to 256
+  int block_n = 64;   // keys per step; wgmma: a multiple of 64 up to 256; tma: those or 176
   int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps);
                       // wgmma and tma ignore it (block_m / 16)
   int stages = 1;     // K/V tile slots in shared memory; portable has one, wgmma and tma 2 to 4

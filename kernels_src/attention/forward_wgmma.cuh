@@ -8,7 +8,7 @@
 // Spec constants: those of attention_forward (forward.cuh) without warps, which is
 // block_m / 16:
 //   block_m      64, 128 or 192: one warpgroup per 64 query rows.
-//   block_n      keys per pipeline step, 64, 128, 176, 192 or 256.
+//   block_n      keys per pipeline step, 64, 128, 192 or 256 (the tma kernel also takes 176).
 //   stages       K/V tile slots in shared memory, 2 to 4 (stages - 1 steps in flight).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 in shared memory (the swizzle
 // width); config choice keeps the waste small.
@@ -176,6 +176,9 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   using namespace attention;
   using Tr = WgmmaTraits<Spec>;
   using T = typename Tr::T;
+  static_assert(Tr::block_n % 64 == 0,
+                "attention_forward_wgmma takes block_n 64, 128, 192 or 256 (176 is the tma "
+                "kernel's).");
 
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
   const unsigned smem_raw = mma::smem_address(wgmma_smem);

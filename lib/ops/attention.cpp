@@ -496,7 +496,10 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
           "(AttentionKernel::wgmma), or choose()'s config, which does so itself",
           q.describe(), k.describe(), v.describe()));
     }
-    c.kernel = AttentionKernel::wgmma;  // the same tiles, loaded without TMA
+    // The same tiles, loaded without TMA; 176 keys a step is the tma kernel's alone (the wgmma
+    // kernel steps by 64s).
+    c.kernel = AttentionKernel::wgmma;
+    if (c.block_n == 176) c.block_n = 128;
   }
   const KernelSpec spec = attention_spec(checked.problem, c);
   const Kernel kernel = runtime.kernel(spec, stream);
