@@ -93,7 +93,8 @@ constexpr std::array kAttentionOptionsEnds = {KILN_FIELD_END(kiln_attention_opti
                                               KILN_FIELD_END(kiln_attention_options, cu_seqlens_k),
                                               KILN_FIELD_END(kiln_attention_options, seqused_k),
                                               KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
-                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_k)};
+                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_k),
+                                              KILN_FIELD_END(kiln_attention_options, sinks)};
 
 constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, softmax_scale),
                                            KILN_FIELD_END(kiln_decode_options, causal),
@@ -107,7 +108,8 @@ constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, s
                                            KILN_FIELD_END(kiln_decode_options, rotary_cos),
                                            KILN_FIELD_END(kiln_decode_options, rotary_sin),
                                            KILN_FIELD_END(kiln_decode_options, rotary_interleaved),
-                                           KILN_FIELD_END(kiln_decode_options, num_splits)};
+                                           KILN_FIELD_END(kiln_decode_options, num_splits),
+                                           KILN_FIELD_END(kiln_decode_options, sinks)};
 
 constexpr std::array kKVCacheEnds = {
     KILN_FIELD_END(kiln_kvcache, k), KILN_FIELD_END(kiln_kvcache, v),
@@ -373,7 +375,8 @@ class CallTensors {
   std::optional<Device> first_;
 };
 
-// The score's fields of `c` as ScoreOptions; the slopes are converted as the call's tensors.
+// The score's fields of `c` as ScoreOptions; the slopes and sinks are converted as the call's
+// tensors.
 template <ScoreFieldsStruct C>
 ScoreOptions score_options(const C& c, CallTensors& tensors) {
   CScoreFields fields;
@@ -386,6 +389,7 @@ ScoreOptions score_options(const C& c, CallTensors& tensors) {
   o.top_left = fields.top_left != 0;
   o.softcap = fields.softcap;
   o.alibi_slopes = tensors.maybe(fields.alibi_slopes, "alibi_slopes");
+  o.sinks = tensors.maybe(c.sinks, "sinks");  // appended to both structs, past CScoreFields
   return o;
 }
 

@@ -62,6 +62,8 @@ typedef struct kiln_attention_options {
   const DLTensor* seqused_k;    /* int32 (batch): keys used per sequence */
   int max_seqlen_q;             /* varlen: the longest query sequence */
   int max_seqlen_k;             /* varlen: the longest key sequence */
+  const DLTensor* sinks;        /* fp32 (heads): a logit per head added to each row's softmax
+                                   denominator with no value (kiln::ScoreOptions::sinks) */
 } kiln_attention_options;
 
 void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size);
@@ -115,6 +117,7 @@ typedef struct kiln_decode_options {
   int rotary_interleaved;       /* nonzero (the default, as FlashAttention's): pairs (2i, 2i + 1)
                                    (GPT-J); 0: (i, i + rotary_dim / 2) (GPT-NeoX) */
   int num_splits;               /* 0: heuristic; n >= 1: at most n key splits (<= 128) */
+  const DLTensor* sinks;        /* fp32 (heads), as kiln_attention_options' */
 } kiln_decode_options;
 
 void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size);

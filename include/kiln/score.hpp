@@ -1,5 +1,5 @@
 // kiln::ScoreOptions: how every attention family (attention(), attention_with_kvcache()) turns
-// q.k into the logits its softmax sees: scale, band mask, softcap and ALiBi.
+// q.k into the logits its softmax sees: scale, band mask, softcap, ALiBi and sinks.
 #pragma once
 
 #include <optional>
@@ -27,6 +27,13 @@ struct ScoreOptions {
 
   // fp32 ALiBi slopes, (heads) or (batch, heads): logits -= slope * |i + offset - j|.
   std::optional<TensorView> alibi_slopes;
+
+  // fp32 attention sinks, (heads): one learned logit per query head that joins each row's
+  // softmax denominator with no value (gpt-oss, StreamingLLM), so out = sum_j exp(l_j) v_j /
+  // (exp(sink) + sum_j exp(l_j)) and lse = log(exp(sink) + sum_j exp(l_j)). It is in the
+  // logits' units (after the scale, softcap and ALiBi), no mask removes it, and a row that sees
+  // no key gets out 0 and lse = sink. -inf is no sink for that head.
+  std::optional<TensorView> sinks;
 };
 
 }  // namespace kiln

@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   }
 
   float lse[2 * Tr::m_tiles];
-  softmax.finish(o, to_log2, lse);
+  softmax.finish(o, to_log2, lse, sink_logit(p.score, seq.head));
 
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done reading K/V before the output overwrites them

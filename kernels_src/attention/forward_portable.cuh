@@ -186,10 +186,14 @@ struct RowSoftmax {
   }
 
   // Normalizes o by the row sum and returns the row's natural-log sum of exp of its logits
-  // (-inf, with o = 0, for a row that attended no key).
-  __device__ __forceinline__ float finish(float (&o)[Chunks][8], float to_log2) const {
-    scale(o, row_sum > 0.f ? 1.f / row_sum : 0.f);
-    return row_lse(row_max, row_sum, to_log2);
+  // (-inf, with o = 0, for a row that attended no key), a sink logit (natural units; -inf: none)
+  // counted in (add_sink).
+  __device__ __forceinline__ float finish(float (&o)[Chunks][8], float to_log2, float sink) const {
+    float sum = row_sum;
+    float shift = softmax_shift(row_max, to_log2);
+    const float factor = add_sink(sink, shift, sum);
+    scale(o, sum > 0.f ? factor / sum : 0.f);
+    return row_lse(shift, sum);
   }
 
   static __device__ __forceinline__ void scale(float (&o)[Chunks][8], float factor) {
@@ -263,7 +267,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
     tile_accumulate<Tr>(o, s, v_tile, lane);
   }
 
-  const float lse = softmax.finish(o, to_log2);
+  const float lse = softmax.finish(o, to_log2, sink_logit(p.score, seq.head));
   if (!row_valid) return;
   T* const out_row = static_cast<T*>(p.out) + seq.out_offset + row * p.out_seq_stride;
   for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(

@@ -404,7 +404,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     }
 
     float lse[2];
-    softmax.finish(o, to_log2, lse);
+    softmax.finish(o, to_log2, lse, sink_logit(p.score, seq.head));
     T* const out = static_cast<T*>(p.out) + seq.out_offset;
     if constexpr (Tr::staged) {
       // Each warp stages its 16 rows and copies them out with bulk copies, a row each, which run

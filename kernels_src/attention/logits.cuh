@@ -78,6 +78,11 @@ __device__ __forceinline__ float alibi_slope(const ScoreParams& score, int batch
   return score.maybe_alibi_slopes[batch * score.alibi_batch_stride + head];
 }
 
+// The sink logit of query head `head` (natural units; -inf when the call has no sinks).
+__device__ __forceinline__ float sink_logit(const ScoreParams& score, int head) {
+  return score.maybe_sinks != nullptr ? score.maybe_sinks[head] : neg_inf();
+}
+
 template <class Spec, class Math>
 __device__ __forceinline__ LogitTransform<Spec, Math> make_logit_transform(const AttentionParams& p,
                                                                            const Sequence& seq,

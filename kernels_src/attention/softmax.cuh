@@ -105,18 +105,21 @@ struct OnlineSoftmax {
   }
 
   // Normalizes o by the row sums and gives each row's natural-log sum of exp of its logits
-  // (-inf, with o = 0, for a row that attended no key).
+  // (-inf, with o = 0, for a row that attended no key). A sink logit (natural units; -inf: none)
+  // joins every row's sum, and so its LSE, with no value (add_sink).
   template <int OTiles>
   __device__ __forceinline__ void finish(float (&o)[MTiles][OTiles][4], float to_log2,
-                                         float (&lse)[rows]) {
+                                         float (&lse)[rows], float sink) {
 #pragma unroll
     for (int mt = 0; mt < MTiles; ++mt) {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int r = 2 * mt + half;
-        const float sum = mma::quad_sum(row_sum[r]);
-        const float inv = sum > 0.f ? 1.f / sum : 0.f;
-        lse[r] = row_lse(row_max[r], sum, to_log2);
+        float sum = mma::quad_sum(row_sum[r]);
+        float shift = softmax_shift(row_max[r], to_log2);
+        const float factor = add_sink(sink, shift, sum);
+        const float inv = sum > 0.f ? factor / sum : 0.f;
+        lse[r] = row_lse(shift, sum);
 #pragma unroll
         for (int j = 0; j < OTiles; ++j) {
           o[mt][j][2 * half] *= inv;

@@ -404,6 +404,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   __shared__ long long row_state[Tr::rows];  // (batch, query, head) state index
   __shared__ long long row_out[Tr::rows];    // element offset in out
   __shared__ long long row_lse[Tr::rows];    // element offset in lse
+  __shared__ float row_sink[Tr::rows];       // sink logit, in split 0's state only (or -inf)
   for (int row = thread; row < Tr::rows; row += Tr::threads) {
     const int r = min(row_begin + row, packed_rows - 1);
     const int query = r / group;
@@ -411,6 +412,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     row_state[row] = (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
     row_out[row] = batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
     row_lse[row] = batch * p.lse_batch_stride + head * p.lse_head_stride + query;
+    row_sink[row] = split == 0 ? attention::sink_logit(p.score, head) : attention::neg_inf();
   }
 
   RowInfo<Tr::m_tiles> rows;
@@ -541,8 +543,10 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
         acc[3] += scale * part.w;
       }
     }
-    // total >= 1 when top is finite (the top part's own sum), so the approximations hold.
-    const float inv = total > 0.f ? mma::rcp_approx(total) : 0.f;
+    // The sink joins split 0's state, so the split merge counts it once. total >= 1 when top is
+    // finite (the top part's own sum, or the sink's), so the approximations hold.
+    const float factor = attention::add_sink(row_sink[row], top, total);
+    const float inv = total > 0.f ? factor * mma::rcp_approx(total) : 0.f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
     const float lse =

@@ -45,6 +45,19 @@ void check_alibi_slopes(const TensorView& a, std::int64_t batch, std::int64_t he
   }
 }
 
+// fp32 sinks, (heads).
+void check_sinks(const TensorView& a, std::int64_t heads, int device) {
+  check_common(a, "sinks", device);
+  if (a.dtype != DType::f32) {
+    invalid(fmt::format("sinks has dtype {}: it must be f32", to_string(a.dtype)));
+  }
+  if (a.rank != 1) invalid(fmt::format("sinks has rank {}: use (heads)", a.rank));
+  require_size(a, "sinks", 0, heads, "heads");
+  if (heads > 1 && a.stride(0) != 1) {
+    invalid(fmt::format("sinks.stride(-1) is {}: it must be 1", a.stride(0)));
+  }
+}
+
 }  // namespace
 
 bool has_band(const ScoreOptions& o) {
@@ -55,6 +68,7 @@ ScoreParams score_params(const ScoreOptions& o, std::int64_t batch, std::int64_t
                          std::int64_t head_dim, int device) {
   check_scalars(o);
   if (o.alibi_slopes) check_alibi_slopes(*o.alibi_slopes, batch, heads, device);
+  if (o.sinks) check_sinks(*o.sinks, heads, device);
   ScoreParams p{};
   p.softmax_scale = o.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(head_dim)));
   // NOTE: causal is window_right 0 whatever window_right says, and keeps window_left, as
@@ -68,6 +82,7 @@ ScoreParams score_params(const ScoreOptions& o, std::int64_t batch, std::int64_t
     p.maybe_alibi_slopes = static_cast<const float*>(o.alibi_slopes->data);
     p.alibi_batch_stride = o.alibi_slopes->rank == 2 ? o.alibi_slopes->stride(0) : 0;
   }
+  if (o.sinks) p.maybe_sinks = static_cast<const float*>(o.sinks->data);
   return p;
 }
 

@@ -98,6 +98,7 @@ class AttentionOptions(ctypes.Structure):
         ("seqused_k", ctypes.c_void_p),
         ("max_seqlen_q", ctypes.c_int),
         ("max_seqlen_k", ctypes.c_int),
+        ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -109,6 +110,7 @@ class DecodeOptions(ctypes.Structure):
         ("rotary_sin", ctypes.c_void_p),
         ("rotary_interleaved", ctypes.c_int),
         ("num_splits", ctypes.c_int),
+        ("sinks", ctypes.c_void_p),
     ]
 
 
@@ -130,14 +132,14 @@ TENSOR_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q{8 * (MAX_RANK - n)}x{n}q
 # which saves reading them from torch.
 COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in range(MAX_RANK + 1)]
 # kiln_attention_options and kiln_decode_options have the same field types in the same order.
-OPTIONS = struct.Struct("=QfiiiifQQQQQii")
+OPTIONS = struct.Struct("=QfiiiifQQQQQiiQ")
 KVCACHE = struct.Struct("=QQQQQQ")
 ATTENTION_OPTIONS_SIZE = ctypes.sizeof(AttentionOptions)
 DECODE_OPTIONS_SIZE = ctypes.sizeof(DecodeOptions)
 KVCACHE_SIZE = ctypes.sizeof(KVCache)
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
-# block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse).
+# block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks).
 MAX_TENSORS = 16
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
 _CACHE_AT = _OPTIONS_AT + OPTIONS.size
@@ -166,13 +168,14 @@ scratch = Scratch()
 
 
 def pack_options(size, scale, causal, window_left, window_right, top_left, softcap, alibi,
-                 p0, p1, p2, p3, i0, i1):
+                 p0, p1, p2, p3, i0, i1, sinks):
     """Writes kiln_attention_options (p0..p3: bias, cu_seqlens_q, cu_seqlens_k, seqused_k; i0, i1:
     max_seqlen_q, max_seqlen_k) or kiln_decode_options (k_new, v_new, rotary_cos, rotary_sin;
-    rotary_interleaved, num_splits) into this thread's block; returns its address."""
+    rotary_interleaved, num_splits), then sinks, into this thread's block; returns its
+    address."""
     s = scratch
     OPTIONS.pack_into(s.buffer, _OPTIONS_AT, size, scale, causal, window_left, window_right,
-                      top_left, softcap, alibi, p0, p1, p2, p3, i0, i1)
+                      top_left, softcap, alibi, p0, p1, p2, p3, i0, i1, sinks)
     return s.options
 
 

@@ -100,7 +100,7 @@ def _result(out, lse, what, inputs):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, bias=None, top_left=False,
-                    return_softmax_lse=False, out=None):
+                    return_softmax_lse=False, out=None, sinks=None):
     """Attention over q (batch, seqlen_q, heads, d), k and v (batch, seqlen_k, heads_kv, d / dv):
     out (batch, seqlen_q, heads, dv), as FlashAttention's flash_attn_func, with the same
     defaults (softmax_scale None: 1 / sqrt(d); causal aligned bottom-right; window_size
@@ -109,7 +109,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     kiln's keyword-only extras: bias, added to the scores, (batch, heads, seqlen_q, seqlen_k)
     in q's dtype with any strides (0 broadcasts); top_left=True aligns the causal/window band
     top-left; return_softmax_lse=True returns (out, softmax_lse), softmax_lse float32
-    (batch, heads, seqlen_q); out= writes the output there. The forward is deterministic
+    (batch, heads, seqlen_q); out= writes the output there; sinks, float32 (heads): a learned
+    logit per head that joins each row's softmax denominator with no value (gpt-oss), counted
+    in softmax_lse. The forward is deterministic
     (`deterministic` concerns the backward pass, which kiln does not have yet: a backward
     through the result raises).
     """
@@ -121,7 +123,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) if return_softmax_lse \
         else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
-         _scale(softmax_scale), causal, left, right, top_left, softcap)
+         _scale(softmax_scale), causal, left, right, top_left, softcap, sinks)
     return _result(out, lse, "flash_attn_func", (q, k, v, bias))
 
 
@@ -129,7 +131,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, seqused_k=None,
-                           bias=None, top_left=False, return_softmax_lse=False, out=None):
+                           bias=None, top_left=False, return_softmax_lse=False, out=None,
+                           sinks=None):
     """flash_attn_func over packed sequences, as FlashAttention's flash_attn_varlen_func: q
     (total_q, heads, d), k and v (total_k, heads_kv, d / dv), sequence b at
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32, batch + 1); max_seqlen_q/k are Python ints.
@@ -151,7 +154,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
          seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
          _seqlen("max_seqlen_k", max_seqlen_k), _scale(softmax_scale), causal, left, right,
-         top_left, softcap)
+         top_left, softcap, sinks)
     return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias))
 
 
@@ -160,7 +163,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, top_left=False, out=None):
+                            return_softmax_lse=False, *, top_left=False, out=None, sinks=None):
     """Decode over a KV cache, as FlashAttention's flash_attn_with_kvcache: q (batch, seqlen_q,
     heads, d); the cache contiguous (batch_cache, seqlen_cache, heads_kv, d / dv), rows picked by
     cache_batch_idx (int32, batch), or paged (num_pages, page_size, heads_kv, d / dv) with
@@ -173,7 +176,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     heads, dv), or (out, softmax_lse) with softmax_lse float32 (batch, heads, seqlen_q).
 
     kiln's keyword-only extras: top_left=True aligns the band top-left; out= writes the output
-    there. cache_leftpad is not supported.
+    there; sinks as flash_attn_func's, counted once per row whatever the split. cache_leftpad is
+    not supported.
     """
     if cache_leftpad is not None:
         _unsupported("cache_leftpad", "<tensor>", "keep each sequence's keys from the start of "
@@ -195,7 +199,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _run(ops.attention_with_kvcache, q, q, k_cache, v_cache, cache_seqlens, out, lse, k, v,
          rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes,
          _scale(softmax_scale), causal, left, right, top_left, softcap, rotary_interleaved,
-         num_splits)
+         num_splits, sinks)
     return _result(out, lse, "flash_attn_with_kvcache", (q, k, v))
 
 

@@ -153,12 +153,13 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
                cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               top_left: bool, softcap: float) -> None:
+               top_left: bool, softcap: float, sinks: Optional[Tensor]) -> None:
     options = _capi.pack_options(
         _capi.ATTENTION_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
         softcap, _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(6, bias, "bias"),
         _maybe(7, cu_seqlens_q, "cu_seqlens_q"), _maybe(8, cu_seqlens_k, "cu_seqlens_k"),
-        _maybe(9, seqused_k, "seqused_k"), max_seqlen_q, max_seqlen_k)
+        _maybe(9, seqused_k, "seqused_k"), max_seqlen_q, max_seqlen_k,
+        _maybe(10, sinks, "sinks"))
     _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
                            _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
@@ -175,7 +176,7 @@ def _attention_with_kvcache(
         cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
         alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
         window_right: int, top_left: bool, softcap: float, rotary_interleaved: bool,
-        num_splits: int) -> None:
+        num_splits: int, sinks: Optional[Tensor]) -> None:
     cache = _capi.pack_cache(_tensor(1, k_cache, "k_cache"), _tensor(2, v_cache, "v_cache"),
                              _tensor(3, cache_seqlens, "cache_seqlens"),
                              _maybe(4, cache_batch_idx, "cache_batch_idx"),
@@ -184,7 +185,7 @@ def _attention_with_kvcache(
         _capi.DECODE_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
         softcap, _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(7, k, "k"), _maybe(8, v, "v"),
         _maybe(9, rotary_cos, "rotary_cos"), _maybe(10, rotary_sin, "rotary_sin"),
-        rotary_interleaved, num_splits)
+        rotary_interleaved, num_splits, _maybe(13, sinks, "sinks"))
     _check(_capi.attention_with_kvcache(_tensor(0, q, "q"), cache, _tensor(11, out, "out"),
                                         options, _maybe(12, lse, "lse"), _stream(q)))
 

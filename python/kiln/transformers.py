@@ -26,6 +26,8 @@ What reaches kiln, and how:
   (flash_attn_with_kvcache over transformers' cache tensors, nothing appended: transformers
   has already updated its cache); everything else to flash_attn_func.
 - softcap and the softmax scale pass through as FlashAttention's softcap and softmax_scale.
+- Attention sinks (gpt-oss's `s_aux`, a learned logit per head) pass through as kiln's sinks,
+  in float32.
 - kiln has no backward and no dropout: a module in training mode, or dropout > 0, raises.
 """
 
@@ -140,27 +142,22 @@ def attention_forward(
             f"model.eval() for inference, or load the model with attn_implementation='sdpa' "
             f"to train it"
         )
-    if kwargs.get("s_aux") is not None:
-        raise NotImplementedError(
-            "attention sinks (s_aux) are not supported by kiln: use attn_implementation='eager'"
-        )
     q = query.transpose(1, 2)  # views: (batch, seqlen, heads, d)
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
-    softcap = softcap or 0.0
+    sinks = kwargs.get("s_aux")
+    score = dict(
+        softmax_scale=scaling,
+        softcap=softcap or 0.0,
+        sinks=None if sinks is None else sinks.detach().float().contiguous(),
+    )
     if attention_mask is not None:
-        out = _kiln.flash_attn_func(
-            q, k, v, softmax_scale=scaling, softcap=softcap, bias=_bias(attention_mask, query, key)
-        )
+        out = _kiln.flash_attn_func(q, k, v, bias=_bias(attention_mask, query, key), **score)
         return out, None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (sliding_window - 1, sliding_window - 1) if sliding_window else (-1, -1)
     if q.shape[1] == 1:
-        out = _kiln.flash_attn_with_kvcache(
-            q, k, v, softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap
-        )
+        out = _kiln.flash_attn_with_kvcache(q, k, v, causal=causal, window_size=window, **score)
     else:
-        out = _kiln.flash_attn_func(
-            q, k, v, softmax_scale=scaling, causal=causal, window_size=window, softcap=softcap
-        )
+        out = _kiln.flash_attn_func(q, k, v, causal=causal, window_size=window, **score)
     return out, None

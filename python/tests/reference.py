@@ -16,6 +16,8 @@ Semantics (as FlashAttention, and as kiln's kernels):
   offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left), a negative bound is unbounded,
   and causal sets right = 0 keeping left;
 - a row that sees no key gives output 0 and LSE -inf;
+- sinks (h): each row's softmax denominator gains exp(sink) with no value (gpt-oss), and the
+  LSE counts it (a row that sees no key gets LSE = sink);
 - GQA / MQA: query head h reads kv head h // (heads / heads_kv).
 """
 
@@ -33,10 +35,11 @@ def _as_list(x, batch):
     return [int(n) for n in x.tolist()]
 
 
-def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_left, dtype):
+def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_left, dtype,
+            sinks):
     """One sequence: q (s_q, h, d), k (s_k, h_kv, d), v (s_k, h_kv, d_v); slopes (h) or None;
-    bias broadcastable to (h, s_q, s_k) or None. Computes in `dtype`; returns out (s_q, h, d_v)
-    and lse (h, s_q)."""
+    bias broadcastable to (h, s_q, s_k) or None; sinks (h) or None. Computes in `dtype`;
+    returns out (s_q, h, d_v) and lse (h, s_q)."""
     s_q, heads, _ = q.shape
     s_k, heads_kv, _ = k.shape
     if heads % heads_kv != 0:
@@ -66,20 +69,23 @@ def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_l
     if right >= 0:
         outside |= j > i + offset + right
     logits = logits.masked_fill(outside, float("-inf"))
+    if sinks is not None:  # one more column, of the sink's logit, whose weight is dropped
+        sink = sinks.to(dtype).view(heads, 1, 1).expand(heads, s_q, 1)
+        logits = torch.cat([logits, sink], dim=-1)
 
-    lse = torch.logsumexp(logits, dim=-1)  # -inf for a row that sees no key
+    lse = torch.logsumexp(logits, dim=-1)  # -inf for a row that sees no key (and no sink)
     empty = torch.isneginf(lse).unsqueeze(-1)
     probs = torch.softmax(logits, dim=-1).masked_fill(empty, 0.0)  # not the NaN of 0/0
-    out = torch.einsum("hij,jhd->ihd", probs, v)
+    out = torch.einsum("hij,jhd->ihd", probs[..., :s_k], v)
     return out, lse
 
 
-def _options(q, upcast, softmax_scale, **band):
+def _options(q, upcast, softmax_scale, sinks, **band):
     """The per-sequence _attend options every call shares, and the LSE's dtype: float64 when
     upcast, else the inputs' dtype (float32 for the LSE, as kiln's)."""
     dtype, lse_dtype = (torch.float64, torch.float64) if upcast else (q.dtype, torch.float32)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return dict(scale=scale, dtype=dtype, **band), lse_dtype
+    return dict(scale=scale, dtype=dtype, sinks=sinks, **band), lse_dtype
 
 
 def _slopes(alibi_slopes, b):
@@ -104,12 +110,13 @@ def attention_ref(
     cu_seqlens_q=None,
     cu_seqlens_k=None,
     seqused_k=None,
+    sinks=None,
     upcast=True,
 ):
     """flash_attn_func (q (b, s_q, h, d), k and v (b, s_k, h_kv, d)) or, with cu_seqlens_q and
     cu_seqlens_k, flash_attn_varlen_func (q (total_q, h, d), k and v (total_k, h_kv, d)).
     seqused_k (b) keeps only the first seqused_k[b] keys of each sequence. alibi_slopes (h) or
-    (b, h); bias broadcastable to (b, h, s_q, s_k), dense only.
+    (b, h); bias broadcastable to (b, h, s_q, s_k), dense only; sinks (h).
 
     Returns (out, lse): out like q with v's head dim, float64 when upcast else q's dtype; lse
     (b, h, s_q), or (h, total_q) with varlen, float64 when upcast else float32."""
@@ -119,7 +126,7 @@ def attention_ref(
     if varlen and bias is not None:
         raise ValueError("bias is dense only (kiln takes no bias with varlen)")
     band = dict(causal=causal, window_size=window_size, softcap=softcap, top_left=top_left)
-    options, lse_dtype = _options(q, upcast, softmax_scale, **band)
+    options, lse_dtype = _options(q, upcast, softmax_scale, sinks, **band)
 
     if varlen:
         starts_q = cu_seqlens_q.tolist()
@@ -192,6 +199,7 @@ def kvcache_ref(
     softcap=0.0,
     alibi_slopes=None,
     top_left=False,
+    sinks=None,
     upcast=True,
 ):
     """flash_attn_with_kvcache: q (b, s_q, h, d); the cache contiguous (b_cache, s_cache, h_kv, d)
@@ -212,7 +220,7 @@ def kvcache_ref(
     if k is not None and cache_seqlens is None:
         raise ValueError("append needs cache_seqlens: where the new keys go")
     band = dict(causal=causal, window_size=window_size, softcap=softcap, top_left=top_left)
-    options, lse_dtype = _options(q, upcast, softmax_scale, **band)
+    options, lse_dtype = _options(q, upcast, softmax_scale, sinks, **band)
     dtype = options["dtype"]
     batch, s_q = q.shape[0], q.shape[1]
     s_new = 0 if k is None else k.shape[1]

@@ -162,6 +162,36 @@ def test_flash_attn_with_kvcache_batch_idx_splits_and_int_seqlens():
         ref.check_close(out, out_ref, out_plain)
 
 
+def test_sinks_in_every_call():
+    """Sinks through flash_attn_func (rows with no key get lse = sink), varlen and the KV cache,
+    split or not, contiguous and paged; the last head has none (-inf)."""
+    ref = reference()
+    sinks = torch.tensor([4.0, -1.0, 6.5, 0.0, 2.0, 9.0, 1.5, float("-inf")], device="cuda")
+    q, k, v = randn(2, 90, 8, 128), randn(2, 40, 2, 128), randn(2, 40, 2, 128)
+    kw = dict(causal=True, sinks=sinks)
+    out, lse = kiln.flash_attn_func(q, k, v, return_softmax_lse=True, **kw)
+    check_attention(out, lse, q, k, v, **kw)
+    (cu_q, max_q), (cu_k, max_k) = varlen([17, 1, 64]), varlen([30, 0, 200])
+    qv, kv, vv = randn(int(cu_q[-1]), 8, 64), randn(int(cu_k[-1]), 4, 64), \
+        randn(int(cu_k[-1]), 4, 64)
+    out, lse = kiln.flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, max_q, max_k,
+                                           return_softmax_lse=True, sinks=sinks)
+    check_attention(out, lse, qv, kv, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, sinks=sinks)
+    q, k_cache, v_cache = randn(3, 1, 8, 128), randn(3, 1024, 2, 128), randn(3, 1024, 2, 128)
+    lengths = torch.tensor([0, 7, 1000], dtype=I32, device="cuda")
+    expected = [ref.kvcache_ref(q, k_cache, v_cache, cache_seqlens=lengths, sinks=sinks,
+                                upcast=upcast)[:2] for upcast in (True, False)]
+    for page_size in (None, 16):
+        kc, vc, table = (k_cache, v_cache, None) if page_size is None else \
+            paged(k_cache, v_cache, page_size)
+        for splits in (1, 5):
+            out, lse = kiln.flash_attn_with_kvcache(q, kc, vc, cache_seqlens=lengths,
+                                                    block_table=table, num_splits=splits,
+                                                    return_softmax_lse=True, sinks=sinks)
+            ref.check_close(out, expected[0][0], expected[1][0])
+            ref.check_close(lse, expected[0][1], expected[1][1])
+
+
 def test_merge_states_of_two_key_halves_is_attention_over_all():
     q, k, v = randn(1, 40, 8, 64), randn(1, 300, 8, 64), randn(1, 300, 8, 64)
     halves = [kiln.flash_attn_func(q, k[:, a:b], v[:, a:b], return_softmax_lse=True)

@@ -123,6 +123,23 @@ def test_bias_broadcast_and_fully_masked_row():
     torch.testing.assert_close(lse[:, :, [0, 2]], torch.logsumexp(scores, -1)[:, :, [0, 2]])
 
 
+def test_sinks_rescale_the_output_and_join_the_lse():
+    """A sink adds exp(sink) to each row's denominator: out scales by exp(lse - lse_sink) and
+    lse_sink = logaddexp(lse, sink); a row with no key gets out 0 and lse = sink; -inf is none."""
+    q, k, v = rand(2, 6, 3, 8), rand(2, 4, 3, 8, seed=2), rand(2, 4, 3, 8, seed=3)
+    sinks = torch.tensor([0.5, 3.0, float("-inf")], dtype=torch.float32)
+    kw = dict(causal=True, window_size=(1, 0))  # queries 0 and 1 see no key
+    out, lse = attention_ref(q, k, v, **kw)
+    out_s, lse_s = attention_ref(q, k, v, sinks=sinks, **kw)
+    want_lse = torch.logaddexp(lse, sinks.to(f64).view(1, 3, 1).expand_as(lse))
+    torch.testing.assert_close(lse_s, want_lse, rtol=0, atol=1e-12)
+    scale = torch.exp(lse - lse_s).nan_to_num(0.0).transpose(1, 2).unsqueeze(-1)
+    torch.testing.assert_close(out_s, out * scale, rtol=0, atol=1e-12)
+    assert (out_s[:, :2] == 0).all()
+    assert lse_s[0, 1, 0] == 3.0
+    assert torch.isneginf(lse_s[:, 2, :2]).all()
+
+
 def test_gqa_equals_repeated_heads():
     q, k, v = rand(2, 5, 6, 16), rand(2, 7, 2, 16), rand(2, 7, 2, 16, seed=5)
     slopes = torch.rand(2, 6)

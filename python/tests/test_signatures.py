@@ -32,10 +32,10 @@ FLASH_ATTN = {
 # kiln's extras, keyword-only, with their defaults.
 EXTRAS = {
     "flash_attn_func": {"bias": None, "top_left": False, "return_softmax_lse": False,
-                        "out": None},
+                        "out": None, "sinks": None},
     "flash_attn_varlen_func": {"seqused_k": None, "bias": None, "top_left": False,
-                               "return_softmax_lse": False, "out": None},
-    "flash_attn_with_kvcache": {"top_left": False, "out": None},
+                               "return_softmax_lse": False, "out": None, "sinks": None},
+    "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None},
 }
 
 

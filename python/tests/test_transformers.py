@@ -2,9 +2,10 @@
 
 On the CPU, kiln's calls are replaced by stand-ins built on the float64 reference
 (reference.py), so these tests check kiln.transformers' mapping (layouts, masks, sliding
-windows, softcap, GQA, the decode path), not the kernels: tiny random-weight Llama-style and
-Gemma-2-style models (sliding window and softcap on) with attn_implementation="kiln" against
-"eager", prefill logits and greedy generation, with and without padding. The tests marked gpu
+windows, softcap, sinks, GQA, the decode path), not the kernels: tiny random-weight Llama-style,
+Gemma-2-style (sliding window and softcap on) and gpt-oss-style (sinks) models with
+attn_implementation="kiln" against "eager", prefill logits and greedy generation, with and
+without padding. The tests marked gpu
 run the same models on the real kernels in bf16 and fp16 against eager in float32.
 """
 
@@ -43,16 +44,20 @@ class Calls:
     def __init__(self):
         self.log = []
 
-    def record(self, call, q, k, v, softmax_scale, causal, window_size, softcap, **fields):
-        """Logs a call; returns the band options, as the reference takes them."""
+    def record(self, call, q, k, v, softmax_scale, causal, window_size, softcap, sinks, **fields):
+        """Logs a call; returns the score options, as the reference takes them."""
         for t in (q, k, v):
             # kiln needs stride 1 on the last dim; the mapping must not have to copy for it.
             assert t.stride(-1) == 1, f"{call}: last-dim stride {t.stride(-1)}"
         window = tuple(window_size)
         log = dict(call=call, q=q, k=k, v=v, causal=causal, window=window, softcap=softcap)
-        self.log.append(dict(log, scale=softmax_scale, **fields))
+        self.log.append(dict(log, scale=softmax_scale, sinks=sinks, **fields))
         return dict(
-            softmax_scale=softmax_scale, causal=causal, window_size=window_size, softcap=softcap
+            softmax_scale=softmax_scale,
+            causal=causal,
+            window_size=window_size,
+            softcap=softcap,
+            sinks=sinks,
         )
 
     def flash_attn_func(
@@ -73,8 +78,11 @@ class Calls:
         top_left=False,
         return_softmax_lse=False,
         out=None,
+        sinks=None,
     ):
-        band = self.record("func", q, k, v, softmax_scale, causal, window_size, softcap, bias=bias)
+        band = self.record(
+            "func", q, k, v, softmax_scale, causal, window_size, softcap, sinks, bias=bias
+        )
         result, _ = attention_ref(q, k, v, bias=bias, top_left=top_left, **band)
         return result.to(q.dtype)
 
@@ -102,6 +110,7 @@ class Calls:
         *,
         top_left=False,
         out=None,
+        sinks=None,
     ):
         band = self.record(
             "kvcache",
@@ -112,6 +121,7 @@ class Calls:
             causal,
             window_size,
             softcap,
+            sinks,
             bias=None,
             appended=k is not None,
         )
@@ -181,7 +191,21 @@ def gemma2_config():
     )
 
 
+def gpt_oss_config():
+    # Attention sinks (a learned logit per head), a window of 5 on layer 0, mixture of experts.
+    return transformers.GptOssConfig(
+        **SIZES,
+        sliding_window=5,
+        layer_types=["sliding_attention", "full_attention"],
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        rope_scaling=None,
+    )
+
+
 CONFIGS = {"llama": llama_config, "gemma2": gemma2_config}
+if hasattr(transformers, "GptOssConfig"):  # transformers 4.55 and newer
+    CONFIGS["gpt_oss"] = gpt_oss_config
 
 
 def model_pair(config_fn, dtype_kiln=torch.float32, dtype_eager=torch.float32, device="cpu"):

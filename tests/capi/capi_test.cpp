@@ -342,6 +342,9 @@ TEST_CASE("the score's fields of both C options structs reach the call", "[capi]
     call.options.top_left = 1;
     call.options.alibi_slopes = slopes.get();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"alibi_slopes.size(-1) is 5"});
+    init(&call.options);
+    call.options.sinks = slopes.get();
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"sinks.size(-1) is 5"});
   };
   Call attention;
   check_fields(attention, [](kiln_attention_options* o) { kiln_attention_options_init(o); });

@@ -202,12 +202,13 @@ AttentionCall random_attention(Random& r) {
   }
   if (r.chance(0.2)) o.score.alibi_slopes = tensor(8, DType::f32, {d.heads});
   if (r.chance(0.2)) o.seqused_k = tensor(9, DType::i32, {d.batch});
+  if (r.chance(0.2)) o.score.sinks = tensor(10, DType::f32, {d.heads});
   random_score_scalars(o.score, r);
   if (r.chance(0.1)) o.max_seqlen_q = r.small_int();
   if (r.chance(0.1)) o.max_seqlen_k = r.small_int();
   std::vector<TensorView*> all{&c.q, &c.k, &c.v, &c.out};
-  for (auto* t :
-       {&o.bias, &o.lse, &o.score.alibi_slopes, &o.seqused_k, &o.cu_seqlens_q, &o.cu_seqlens_k}) {
+  for (auto* t : {&o.bias, &o.lse, &o.score.alibi_slopes, &o.score.sinks, &o.seqused_k,
+                  &o.cu_seqlens_q, &o.cu_seqlens_k}) {
     if (*t) all.push_back(&**t);
   }
   mutate_some(all, r);
@@ -263,11 +264,12 @@ DecodeCall random_decode(Random& r) {
   }
   if (r.chance(0.3)) o.lse = tensor(11, DType::f32, {d.batch, d.heads, d.seqlen_q});
   if (r.chance(0.2)) o.score.alibi_slopes = tensor(12, DType::f32, {d.batch, d.heads});
+  if (r.chance(0.2)) o.score.sinks = tensor(13, DType::f32, {d.heads});
   random_score_scalars(o.score, r);
   if (r.chance(0.4)) o.num_splits = r.small_int();
   std::vector<TensorView*> all{&c.q, &c.out, &cache.k, &cache.v, &cache.seqlens};
   for (auto* t : {&cache.batch_idx, &cache.block_table, &o.k_new, &o.v_new, &o.rotary_cos,
-                  &o.rotary_sin, &o.lse, &o.score.alibi_slopes}) {
+                  &o.rotary_sin, &o.lse, &o.score.alibi_slopes, &o.score.sinks}) {
     if (*t) all.push_back(&**t);
   }
   mutate_some(all, r);
@@ -484,6 +486,7 @@ void copy_score_options(const ScoreOptions& o, COptions& c, ToDLPack& dl) {
   c.top_left = o.top_left;
   c.softcap = o.softcap;
   c.alibi_slopes = dl(o.alibi_slopes);
+  c.sinks = dl(o.sinks);
 }
 
 void run_c(const AttentionCall& c, Random& r, Outcomes& outcomes) {

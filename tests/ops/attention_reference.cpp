@@ -100,6 +100,17 @@ std::vector<double> gather(DType dtype, const Strided& layout,
   return values;
 }
 
+std::vector<double> random_sinks(int heads, int keys, std::mt19937& rng) {
+  std::uniform_real_distribution<double> around(-3.0, 3.0);
+  std::vector<double> sinks;
+  for (int h = 0; h < heads; ++h) {
+    const double sink = std::log(std::max(keys, 1)) + around(rng);
+    sinks.push_back(static_cast<double>(static_cast<float>(sink)));
+  }
+  if (heads >= 3) sinks.back() = -std::numeric_limits<double>::infinity();
+  return sinks;
+}
+
 void ReferenceProblem::set_padded(int batch_count, int seqlen_q, int seqlen_k) {
   cu_seqlens_q.assign(1, 0);
   cu_seqlens_k.assign(1, 0);
@@ -165,7 +176,11 @@ ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector
         const int first = p.window_left < 0 ? 0 : std::max(0, i + offset - p.window_left);
         const int last =
             p.window_right < 0 ? seqlen_k - 1 : std::min(seqlen_k - 1, i + offset + p.window_right);
-        if (last < first) continue;  // fully masked: out 0 and lse -inf, as initialised
+        const double sink = p.sinks.empty() ? -inf : p.sinks[static_cast<std::size_t>(h)];
+        if (last < first) {  // fully masked: out 0, and lse -inf (as initialised) or the sink
+          r.lse[static_cast<std::size_t>(h) * static_cast<std::size_t>(total_q) + row] = sink;
+          continue;
+        }
         const double* qi = &q[(row * hq + static_cast<std::size_t>(h)) * d];
         logits.clear();
         plain.clear();
@@ -184,9 +199,9 @@ ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector
           logits.push_back(s + add);
           plain.push_back(sp + add);
         }
-        const double max = *std::max_element(logits.begin(), logits.end());
-        const double max_plain = *std::max_element(plain.begin(), plain.end());
-        double sum = 0, sum_plain = 0;
+        const double max = std::max(sink, *std::max_element(logits.begin(), logits.end()));
+        const double max_plain = std::max(sink, *std::max_element(plain.begin(), plain.end()));
+        double sum = std::exp(sink - max), sum_plain = std::exp(sink - max_plain);
         for (double& s : logits) {
           s = std::exp(s - max);
           sum += s;

@@ -21,6 +21,11 @@ double round_to(DType dtype, double value);  // what storing `value` in `dtype` 
 // device see the same numbers.
 std::vector<double> random_normal(DType dtype, std::size_t count, std::mt19937& rng);
 
+// Sink logits for `heads` query heads of rows over about `keys` keys, as fp32 values: around
+// ln(keys), so that each weighs like a good share of a row's keys, from below to above the
+// keys' sum; with 3 heads or more the last one is -inf (no sink for that head).
+std::vector<double> random_sinks(int heads, int keys, std::mt19937& rng);
+
 // Where the elements of a logical row-major tensor of `shape` live in a larger flat buffer:
 // element (i0, i1, ...) at offset + i0 * strides[0] + i1 * strides[1] + ...
 struct Strided {
@@ -65,6 +70,9 @@ struct ReferenceProblem {
   bool top_left = false;
   double softcap = 0;                // > 0: logits = softcap * tanh(logits / softcap)
   std::vector<double> alibi_slopes;  // empty, (heads) or (batch, heads)
+  // Per query head (empty: none): a logit that joins each row's softmax denominator with no
+  // value, counted in the LSE; a row that sees no key gets out 0 and lse = sink.
+  std::vector<double> sinks;
   // Additive bias at (batch, head, query row, key) within the sequence; empty: none.
   std::function<double(int, int, int, int)> bias;
 

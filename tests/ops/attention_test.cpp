@@ -186,6 +186,45 @@ TEST_CASE("attention reference: softcap, ALiBi and bias, by hand", "[attention]"
   check_row(r.out, in.mix(0.5));
 }
 
+TEST_CASE("attention reference: sinks join the denominator with no value, by hand", "[attention]") {
+  const TwoKeys in;
+  ReferenceProblem p = TwoKeys::problem();
+  // Weights 3 and 1 of the keys and 4 of a sink ln 4: the keys keep 3/8 and 1/8.
+  p.sinks = {std::log(4.0)};
+  ReferenceResult r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  std::vector<double> want(8);
+  for (std::size_t c = 0; c < 8; ++c) want[c] = 3.0 / 8 * in.v[c] + 1.0 / 8 * in.v[8 + c];
+  check_row(r.out, want);
+  CHECK(r.lse[0] == near(std::log(8.0)));
+  // A sink far above the keys takes nearly all the weight, in fp64 as well.
+  p.sinks = {50.0};
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  CHECK(r.lse[0] == near(50.0 + std::log1p(4 * std::exp(-50.0))));
+  CHECK(std::abs(r.out[0]) < 1e-20);
+  // -inf is no sink.
+  p.sinks = {-kInf};
+  r = kiln::test::attention_reference(p, in.q, in.k, in.v);
+  check_row(r.out, in.mix(0.75));
+  CHECK(r.lse[0] == near(std::log(4.0)));
+  // A row that sees no key: out 0, and lse the sink's (the masked query of a top-left window).
+  p.sinks = {0.5};
+  p.top_left = true;
+  p.window_left = p.window_right = 0;
+  p.set_padded(1, 2, 1);
+  std::vector<double> q2(16, 0.0);
+  q2[0] = 1;
+  const std::vector<double> k1(in.k.begin(), in.k.begin() + 8);
+  const std::vector<double> v1(in.v.begin(), in.v.begin() + 8);
+  r = kiln::test::attention_reference(p, q2, k1, v1);
+  CHECK(r.lse[1] == near(0.5));
+  check_row(std::vector<double>(r.out.begin() + 8, r.out.end()), std::vector<double>(8, 0.0));
+  // Query 0 sees key 0 (logit ln 3, weight 3) beside the sink's e^0.5.
+  const double w = 3 / (3 + std::exp(0.5));
+  for (std::size_t c = 0; c < 8; ++c) want[c] = w * in.v[c];
+  check_row(std::vector<double>(r.out.begin(), r.out.begin() + 8), want);
+  CHECK(r.lse[0] == near(std::log(3 + std::exp(0.5))));
+}
+
 TEST_CASE("attention reference: GQA heads, varlen offsets and the LSE layout", "[attention]") {
   // 4 query heads on 2 kv heads; kv head 1's values are 10 times kv head 0's. Two sequences of
   // 1 and 2 queries over 2 and 1 keys, bottom-right causal.
@@ -321,6 +360,7 @@ struct Case {
   Layout layout = Layout::contiguous;
   Alibi alibi = Alibi::none;
   Bias bias = Bias::none;
+  bool sinks = false;  // a sink logit per query head
   bool lse = false;
   std::vector<int> seqlens_q;  // varlen when set: one length per sequence
   std::vector<int> seqlens_k;
@@ -356,6 +396,7 @@ std::string describe(const Case& c) {
   const char* biases[] = {"", " bias", " bias shared by the batch (stride 0)",
                           " bias shared by the heads (stride 0)", " bias transposed"};
   s << alibis[static_cast<int>(c.alibi)] << biases[static_cast<int>(c.bias)];
+  if (c.sinks) s << " sinks";
   if (c.lse) s << " lse";
   return s.str();
 }
@@ -564,6 +605,13 @@ void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937&
   d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{{b, h, sq, sk}, strides, 0});
 }
 
+void add_sinks(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
+  const int keys = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k;
+  ref.sinks = kiln::test::random_sinks(c.heads, keys, rng);
+  d.buffers.push_back(upload(std::vector<float>(ref.sinks.begin(), ref.sinks.end())));
+  d.options.score.sinks = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads});
+}
+
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
   const int batch = ref.batch();
   if (c.varlen()) {
@@ -719,6 +767,7 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
                          .softcap = c.softcap}};
   if (c.alibi != Alibi::none) add_alibi(c, ref, d, rng);
   if (c.bias != Bias::none) add_bias(c, ref, d, rng);
+  if (c.sinks) add_sinks(c, ref, d, rng);
   add_sequences(c, ref, d);
   if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
   p.want = kiln::test::attention_reference(ref, q, k, v);
@@ -1181,6 +1230,67 @@ TEST_CASE("attention with nothing to compute: batch 0, seqlen 0, no keys", "[gpu
   run_case(rt, c, rng);
 }
 
+// Sinks (gpt-oss, StreamingLLM) at every head dim's tiles, under each mask (fully masked rows
+// included, whose lse is the sink), with GQA, varlen and ALiBi, through every kernel run_case
+// runs. random_sinks gives the last head none (-inf).
+TEST_CASE("attention sinks with every mask, GQA and varlen", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(17);
+  for (const int dim : {64, 128, 256}) {
+    for (DType dtype : kDTypes) {
+      run_case(rt,
+               {.dtype = dtype,
+                .batch = 2,
+                .seqlen_q = 150,
+                .seqlen_k = 300,
+                .heads = 4,
+                .heads_kv = 2,
+                .head_dim = dim,
+                .sinks = true,
+                .lse = true},
+               rng);
+    }
+    // Causal with more queries than keys: the first rows see no key.
+    run_case(rt,
+             {.seqlen_q = 200,
+              .seqlen_k = 70,
+              .heads = 3,
+              .heads_kv = 1,
+              .head_dim = dim,
+              .causal = true,
+              .sinks = true,
+              .lse = true},
+             rng);
+    // A sliding window, top-left, with ALiBi.
+    run_case(rt,
+             {.batch = 2,
+              .seqlen_q = 257,
+              .seqlen_k = 257,
+              .heads = 4,
+              .heads_kv = 4,
+              .head_dim = dim,
+              .causal = true,
+              .window_left = 31,
+              .top_left = true,
+              .alibi = Alibi::per_head,
+              .sinks = true,
+              .lse = true},
+             rng);
+    // Varlen with an empty sequence and sequences without keys.
+    run_case(rt,
+             {.heads = 8,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .causal = true,
+              .sinks = true,
+              .lse = true,
+              .seqlens_q = {1, 0, 130, 64},
+              .seqlens_k = {300, 5, 0, 64}},
+             rng);
+  }
+}
+
 TEST_CASE("attention with every feature at once", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(options_for(cache_dir()));
@@ -1199,6 +1309,7 @@ TEST_CASE("attention with every feature at once", "[gpu][attention]") {
               .softcap = 5,
               .alibi = Alibi::per_batch_head,
               .bias = Bias::head_broadcast,
+              .sinks = true,
               .lse = true},
              rng);
     run_case(rt,
@@ -1212,6 +1323,7 @@ TEST_CASE("attention with every feature at once", "[gpu][attention]") {
               .softcap = 5,
               .layout = Layout::padded,
               .alibi = Alibi::per_head,
+              .sinks = true,
               .lse = true,
               .seqlens_q = {113, 0, 203},
               .seqlens_k = {203, 17, 113},

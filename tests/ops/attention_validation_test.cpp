@@ -125,6 +125,7 @@ TEST_CASE("attention passes valid calls of every layout and option", "[attention
                                .top_left = true,
                                .softcap = 30}};
   options.options.score.alibi_slopes = view(0x5000000, DType::f32, {2, 8});
+  options.options.score.sinks = view(0x5100000, DType::f32, {8});
   options.options.lse = view(0x6000000, DType::f32, {2, 8, 128});
   options.options.seqused_k = view(0x7000000, DType::i32, {2});
   check_accepted(options);
@@ -440,6 +441,21 @@ TEST_CASE("attention refuses alibi slopes of the wrong shape or dtype", "[attent
   check_invalid(c, {"alibi_slopes has rank 3", "(heads) or (batch, heads)"});
   c.options.score.alibi_slopes = view(0x5000000, DType::bf16, {8});
   check_invalid(c, {"alibi_slopes has dtype bf16", "f32"});
+}
+
+TEST_CASE("attention refuses sinks of the wrong shape, dtype, stride or alignment", "[attention]") {
+  Call c = padded_call();
+  c.options.score.sinks = view(0x5000000, DType::f32, {4});
+  check_invalid(c, {"sinks.size(-1) is 4", "heads", "8"});
+  c.options.score.sinks = view(0x5000000, DType::f32, {2, 8});
+  check_invalid(c, {"sinks has rank 2", "(heads)"});
+  c.options.score.sinks = view(0x5000000, DType::bf16, {8});
+  check_invalid(c, {"sinks has dtype bf16", "f32"});
+  c.options.score.sinks = view(0x5000000, DType::f32, {8});
+  c.options.score.sinks->strides = {2};
+  check_invalid(c, {"sinks.stride(-1) is 2", "1"});
+  c.options.score.sinks = view(0x5000002, DType::f32, {8});
+  check_invalid(c, {"sinks", "aligned"});
 }
 
 TEST_CASE("attention refuses a bias of the wrong rank, shape or dtype, and with varlen",

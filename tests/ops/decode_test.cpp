@@ -153,6 +153,7 @@ struct Case {
   Alibi alibi = Alibi::none;
   Rotary rotary = Rotary::none;
   int rotary_dim = 0;  // 0: head_dim
+  bool sinks = false;  // a sink logit per query head
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
@@ -186,6 +187,7 @@ std::string describe(const Case& c) {
   const char* rotaries[] = {"", " rotary", " rotary interleaved"};
   s << alibis[static_cast<int>(c.alibi)] << rotaries[static_cast<int>(c.rotary)];
   if (c.rotary != Rotary::none && c.rotary_dim) s << " " << c.rotary_dim;
+  if (c.sinks) s << " sinks";
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
@@ -289,6 +291,7 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
     std::uniform_real_distribution<float> slope(0.05f, 1.0f);
     for (int i = 0; i < rows * c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
   }
+  if (c.sinks) a.sinks = kiln::test::random_sinks(c.heads, std::ranges::max(c.seqlens), rng);
   p.cache = cache_map(c, rng);
   p.seqlens = c.seqlens;
   p.seqlen_q = c.seqlen_q;
@@ -335,6 +338,11 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
         c.alibi == Alibi::per_head
             ? TensorView::contiguous(data, DType::f32, {c.heads})
             : TensorView::contiguous(data, DType::f32, {batch, std::int64_t{c.heads}});
+  }
+  const auto& sinks = p.attention.sinks;
+  if (!sinks.empty()) {
+    d.options.score.sinks = TensorView::contiguous(
+        d.keep(upload(std::vector<float>(sinks.begin(), sinks.end()))), DType::f32, {c.heads});
   }
   if (c.seqlen_new > 0) {
     d.options.k_new = TensorView::contiguous(
@@ -703,6 +711,49 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
            rng);
 }
 
+// Sinks count once per row whatever the split: split-KV puts them in split 0's state only.
+TEST_CASE("decode sinks over contiguous and paged caches, split-KV, GQA and windows",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(18);
+  for (DType dtype : kDTypes) {
+    for (int splits : {1, 0, 7}) {
+      for (int page_size : {0, 16}) {
+        run_case(rt,
+                 {.dtype = dtype,
+                  .seqlens = {0, 1, 17, 2000, 129},
+                  .page_size = page_size,
+                  .sinks = true,
+                  .num_splits = splits},
+                 rng);
+      }
+    }
+  }
+  // Four causal queries (the first ones of a one-key sequence see nothing), a sliding window,
+  // appended keys, MQA, head dims 64 and 256.
+  run_case(rt,
+           {.heads = 8,
+            .heads_kv = 1,
+            .head_dim = 64,
+            .seqlen_q = 4,
+            .seqlens = {0, 1, 300, 1000},
+            .seqlen_new = 1,
+            .causal = true,
+            .window_left = 40,
+            .sinks = true,
+            .num_splits = 5},
+           rng);
+  run_case(rt,
+           {.head_dim = 256,
+            .seqlens = {3, 0, 600},
+            .page_size = 16,
+            .alibi = Alibi::per_head,
+            .sinks = true,
+            .num_splits = 3},
+           rng);
+}
+
 TEST_CASE("decode with every feature at once", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt = make_runtime();
@@ -721,6 +772,7 @@ TEST_CASE("decode with every feature at once", "[gpu][decode]") {
               .softcap = 5,
               .alibi = Alibi::per_batch_head,
               .rotary = Rotary::interleaved,
+              .sinks = true,
               .num_splits = 3,
               .nan_slots = true},
              rng);

@@ -132,6 +132,7 @@ TEST_CASE("decode passes valid calls of every cache layout and option", "[decode
   options.options.score.softcap = 30;
   options.options.rotary_interleaved = false;  // GPT-NeoX, not the default
   options.options.score.alibi_slopes = view(0xC000000, DType::f32, {2, 8});
+  options.options.score.sinks = view(0xC100000, DType::f32, {8});
   options.options.lse = view(0xD000000, DType::f32, {2, 8, 1});
   options.options.num_splits = 128;
   check_accepted(options);
@@ -496,7 +497,7 @@ TEST_CASE("decode refuses rotary tables that do not fit", "[decode]") {
 
 // The checks decode shares with attention (lse, ALiBi, scalar options) are tested in full in
 // attention_validation_test.cpp; these check that decode passes them its own sizes.
-TEST_CASE("decode refuses an lse or alibi slopes of the wrong shape", "[decode]") {
+TEST_CASE("decode refuses an lse, alibi slopes or sinks of the wrong shape", "[decode]") {
   DecodeCall c = contiguous_call();
   c.options.lse = view(0xD000000, DType::f32, {2, 8, 2});
   check_invalid(c, {"lse.size(-1) is 2", "seqlen_q", "1"});
@@ -511,6 +512,10 @@ TEST_CASE("decode refuses an lse or alibi slopes of the wrong shape", "[decode]"
   check_invalid(c, {"alibi_slopes.size(-1) is 4", "heads", "8"});
   c.options.score.alibi_slopes = view(0xC000000, DType::f32, {3, 8});
   check_invalid(c, {"alibi_slopes.size(0) is 3", "batch", "2"});
+
+  c = contiguous_call();
+  c.options.score.sinks = view(0xC000000, DType::f32, {2});
+  check_invalid(c, {"sinks.size(-1) is 2", "heads", "8"});
 }
 
 TEST_CASE("decode takes causal as window_right 0 whatever window_right says, as FlashAttention",
@@ -835,7 +840,8 @@ TEST_CASE("kiln_decode_options_init leaves windows unbounded and every feature o
   CHECK(o.softcap == 0);
   CHECK(o.num_splits == 0);
   CHECK(o.rotary_interleaved == 1);  // FlashAttention's default
-  for (const DLTensor* t : {o.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin}) {
+  for (const DLTensor* t :
+       {o.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin, o.sinks}) {
     CHECK(t == nullptr);
   }
   kiln_decode_options_init(nullptr);  // no crash

@@ -36,7 +36,7 @@ ScoreParams filled(const ScoreOptions& o) {
 }  // namespace
 
 TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[params][score]") {
-  CHECK(sizeof(ScoreParams) == 40);
+  CHECK(sizeof(ScoreParams) == 48);
   CHECK(alignof(ScoreParams) == 8);
   CHECK(offsetof(ScoreParams, softmax_scale) == 0);
   CHECK(offsetof(ScoreParams, window_left) == 4);
@@ -45,6 +45,7 @@ TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[param
   CHECK(offsetof(ScoreParams, softcap) == 16);
   CHECK(offsetof(ScoreParams, maybe_alibi_slopes) == 24);
   CHECK(offsetof(ScoreParams, alibi_batch_stride) == 32);
+  CHECK(offsetof(ScoreParams, maybe_sinks) == 40);
 
   // A generated unit whose spec names it static_asserts this size and alignment.
   const detail::ParamsLayout& layout = detail::params_layout("kiln::ScoreParams");
@@ -90,6 +91,7 @@ TEST_CASE("score_params fills the kernels' score from the options", "[params][sc
   CHECK(defaults.top_left == 0);
   CHECK(defaults.softcap == 0);
   CHECK(defaults.maybe_alibi_slopes == nullptr);
+  CHECK(defaults.maybe_sinks == nullptr);
   CHECK_FALSE(detail::has_band({}));
 
   // causal is window_right 0 whatever window_right says, and keeps window_left.
@@ -117,6 +119,11 @@ TEST_CASE("score_params fills the kernels' score from the options", "[params][sc
   slopes = TensorView::contiguous(slopes.data, DType::f32, {2, 8});
   slopes.strides[0] = 16;
   CHECK(filled({.alibi_slopes = slopes}).alibi_batch_stride == 16);
+
+  // One sink per head.
+  const TensorView sinks =
+      TensorView::contiguous(reinterpret_cast<void*>(0x5100000), DType::f32, {8});
+  CHECK(filled({.sinks = sinks}).maybe_sinks == sinks.data);
 }
 
 TEST_CASE("score_params refuses bad options, naming the value and the fix", "[params][score]") {
@@ -132,6 +139,7 @@ TEST_CASE("score_params refuses bad options, naming the value and the fix", "[pa
       TensorView::contiguous(reinterpret_cast<void*>(0x5000000), DType::f32, {3, 8});
   CHECK_THROWS_WITH(filled({.alibi_slopes = wrong}),
                     Catch::Contains("alibi_slopes.size(0) is 3") && Catch::Contains("batch"));
+  CHECK_THROWS_WITH(filled({.sinks = wrong}), Catch::Contains("sinks has rank 2: use (heads)"));
 }
 
 }  // namespace kiln::test

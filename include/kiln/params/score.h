@@ -1,5 +1,5 @@
 // The score model every attention family's Params hold (AttentionParams::score,
-// DecodeParams::score): scale, band, softcap and ALiBi. Like every Params header, the host
+// DecodeParams::score): scale, band, softcap, ALiBi and sinks. Like every Params header, the host
 // includes it and JIT compiles are handed it by this one name, "kiln/params/score.h", so Params
 // headers that hold it include it the same way in both.
 #pragma once
@@ -26,6 +26,12 @@ struct ScoreParams {
   // maybe_alibi_slopes[b * alibi_batch_stride + h] (0 = one slope per head; spec has_alibi).
   const float* maybe_alibi_slopes;
   long long alibi_batch_stride;
+
+  // fp32 attention sinks, one logit per query head at maybe_sinks[h] (null: none): each row's
+  // softmax gains exp(sink) in its denominator and nothing in its output, and its LSE counts it,
+  // as if a key of that logit and a zero value were attended (gpt-oss, StreamingLLM). The sink
+  // is in the logits' units (after scale, softcap and ALiBi), and no mask removes it.
+  const float* maybe_sinks;
 };
 
 }  // namespace kiln
