@@ -1233,7 +1233,7 @@ TEST_CASE("attention with nothing to compute: batch 0, seqlen 0, no keys", "[gpu
 // Sinks (gpt-oss, StreamingLLM) at every head dim's tiles, under each mask (fully masked rows
 // included, whose lse is the sink), with GQA, varlen and ALiBi, through every kernel run_case
 // runs. random_sinks gives the last head none (-inf).
-TEST_CASE("attention sinks with every mask, GQA and varlen", "[gpu][attention]") {
+TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(options_for(cache_dir()));
   std::mt19937 rng(17);

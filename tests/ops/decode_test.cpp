@@ -712,7 +712,7 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
 }
 
 // Sinks count once per row whatever the split: split-KV puts them in split 0's state only.
-TEST_CASE("decode sinks over contiguous and paged caches, split-KV, GQA and windows",
+TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and windows",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt = make_runtime();
