@@ -242,7 +242,7 @@ struct Runtime::Impl {
     // key its own compiler gives, and built with that compiler's options, so the unit is made
     // again from the real compiler (0.1 ms beside a compile): the same key, unless the memo was
     // out of date, which loading the compiler has just corrected.
-    const Unit unit = detail::make_unit(parse_spec(asked.spec), sources, c);
+    const Unit unit = detail::make_unit(asked.kernel, sources, c);
     if (unit.key != asked.key) {
       detail::log(LogLevel::info,
                   "{} is stored under key {}, not {}: the compiler memo or a "

@@ -6,6 +6,9 @@
 
 #include <fmt/format.h>
 
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
@@ -102,6 +105,10 @@ std::string to_string(const KernelSpec& spec) {
     text += sorted[i]->name + "=" + value_text(*sorted[i]);
   }
   text += ">(" + spec.params + ")";
+  if (!spec.variant_code.empty()) {
+    text += fmt::format(" {{variant {} {:016x}}}", spec.variant_name,
+                        XXH3_64bits(spec.variant_code.data(), spec.variant_code.size()));
+  }
   if (!spec.options.empty()) {
     text += " [";
     for (std::size_t i = 0; i < spec.options.size(); ++i) {
@@ -121,8 +128,10 @@ std::size_t hash_value(const KernelSpec& spec) noexcept {
     h ^= value + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
   };
   const std::hash<std::string_view> text;
-  for (std::string_view field : {std::string_view(spec.source), std::string_view(spec.entry),
-                                 std::string_view(spec.params), std::string_view(spec.target)}) {
+  for (std::string_view field :
+       {std::string_view(spec.source), std::string_view(spec.entry), std::string_view(spec.params),
+        std::string_view(spec.target), std::string_view(spec.variant_name),
+        std::string_view(spec.variant_code)}) {
     mix(text(field));
   }
   for (const Constant& c : spec.constants) {
@@ -165,6 +174,13 @@ KernelSpec parse_spec(std::string_view text) {
       if (space > 0) spec.options.emplace_back(options.substr(0, space));
       options.remove_prefix(std::min(space + 1, options.size()));
     }
+  }
+  if (const std::size_t variant = rest.find(" {variant "); variant != std::string_view::npos) {
+    throw Error(ErrorCategory::unsupported,
+                fmt::format("kernel spec '{}' names a user variant, whose code a spec line does "
+                            "not carry: make its specs from code, with the kiln::Variant "
+                            "(AttentionProblem::variant, DecodeProblem::variant), to warm them",
+                            detail::printable(text)));
   }
   // NOTE: spaces only separate the options and the target, so no other part may hold one: the
   // canonical form must parse back to the same spec.

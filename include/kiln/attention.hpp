@@ -49,6 +49,7 @@ struct AttentionProblem {
   bool softcap = false;
   bool alibi = false;
   bool bias = false;
+  const Variant* variant = nullptr;  // a user variant (kiln/variant.hpp), kept alive by the caller
   // Keys per sequence (with varlen, max_seqlen_k); 0 when not known. It only steers choose()'s
   // tile shape, which on sm_90a takes longer key blocks from kLongSeqlenK keys on.
   long long seqlen_k = 0;

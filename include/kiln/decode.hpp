@@ -101,6 +101,7 @@ struct DecodeProblem {
   bool alibi = false;
   bool append = false;  // k_new and v_new given, with keys to append or q to rotate
   bool rotary = false;
+  const Variant* variant = nullptr;  // a user variant (kiln/variant.hpp), kept alive by the caller
   // The sizes choose() weighs: sequences, kv heads, keys each sequence's cache holds, and
   // DecodeOptions::num_splits.
   int batch = 1;

@@ -2,9 +2,12 @@
 // q.k into the logits its softmax sees: scale, band mask, softcap, ALiBi and sinks.
 #pragma once
 
+#include <array>
 #include <optional>
+#include <vector>
 
 #include "kiln/tensor.hpp"
+#include "kiln/variant.hpp"
 
 namespace kiln {
 
@@ -34,6 +37,13 @@ struct ScoreOptions {
   // logits' units (after the scale, softcap and ALiBi), no mask removes it, and a row that sees
   // no key gets out 0 and lse = sink. -inf is no sink for that head.
   std::optional<TensorView> sinks;
+
+  // A user variant (kiln/variant.hpp), which the caller keeps alive for the call; null: none.
+  // Its runtime inputs: 8 scalars and up to 4 tensors of any dtype and strides (rank 1 to 4),
+  // on the call's device, read by the variant's code as it chooses.
+  const Variant* variant = nullptr;
+  std::array<float, 8> variant_scalars{};
+  std::vector<TensorView> variant_tensors;
 };
 
 }  // namespace kiln

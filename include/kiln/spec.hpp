@@ -35,6 +35,10 @@ struct KernelSpec {
   std::vector<Constant> constants;
   std::vector<std::string> options;  // extra compiler options, e.g. "-DKILN_TRACE=1"
   std::string target;                // "sm_90a", "gfx90a"; empty: the runtime's device
+  // A user variant's name and device code (kiln/variant.hpp), put in the generated unit; empty
+  // code: none. Only the attention kernels take one.
+  std::string variant_name;
+  std::string variant_code;
 
   KernelSpec& set(std::string name, std::int64_t value);
   KernelSpec& set(std::string name, int value) { return set(std::move(name), std::int64_t{value}); }
@@ -48,9 +52,12 @@ struct KernelSpec {
 // compile the same code print the same:
 //   elementwise/unary.cuh:kiln::unary<block_size=256,dtype=bf16,op=3>(kiln::UnaryParams) [-DX]
 //   @sm_90a
+// A variant prints as {variant NAME HASH} after the Params, HASH the first 16 hex digits of its
+// code's XXH3-64, so that two variants of one name print apart.
 std::string to_string(const KernelSpec& spec);
 
-// Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part.
+// Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part, and
+// (unsupported) for a variant's spec, whose line does not carry its code.
 KernelSpec parse_spec(std::string_view text);
 
 // A hash of every field, in the order written (equal specs hash equal), for maps keyed by spec:

@@ -15,10 +15,22 @@ namespace kiln::attention {
 // and key key0 + 8 * nt + e (e 0, 1) in accumulator element 2 * half + e, where row0 is the
 // warp's first row + g and key0 is the block's first key + 2 * t.
 
+// A user variant's hook (kiln/variant.hpp) on the logit at `at`; the identity without one.
+template <class Spec>
+__device__ __forceinline__ float variant_logit(const VariantParams& variant,
+                                               const VariantCoords& at, float logit) {
+  if constexpr (Spec::has_variant) {
+    return Spec::variant::logit(variant, at, logit);
+  } else {
+    return logit;
+  }
+}
+
 template <class Spec, class Math>
 struct LogitTransform {
   using T = typename Spec::dtype;
-  static constexpr bool on = Spec::has_softcap || Spec::has_alibi || Spec::has_bias;
+  static constexpr bool on =
+      Spec::has_softcap || Spec::has_alibi || Spec::has_bias || Spec::has_variant;
 
   float scale;
   float softcap;
@@ -30,6 +42,8 @@ struct LogitTransform {
   const T* bias;  // at (batch, head)
   long long bias_row_stride;
   long long bias_col_stride;
+  const VariantParams* variant;
+  VariantCoords sequence;  // batch, head and kv head (query and key vary)
 
   // Logits times this are in log2 units. Without transforms the logits stay raw scores and
   // the softmax scale rides along here, saving a multiply per score.
@@ -64,9 +78,14 @@ struct LogitTransform {
     float x = score * scale;
     if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
     if constexpr (Spec::has_alibi) x -= alibi_slope * static_cast<float>(abs(i + offset - j));
-    if constexpr (Spec::has_bias) {
+    if constexpr (Spec::has_bias || Spec::has_variant) {
       if (i < seqlen_q && j < seqlen_k) {  // the tile overhangs the tensor; masked there anyway
-        x += to_float(bias[i * bias_row_stride + j * bias_col_stride]);
+        if constexpr (Spec::has_bias)
+          x += to_float(bias[i * bias_row_stride + j * bias_col_stride]);
+        VariantCoords at = sequence;
+        at.query = i;
+        at.key = j;
+        x = variant_logit<Spec>(*variant, at, x);
       }
     }
     return x;
@@ -103,6 +122,8 @@ __device__ __forceinline__ LogitTransform<Spec, Math> make_logit_transform(const
   }
   f.bias_row_stride = p.bias_row_stride;
   f.bias_col_stride = p.bias_col_stride;
+  f.variant = &p.score.variant;
+  f.sequence = {seq.batch, seq.head, seq.head / (p.heads / p.heads_kv), 0, 0};
   return f;
 }
 

@@ -247,11 +247,14 @@ struct RowInfo {
 
 template <class Spec>
 struct DecodeLogits {
-  static constexpr bool on = Spec::has_softcap || Spec::has_alibi;
+  static constexpr bool on = Spec::has_softcap || Spec::has_alibi || Spec::has_variant;
   float scale;
   float softcap;
   float inv_softcap;
   int offset;  // of the band's diagonal, which ALiBi distances are measured from
+  int seqlen_k;
+  const VariantParams* variant;
+  VariantCoords sequence;  // batch and kv head (head, query and key vary)
 
   // Logits times this are in log2 units (raw scores carry the softmax scale along).
   __device__ __forceinline__ float to_log2() const {
@@ -277,6 +280,15 @@ struct DecodeLogits {
               logit = softcap * mma::tanh_approx(logit * inv_softcap);
             if constexpr (Spec::has_alibi) {
               logit -= rows.alibi_slope[r] * static_cast<float>(abs(rows.query[r] + offset - j));
+            }
+            if constexpr (Spec::has_variant) {
+              if (j < seqlen_k) {  // the tile overhangs the sequence; masked there anyway
+                VariantCoords at = sequence;
+                at.head = rows.head[r];
+                at.query = rows.query[r];
+                at.key = j;
+                logit = attention::variant_logit<Spec>(*variant, at, logit);
+              }
             }
           }
           if (mask && (j < rows.first_key[r] || j > rows.last_key[r])) {
@@ -433,6 +445,9 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   logits.softcap = p.score.softcap;
   logits.inv_softcap = Spec::has_softcap ? 1.f / p.score.softcap : 0.f;
   logits.offset = band.offset;
+  logits.seqlen_k = seqlen_k;
+  logits.variant = &p.score.variant;
+  logits.sequence = {batch, 0, kv_head, 0, 0};
   const float to_log2 = logits.to_log2();
 
   const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);

@@ -13,7 +13,8 @@
 namespace kiln::detail {
 
 struct Unit {
-  std::string spec;  // canonical, with the target filled in
+  KernelSpec kernel;  // what it compiles, with the target filled in
+  std::string spec;   // kernel, printed canonically
   std::string target;
   std::string compiler;  // identity, e.g. "nvrtc 13.0"
   std::string source;    // the generated unit

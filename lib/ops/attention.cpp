@@ -172,6 +172,7 @@ AttentionProblem problem_of(const Shape& s, DType dtype, const AttentionOptions&
           .softcap = o.score.softcap > 0,
           .alibi = o.score.alibi_slopes.has_value(),
           .bias = o.bias.has_value(),
+          .variant = o.score.variant,
           .seqlen_k = s.seqlen_k};
 }
 
@@ -374,6 +375,10 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
       .set("has_softcap", problem.softcap)
       .set("has_alibi", problem.alibi)
       .set("has_bias", problem.bias);
+  if (problem.variant != nullptr) {
+    spec.variant_name = problem.variant->name;
+    spec.variant_code = problem.variant->code;
+  }
   return spec;
 }
 

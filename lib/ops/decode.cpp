@@ -254,6 +254,7 @@ DecodeProblem problem_of(const Shape& s, DType dtype, const DecodeOptions& o) {
           // do, and a grid of 0 blocks is a launch error.
           .append = o.k_new.has_value() && (s.seqlen_new > 0 || o.rotary_cos.has_value()),
           .rotary = o.rotary_cos.has_value(),
+          .variant = o.score.variant,
           .batch = static_cast<int>(s.batch),
           .heads_kv = static_cast<int>(s.heads_kv),
           .capacity = s.capacity,

@@ -199,6 +199,10 @@ KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfi
       .set("band", problem.band)
       .set("has_softcap", problem.softcap)
       .set("has_alibi", problem.alibi);
+  if (problem.variant != nullptr) {
+    spec.variant_name = problem.variant->name;
+    spec.variant_code = problem.variant->code;
+  }
   return spec;
 }
 

@@ -58,6 +58,42 @@ void check_sinks(const TensorView& a, std::int64_t heads, int device) {
   }
 }
 
+// A variant's inputs: its scalars, and up to 4 tensors on the call's device (rank 1 to
+// TensorView::max_rank, which VariantTensor's strides hold).
+VariantParams variant_params(const ScoreOptions& o, int device) {
+  VariantParams v{};
+  std::copy(o.variant_scalars.begin(), o.variant_scalars.end(), v.scalars);
+  if (!o.variant) {
+    if (!o.variant_tensors.empty()) {
+      invalid(
+          fmt::format("variant_tensors holds {} tensors but there is no variant: set "
+                      "ScoreOptions::variant, or leave variant_tensors empty",
+                      o.variant_tensors.size()));
+    }
+    return v;
+  }
+  if (o.variant->code.empty()) {
+    invalid(
+        fmt::format("variant '{}' has no code: give it the kiln_variant struct its hook "
+                    "lives in (kiln/variant.hpp)",
+                    o.variant->name));
+  }
+  constexpr std::size_t kTensors = std::size(VariantParams{}.tensors);
+  static_assert(TensorView::max_rank <= std::size(VariantTensor{}.strides));
+  if (o.variant_tensors.size() > kTensors) {
+    invalid(fmt::format("variant_tensors holds {} tensors: a variant takes at most {}",
+                        o.variant_tensors.size(), kTensors));
+  }
+  for (std::size_t i = 0; i < o.variant_tensors.size(); ++i) {
+    const TensorView& t = o.variant_tensors[i];
+    const std::string name = fmt::format("variant_tensors[{}]", i);
+    check_common(t, name, device);
+    v.tensors[i].data = t.data;
+    for (int d = 0; d < t.rank; ++d) v.tensors[i].strides[d] = t.stride(d);
+  }
+  return v;
+}
+
 }  // namespace
 
 bool has_band(const ScoreOptions& o) {
@@ -83,6 +119,7 @@ ScoreParams score_params(const ScoreOptions& o, std::int64_t batch, std::int64_t
     p.alibi_batch_stride = o.alibi_slopes->rank == 2 ? o.alibi_slopes->stride(0) : 0;
   }
   if (o.sinks) p.maybe_sinks = static_cast<const float*>(o.sinks->data);
+  p.variant = variant_params(o, device);
   return p;
 }
 

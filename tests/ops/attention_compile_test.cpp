@@ -3,11 +3,13 @@
 // and NVRTC.
 #include <catch2/catch.hpp>
 
+#include <span>
 #include <vector>
 
 #include "kiln/attention.hpp"
 #include "kiln/decode.hpp"
 #include "ops/validation_support.hpp"
+#include "ops/variants.hpp"
 #include "support.hpp"
 
 namespace {
@@ -212,4 +214,63 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling; none fo
   }
   CHECK(kiln::decode_default_specs("gfx90a").empty());
   CHECK(kiln::decode_default_specs("sm_75").empty());
+}
+
+TEST_CASE("a variant's code is in its spec and key, and its compile errors point at its lines",
+          "[attention][compile][variant]") {
+  const kiln::test::TempDir cache;
+  kiln::Runtime rt = runtime_for(cache.path(), "sm_90a");
+  kiln::AttentionProblem problem{
+      .dtype = DType::bf16, .head_dim = 128, .head_dim_v = 128, .band = true};
+  const kiln::KernelSpec plain = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  problem.variant = &kiln::test::alibi_variant();
+  const kiln::KernelSpec alibi = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  CHECK_THAT(kiln::to_string(alibi), Catch::Contains("(kiln::AttentionTmaParams) {variant alibi "));
+  CHECK(kiln::hash_value(alibi) != kiln::hash_value(plain));
+  // The same name with other code is another kernel.
+  const kiln::Variant other{.name = "alibi", .code = kiln::test::alibi_variant().code + "\n"};
+  problem.variant = &other;
+  const kiln::KernelSpec changed = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  CHECK(kiln::to_string(changed) != kiln::to_string(alibi));
+  CHECK(kiln::hash_value(changed) != kiln::hash_value(alibi));
+  CHECK(rt.key(changed) != rt.key(alibi));
+  CHECK_THROWS_WITH(kiln::parse_spec(kiln::to_string(alibi)),
+                    Catch::Contains("names a user variant, whose code a spec line does not carry"));
+
+  // Both variants compile into every attention kernel, prefill and decode.
+  std::vector<kiln::KernelSpec> specs;
+  for (const kiln::Variant* variant :
+       {&kiln::test::alibi_variant(), &kiln::test::document_variant()}) {
+    problem.variant = variant;
+    for (const kiln::AttentionKernel kernel :
+         {kiln::AttentionKernel::tma, kiln::AttentionKernel::wgmma, kiln::AttentionKernel::mma,
+          kiln::AttentionKernel::portable}) {
+      kiln::AttentionConfig config{.block_m = 128, .block_n = 64, .stages = 2, .kernel = kernel};
+      if (kernel == kiln::AttentionKernel::mma) config = kiln::choose(problem, "sm_80");
+      if (kernel == kiln::AttentionKernel::portable) config = kiln::choose(problem, "gfx90a");
+      specs.push_back(kiln::attention_spec(problem, config));
+    }
+    const kiln::DecodeProblem decode{
+        .head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 4, .variant = variant};
+    for (kiln::KernelSpec& spec : kiln::decode_specs(decode, kiln::choose(decode, 132))) {
+      specs.push_back(std::move(spec));
+    }
+  }
+  for (kiln::KernelSpec& spec : specs) spec.target = "sm_90a";
+  check_compiled(rt, specs);
+
+  // An error on the variant's third line names the variant and that line.
+  const kiln::Variant broken{.name = "broken", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x + ;
+  }
+};)"};
+  problem.variant = &broken;
+  kiln::KernelSpec spec = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  spec.target = "sm_90a";
+  const kiln::WarmupReport report = rt.warmup(std::span(&spec, 1), {.threads = 1});
+  REQUIRE(report.items.size() == 1);
+  CHECK(report.items[0].status == kiln::WarmupStatus::failed);
+  INFO(report.items[0].error);
+  CHECK_THAT(report.items[0].error, Catch::Contains("variant broken(3)"));
 }

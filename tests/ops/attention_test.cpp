@@ -23,6 +23,7 @@
 #include "gpu.hpp"
 #include "kiln/attention.hpp"
 #include "support.hpp"
+#include "variants.hpp"
 
 namespace {
 
@@ -341,6 +342,8 @@ enum class Layout {
 };
 enum class Alibi { none, per_head, per_batch_head };
 enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
+// A user variant (tests/ops/variants.hpp), checked against its reference twin.
+enum class UserVariant { none, alibi, document };
 
 struct Case {
   DType dtype = DType::bf16;
@@ -361,6 +364,7 @@ struct Case {
   Alibi alibi = Alibi::none;
   Bias bias = Bias::none;
   bool sinks = false;  // a sink logit per query head
+  UserVariant variant = UserVariant::none;
   bool lse = false;
   std::vector<int> seqlens_q;  // varlen when set: one length per sequence
   std::vector<int> seqlens_k;
@@ -397,6 +401,8 @@ std::string describe(const Case& c) {
                           " bias shared by the heads (stride 0)", " bias transposed"};
   s << alibis[static_cast<int>(c.alibi)] << biases[static_cast<int>(c.bias)];
   if (c.sinks) s << " sinks";
+  const char* variants[] = {"", " variant alibi", " variant document mask"};
+  s << variants[static_cast<int>(c.variant)];
   if (c.lse) s << " lse";
   return s.str();
 }
@@ -612,6 +618,50 @@ void add_sinks(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937
   d.options.score.sinks = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads});
 }
 
+// The variant's inputs and its reference twin: ALiBi slopes per head (and each sequence's
+// diagonal offset), or a document mask from random segment ids (a bias of 0 or -inf).
+void add_variant(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
+  REQUIRE_FALSE(c.varlen());
+  if (c.variant == UserVariant::alibi) {
+    REQUIRE_FALSE(c.top_left);
+    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
+    std::vector<float> slopes(static_cast<std::size_t>(c.heads));
+    for (float& x : slopes) x = slope(rng);
+    ref.alibi_slopes.assign(slopes.begin(), slopes.end());
+    d.buffers.push_back(upload(slopes));
+    d.options.score.variant_tensors.push_back(
+        TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads}));
+    d.buffers.push_back(
+        upload(std::vector<int>(static_cast<std::size_t>(c.batch), c.seqlen_k - c.seqlen_q)));
+    d.options.score.variant_tensors.push_back(
+        TensorView::contiguous(d.buffers.back()->get(), DType::i32, {c.batch}));
+    d.options.score.variant = &kiln::test::alibi_variant();
+    return;
+  }
+  REQUIRE(c.seqlen_q == c.seqlen_k);
+  // Segments of 1 to 200 tokens.
+  std::uniform_int_distribution<int> length(1, 200);
+  std::vector<int> segment;
+  for (int b = 0; b < c.batch; ++b) {
+    int id = 0;
+    for (int left = 0; left < c.seqlen_q;) {
+      const int n = std::min(length(rng), c.seqlen_q - left);
+      segment.insert(segment.end(), static_cast<std::size_t>(n), id++);
+      left += n;
+    }
+  }
+  ref.bias = [segment, n = c.seqlen_q](int b, int, int i, int j) {
+    return segment[static_cast<std::size_t>(b * n + i)] ==
+                   segment[static_cast<std::size_t>(b * n + j)]
+               ? 0.0
+               : -kInf;
+  };
+  d.buffers.push_back(upload(segment));
+  d.options.score.variant_tensors.push_back(
+      TensorView::contiguous(d.buffers.back()->get(), DType::i32, {c.batch, c.seqlen_q}));
+  d.options.score.variant = &kiln::test::document_variant();
+}
+
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
   const int batch = ref.batch();
   if (c.varlen()) {
@@ -673,6 +723,9 @@ kiln::AttentionProblem problem_of(const Case& c) {
           .softcap = c.softcap > 0,
           .alibi = c.alibi != Alibi::none,
           .bias = c.bias != Bias::none,
+          .variant = c.variant == UserVariant::alibi      ? &kiln::test::alibi_variant()
+                     : c.variant == UserVariant::document ? &kiln::test::document_variant()
+                                                          : nullptr,
           .seqlen_k = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k};
 }
 
@@ -768,6 +821,7 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
   if (c.alibi != Alibi::none) add_alibi(c, ref, d, rng);
   if (c.bias != Bias::none) add_bias(c, ref, d, rng);
   if (c.sinks) add_sinks(c, ref, d, rng);
+  if (c.variant != UserVariant::none) add_variant(c, ref, d, rng);
   add_sequences(c, ref, d);
   if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
   p.want = kiln::test::attention_reference(ref, q, k, v);
@@ -1287,6 +1341,42 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
               .lse = true,
               .seqlens_q = {1, 0, 130, 64},
               .seqlens_k = {300, 5, 0, 64}},
+             rng);
+  }
+}
+
+// User variants through every kernel run_case runs: ALiBi as a variant against the reference's
+// ALiBi, and a document mask (segment ids in a variant tensor) against a 0 / -inf bias; with
+// the band, softcap and sinks beside them.
+TEST_CASE("attention with user variants: ALiBi and a document mask", "[gpu][attention][variant]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(19);
+  for (const int dim : {64, 128, 256}) {
+    run_case(rt,
+             {.batch = 2,
+              .seqlen_q = 150,
+              .seqlen_k = 333,
+              .heads = 4,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .causal = true,
+              .variant = UserVariant::alibi,
+              .lse = true},
+             rng);
+    run_case(rt,
+             {.dtype = DType::f16,
+              .batch = 2,
+              .seqlen_q = 400,
+              .seqlen_k = 400,
+              .heads = 4,
+              .heads_kv = 1,
+              .head_dim = dim,
+              .causal = dim == 128,
+              .softcap = 5,
+              .sinks = dim == 64,
+              .variant = UserVariant::document,
+              .lse = true},
              rng);
   }
 }

@@ -26,6 +26,7 @@
 #include "gpu.hpp"
 #include "kiln/decode.hpp"
 #include "support.hpp"
+#include "variants.hpp"
 
 namespace {
 
@@ -152,8 +153,9 @@ struct Case {
   std::optional<float> softmax_scale;
   Alibi alibi = Alibi::none;
   Rotary rotary = Rotary::none;
-  int rotary_dim = 0;  // 0: head_dim
-  bool sinks = false;  // a sink logit per query head
+  int rotary_dim = 0;          // 0: head_dim
+  bool sinks = false;          // a sink logit per query head
+  bool alibi_variant = false;  // ALiBi per head as a user variant (tests/ops/variants.hpp)
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
@@ -188,6 +190,7 @@ std::string describe(const Case& c) {
   s << alibis[static_cast<int>(c.alibi)] << rotaries[static_cast<int>(c.rotary)];
   if (c.rotary != Rotary::none && c.rotary_dim) s << " " << c.rotary_dim;
   if (c.sinks) s << " sinks";
+  if (c.alibi_variant) s << " alibi as a variant";
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
@@ -291,6 +294,11 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
     std::uniform_real_distribution<float> slope(0.05f, 1.0f);
     for (int i = 0; i < rows * c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
   }
+  if (c.alibi_variant) {  // the reference's ALiBi is the variant's twin
+    REQUIRE((c.alibi == Alibi::none && !c.top_left));
+    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
+    for (int i = 0; i < c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
+  }
   if (c.sinks) a.sinks = kiln::test::random_sinks(c.heads, std::ranges::max(c.seqlens), rng);
   p.cache = cache_map(c, rng);
   p.seqlens = c.seqlens;
@@ -332,7 +340,16 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   d.options.score.softcap = c.softcap;
   d.options.num_splits = c.num_splits;
   const auto& slopes = p.attention.alibi_slopes;
-  if (!slopes.empty()) {
+  if (c.alibi_variant) {
+    // Slopes per head and each sequence's diagonal offset, seqlen_k - seqlen_q.
+    std::vector<int> offsets;
+    for (int n : c.seqlens) offsets.push_back(n + c.seqlen_new - c.seqlen_q);
+    d.options.score.variant_tensors = {
+        TensorView::contiguous(d.keep(upload(std::vector<float>(slopes.begin(), slopes.end()))),
+                               DType::f32, {c.heads}),
+        TensorView::contiguous(d.keep(upload(offsets)), DType::i32, {batch})};
+    d.options.score.variant = &kiln::test::alibi_variant();
+  } else if (!slopes.empty()) {
     void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));
     d.options.score.alibi_slopes =
         c.alibi == Alibi::per_head
@@ -752,6 +769,25 @@ TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and w
             .sinks = true,
             .num_splits = 3},
            rng);
+}
+
+TEST_CASE("decode with ALiBi written as a user variant", "[gpu][decode][variant]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt = make_runtime();
+  std::mt19937 rng(20);
+  for (int splits : {1, 5}) {
+    run_case(rt, {.seqlens = {0, 1, 17, 900}, .alibi_variant = true, .num_splits = splits}, rng);
+    run_case(rt,
+             {.seqlen_q = 4,
+              .seqlens = {1, 300, 64},
+              .seqlen_new = 4,
+              .page_size = 16,
+              .causal = true,
+              .sinks = true,
+              .alibi_variant = true,
+              .num_splits = splits},
+             rng);
+  }
 }
 
 TEST_CASE("decode with every feature at once", "[gpu][decode]") {

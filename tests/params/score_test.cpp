@@ -36,7 +36,7 @@ ScoreParams filled(const ScoreOptions& o) {
 }  // namespace
 
 TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[params][score]") {
-  CHECK(sizeof(ScoreParams) == 48);
+  CHECK(sizeof(ScoreParams) == 240);
   CHECK(alignof(ScoreParams) == 8);
   CHECK(offsetof(ScoreParams, softmax_scale) == 0);
   CHECK(offsetof(ScoreParams, window_left) == 4);
@@ -46,6 +46,8 @@ TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[param
   CHECK(offsetof(ScoreParams, maybe_alibi_slopes) == 24);
   CHECK(offsetof(ScoreParams, alibi_batch_stride) == 32);
   CHECK(offsetof(ScoreParams, maybe_sinks) == 40);
+  CHECK(offsetof(ScoreParams, variant) == 48);
+  CHECK(sizeof(VariantParams) == 192);
 
   // A generated unit whose spec names it static_asserts this size and alignment.
   const detail::ParamsLayout& layout = detail::params_layout("kiln::ScoreParams");
@@ -124,6 +126,36 @@ TEST_CASE("score_params fills the kernels' score from the options", "[params][sc
   const TensorView sinks =
       TensorView::contiguous(reinterpret_cast<void*>(0x5100000), DType::f32, {8});
   CHECK(filled({.sinks = sinks}).maybe_sinks == sinks.data);
+}
+
+TEST_CASE("score_params carries a variant's scalars and tensors", "[params][score][variant]") {
+  const Variant variant{.name = "v", .code = "struct kiln_variant {};"};
+  ScoreOptions o{.variant = &variant};
+  o.variant_scalars[0] = 1.5f;
+  o.variant_scalars[7] = -2.f;
+  TensorView ids = TensorView::contiguous(reinterpret_cast<void*>(0x5000000), DType::i32, {2, 64});
+  ids.strides[0] = 80;
+  o.variant_tensors = {ids,
+                       TensorView::contiguous(reinterpret_cast<void*>(0x6000000), DType::f32, {8})};
+  const ScoreParams p = filled(o);
+  CHECK(p.variant.scalars[0] == 1.5f);
+  CHECK(p.variant.scalars[7] == -2.f);
+  CHECK(p.variant.tensors[0].data == ids.data);
+  CHECK(p.variant.tensors[0].strides[0] == 80);
+  CHECK(p.variant.tensors[0].strides[1] == 1);
+  CHECK(p.variant.tensors[0].strides[2] == 0);
+  CHECK(p.variant.tensors[1].strides[0] == 1);
+  CHECK(p.variant.tensors[2].data == nullptr);
+
+  CHECK_THROWS_WITH(filled({.variant_tensors = {ids}}),
+                    Catch::Contains("variant_tensors holds 1 tensors but there is no variant"));
+  const Variant empty{.name = "e"};
+  CHECK_THROWS_WITH(filled({.variant = &empty}), Catch::Contains("variant 'e' has no code"));
+  o.variant_tensors.assign(5, ids);
+  CHECK_THROWS_WITH(filled(o), Catch::Contains("variant_tensors holds 5 tensors: a variant takes "
+                                               "at most 4"));
+  o.variant_tensors = {TensorView::contiguous(reinterpret_cast<void*>(0x5000001), DType::f32, {8})};
+  CHECK_THROWS_WITH(filled(o), Catch::Contains("variant_tensors[0]"));
 }
 
 TEST_CASE("score_params refuses bad options, naming the value and the fix", "[params][score]") {

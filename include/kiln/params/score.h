@@ -4,7 +4,41 @@
 // headers that hold it include it the same way in both.
 #pragma once
 
+#include "kiln/params/function.h"
+
 namespace kiln {
+
+// A user variant's runtime inputs (kiln::Variant, kiln/variant.hpp): scalars and tensors that
+// travel in the Params, so that changing one never recompiles. A tensor is its data pointer and
+// up to 4 strides in elements (unused ones 0); its dtype is what the variant's code reads it as.
+struct VariantTensor {
+  const void* data;
+  long long strides[4];
+};
+
+struct VariantParams {
+  float scalars[8];
+  VariantTensor tensors[4];
+};
+
+// Element (i0, i1, i2, i3) of a variant tensor, read as T.
+template <class T>
+KILN_PARAMS_FN T variant_load(const VariantTensor& t, long long i0, long long i1 = 0,
+                              long long i2 = 0, long long i3 = 0) {
+  return static_cast<const T*>(
+      t.data)[i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3]];
+}
+
+// Where one logit sits, as a variant's hook is given it: the sequence, the query head and the kv
+// head it reads (GQA), and the query's and the key's index within the sequence (varlen: counted
+// from the sequence's start; decode: keys from the cache's start).
+struct VariantCoords {
+  int batch;
+  int head;
+  int head_kv;
+  int query;
+  int key;
+};
 
 // Filled from ScoreOptions (kiln/score.hpp) by the host; kernels read it as is.
 struct ScoreParams {
@@ -32,6 +66,9 @@ struct ScoreParams {
   // as if a key of that logit and a zero value were attended (gpt-oss, StreamingLLM). The sink
   // is in the logits' units (after scale, softcap and ALiBi), and no mask removes it.
   const float* maybe_sinks;
+
+  // The inputs of the call's user variant (spec has_variant); zero without one.
+  VariantParams variant;
 };
 
 }  // namespace kiln
