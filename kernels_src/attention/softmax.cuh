@@ -118,7 +118,9 @@ struct OnlineSoftmax {
         float sum = mma::quad_sum(row_sum[r]);
         float shift = softmax_shift(row_max[r], to_log2);
         const float factor = add_sink(sink, shift, sum);
-        const float inv = sum > 0.f ? factor / sum : 0.f;
+        // NOTE: a reciprocal times the factor, not a division: with no sink the factor is 1,
+        // and the epilogue of a short tile is not free.
+        const float inv = (sum > 0.f ? 1.f / sum : 0.f) * factor;
         lse[r] = row_lse(shift, sum);
 #pragma unroll
         for (int j = 0; j < OTiles; ++j) {
