@@ -470,15 +470,22 @@ struct Runtime::Impl {
     return {info, computed ? status : WarmupStatus::memory_hit};
   }
 
-  // KILN_RECORD: the first time kernel() is asked for `spec`, whether or not it then loads (so
-  // that a run refused under KILN_JIT=strict still names what to warm).
-  void record(const std::string& spec) {
+  // KILN_RECORD: the first time kernel() is asked for `unit`, whether or not it then loads (so
+  // that a run refused under KILN_JIT=strict still names what to warm). A user variant's spec
+  // goes in as a comment: its line does not carry its code, so `kiln warm` could not build it,
+  // and the rest of the manifest must stay warmable.
+  void record(const Unit& unit) {
     if (!config.record) return;
     {
       std::lock_guard lock(recorded_mutex);
-      if (!recorded.insert(spec).second) return;
+      if (!recorded.insert(unit.spec).second) return;
     }
-    append_line(*config.record, spec);
+    append_line(*config.record,
+                unit.kernel.variant_code.empty()
+                    ? unit.spec
+                    : fmt::format("# {} (a user variant: warm it from code, with its "
+                                  "kiln::Variant)",
+                                  unit.spec));
   }
 
   static void add(std::atomic<std::uint64_t>& total_us, double ms) {
@@ -534,7 +541,7 @@ Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
     }
   }
   const Unit unit = impl_->unit_of(spec);
-  impl_->record(unit.spec);
+  impl_->record(unit);
   auto kernel = impl_->loaded(unit, true, stream).first;
   std::unique_lock lock(impl_->by_spec_mutex);
   impl_->by_spec.emplace(spec, kernel);

@@ -12,6 +12,7 @@
 
 #include "cache/entries.hpp"
 #include "jit/manifest.hpp"
+#include "kiln/attention.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
@@ -134,4 +135,37 @@ TEST_CASE("an unwritable KILN_RECORD file is one warning, never a failure of the
   CHECK(kiln::test::count_of(text, "KILN_RECORD") == 1);
   CHECK(kiln::test::contains(text, manifest.string()));
   CHECK(kiln::test::contains(text, "Not a directory"));
+}
+
+TEST_CASE("KILN_RECORD writes a user variant's spec as a comment, which kiln warm skips",
+          "[runtime][variant]") {
+  kiln::test::TempDir dir;
+  const fs::path manifest = dir.path() / "specs.manifest";
+  kiln::Options options = kiln::test::isolated_options(dir.path() / "cache", "sm_90a");
+  options.record = manifest;
+  kiln::Runtime rt(options);
+  const kiln::Variant variant{.name = "shift", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords&,
+                                float logit) { return logit + v.scalars[0]; }
+};)"};
+  const kiln::AttentionProblem problem{.head_dim = 128, .head_dim_v = 128, .variant = &variant};
+  const kiln::KernelSpec with_variant =
+      kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  for (const kiln::KernelSpec& spec : {with_variant, specs()[0]}) {
+    try {
+      rt.kernel(spec);  // compiles, then finds no device of sm_90a here (or loads on one)
+    } catch (const kiln::Error&) {
+    }
+  }
+  const std::string text = kiln::test::read_file(manifest);
+  INFO(text);
+  kiln::KernelSpec recorded = with_variant;
+  recorded.target = "sm_90a";
+  CHECK(kiln::test::contains(text, "# " + kiln::to_string(recorded) + " (a user variant"));
+  // The other spec stays warmable: the manifest parses, to that spec alone.
+  const std::vector<kiln::KernelSpec> parsed = kiln::detail::read_manifest(manifest);
+  REQUIRE(parsed.size() == 1);
+  kiln::KernelSpec plain = specs()[0];
+  plain.target = "sm_90a";
+  CHECK(kiln::to_string(parsed[0]) == kiln::to_string(plain));
 }
