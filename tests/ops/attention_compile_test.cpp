@@ -9,8 +9,8 @@
 #include "kiln/attention.hpp"
 #include "kiln/decode.hpp"
 #include "ops/validation_support.hpp"
-#include "ops/variants.hpp"
 #include "support.hpp"
+#include "variants.hpp"
 
 namespace {
 
@@ -223,12 +223,12 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   kiln::AttentionProblem problem{
       .dtype = DType::bf16, .head_dim = 128, .head_dim_v = 128, .band = true};
   const kiln::KernelSpec plain = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
-  problem.variant = &kiln::test::alibi_variant();
+  problem.variant = &kiln::examples::alibi_variant();
   const kiln::KernelSpec alibi = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
   CHECK_THAT(kiln::to_string(alibi), Catch::Contains("(kiln::AttentionTmaParams) {variant alibi "));
   CHECK(kiln::hash_value(alibi) != kiln::hash_value(plain));
   // The same name with other code is another kernel.
-  const kiln::Variant other{.name = "alibi", .code = kiln::test::alibi_variant().code + "\n"};
+  const kiln::Variant other{.name = "alibi", .code = kiln::examples::alibi_variant().code + "\n"};
   problem.variant = &other;
   const kiln::KernelSpec changed = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
   CHECK(kiln::to_string(changed) != kiln::to_string(alibi));
@@ -237,10 +237,11 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   CHECK_THROWS_WITH(kiln::parse_spec(kiln::to_string(alibi)),
                     Catch::Contains("names a user variant, whose code a spec line does not carry"));
 
-  // Both variants compile into every attention kernel, prefill and decode.
+  // The example variants compile into every attention kernel, prefill and decode.
   std::vector<kiln::KernelSpec> specs;
   for (const kiln::Variant* variant :
-       {&kiln::test::alibi_variant(), &kiln::test::document_variant()}) {
+       {&kiln::examples::alibi_variant(), &kiln::examples::document_variant(),
+        &kiln::examples::relative_bias_variant(), &kiln::examples::t5_bias_variant()}) {
     problem.variant = variant;
     for (const kiln::AttentionKernel kernel :
          {kiln::AttentionKernel::tma, kiln::AttentionKernel::wgmma, kiln::AttentionKernel::mma,

@@ -342,7 +342,7 @@ enum class Layout {
 };
 enum class Alibi { none, per_head, per_batch_head };
 enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
-// A user variant (tests/ops/variants.hpp), checked against its reference twin.
+// A user variant (examples/variants.hpp), checked against its reference twin.
 enum class UserVariant { none, alibi, document };
 
 struct Case {
@@ -635,7 +635,7 @@ void add_variant(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt199
         upload(std::vector<int>(static_cast<std::size_t>(c.batch), c.seqlen_k - c.seqlen_q)));
     d.options.score.variant_tensors.push_back(
         TensorView::contiguous(d.buffers.back()->get(), DType::i32, {c.batch}));
-    d.options.score.variant = &kiln::test::alibi_variant();
+    d.options.score.variant = &kiln::examples::alibi_variant();
     return;
   }
   REQUIRE(c.seqlen_q == c.seqlen_k);
@@ -659,7 +659,7 @@ void add_variant(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt199
   d.buffers.push_back(upload(segment));
   d.options.score.variant_tensors.push_back(
       TensorView::contiguous(d.buffers.back()->get(), DType::i32, {c.batch, c.seqlen_q}));
-  d.options.score.variant = &kiln::test::document_variant();
+  d.options.score.variant = &kiln::examples::document_variant();
 }
 
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
@@ -723,8 +723,8 @@ kiln::AttentionProblem problem_of(const Case& c) {
           .softcap = c.softcap > 0,
           .alibi = c.alibi != Alibi::none,
           .bias = c.bias != Bias::none,
-          .variant = c.variant == UserVariant::alibi      ? &kiln::test::alibi_variant()
-                     : c.variant == UserVariant::document ? &kiln::test::document_variant()
+          .variant = c.variant == UserVariant::alibi      ? &kiln::examples::alibi_variant()
+                     : c.variant == UserVariant::document ? &kiln::examples::document_variant()
                                                           : nullptr,
           .seqlen_k = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k};
 }

@@ -155,7 +155,7 @@ struct Case {
   Rotary rotary = Rotary::none;
   int rotary_dim = 0;          // 0: head_dim
   bool sinks = false;          // a sink logit per query head
-  bool alibi_variant = false;  // ALiBi per head as a user variant (tests/ops/variants.hpp)
+  bool alibi_variant = false;  // ALiBi per head as a user variant (examples/variants.hpp)
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
@@ -348,7 +348,7 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
         TensorView::contiguous(d.keep(upload(std::vector<float>(slopes.begin(), slopes.end()))),
                                DType::f32, {c.heads}),
         TensorView::contiguous(d.keep(upload(offsets)), DType::i32, {batch})};
-    d.options.score.variant = &kiln::test::alibi_variant();
+    d.options.score.variant = &kiln::examples::alibi_variant();
   } else if (!slopes.empty()) {
     void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));
     d.options.score.alibi_slopes =

@@ -1,0 +1,95 @@
+// Attention variants written by their user (kiln/variant.hpp), as examples: ALiBi, a document
+// mask, a relative position bias table and T5's bucketed relative bias. examples/variants.cpp
+// compiles each into every attention kernel; the [gpu] tests run ALiBi and the document mask
+// against the fp64 reference (tests/ops/attention_test.cpp, decode_test.cpp).
+#pragma once
+
+#include "kiln/variant.hpp"
+
+namespace kiln::examples {
+
+// ALiBi written as a variant: logit -= slope[head] * |query + offset[batch] - key|, with
+// variant_tensors[0] the fp32 slopes (heads) and [1] the int32 diagonal offsets (batch),
+// seqlen_k - seqlen_q of each sequence (bottom-right), as ALiBi's built-in measures it.
+inline const Variant& alibi_variant() {
+  static const Variant variant{.name = "alibi", .code = R"(
+struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                                float logit) {
+    const float slope = kiln::variant_load<float>(v.tensors[0], at.head);
+    const int offset = kiln::variant_load<int>(v.tensors[1], at.batch);
+    return logit - slope * static_cast<float>(abs(at.query + offset - at.key));
+  }
+};
+)"};
+  return variant;
+}
+
+// A document mask: query i sees key j only within its own segment, variant_tensors[0] the
+// int32 segment id of each token (batch, seqlen), queries and keys being the same tokens.
+inline const Variant& document_variant() {
+  static const Variant variant{.name = "document", .code = R"(
+struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                                float logit) {
+    const int query_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.query);
+    const int key_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.key);
+    return query_doc == key_doc ? logit : -__int_as_float(0x7f800000);
+  }
+};
+)"};
+  return variant;
+}
+
+// A learned relative position bias, one per head and clamped distance: logit +=
+// table[head][clamp(key - query, -max, max) + max], variant_tensors[0] the fp32 table
+// (heads, 2 * max + 1) and variant_scalars[0] max (a whole number).
+inline const Variant& relative_bias_variant() {
+  static const Variant variant{.name = "relative_bias", .code = R"(
+struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                                float logit) {
+    const int most = static_cast<int>(v.scalars[0]);
+    const int distance = min(max(at.key - at.query, -most), most);
+    return logit + kiln::variant_load<float>(v.tensors[0], at.head, distance + most);
+  }
+};
+)"};
+  return variant;
+}
+
+// T5's relative attention bias: the distance key - query falls in one of `buckets` buckets
+// (half for each direction when bidirectional: exact up to buckets / 4, then logarithmic up to
+// max_distance), and logit += table[bucket][head]. variant_tensors[0] is the fp32 table
+// (buckets, heads); scalars: [0] buckets, [1] max_distance, [2] 1 when bidirectional.
+inline const Variant& t5_bias_variant() {
+  static const Variant variant{.name = "t5_bias", .code = R"(
+struct kiln_variant {
+  static __device__ int bucket(int relative, int buckets, int max_distance, bool bidirectional) {
+    int base = 0;
+    if (bidirectional) {
+      buckets /= 2;
+      if (relative > 0) base = buckets;
+      relative = abs(relative);
+    } else {
+      relative = -min(relative, 0);
+    }
+    const int exact = buckets / 2;
+    if (relative < exact) return base + relative;
+    const int far = exact + static_cast<int>(logf(static_cast<float>(relative) / exact) /
+                                             logf(static_cast<float>(max_distance) / exact) *
+                                             (buckets - exact));
+    return base + min(far, buckets - 1);
+  }
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                                float logit) {
+    const int b = bucket(at.key - at.query, static_cast<int>(v.scalars[0]),
+                         static_cast<int>(v.scalars[1]), v.scalars[2] != 0.f);
+    return logit + kiln::variant_load<float>(v.tensors[0], b, at.head);
+  }
+};
+)"};
+  return variant;
+}
+
+}  // namespace kiln::examples
