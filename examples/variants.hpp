@@ -8,31 +8,30 @@
 
 namespace kiln::examples {
 
-// ALiBi written as a variant: logit -= slope[head] * |query + offset[batch] - key|, with
-// variant_tensors[0] the fp32 slopes (heads) and [1] the int32 diagonal offsets (batch),
-// seqlen_k - seqlen_q of each sequence (bottom-right), as ALiBi's built-in measures it.
+// ALiBi written as a variant: logit -= slope[head] * |query + offset - key|, as the built-in
+// measures it from the diagonal, with variant_tensors[0] the fp32 slopes (heads).
 inline const Variant& alibi_variant() {
   static const Variant variant{.name = "alibi", .code = R"(
 struct kiln_variant {
   static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                                 float logit) {
     const float slope = kiln::variant_load<float>(v.tensors[0], at.head);
-    const int offset = kiln::variant_load<int>(v.tensors[1], at.batch);
-    return logit - slope * static_cast<float>(abs(at.query + offset - at.key));
+    return logit - slope * static_cast<float>(abs(at.query + at.offset - at.key));
   }
 };
 )"};
   return variant;
 }
 
-// A document mask: query i sees key j only within its own segment, variant_tensors[0] the
-// int32 segment id of each token (batch, seqlen), queries and keys being the same tokens.
+// A document mask: a query sees a key only within its own segment, variant_tensors[0] the int32
+// segment id of each key position (batch, seqlen_k); the query of row i is at position
+// i + offset (the last seqlen_q positions, bottom-right).
 inline const Variant& document_variant() {
   static const Variant variant{.name = "document", .code = R"(
 struct kiln_variant {
   static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                                 float logit) {
-    const int query_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.query);
+    const int query_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.query + at.offset);
     const int key_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.key);
     return query_doc == key_doc ? logit : -__int_as_float(0x7f800000);
   }
@@ -42,7 +41,8 @@ struct kiln_variant {
 }
 
 // A learned relative position bias, one per head and clamped distance: logit +=
-// table[head][clamp(key - query, -max, max) + max], variant_tensors[0] the fp32 table
+// table[head][clamp(key - position, -max, max) + max], position = query + offset (the query's
+// place among the keys), variant_tensors[0] the fp32 table
 // (heads, 2 * max + 1) and variant_scalars[0] max (a whole number).
 inline const Variant& relative_bias_variant() {
   static const Variant variant{.name = "relative_bias", .code = R"(
@@ -50,7 +50,7 @@ struct kiln_variant {
   static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                                 float logit) {
     const int most = static_cast<int>(v.scalars[0]);
-    const int distance = min(max(at.key - at.query, -most), most);
+    const int distance = min(max(at.key - (at.query + at.offset), -most), most);
     return logit + kiln::variant_load<float>(v.tensors[0], at.head, distance + most);
   }
 };
@@ -58,7 +58,8 @@ struct kiln_variant {
   return variant;
 }
 
-// T5's relative attention bias: the distance key - query falls in one of `buckets` buckets
+// T5's relative attention bias: the distance key - (query + offset) falls in one of `buckets`
+// buckets
 // (half for each direction when bidirectional: exact up to buckets / 4, then logarithmic up to
 // max_distance), and logit += table[bucket][head]. variant_tensors[0] is the fp32 table
 // (buckets, heads); scalars: [0] buckets, [1] max_distance, [2] 1 when bidirectional.
@@ -83,7 +84,7 @@ struct kiln_variant {
   }
   static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                                 float logit) {
-    const int b = bucket(at.key - at.query, static_cast<int>(v.scalars[0]),
+    const int b = bucket(at.key - (at.query + at.offset), static_cast<int>(v.scalars[0]),
                          static_cast<int>(v.scalars[1]), v.scalars[2] != 0.f);
     return logit + kiln::variant_load<float>(v.tensors[0], b, at.head);
   }

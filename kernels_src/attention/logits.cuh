@@ -123,7 +123,7 @@ __device__ __forceinline__ LogitTransform<Spec, Math> make_logit_transform(const
   f.bias_row_stride = p.bias_row_stride;
   f.bias_col_stride = p.bias_col_stride;
   f.variant = &p.score.variant;
-  f.sequence = {seq.batch, seq.head, seq.head / (p.heads / p.heads_kv), 0, 0};
+  f.sequence = {seq.batch, seq.head, seq.head / (p.heads / p.heads_kv), 0, 0, band.offset};
   return f;
 }
 

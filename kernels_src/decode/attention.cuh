@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   logits.offset = band.offset;
   logits.seqlen_k = seqlen_k;
   logits.variant = &p.score.variant;
-  logits.sequence = {batch, 0, kv_head, 0, 0};
+  logits.sequence = {batch, 0, kv_head, 0, 0, band.offset};
   const float to_log2 = logits.to_log2();
 
   const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);

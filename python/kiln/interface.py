@@ -124,7 +124,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
         else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
          _scale(softmax_scale), causal, left, right, top_left, softcap, sinks)
-    return _result(out, lse, "flash_attn_func", (q, k, v, bias))
+    return _result(out, lse, "flash_attn_func", (q, k, v, bias, sinks))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -155,7 +155,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
          seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
          _seqlen("max_seqlen_k", max_seqlen_k), _scale(softmax_scale), causal, left, right,
          top_left, softcap, sinks)
-    return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias))
+    return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias, sinks))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -200,7 +200,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
          rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes,
          _scale(softmax_scale), causal, left, right, top_left, softcap, rotary_interleaved,
          num_splits, sinks)
-    return _result(out, lse, "flash_attn_with_kvcache", (q, k, v))
+    return _result(out, lse, "flash_attn_with_kvcache", (q, k, v, sinks))
 
 
 def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):

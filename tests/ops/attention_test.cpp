@@ -343,7 +343,7 @@ enum class Layout {
 enum class Alibi { none, per_head, per_batch_head };
 enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
 // A user variant (examples/variants.hpp), checked against its reference twin.
-enum class UserVariant { none, alibi, document };
+enum class UserVariant { none, alibi, document, relative_bias };
 
 struct Case {
   DType dtype = DType::bf16;
@@ -401,7 +401,8 @@ std::string describe(const Case& c) {
                           " bias shared by the heads (stride 0)", " bias transposed"};
   s << alibis[static_cast<int>(c.alibi)] << biases[static_cast<int>(c.bias)];
   if (c.sinks) s << " sinks";
-  const char* variants[] = {"", " variant alibi", " variant document mask"};
+  const char* variants[] = {"", " variant alibi", " variant document mask",
+                            " variant relative bias"};
   s << variants[static_cast<int>(c.variant)];
   if (c.lse) s << " lse";
   return s.str();
@@ -623,7 +624,6 @@ void add_sinks(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937
 void add_variant(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
   REQUIRE_FALSE(c.varlen());
   if (c.variant == UserVariant::alibi) {
-    REQUIRE_FALSE(c.top_left);
     std::uniform_real_distribution<float> slope(0.05f, 1.0f);
     std::vector<float> slopes(static_cast<std::size_t>(c.heads));
     for (float& x : slopes) x = slope(rng);
@@ -631,11 +631,25 @@ void add_variant(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt199
     d.buffers.push_back(upload(slopes));
     d.options.score.variant_tensors.push_back(
         TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads}));
-    d.buffers.push_back(
-        upload(std::vector<int>(static_cast<std::size_t>(c.batch), c.seqlen_k - c.seqlen_q)));
-    d.options.score.variant_tensors.push_back(
-        TensorView::contiguous(d.buffers.back()->get(), DType::i32, {c.batch}));
     d.options.score.variant = &kiln::examples::alibi_variant();
+    return;
+  }
+  if (c.variant == UserVariant::relative_bias) {
+    // A table of (heads, 2 * 16 + 1) biases, distances clamped to 16 either way.
+    const int most = 16;
+    std::normal_distribution<float> normal(0.f, 1.f);
+    std::vector<float> table(static_cast<std::size_t>(c.heads * (2 * most + 1)));
+    for (float& x : table) x = normal(rng);
+    const int offset = c.top_left ? 0 : c.seqlen_k - c.seqlen_q;
+    ref.bias = [table, most, offset](int, int h, int i, int j) {
+      return static_cast<double>(table[static_cast<std::size_t>(
+          h * (2 * most + 1) + std::clamp(j - (i + offset), -most, most) + most)]);
+    };
+    d.buffers.push_back(upload(table));
+    d.options.score.variant_tensors.push_back(
+        TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads, 2 * most + 1}));
+    d.options.score.variant_scalars[0] = most;
+    d.options.score.variant = &kiln::examples::relative_bias_variant();
     return;
   }
   REQUIRE(c.seqlen_q == c.seqlen_k);
@@ -714,6 +728,16 @@ void check_lse(const Case& c, const Layouts& l, const std::vector<std::uint32_t>
   CHECK(written_outside(bits, {&l.lse}, kPoison32) == 0);
 }
 
+const kiln::Variant* variant_of(UserVariant v) {
+  switch (v) {
+    case UserVariant::alibi: return &kiln::examples::alibi_variant();
+    case UserVariant::document: return &kiln::examples::document_variant();
+    case UserVariant::relative_bias: return &kiln::examples::relative_bias_variant();
+    case UserVariant::none: break;
+  }
+  return nullptr;
+}
+
 kiln::AttentionProblem problem_of(const Case& c) {
   return {.dtype = c.dtype,
           .head_dim = c.head_dim,
@@ -723,9 +747,7 @@ kiln::AttentionProblem problem_of(const Case& c) {
           .softcap = c.softcap > 0,
           .alibi = c.alibi != Alibi::none,
           .bias = c.bias != Bias::none,
-          .variant = c.variant == UserVariant::alibi      ? &kiln::examples::alibi_variant()
-                     : c.variant == UserVariant::document ? &kiln::examples::document_variant()
-                                                          : nullptr,
+          .variant = variant_of(c.variant),
           .seqlen_k = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k};
 }
 
@@ -1346,9 +1368,11 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
 }
 
 // User variants through every kernel run_case runs: ALiBi as a variant against the reference's
-// ALiBi, and a document mask (segment ids in a variant tensor) against a 0 / -inf bias; with
-// the band, softcap and sinks beside them.
-TEST_CASE("attention with user variants: ALiBi and a document mask", "[gpu][attention][variant]") {
+// ALiBi, a document mask (segment ids in a variant tensor) against a 0 / -inf bias, and a
+// relative position bias table (a tensor and a scalar) against the same bias; with the band,
+// softcap and sinks beside them.
+TEST_CASE("attention with user variants: ALiBi and a document mask and a relative bias table",
+          "[gpu][attention][variant]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(options_for(cache_dir()));
   std::mt19937 rng(19);
@@ -1361,6 +1385,7 @@ TEST_CASE("attention with user variants: ALiBi and a document mask", "[gpu][atte
               .heads_kv = 2,
               .head_dim = dim,
               .causal = true,
+              .top_left = dim == 64,
               .variant = UserVariant::alibi,
               .lse = true},
              rng);
@@ -1376,6 +1401,18 @@ TEST_CASE("attention with user variants: ALiBi and a document mask", "[gpu][atte
               .softcap = 5,
               .sinks = dim == 64,
               .variant = UserVariant::document,
+              .lse = true},
+             rng);
+    run_case(rt,
+             {.batch = 2,
+              .seqlen_q = 100,
+              .seqlen_k = 260,
+              .heads = 4,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .window_left = 40,
+              .window_right = 8,
+              .variant = UserVariant::relative_bias,
               .lse = true},
              rng);
   }

@@ -295,7 +295,7 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
     for (int i = 0; i < rows * c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
   }
   if (c.alibi_variant) {  // the reference's ALiBi is the variant's twin
-    REQUIRE((c.alibi == Alibi::none && !c.top_left));
+    REQUIRE(c.alibi == Alibi::none);
     std::uniform_real_distribution<float> slope(0.05f, 1.0f);
     for (int i = 0; i < c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
   }
@@ -341,13 +341,8 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   d.options.num_splits = c.num_splits;
   const auto& slopes = p.attention.alibi_slopes;
   if (c.alibi_variant) {
-    // Slopes per head and each sequence's diagonal offset, seqlen_k - seqlen_q.
-    std::vector<int> offsets;
-    for (int n : c.seqlens) offsets.push_back(n + c.seqlen_new - c.seqlen_q);
-    d.options.score.variant_tensors = {
-        TensorView::contiguous(d.keep(upload(std::vector<float>(slopes.begin(), slopes.end()))),
-                               DType::f32, {c.heads}),
-        TensorView::contiguous(d.keep(upload(offsets)), DType::i32, {batch})};
+    d.options.score.variant_tensors = {TensorView::contiguous(
+        d.keep(upload(std::vector<float>(slopes.begin(), slopes.end()))), DType::f32, {c.heads})};
     d.options.score.variant = &kiln::examples::alibi_variant();
   } else if (!slopes.empty()) {
     void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));

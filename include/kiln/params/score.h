@@ -30,14 +30,18 @@ KILN_PARAMS_FN T variant_load(const VariantTensor& t, long long i0, long long i1
 }
 
 // Where one logit sits, as a variant's hook is given it: the sequence, the query head and the kv
-// head it reads (GQA), and the query's and the key's index within the sequence (varlen: counted
-// from the sequence's start; decode: keys from the cache's start).
+// head it reads (GQA), the query's row in q and the key's index within the sequence (varlen:
+// counted from the sequence's start; decode: keys from the cache's start), and the diagonal's
+// offset: query row i sits at key position i + offset, offset seqlen_k - seqlen_q (bottom-right,
+// as FlashAttention; in decode, the cached keys before the queries) or 0 with top_left, as the
+// band and ALiBi take it.
 struct VariantCoords {
   int batch;
   int head;
   int head_kv;
   int query;
   int key;
+  int offset;
 };
 
 // Filled from ScoreOptions (kiln/score.hpp) by the host; kernels read it as is.
