@@ -19,7 +19,8 @@ namespace kiln {
 // the band mask and the softmax, and returns the new one; -inf masks the key out for that query.
 // v.scalars[i] and v.tensors[i] (kiln::variant_load<T>(v.tensors[i], i0, ...)) are the call's
 // ScoreOptions::variant_scalars and variant_tensors; `at` holds the batch, query head, kv head,
-// query and key indices (kiln/params/score.h). The hook runs in every attention kernel, prefill
+// query row and key index, and the diagonal's offset: query row i sits at key position
+// i + offset (kiln/params/score.h). The hook runs in every attention kernel, prefill
 // and decode, only on logits of real (query, key) pairs, so it may index tensors by them.
 //
 // The code is part of each kernel's generated unit, so it is part of the cache key: changing it

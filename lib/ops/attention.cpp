@@ -375,10 +375,7 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
       .set("has_softcap", problem.softcap)
       .set("has_alibi", problem.alibi)
       .set("has_bias", problem.bias);
-  if (problem.variant != nullptr) {
-    spec.variant_name = problem.variant->name;
-    spec.variant_code = problem.variant->code;
-  }
+  detail::set_variant(spec, problem.variant);
   return spec;
 }
 

@@ -11,6 +11,7 @@
 
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
+#include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln {
@@ -199,10 +200,7 @@ KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfi
       .set("band", problem.band)
       .set("has_softcap", problem.softcap)
       .set("has_alibi", problem.alibi);
-  if (problem.variant != nullptr) {
-    spec.variant_name = problem.variant->name;
-    spec.variant_code = problem.variant->code;
-  }
+  set_variant(spec, problem.variant);
   return spec;
 }
 
