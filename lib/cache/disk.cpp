@@ -650,23 +650,32 @@ EntryStatus bad_dir_status(const Tier& tier, const BadDir& bad) {
 }
 
 // Removes the least recently used entries until the tier's entries and temp files total at most
-// `max_bytes`, sparing `keep` (the entry just stored, however large), after its stale leftovers.
-// Returns how many entries it removed.
+// `max_bytes`, after its stale leftovers. After a store, `keep` is the entry just stored: it is
+// spared however large, and so is every entry used after it. Two processes (or threads) storing
+// at once then cannot evict each other's entries: the newer one's eviction removes the older,
+// never the reverse. Returns how many entries it removed.
 std::size_t evict(const Tier& tier, std::uint64_t max_bytes, const std::optional<Key>& keep) {
   std::vector<TierFile> files = tier_contents(tier).files;
   remove_stale_leftovers(tier, files);
   std::uint64_t total = 0;
   for (const TierFile& file : files) total += counted_bytes(file);
   std::erase_if(files, [](const TierFile& file) { return !is_entry(file); });
-  std::sort(files.begin(), files.end(), [](const TierFile& a, const TierFile& b) {
-    return std::tie(a.info.st_mtim.tv_sec, a.info.st_mtim.tv_nsec, a.name) <
-           std::tie(b.info.st_mtim.tv_sec, b.info.st_mtim.tv_nsec, b.name);
-  });
-  const std::string kept = keep ? entry_file(*keep) : std::string();
+  const auto last_used = [](const TierFile& file) {
+    return std::tie(file.info.st_mtim.tv_sec, file.info.st_mtim.tv_nsec, file.name);
+  };
+  std::sort(files.begin(), files.end(),
+            [&](const TierFile& a, const TierFile& b) { return last_used(a) < last_used(b); });
+  if (keep) {
+    // Without `keep` in the listing, a newer store's eviction (or a prune) removed it, and kept
+    // the cap: this one removes nothing.
+    const std::string kept = entry_file(*keep);
+    const auto at = std::find_if(files.begin(), files.end(),
+                                 [&](const TierFile& file) { return file.name == kept; });
+    files.erase(at == files.end() ? files.begin() : at, files.end());
+  }
   std::size_t removed = 0;
   for (const TierFile& entry : files) {
     if (total <= max_bytes) break;
-    if (entry.name == kept) continue;
     const int error = remove_file(tier, entry.dir, entry.name);
     if (error == 0) ++removed;
     if (error == 0 || error == ENOENT) total -= counted_bytes(entry);

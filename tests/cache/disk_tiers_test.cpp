@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cache/disk.hpp"
@@ -211,6 +212,9 @@ TEST_CASE("with max_bytes, a store evicts the least recently used entries", "[ca
   CHECK(cache.size_bytes() == 3 * size);
 
   SECTION("the entry just stored survives a cap smaller than itself") {
+    // Stamps before now: a store spares the entries used after it (by stamp, then name).
+    test::set_mtime(entry_path(root, a.key), 4000);
+    test::set_mtime(entry_path(root, d.key), 5000);
     DiskCache tiny(DiskCacheConfig{root, {}, 1});
     const Entry e = sample_entry(5);
     tiny.store(e);
@@ -222,6 +226,23 @@ TEST_CASE("with max_bytes, a store evicts the least recently used entries", "[ca
     test::set_mtime(entry_path(root, a.key), 5000);
     CHECK(cache.prune(size) == 2);
     CHECK(files_under(root, ".kbin") == std::vector<fs::path>{entry_path(root, a.key)});
+  }
+}
+
+TEST_CASE("stores racing under a cap smaller than one entry leave exactly one", "[cache]") {
+  // Each store's eviction spares the entries used after its own, so two stores at once cannot
+  // remove each other's entries: the newer one stays.
+  for (int round = 0; round < 20; ++round) {
+    TempDir dir;
+    DiskCache first(DiskCacheConfig{dir.path(), {}, 1});
+    DiskCache second(DiskCacheConfig{dir.path(), {}, 1});
+    const Entry a = sample_entry(2 * round + 100);
+    const Entry b = sample_entry(2 * round + 101);
+    std::thread other([&] { second.store(b); });
+    first.store(a);
+    other.join();
+    INFO("round " << round);
+    CHECK(files_under(dir.path(), ".kbin").size() == 1);
   }
 }
 
