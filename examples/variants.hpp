@@ -1,7 +1,8 @@
 // Attention variants written by their user (kiln/variant.hpp), as examples: ALiBi, a document
-// mask, a relative position bias table and T5's bucketed relative bias. examples/variants.cpp
-// compiles each into every attention kernel; the [gpu] tests run ALiBi and the document mask
-// against the fp64 reference (tests/ops/attention_test.cpp, decode_test.cpp).
+// mask, a relative position bias table and T5's bucketed relative bias (logit hooks), a key
+// padding mask (a mask hook) and softmax1 (a sink hook). tests/ops/attention_compile_test.cpp
+// compiles each into every attention kernel; the [gpu] tests run them against the fp64
+// reference (tests/ops/attention_test.cpp, decode_test.cpp).
 #pragma once
 
 #include "kiln/variant.hpp"
@@ -87,6 +88,33 @@ struct kiln_variant {
     const int b = bucket(at.key - (at.query + at.offset), static_cast<int>(v.scalars[0]),
                          static_cast<int>(v.scalars[1]), v.scalars[2] != 0.f);
     return logit + kiln::variant_load<float>(v.tensors[0], b, at.head);
+  }
+};
+)"};
+  return variant;
+}
+
+// A key padding mask, as Hugging Face's attention_mask: variant_tensors[0] is int64 (batch,
+// seqlen_k), 1 for a key to attend and 0 for padding. A row whose keys are all padding gets out 0
+// (and lse -inf, or its sink).
+inline const Variant& key_padding_variant() {
+  static const Variant variant{.name = "key_padding", .code = R"(
+struct kiln_variant {
+  static __device__ bool mask(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
+    return kiln::variant_load<long long>(v.tensors[0], at.batch, at.key) != 0;
+  }
+};
+)"};
+  return variant;
+}
+
+// softmax1 ("attention is off by one"): every row's softmax denominator gains 1, a sink logit of
+// 0, so that a head can attend to nothing; with ScoreOptions::sinks the two sinks add up.
+inline const Variant& softmax_one_variant() {
+  static const Variant variant{.name = "softmax_one", .code = R"(
+struct kiln_variant {
+  static __device__ float sink(const kiln::VariantParams&, const kiln::VariantCoords&, float sink) {
+    return fmaxf(sink, 0.f) + log1pf(expf(-fabsf(sink)));  // log(e^sink + e^0)
   }
 };
 )"};

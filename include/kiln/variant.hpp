@@ -1,27 +1,36 @@
 // kiln::Variant: attention written by its user. Device code, compiled into the call's kernels at
-// run time, that turns each logit into the one the softmax sees: a bias, a mask (return -inf),
-// a position encoding, any function of the logit's coordinates and of the variant's runtime
-// scalars and tensors (ScoreOptions::variant_scalars, variant_tensors).
+// run time, that turns each logit into the one the softmax sees (a bias, a position encoding),
+// masks keys, or gives each row a sink: any function of the coordinates and of the variant's
+// runtime scalars and tensors (ScoreOptions::variant_scalars, variant_tensors).
 #pragma once
 
 #include <string>
 
 namespace kiln {
 
-// The code defines one struct, kiln_variant, with the hook
+// The code defines one struct, kiln_variant, with any of three hooks (at least one):
 //
 //   struct kiln_variant {
 //     static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
 //                                   float logit);
+//     static __device__ bool mask(const kiln::VariantParams& v, const kiln::VariantCoords& at);
+//     static __device__ float sink(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+//                                  float sink);
 //   };
 //
-// which takes each logit after kiln's own score model (scale, softcap, ALiBi, bias) and before
-// the band mask and the softmax, and returns the new one; -inf masks the key out for that query.
+// - logit takes each logit after kiln's own score model (scale, softcap, ALiBi, bias) and before
+//   the band mask and the softmax, and returns the new one; -inf masks the key out.
+// - mask says whether the query at `at` sees the key at `at` (false masks it, as FlexAttention's
+//   mask_mod); it applies after logit.
+// - sink takes each row's sink logit (ScoreOptions::sinks[head], natural units, or -inf without
+//   sinks) and returns the row's own: a logit that joins the row's softmax denominator with no
+//   value. at.key is -1 there.
+//
 // v.scalars[i] and v.tensors[i] (kiln::variant_load<T>(v.tensors[i], i0, ...)) are the call's
 // ScoreOptions::variant_scalars and variant_tensors; `at` holds the batch, query head, kv head,
 // query row and key index, and the diagonal's offset: query row i sits at key position
-// i + offset (kiln/params/score.h). The hook runs in every attention kernel, prefill
-// and decode, only on logits of real (query, key) pairs, so it may index tensors by them.
+// i + offset (kiln/params/score.h). The hooks run in every attention kernel, prefill and decode,
+// only on real (query, key) pairs and rows, so they may index tensors by them.
 //
 // The code is part of each kernel's generated unit, so it is part of the cache key: changing it
 // compiles new kernels, changing a scalar or a tensor does not. A compile error in it names the

@@ -206,7 +206,9 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   }
 
   float lse[2 * Tr::m_tiles];
-  softmax.finish(o, to_log2, lse, sink_logit(p.score, seq.head));
+  float sink[2 * Tr::m_tiles];
+  transform.row_sinks(sink, p.score, row0);
+  softmax.finish(o, to_log2, lse, sink);
 
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done reading K/V before the output overwrites them

@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
     tile_accumulate<Tr>(o, s, v_tile, lane);
   }
 
-  const float lse = softmax.finish(o, to_log2, sink_logit(p.score, seq.head));
+  const float lse = softmax.finish(o, to_log2, transform.row_sink(p.score, row));
   if (!row_valid) return;
   T* const out_row = static_cast<T*>(p.out) + seq.out_offset + row * p.out_seq_stride;
   for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(

@@ -404,7 +404,9 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     }
 
     float lse[2];
-    softmax.finish(o, to_log2, lse, sink_logit(p.score, seq.head));
+    float sink[2];
+    transform.row_sinks(sink, p.score, row0);
+    softmax.finish(o, to_log2, lse, sink);
     T* const out = static_cast<T*>(p.out) + seq.out_offset;
     if constexpr (Tr::staged) {
       // Each warp stages its 16 rows and copies them out with bulk copies, a row each, which run

@@ -266,7 +266,9 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   }
 
   float lse[2];
-  softmax.finish(o, to_log2, lse, sink_logit(p.score, seq.head));
+  float sink[2];
+  transform.row_sinks(sink, p.score, row0);
+  softmax.finish(o, to_log2, lse, sink);
 
   mma::cp_async_wait<0>();
   __syncthreads();  // every warpgroup is done reading Q, K and V before the output overwrites them

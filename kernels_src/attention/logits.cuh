@@ -15,15 +15,78 @@ namespace kiln::attention {
 // and key key0 + 8 * nt + e (e 0, 1) in accumulator element 2 * half + e, where row0 is the
 // warp's first row + g and key0 is the block's first key + 2 * t.
 
-// A user variant's hook (kiln/variant.hpp) on the logit at `at`; the identity without one.
+// Which of the hooks of kiln/variant.hpp a user variant V defines; each is optional.
+template <class V>
+struct VariantHooks {
+  template <class U>
+  static constexpr __device__ auto logit_of(int)
+      -> decltype(U::logit(*static_cast<const VariantParams*>(nullptr),
+                           *static_cast<const VariantCoords*>(nullptr), 0.f),
+                  true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool logit_of(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto mask_of(int)
+      -> decltype(static_cast<bool>(U::mask(*static_cast<const VariantParams*>(nullptr),
+                                            *static_cast<const VariantCoords*>(nullptr))),
+                  true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool mask_of(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto sink_of(int)
+      -> decltype(U::sink(*static_cast<const VariantParams*>(nullptr),
+                          *static_cast<const VariantCoords*>(nullptr), 0.f),
+                  true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool sink_of(...) {
+    return false;
+  }
+
+  static constexpr bool logit = logit_of<V>(0);
+  static constexpr bool mask = mask_of<V>(0);
+  static constexpr bool sink = sink_of<V>(0);
+  static_assert(logit || mask || sink,
+                "kiln_variant defines none of its hooks: give it a static __device__ logit(const "
+                "kiln::VariantParams&, const kiln::VariantCoords&, float), mask(const "
+                "kiln::VariantParams&, const kiln::VariantCoords&) or sink(const "
+                "kiln::VariantParams&, const kiln::VariantCoords&, float) (kiln/variant.hpp)");
+};
+
+// A user variant's logit and mask hooks on the logit at `at`; the identity without them.
 template <class Spec>
 __device__ __forceinline__ float variant_logit(const VariantParams& variant,
                                                const VariantCoords& at, float logit) {
   if constexpr (Spec::has_variant) {
-    return Spec::variant::logit(variant, at, logit);
-  } else {
-    return logit;
+    using V = typename Spec::variant;
+    if constexpr (VariantHooks<V>::logit) logit = V::logit(variant, at, logit);
+    if constexpr (VariantHooks<V>::mask) {
+      if (!V::mask(variant, at)) logit = neg_inf();
+    }
   }
+  return logit;
+}
+
+// The sink logit of the row at `at` (natural units; -inf: none): the call's sink for the query
+// head (ScoreOptions::sinks), through the variant's sink hook when it has one. Only for real
+// rows (at.query < seqlen_q), as the hook may index tensors by them; at.key is -1.
+template <class Spec>
+__device__ __forceinline__ float row_sink(const ScoreParams& score, const VariantCoords& at) {
+  const float sink = score.maybe_sinks != nullptr ? score.maybe_sinks[at.head] : neg_inf();
+  if constexpr (Spec::has_variant) {
+    using V = typename Spec::variant;
+    if constexpr (VariantHooks<V>::sink) return V::sink(score.variant, at, sink);
+  }
+  return sink;
 }
 
 template <class Spec, class Math>
@@ -74,6 +137,23 @@ struct LogitTransform {
     }
   }
 
+  // The sink logit of row i (row_sink); -inf for a row past the sequence, which is not stored.
+  __device__ __forceinline__ float row_sink(const ScoreParams& score, int i) const {
+    if (i >= seqlen_q) return neg_inf();
+    VariantCoords at = sequence;
+    at.query = i;
+    at.key = -1;
+    return attention::row_sink<Spec>(score, at);
+  }
+
+  // The sink logit of each of a thread's fragment rows, row0 + 8 r.
+  template <int Rows>
+  __device__ __forceinline__ void row_sinks(float (&sink)[Rows], const ScoreParams& score,
+                                            int row0) const {
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) sink[r] = row_sink(score, row0 + 8 * r);
+  }
+
   __device__ __forceinline__ float logit(float score, int i, int j) const {
     float x = score * scale;
     if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
@@ -95,11 +175,6 @@ struct LogitTransform {
 // The ALiBi slope of query head `head` of sequence `batch` (spec has_alibi).
 __device__ __forceinline__ float alibi_slope(const ScoreParams& score, int batch, int head) {
   return score.maybe_alibi_slopes[batch * score.alibi_batch_stride + head];
-}
-
-// The sink logit of query head `head` (natural units; -inf when the call has no sinks).
-__device__ __forceinline__ float sink_logit(const ScoreParams& score, int head) {
-  return score.maybe_sinks != nullptr ? score.maybe_sinks[head] : neg_inf();
 }
 
 template <class Spec, class Math>

@@ -105,11 +105,11 @@ struct OnlineSoftmax {
   }
 
   // Normalizes o by the row sums and gives each row's natural-log sum of exp of its logits
-  // (-inf, with o = 0, for a row that attended no key). A sink logit (natural units; -inf: none)
-  // joins every row's sum, and so its LSE, with no value (add_sink).
+  // (-inf, with o = 0, for a row that attended no key). Each row's sink logit (natural units;
+  // -inf: none) joins its sum, and so its LSE, with no value (add_sink).
   template <int OTiles>
   __device__ __forceinline__ void finish(float (&o)[MTiles][OTiles][4], float to_log2,
-                                         float (&lse)[rows], float sink) {
+                                         float (&lse)[rows], const float (&sink)[rows]) {
 #pragma unroll
     for (int mt = 0; mt < MTiles; ++mt) {
 #pragma unroll
@@ -117,7 +117,7 @@ struct OnlineSoftmax {
         const int r = 2 * mt + half;
         float sum = mma::quad_sum(row_sum[r]);
         float shift = softmax_shift(row_max[r], to_log2);
-        const float factor = add_sink(sink, shift, sum);
+        const float factor = add_sink(sink[r], shift, sum);
         // NOTE: a reciprocal times the factor, not a division: with no sink the factor is 1,
         // and the epilogue of a short tile is not free.
         const float inv = (sum > 0.f ? 1.f / sum : 0.f) * factor;

@@ -424,7 +424,9 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     row_state[row] = (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
     row_out[row] = batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
     row_lse[row] = batch * p.lse_batch_stride + head * p.lse_head_stride + query;
-    row_sink[row] = split == 0 ? attention::sink_logit(p.score, head) : attention::neg_inf();
+    row_sink[row] = split == 0 ? attention::row_sink<Spec>(
+                                     p.score, {batch, head, kv_head, query, -1, band.offset})
+                               : attention::neg_inf();
   }
 
   RowInfo<Tr::m_tiles> rows;

@@ -241,7 +241,8 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   std::vector<kiln::KernelSpec> specs;
   for (const kiln::Variant* variant :
        {&kiln::examples::alibi_variant(), &kiln::examples::document_variant(),
-        &kiln::examples::relative_bias_variant(), &kiln::examples::t5_bias_variant()}) {
+        &kiln::examples::relative_bias_variant(), &kiln::examples::t5_bias_variant(),
+        &kiln::examples::key_padding_variant(), &kiln::examples::softmax_one_variant()}) {
     problem.variant = variant;
     for (const kiln::AttentionKernel kernel :
          {kiln::AttentionKernel::tma, kiln::AttentionKernel::wgmma, kiln::AttentionKernel::mma,
@@ -274,4 +275,19 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   CHECK(report.items[0].status == kiln::WarmupStatus::failed);
   INFO(report.items[0].error);
   CHECK_THAT(report.items[0].error, Catch::Contains("variant broken(3)"));
+
+  // A kiln_variant without any hook (here a misspelt one) says which hooks there are.
+  const kiln::Variant hookless{.name = "hookless", .code = R"(struct kiln_variant {
+  static __device__ float logits(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x;
+  }
+};)"};
+  problem.variant = &hookless;
+  spec = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  spec.target = "sm_90a";
+  const kiln::WarmupReport none = rt.warmup(std::span(&spec, 1), {.threads = 1});
+  REQUIRE(none.items.size() == 1);
+  CHECK(none.items[0].status == kiln::WarmupStatus::failed);
+  INFO(none.items[0].error);
+  CHECK_THAT(none.items[0].error, Catch::Contains("kiln_variant defines none of its hooks"));
 }

@@ -176,7 +176,8 @@ ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector
         const int first = p.window_left < 0 ? 0 : std::max(0, i + offset - p.window_left);
         const int last =
             p.window_right < 0 ? seqlen_k - 1 : std::min(seqlen_k - 1, i + offset + p.window_right);
-        const double sink = p.sinks.empty() ? -inf : p.sinks[static_cast<std::size_t>(h)];
+        double sink = p.sinks.empty() ? -inf : p.sinks[static_cast<std::size_t>(h)];
+        if (p.row_sink) sink = p.row_sink(b, h, i, sink);
         if (last < first) {  // fully masked: out 0, and lse -inf (as initialised) or the sink
           r.lse[static_cast<std::size_t>(h) * static_cast<std::size_t>(total_q) + row] = sink;
           continue;
@@ -200,6 +201,7 @@ ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector
           plain.push_back(sp + add);
         }
         const double max = std::max(sink, *std::max_element(logits.begin(), logits.end()));
+        if (max == -inf) continue;  // the bias masked every key, and no sink: as fully masked
         const double max_plain = std::max(sink, *std::max_element(plain.begin(), plain.end()));
         double sum = std::exp(sink - max), sum_plain = std::exp(sink - max_plain);
         for (double& s : logits) {

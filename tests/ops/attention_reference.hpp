@@ -73,6 +73,9 @@ struct ReferenceProblem {
   // Per query head (empty: none): a logit that joins each row's softmax denominator with no
   // value, counted in the LSE; a row that sees no key gets out 0 and lse = sink.
   std::vector<double> sinks;
+  // A row's own sink logit at (batch, head, query row within the sequence), given the head's
+  // (-inf without sinks); empty: the head's. A user variant's sink hook.
+  std::function<double(int, int, int, double)> row_sink;
   // Additive bias at (batch, head, query row, key) within the sequence; empty: none.
   std::function<double(int, int, int, int)> bias;
 

@@ -23,7 +23,7 @@
 #include "gpu.hpp"
 #include "kiln/attention.hpp"
 #include "support.hpp"
-#include "variants.hpp"
+#include "variant_twins.hpp"
 
 namespace {
 
@@ -37,6 +37,7 @@ using kiln::test::ReferenceProblem;
 using kiln::test::ReferenceResult;
 using kiln::test::Strided;
 using kiln::test::upload;
+using kiln::test::UserVariant;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -342,8 +343,6 @@ enum class Layout {
 };
 enum class Alibi { none, per_head, per_batch_head };
 enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
-// A user variant (examples/variants.hpp), checked against its reference twin.
-enum class UserVariant { none, alibi, document, relative_bias };
 
 struct Case {
   DType dtype = DType::bf16;
@@ -401,9 +400,7 @@ std::string describe(const Case& c) {
                           " bias shared by the heads (stride 0)", " bias transposed"};
   s << alibis[static_cast<int>(c.alibi)] << biases[static_cast<int>(c.bias)];
   if (c.sinks) s << " sinks";
-  const char* variants[] = {"", " variant alibi", " variant document mask",
-                            " variant relative bias"};
-  s << variants[static_cast<int>(c.variant)];
+  if (c.variant != UserVariant::none) s << " variant " << kiln::test::to_string(c.variant);
   if (c.lse) s << " lse";
   return s.str();
 }
@@ -619,63 +616,6 @@ void add_sinks(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937
   d.options.score.sinks = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads});
 }
 
-// The variant's inputs and its reference twin: ALiBi slopes per head (and each sequence's
-// diagonal offset), or a document mask from random segment ids (a bias of 0 or -inf).
-void add_variant(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
-  REQUIRE_FALSE(c.varlen());
-  if (c.variant == UserVariant::alibi) {
-    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
-    std::vector<float> slopes(static_cast<std::size_t>(c.heads));
-    for (float& x : slopes) x = slope(rng);
-    ref.alibi_slopes.assign(slopes.begin(), slopes.end());
-    d.buffers.push_back(upload(slopes));
-    d.options.score.variant_tensors.push_back(
-        TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads}));
-    d.options.score.variant = &kiln::examples::alibi_variant();
-    return;
-  }
-  if (c.variant == UserVariant::relative_bias) {
-    // A table of (heads, 2 * 16 + 1) biases, distances clamped to 16 either way.
-    const int most = 16;
-    std::normal_distribution<float> normal(0.f, 1.f);
-    std::vector<float> table(static_cast<std::size_t>(c.heads * (2 * most + 1)));
-    for (float& x : table) x = normal(rng);
-    const int offset = c.top_left ? 0 : c.seqlen_k - c.seqlen_q;
-    ref.bias = [table, most, offset](int, int h, int i, int j) {
-      return static_cast<double>(table[static_cast<std::size_t>(
-          h * (2 * most + 1) + std::clamp(j - (i + offset), -most, most) + most)]);
-    };
-    d.buffers.push_back(upload(table));
-    d.options.score.variant_tensors.push_back(
-        TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads, 2 * most + 1}));
-    d.options.score.variant_scalars[0] = most;
-    d.options.score.variant = &kiln::examples::relative_bias_variant();
-    return;
-  }
-  REQUIRE(c.seqlen_q == c.seqlen_k);
-  // Segments of 1 to 200 tokens.
-  std::uniform_int_distribution<int> length(1, 200);
-  std::vector<int> segment;
-  for (int b = 0; b < c.batch; ++b) {
-    int id = 0;
-    for (int left = 0; left < c.seqlen_q;) {
-      const int n = std::min(length(rng), c.seqlen_q - left);
-      segment.insert(segment.end(), static_cast<std::size_t>(n), id++);
-      left += n;
-    }
-  }
-  ref.bias = [segment, n = c.seqlen_q](int b, int, int i, int j) {
-    return segment[static_cast<std::size_t>(b * n + i)] ==
-                   segment[static_cast<std::size_t>(b * n + j)]
-               ? 0.0
-               : -kInf;
-  };
-  d.buffers.push_back(upload(segment));
-  d.options.score.variant_tensors.push_back(
-      TensorView::contiguous(d.buffers.back()->get(), DType::i32, {c.batch, c.seqlen_q}));
-  d.options.score.variant = &kiln::examples::document_variant();
-}
-
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
   const int batch = ref.batch();
   if (c.varlen()) {
@@ -728,17 +668,7 @@ void check_lse(const Case& c, const Layouts& l, const std::vector<std::uint32_t>
   CHECK(written_outside(bits, {&l.lse}, kPoison32) == 0);
 }
 
-const kiln::Variant* variant_of(UserVariant v) {
-  switch (v) {
-    case UserVariant::alibi: return &kiln::examples::alibi_variant();
-    case UserVariant::document: return &kiln::examples::document_variant();
-    case UserVariant::relative_bias: return &kiln::examples::relative_bias_variant();
-    case UserVariant::none: break;
-  }
-  return nullptr;
-}
-
-kiln::AttentionProblem problem_of(const Case& c) {
+kiln::AttentionProblem problem_of(const Case& c, const DeviceCase& d) {
   return {.dtype = c.dtype,
           .head_dim = c.head_dim,
           .head_dim_v = c.dim_v(),
@@ -747,7 +677,7 @@ kiln::AttentionProblem problem_of(const Case& c) {
           .softcap = c.softcap > 0,
           .alibi = c.alibi != Alibi::none,
           .bias = c.bias != Bias::none,
-          .variant = variant_of(c.variant),
+          .variant = d.options.score.variant,
           .seqlen_k = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k};
 }
 
@@ -843,7 +773,13 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
   if (c.alibi != Alibi::none) add_alibi(c, ref, d, rng);
   if (c.bias != Bias::none) add_bias(c, ref, d, rng);
   if (c.sinks) add_sinks(c, ref, d, rng);
-  if (c.variant != UserVariant::none) add_variant(c, ref, d, rng);
+  if (c.variant != UserVariant::none) {
+    REQUIRE_FALSE(c.varlen());
+    const int offset = c.top_left ? 0 : c.seqlen_k - c.seqlen_q;
+    kiln::test::add_user_variant(
+        c.variant, {c.batch, c.heads, c.seqlen_q, c.seqlen_k, std::vector<int>(c.batch, offset)},
+        ref, d.options.score, d.buffers, rng);
+  }
   add_sequences(c, ref, d);
   if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
   p.want = kiln::test::attention_reference(ref, q, k, v);
@@ -859,10 +795,10 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
   Prepared p = prepare(c, rng);
   check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
-  check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, kiln::choose(problem_of(c), "gfx90a"),
+  check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, kiln::choose(problem_of(c, p.d), "gfx90a"),
                "the portable kernel, with AMD's config");
   if (rt.target() == "sm_90a") {
-    const kiln::AttentionKernel chosen = kiln::choose(problem_of(c), "sm_90a").kernel;
+    const kiln::AttentionKernel chosen = kiln::choose(problem_of(c, p.d), "sm_90a").kernel;
     if (chosen != kiln::AttentionKernel::wgmma) {
       check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, wgmma_config(c), "the wgmma kernel");
     }
@@ -1371,7 +1307,7 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
 // ALiBi, a document mask (segment ids in a variant tensor) against a 0 / -inf bias, and a
 // relative position bias table (a tensor and a scalar) against the same bias; with the band,
 // softcap and sinks beside them.
-TEST_CASE("attention with user variants: ALiBi and a document mask and a relative bias table",
+TEST_CASE("attention with user variants: ALiBi and a document mask and position biases",
           "[gpu][attention][variant]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(options_for(cache_dir()));
@@ -1413,6 +1349,67 @@ TEST_CASE("attention with user variants: ALiBi and a document mask and a relativ
               .window_left = 40,
               .window_right = 8,
               .variant = UserVariant::relative_bias,
+              .lse = true},
+             rng);
+    run_case(rt,
+             {.dtype = DType::f16,
+              .batch = 2,
+              .seqlen_q = 190,
+              .seqlen_k = 300,
+              .heads = 3,
+              .heads_kv = 3,
+              .head_dim = dim,
+              .variant = UserVariant::t5_bias,
+              .lse = true},
+             rng);
+  }
+}
+
+TEST_CASE("attention with user variants: a key padding mask hook and sink hooks",
+          "[gpu][attention][variant]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(options_for(cache_dir()));
+  std::mt19937 rng(21);
+  for (const int dim : {64, 128, 256}) {
+    // The last sequence is all padding: its rows see no key.
+    run_case(rt,
+             {.batch = 3,
+              .seqlen_q = 130,
+              .seqlen_k = 257,
+              .heads = 4,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .causal = dim == 128,
+              .sinks = dim == 256,
+              .variant = UserVariant::key_padding,
+              .lse = true},
+             rng);
+    run_case(rt,
+             {.dtype = DType::f16,
+              .batch = 2,
+              .seqlen_q = 77,
+              .seqlen_k = 200,
+              .heads = 4,
+              .heads_kv = 1,
+              .head_dim = dim,
+              .window_left = 50,
+              .window_right = 0,
+              .sinks = dim == 64,
+              .variant = UserVariant::softmax_one,
+              .lse = true},
+             rng);
+    run_case(rt,
+             {.batch = 2,
+              .seqlen_q = 150,
+              .seqlen_k = 150,
+              .heads = 4,
+              .heads_kv = 2,
+              .head_dim = dim,
+              .causal = true,
+              .top_left = dim == 128,
+              .softcap = dim == 256 ? 10.f : 0.f,
+              .sinks = dim != 64,
+              .variant = UserVariant::row_sinks,
               .lse = true},
              rng);
   }

@@ -26,7 +26,7 @@
 #include "gpu.hpp"
 #include "kiln/decode.hpp"
 #include "support.hpp"
-#include "variants.hpp"
+#include "variant_twins.hpp"
 
 namespace {
 
@@ -39,6 +39,7 @@ using kiln::test::DecodeReferenceResult;
 using kiln::test::DeviceBuffer;
 using kiln::test::ReferenceResult;
 using kiln::test::upload;
+using kiln::test::UserVariant;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 constexpr std::int64_t kGuard = 8;  // poisoned elements after every output, to catch overruns
@@ -153,9 +154,9 @@ struct Case {
   std::optional<float> softmax_scale;
   Alibi alibi = Alibi::none;
   Rotary rotary = Rotary::none;
-  int rotary_dim = 0;          // 0: head_dim
-  bool sinks = false;          // a sink logit per query head
-  bool alibi_variant = false;  // ALiBi per head as a user variant (examples/variants.hpp)
+  int rotary_dim = 0;                       // 0: head_dim
+  bool sinks = false;                       // a sink logit per query head
+  UserVariant variant = UserVariant::none;  // a user variant (variant_twins.hpp)
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
@@ -190,7 +191,7 @@ std::string describe(const Case& c) {
   s << alibis[static_cast<int>(c.alibi)] << rotaries[static_cast<int>(c.rotary)];
   if (c.rotary != Rotary::none && c.rotary_dim) s << " " << c.rotary_dim;
   if (c.sinks) s << " sinks";
-  if (c.alibi_variant) s << " alibi as a variant";
+  if (c.variant != UserVariant::none) s << " variant " << kiln::test::to_string(c.variant);
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
@@ -200,6 +201,10 @@ std::string describe(const Case& c) {
 struct Setup {
   DecodeReferenceProblem problem;
   DecodeInputs inputs;
+  // The user variant's fields of the options, and the device tensors they point to.
+  kiln::ScoreOptions variant;
+  std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> variant_buffers =
+      std::make_shared<std::vector<std::unique_ptr<DeviceBuffer>>>();
 };
 
 // Where the sequences' keys live: contiguous rows (shuffled with batch_idx), or pages handed
@@ -294,12 +299,17 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
     std::uniform_real_distribution<float> slope(0.05f, 1.0f);
     for (int i = 0; i < rows * c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
   }
-  if (c.alibi_variant) {  // the reference's ALiBi is the variant's twin
-    REQUIRE(c.alibi == Alibi::none);
-    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
-    for (int i = 0; i < c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
-  }
   if (c.sinks) a.sinks = kiln::test::random_sinks(c.heads, std::ranges::max(c.seqlens), rng);
+  if (c.variant != UserVariant::none) {
+    REQUIRE(c.alibi == Alibi::none);
+    kiln::test::VariantShape shape{.batch = c.batch(), .heads = c.heads, .seqlen_q = c.seqlen_q};
+    for (int n : c.seqlens) {
+      const int keys = n + c.seqlen_new;
+      shape.seqlen_k = std::max(shape.seqlen_k, keys);
+      shape.offsets.push_back(c.top_left ? 0 : keys - c.seqlen_q);
+    }
+    kiln::test::add_user_variant(c.variant, shape, a, s.variant, *s.variant_buffers, rng);
+  }
   p.cache = cache_map(c, rng);
   p.seqlens = c.seqlens;
   p.seqlen_q = c.seqlen_q;
@@ -339,12 +349,11 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   d.options.score.top_left = c.top_left;
   d.options.score.softcap = c.softcap;
   d.options.num_splits = c.num_splits;
+  d.options.score.variant = s.variant.variant;
+  d.options.score.variant_scalars = s.variant.variant_scalars;
+  d.options.score.variant_tensors = s.variant.variant_tensors;
   const auto& slopes = p.attention.alibi_slopes;
-  if (c.alibi_variant) {
-    d.options.score.variant_tensors = {TensorView::contiguous(
-        d.keep(upload(std::vector<float>(slopes.begin(), slopes.end()))), DType::f32, {c.heads})};
-    d.options.score.variant = &kiln::examples::alibi_variant();
-  } else if (!slopes.empty()) {
+  if (c.variant == UserVariant::none && !slopes.empty()) {
     void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));
     d.options.score.alibi_slopes =
         c.alibi == Alibi::per_head
@@ -766,12 +775,14 @@ TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and w
            rng);
 }
 
-TEST_CASE("decode with ALiBi written as a user variant", "[gpu][decode][variant]") {
+TEST_CASE("decode with user variants: ALiBi and key padding and sink hooks",
+          "[gpu][decode][variant]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt = make_runtime();
   std::mt19937 rng(20);
   for (int splits : {1, 5}) {
-    run_case(rt, {.seqlens = {0, 1, 17, 900}, .alibi_variant = true, .num_splits = splits}, rng);
+    run_case(rt, {.seqlens = {0, 1, 17, 900}, .variant = UserVariant::alibi, .num_splits = splits},
+             rng);
     run_case(rt,
              {.seqlen_q = 4,
               .seqlens = {1, 300, 64},
@@ -779,7 +790,33 @@ TEST_CASE("decode with ALiBi written as a user variant", "[gpu][decode][variant]
               .page_size = 16,
               .causal = true,
               .sinks = true,
-              .alibi_variant = true,
+              .variant = UserVariant::alibi,
+              .num_splits = splits},
+             rng);
+    // The last sequence is all padding.
+    run_case(rt,
+             {.heads = 8,
+              .heads_kv = 2,
+              .seqlens = {0, 700, 33, 90},
+              .variant = UserVariant::key_padding,
+              .num_splits = splits},
+             rng);
+    run_case(rt,
+             {.heads = 4,
+              .heads_kv = 1,
+              .seqlen_q = 3,
+              .seqlens = {20, 400},
+              .seqlen_new = 3,
+              .page_size = 16,
+              .causal = true,
+              .sinks = true,
+              .variant = UserVariant::row_sinks,
+              .num_splits = splits},
+             rng);
+    run_case(rt,
+             {.seqlens = {0, 250, 9},
+              .window_left = 100,
+              .variant = UserVariant::softmax_one,
               .num_splits = splits},
              rng);
   }
