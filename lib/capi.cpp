@@ -9,6 +9,7 @@
 #include <cstring>
 #include <span>
 #include <string>
+#include <type_traits>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -81,20 +82,26 @@ static_assert(KILN_VERSION_MINOR < 100 && KILN_VERSION_PATCH < 100,
 // fields are only ever appended.
 #define KILN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
 
-constexpr std::array kAttentionOptionsEnds = {KILN_FIELD_END(kiln_attention_options, softmax_scale),
-                                              KILN_FIELD_END(kiln_attention_options, causal),
-                                              KILN_FIELD_END(kiln_attention_options, window_left),
-                                              KILN_FIELD_END(kiln_attention_options, window_right),
-                                              KILN_FIELD_END(kiln_attention_options, top_left),
-                                              KILN_FIELD_END(kiln_attention_options, softcap),
-                                              KILN_FIELD_END(kiln_attention_options, alibi_slopes),
-                                              KILN_FIELD_END(kiln_attention_options, bias),
-                                              KILN_FIELD_END(kiln_attention_options, cu_seqlens_q),
-                                              KILN_FIELD_END(kiln_attention_options, cu_seqlens_k),
-                                              KILN_FIELD_END(kiln_attention_options, seqused_k),
-                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
-                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_k),
-                                              KILN_FIELD_END(kiln_attention_options, sinks)};
+constexpr std::array kAttentionOptionsEnds = {
+    KILN_FIELD_END(kiln_attention_options, softmax_scale),
+    KILN_FIELD_END(kiln_attention_options, causal),
+    KILN_FIELD_END(kiln_attention_options, window_left),
+    KILN_FIELD_END(kiln_attention_options, window_right),
+    KILN_FIELD_END(kiln_attention_options, top_left),
+    KILN_FIELD_END(kiln_attention_options, softcap),
+    KILN_FIELD_END(kiln_attention_options, alibi_slopes),
+    KILN_FIELD_END(kiln_attention_options, bias),
+    KILN_FIELD_END(kiln_attention_options, cu_seqlens_q),
+    KILN_FIELD_END(kiln_attention_options, cu_seqlens_k),
+    KILN_FIELD_END(kiln_attention_options, seqused_k),
+    KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
+    KILN_FIELD_END(kiln_attention_options, max_seqlen_k),
+    KILN_FIELD_END(kiln_attention_options, sinks),
+    KILN_FIELD_END(kiln_attention_options, variant_name),
+    KILN_FIELD_END(kiln_attention_options, variant_code),
+    KILN_FIELD_END(kiln_attention_options, variant_scalars),
+    KILN_FIELD_END(kiln_attention_options, num_variant_tensors),
+    KILN_FIELD_END(kiln_attention_options, variant_tensors)};
 
 constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, softmax_scale),
                                            KILN_FIELD_END(kiln_decode_options, causal),
@@ -109,7 +116,12 @@ constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, s
                                            KILN_FIELD_END(kiln_decode_options, rotary_sin),
                                            KILN_FIELD_END(kiln_decode_options, rotary_interleaved),
                                            KILN_FIELD_END(kiln_decode_options, num_splits),
-                                           KILN_FIELD_END(kiln_decode_options, sinks)};
+                                           KILN_FIELD_END(kiln_decode_options, sinks),
+                                           KILN_FIELD_END(kiln_decode_options, variant_name),
+                                           KILN_FIELD_END(kiln_decode_options, variant_code),
+                                           KILN_FIELD_END(kiln_decode_options, variant_scalars),
+                                           KILN_FIELD_END(kiln_decode_options, num_variant_tensors),
+                                           KILN_FIELD_END(kiln_decode_options, variant_tensors)};
 
 constexpr std::array kKVCacheEnds = {
     KILN_FIELD_END(kiln_kvcache, k), KILN_FIELD_END(kiln_kvcache, v),
@@ -375,10 +387,38 @@ class CallTensors {
   std::optional<Device> first_;
 };
 
-// The score's fields of `c` as ScoreOptions; the slopes and sinks are converted as the call's
-// tensors.
+// The user variant of `c`, into `variant` (which the options point to), with its scalars and
+// tensors (the call's).
 template <ScoreFieldsStruct C>
-ScoreOptions score_options(const C& c, CallTensors& tensors) {
+void set_variant(const C& c, CallTensors& tensors, Variant& variant, ScoreOptions& o) {
+  std::copy(std::begin(c.variant_scalars), std::end(c.variant_scalars), o.variant_scalars.begin());
+  if ((c.variant_name == nullptr) != (c.variant_code == nullptr)) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("variant_{} is NULL but variant_{} is set: a user variant needs both "
+                            "its name and its code; set both, or neither for none",
+                            c.variant_name == nullptr ? "name" : "code",
+                            c.variant_name == nullptr ? "code" : "name"));
+  }
+  constexpr int kTensors = static_cast<int>(std::extent_v<decltype(C::variant_tensors)>);
+  if (c.num_variant_tensors < 0 || c.num_variant_tensors > kTensors) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("num_variant_tensors is {}: it must be 0 to {}", c.num_variant_tensors,
+                            kTensors));
+  }
+  for (int i = 0; i < c.num_variant_tensors; ++i) {
+    o.variant_tensors.push_back(
+        tensors(c.variant_tensors[i], fmt::format("variant_tensors[{}]", i)));
+  }
+  if (c.variant_name == nullptr) return;
+  variant.name = c.variant_name;
+  variant.code = c.variant_code;
+  o.variant = &variant;
+}
+
+// The score's fields of `c` as ScoreOptions; the slopes and sinks are converted as the call's
+// tensors, and the user variant goes into `variant`.
+template <ScoreFieldsStruct C>
+ScoreOptions score_options(const C& c, CallTensors& tensors, Variant& variant) {
   CScoreFields fields;
   std::memcpy(&fields, reinterpret_cast<const unsigned char*>(&c) + kScoreFieldsAt, sizeof fields);
   ScoreOptions o;
@@ -390,6 +430,7 @@ ScoreOptions score_options(const C& c, CallTensors& tensors) {
   o.softcap = fields.softcap;
   o.alibi_slopes = tensors.maybe(fields.alibi_slopes, "alibi_slopes");
   o.sinks = tensors.maybe(c.sinks, "sinks");  // appended to both structs, past CScoreFields
+  set_variant(c, tensors, variant, o);
   return o;
 }
 
@@ -415,7 +456,8 @@ kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor*
                            tout = tensors(out, "out");
     const kiln_attention_options c = kiln::attention_options(options);
     kiln::AttentionOptions o;
-    o.score = kiln::score_options(c, tensors);
+    kiln::Variant variant;
+    o.score = kiln::score_options(c, tensors, variant);
     o.bias = tensors.maybe(c.bias, "bias");
     o.lse = tensors.maybe(lse, "lse");
     o.cu_seqlens_q = tensors.maybe(c.cu_seqlens_q, "cu_seqlens_q");
@@ -457,7 +499,8 @@ kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* c
     const kiln::TensorView tout = tensors(out, "out");
     const kiln_decode_options c = kiln::decode_options(options);
     kiln::DecodeOptions o;
-    o.score = kiln::score_options(c, tensors);
+    kiln::Variant variant;
+    o.score = kiln::score_options(c, tensors, variant);
     o.k_new = tensors.maybe(c.k_new, "k_new");
     o.v_new = tensors.maybe(c.v_new, "v_new");
     o.rotary_cos = tensors.maybe(c.rotary_cos, "rotary_cos");

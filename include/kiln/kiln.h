@@ -64,6 +64,14 @@ typedef struct kiln_attention_options {
   int max_seqlen_k;             /* varlen: the longest key sequence */
   const DLTensor* sinks;        /* fp32 (heads): a logit per head added to each row's softmax
                                    denominator with no value (kiln::ScoreOptions::sinks) */
+  /* A user variant (kiln/variant.hpp): attention hooks written as device code, compiled into the
+   * call's kernels (and cached under their text). Both strings NULL: none. They and the tensors
+   * are read during the call only; the scalars and tensors change without a recompile. */
+  const char* variant_name;           /* a C++ identifier, naming it in specs and errors */
+  const char* variant_code;           /* defines struct kiln_variant and its hooks */
+  float variant_scalars[8];           /* v.scalars in the hooks */
+  int num_variant_tensors;            /* 0 to 4: how many of variant_tensors are given */
+  const DLTensor* variant_tensors[4]; /* v.tensors in the hooks: any dtype, rank 1 to 4 */
 } kiln_attention_options;
 
 void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size);
@@ -118,6 +126,11 @@ typedef struct kiln_decode_options {
                                    (GPT-J); 0: (i, i + rotary_dim / 2) (GPT-NeoX) */
   int num_splits;               /* 0: heuristic; n >= 1: at most n key splits (<= 128) */
   const DLTensor* sinks;        /* fp32 (heads), as kiln_attention_options' */
+  const char* variant_name;     /* a user variant, as kiln_attention_options' */
+  const char* variant_code;
+  float variant_scalars[8];
+  int num_variant_tensors;
+  const DLTensor* variant_tensors[4];
 } kiln_decode_options;
 
 void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size);

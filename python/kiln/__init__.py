@@ -9,6 +9,7 @@ import torch on first use.
 """
 from ._capi import KilnError, KilnValueError
 from ._capi import version as _library_version
+from .variant import Variant
 
 # libkiln's kiln_version(), which CMakeLists.txt's project version sets, as does the wheel's.
 __version__ = _library_version()
@@ -16,7 +17,7 @@ __version__ = _library_version()
 # The calls, from kiln.interface, which imports torch (and registers kiln's ops) on first use.
 _TORCH_NAMES = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
                 "merge_states", "warmup", "info")
-__all__ = ["KilnError", "KilnValueError", "__version__", *_TORCH_NAMES]
+__all__ = ["KilnError", "KilnValueError", "Variant", "__version__", *_TORCH_NAMES]
 
 
 def __getattr__(name):

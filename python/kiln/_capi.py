@@ -16,6 +16,7 @@ Nothing here imports torch: tensors arrive as (data, device_type, device_id, dty
 shape, strides), so the C layout can be tested and used without it.
 """
 import ctypes
+import functools
 import os
 import struct
 import threading
@@ -89,6 +90,16 @@ _SCORE_FIELDS = [
     ("alibi_slopes", ctypes.c_void_p),
 ]
 
+# A user variant's fields, at the end of both options structs.
+VARIANT_SCALARS, VARIANT_TENSORS = 8, 4
+_VARIANT_FIELDS = [
+    ("variant_name", ctypes.c_void_p),
+    ("variant_code", ctypes.c_void_p),
+    ("variant_scalars", ctypes.c_float * VARIANT_SCALARS),
+    ("num_variant_tensors", ctypes.c_int),
+    ("variant_tensors", ctypes.c_void_p * VARIANT_TENSORS),
+]
+
 
 class AttentionOptions(ctypes.Structure):
     _fields_ = _SCORE_FIELDS + [
@@ -99,7 +110,7 @@ class AttentionOptions(ctypes.Structure):
         ("max_seqlen_q", ctypes.c_int),
         ("max_seqlen_k", ctypes.c_int),
         ("sinks", ctypes.c_void_p),
-    ]
+    ] + _VARIANT_FIELDS
 
 
 class DecodeOptions(ctypes.Structure):
@@ -111,7 +122,7 @@ class DecodeOptions(ctypes.Structure):
         ("rotary_interleaved", ctypes.c_int),
         ("num_splits", ctypes.c_int),
         ("sinks", ctypes.c_void_p),
-    ]
+    ] + _VARIANT_FIELDS
 
 
 class KVCache(ctypes.Structure):
@@ -132,15 +143,17 @@ TENSOR_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q{8 * (MAX_RANK - n)}x{n}q
 # which saves reading them from torch.
 COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in range(MAX_RANK + 1)]
 # kiln_attention_options and kiln_decode_options have the same field types in the same order.
-OPTIONS = struct.Struct("=QfiiiifQQQQQiiQ")
+OPTIONS = struct.Struct("=QfiiiifQQQQQiiQQQ8fi4x4Q")
 KVCACHE = struct.Struct("=QQQQQQ")
 ATTENTION_OPTIONS_SIZE = ctypes.sizeof(AttentionOptions)
 DECODE_OPTIONS_SIZE = ctypes.sizeof(DecodeOptions)
 KVCACHE_SIZE = ctypes.sizeof(KVCache)
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
-# block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks).
-MAX_TENSORS = 16
+# block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, then the
+# variant's, from VARIANT_SLOT on).
+VARIANT_SLOT = 14
+MAX_TENSORS = VARIANT_SLOT + VARIANT_TENSORS
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
 _CACHE_AT = _OPTIONS_AT + OPTIONS.size
 _SCRATCH_SIZE = _CACHE_AT + KVCACHE.size
@@ -167,16 +180,27 @@ class Scratch(threading.local):
 scratch = Scratch()
 
 
+NO_VARIANT = (0, 0) + (0.0,) * VARIANT_SCALARS + (0,) * (1 + VARIANT_TENSORS)
+
+
 def pack_options(size, scale, causal, window_left, window_right, top_left, softcap, alibi,
-                 p0, p1, p2, p3, i0, i1, sinks):
+                 p0, p1, p2, p3, i0, i1, sinks, variant=NO_VARIANT):
     """Writes kiln_attention_options (p0..p3: bias, cu_seqlens_q, cu_seqlens_k, seqused_k; i0, i1:
     max_seqlen_q, max_seqlen_k) or kiln_decode_options (k_new, v_new, rotary_cos, rotary_sin;
-    rotary_interleaved, num_splits), then sinks, into this thread's block; returns its
-    address."""
+    rotary_interleaved, num_splits), then sinks and the variant's fields (name and code
+    addresses, the scalars, the tensor count and addresses), into this thread's block; returns
+    its address."""
     s = scratch
     OPTIONS.pack_into(s.buffer, _OPTIONS_AT, size, scale, causal, window_left, window_right,
-                      top_left, softcap, alibi, p0, p1, p2, p3, i0, i1, sinks)
+                      top_left, softcap, alibi, p0, p1, p2, p3, i0, i1, sinks, *variant)
     return s.options
+
+
+@functools.lru_cache(maxsize=64)
+def c_string(text):
+    """A NUL-terminated copy of `text` that stays put while it is referenced: a variant's name or
+    code, kept across calls so that each call does not encode it again."""
+    return ctypes.create_string_buffer(text.encode())
 
 
 def pack_cache(k, v, seqlens, batch_idx, block_table):

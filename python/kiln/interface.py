@@ -12,6 +12,7 @@ import torch
 
 from . import _capi, ops
 from ._capi import KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED, KilnError, KilnValueError
+from .variant import Variant
 
 
 def _unsupported(argument, value, instead):
@@ -91,6 +92,22 @@ def _run(op, first, *args):
         op(*args)
 
 
+def _variant(variant, scalars, tensors):
+    """The ops' variant arguments (name, code, scalars, tensors) from the calls' keywords."""
+    if variant is None:
+        if scalars or tensors:
+            _invalid("variant_scalars or variant_tensors without a variant: pass variant="
+                     "kiln.Variant(name, code), or neither")
+        return None, None, [], []
+    if not isinstance(variant, Variant):
+        _invalid(f"variant is a {type(variant).__name__}: pass a kiln.Variant(name, code)")
+    try:
+        scalars = [float(x) for x in scalars]
+    except (TypeError, ValueError):
+        _invalid(f"variant_scalars={scalars!r}: pass a sequence of up to 8 numbers")
+    return variant.name, variant.code, scalars, list(tensors)
+
+
 def _result(out, lse, what, inputs):
     if torch.is_grad_enabled() and ops.needs_grad(inputs):
         out = ops.NoBackward.apply(out, what, *inputs)
@@ -100,7 +117,8 @@ def _result(out, lse, what, inputs):
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, bias=None, top_left=False,
-                    return_softmax_lse=False, out=None, sinks=None):
+                    return_softmax_lse=False, out=None, sinks=None, variant=None,
+                    variant_scalars=(), variant_tensors=()):
     """Attention over q (batch, seqlen_q, heads, d), k and v (batch, seqlen_k, heads_kv, d / dv):
     out (batch, seqlen_q, heads, dv), as FlashAttention's flash_attn_func, with the same
     defaults (softmax_scale None: 1 / sqrt(d); causal aligned bottom-right; window_size
@@ -111,7 +129,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     top-left; return_softmax_lse=True returns (out, softmax_lse), softmax_lse float32
     (batch, heads, seqlen_q); out= writes the output there; sinks, float32 (heads): a learned
     logit per head that joins each row's softmax denominator with no value (gpt-oss), counted
-    in softmax_lse. The forward is deterministic
+    in softmax_lse; variant, a kiln.Variant (attention hooks written as device code, compiled
+    into the kernels), with its variant_scalars (up to 8 numbers) and variant_tensors (up to 4,
+    any dtype and strides), which change without a recompile. The forward is deterministic
     (`deterministic` concerns the backward pass, which kiln does not have yet: a backward
     through the result raises).
     """
@@ -122,9 +142,10 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     out = _output(out, (batch, seqlen_q, heads, v.shape[-1]), q, "out")
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) if return_softmax_lse \
         else None
+    hooks = _variant(variant, variant_scalars, variant_tensors)
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
-         _scale(softmax_scale), causal, left, right, top_left, softcap, sinks)
-    return _result(out, lse, "flash_attn_func", (q, k, v, bias, sinks))
+         _scale(softmax_scale), causal, left, right, top_left, softcap, sinks, *hooks)
+    return _result(out, lse, "flash_attn_func", (q, k, v, bias, sinks, *hooks[3]))
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -132,14 +153,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, seqused_k=None,
                            bias=None, top_left=False, return_softmax_lse=False, out=None,
-                           sinks=None):
+                           sinks=None, variant=None, variant_scalars=(), variant_tensors=()):
     """flash_attn_func over packed sequences, as FlashAttention's flash_attn_varlen_func: q
     (total_q, heads, d), k and v (total_k, heads_kv, d / dv), sequence b at
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32, batch + 1); max_seqlen_q/k are Python ints.
     out (total_q, heads, dv); softmax_lse float32 (heads, total_q).
 
     kiln's keyword-only extras: those of flash_attn_func, and seqused_k (int32, batch): the keys
-    each sequence uses, from its start (FlashAttention 3's). block_table (a paged varlen call)
+    each sequence uses, from its start (FlashAttention 3's); a variant's key index counts from
+    its sequence's start. block_table (a paged varlen call)
     is not supported: use flash_attn_with_kvcache for a paged cache.
     """
     _forward_only(dropout_p, return_attn_probs)
@@ -151,11 +173,12 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     total_q, heads = q.shape[:2]
     out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
     lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else None
+    hooks = _variant(variant, variant_scalars, variant_tensors)
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
          seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
          _seqlen("max_seqlen_k", max_seqlen_k), _scale(softmax_scale), causal, left, right,
-         top_left, softcap, sinks)
-    return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias, sinks))
+         top_left, softcap, sinks, *hooks)
+    return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias, sinks, *hooks[3]))
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,
@@ -163,7 +186,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             cache_leftpad=None, block_table=None, softmax_scale=None,
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
-                            return_softmax_lse=False, *, top_left=False, out=None, sinks=None):
+                            return_softmax_lse=False, *, top_left=False, out=None, sinks=None,
+                            variant=None, variant_scalars=(), variant_tensors=()):
     """Decode over a KV cache, as FlashAttention's flash_attn_with_kvcache: q (batch, seqlen_q,
     heads, d); the cache contiguous (batch_cache, seqlen_cache, heads_kv, d / dv), rows picked by
     cache_batch_idx (int32, batch), or paged (num_pages, page_size, heads_kv, d / dv) with
@@ -176,8 +200,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     heads, dv), or (out, softmax_lse) with softmax_lse float32 (batch, heads, seqlen_q).
 
     kiln's keyword-only extras: top_left=True aligns the band top-left; out= writes the output
-    there; sinks as flash_attn_func's, counted once per row whatever the split. cache_leftpad is
-    not supported.
+    there; sinks as flash_attn_func's, counted once per row whatever the split; variant as
+    flash_attn_func's, its key index counting from the cache's start. cache_leftpad is not
+    supported.
     """
     if cache_leftpad is not None:
         _unsupported("cache_leftpad", "<tensor>", "keep each sequence's keys from the start of "
@@ -196,11 +221,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     out = _output(out, (batch, seqlen_q, heads, v_cache.shape[-1]), q, "out")
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) if return_softmax_lse \
         else None
+    hooks = _variant(variant, variant_scalars, variant_tensors)
     _run(ops.attention_with_kvcache, q, q, k_cache, v_cache, cache_seqlens, out, lse, k, v,
          rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes,
          _scale(softmax_scale), causal, left, right, top_left, softcap, rotary_interleaved,
-         num_splits, sinks)
-    return _result(out, lse, "flash_attn_with_kvcache", (q, k, v, sinks))
+         num_splits, sinks, *hooks)
+    return _result(out, lse, "flash_attn_with_kvcache", (q, k, v, sinks, *hooks[3]))
 
 
 def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):

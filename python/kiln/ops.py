@@ -13,7 +13,8 @@ tensors) goes through the op.
 No autograd yet: torch refuses an autograd formula for an op that mutates its arguments, so
 outputs that need one pass through NoBackward, whose backward raises.
 """
-from typing import Optional
+import ctypes
+from typing import List, Optional
 
 import torch
 
@@ -146,6 +147,28 @@ def _op(fn, mutates_args):
     return op
 
 
+def _variant(name, code, scalars, tensors):
+    """A user variant's fields of the options (_capi.pack_options), and the strings they point
+    into, which the caller keeps alive for the call."""
+    if name is None and code is None and not scalars and not tensors:
+        return _capi.NO_VARIANT, None
+    if len(scalars) > _capi.VARIANT_SCALARS:
+        raise KilnValueError(_capi.KILN_ERROR_INVALID_ARGUMENT,
+                             f"variant_scalars has {len(scalars)} values: a variant takes at "
+                             f"most {_capi.VARIANT_SCALARS}")
+    if len(tensors) > _capi.VARIANT_TENSORS:
+        raise KilnValueError(_capi.KILN_ERROR_INVALID_ARGUMENT,
+                             f"variant_tensors has {len(tensors)} tensors: a variant takes at "
+                             f"most {_capi.VARIANT_TENSORS}")
+    strings = tuple(None if text is None else _capi.c_string(text) for text in (name, code))
+    addresses = [_tensor(_capi.VARIANT_SLOT + i, t, f"variant_tensors[{i}]")
+                 for i, t in enumerate(tensors)]
+    fields = (*(_NULL if c is None else ctypes.addressof(c) for c in strings), *scalars,
+              *(0.0,) * (_capi.VARIANT_SCALARS - len(scalars)), len(tensors), *addresses,
+              *(_NULL,) * (_capi.VARIANT_TENSORS - len(tensors)))
+    return fields, strings
+
+
 # --- kiln_attention ----------------------------------------------------------------------------
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
@@ -153,13 +176,16 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
                cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
                seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
-               top_left: bool, softcap: float, sinks: Optional[Tensor]) -> None:
+               top_left: bool, softcap: float, sinks: Optional[Tensor],
+               variant_name: Optional[str], variant_code: Optional[str],
+               variant_scalars: List[float], variant_tensors: List[Tensor]) -> None:
+    variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     options = _capi.pack_options(
         _capi.ATTENTION_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
         softcap, _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(6, bias, "bias"),
         _maybe(7, cu_seqlens_q, "cu_seqlens_q"), _maybe(8, cu_seqlens_k, "cu_seqlens_k"),
         _maybe(9, seqused_k, "seqused_k"), max_seqlen_q, max_seqlen_k,
-        _maybe(10, sinks, "sinks"))
+        _maybe(10, sinks, "sinks"), variant)
     _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
                            _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
@@ -176,7 +202,10 @@ def _attention_with_kvcache(
         cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
         alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
         window_right: int, top_left: bool, softcap: float, rotary_interleaved: bool,
-        num_splits: int, sinks: Optional[Tensor]) -> None:
+        num_splits: int, sinks: Optional[Tensor], variant_name: Optional[str],
+        variant_code: Optional[str], variant_scalars: List[float],
+        variant_tensors: List[Tensor]) -> None:
+    variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     cache = _capi.pack_cache(_tensor(1, k_cache, "k_cache"), _tensor(2, v_cache, "v_cache"),
                              _tensor(3, cache_seqlens, "cache_seqlens"),
                              _maybe(4, cache_batch_idx, "cache_batch_idx"),
@@ -185,7 +214,7 @@ def _attention_with_kvcache(
         _capi.DECODE_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
         softcap, _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(7, k, "k"), _maybe(8, v, "v"),
         _maybe(9, rotary_cos, "rotary_cos"), _maybe(10, rotary_sin, "rotary_sin"),
-        rotary_interleaved, num_splits, _maybe(13, sinks, "sinks"))
+        rotary_interleaved, num_splits, _maybe(13, sinks, "sinks"), variant)
     _check(_capi.attention_with_kvcache(_tensor(0, q, "q"), cache, _tensor(11, out, "out"),
                                         options, _maybe(12, lse, "lse"), _stream(q)))
 

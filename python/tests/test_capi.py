@@ -19,14 +19,23 @@ def test_version_is_the_libraries_and_the_cmake_projects():
 
 
 def offsets(ctype):
-    return [getattr(ctype, name).offset for name, _ in ctype._fields_]
+    """The offset of each field of a ctypes struct, an array's elements each."""
+    out = []
+    for name, kind in ctype._fields_:
+        at = getattr(ctype, name).offset
+        n = getattr(kind, "_length_", 1)
+        out += [at + i * ctypes.sizeof(kind) // n for i in range(n)]
+    return out
 
 
 def packed_offsets(fmt):
-    """The offset of each field of a struct format ('=' packing, no 'x' pads)."""
+    """The offset of each field of a struct format ('=' packing; 'x' pads are no field)."""
     import struct
     out, at = [], 0
     for count, code in re.findall(r"(\d*)([a-zA-Z?])", fmt.lstrip("=")):
+        if code == "x":
+            at += int(count or 1)
+            continue
         for _ in range(int(count or 1)):
             out.append(at)
             at += struct.calcsize("=" + code)

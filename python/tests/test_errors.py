@@ -22,6 +22,7 @@ QV, KV = bf16(0, 8, 64), bf16(0, 2, 64)
 CU = torch.zeros(1, dtype=I32)
 CACHE = bf16(4, 64, 2, 64)
 SEQLENS = torch.empty(0, dtype=I32)
+VARIANT = kiln.Variant("mine", "struct kiln_variant {};")
 
 
 def refused(kind, status, *words):
@@ -102,6 +103,23 @@ INVALID = [
      lambda: kiln.flash_attn_func(Q, K, K, alibi_slopes=torch.empty(8, dtype=torch.complex64)),
      "alibi_slopes has dtype torch.complex64"),
     ("warmup on the CPU", lambda: kiln.warmup("cpu"), "device=cpu"),
+    ("a variant name that is no identifier", lambda: kiln.Variant("my variant", "struct x;"),
+     "Variant name 'my variant' must be a C++ identifier"),
+    ("a variant without code", lambda: kiln.Variant("mine", "  "), "Variant 'mine' has no code"),
+    ("a variant that is no kiln.Variant",
+     lambda: kiln.flash_attn_func(Q, K, K, variant=("mine", "struct x;")), "variant is a tuple"),
+    ("variant scalars without a variant",
+     lambda: kiln.flash_attn_func(Q, K, K, variant_scalars=[1.0]), "without a variant"),
+    ("variant scalars that are no numbers",
+     lambda: kiln.flash_attn_func(Q, K, K, variant=VARIANT, variant_scalars=["a"]),
+     "pass a sequence of up to 8 numbers"),
+    ("nine variant scalars",
+     lambda: kiln.flash_attn_func(Q, K, K, variant=VARIANT, variant_scalars=[0.0] * 9),
+     "variant_scalars has 9 values: a variant takes at most 8"),
+    ("five variant tensors",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, cache_seqlens=SEQLENS,
+                                          variant=VARIANT, variant_tensors=[CU] * 5),
+     "variant_tensors has 5 tensors: a variant takes at most 4"),
 ]
 
 
@@ -131,6 +149,9 @@ KILN = [
      lambda: kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, cache_seqlens=SEQLENS,
                                           num_splits=1000),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "num_splits is 1000"),
+    ("a variant tensor of rank 0",
+     lambda: kiln.flash_attn_func(Q, K, K, variant=VARIANT, variant_tensors=[torch.empty(())]),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "variant_tensors[0]"),
     ("merge_states LSE of the wrong heads",
      lambda: kiln.merge_states(bf16(0, 8, 32), torch.empty(0, 7), bf16(0, 8, 32),
                                torch.empty(0, 8)),

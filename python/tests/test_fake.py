@@ -9,6 +9,11 @@ import kiln
 from kiln import ops
 
 BF16, I32, F32 = torch.bfloat16, torch.int32, torch.float32
+VARIANT = kiln.Variant("scaled", """struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords&, float x) {
+    return x * v.scalars[0];
+  }
+};""")
 
 
 def tensors(device):
@@ -51,6 +56,10 @@ CALLS = {
                                                block_table=t["table"], causal=True,
                                                return_softmax_lse=True),
         [((2, 1, 8, 32), BF16), ((2, 8, 1), F32)]),
+    "flash_attn_func with a variant": (
+        lambda t: kiln.flash_attn_func(t["q"], t["k"], t["v"], variant=VARIANT,
+                                       variant_scalars=[0.5], variant_tensors=[t["seqlens"]]),
+        [((2, 5, 8, 32), BF16)]),
     "flash_attn_with_kvcache contiguous, int cache_seqlens": (
         lambda t: kiln.flash_attn_with_kvcache(t["q"], t["k_cache"][:2], t["v_cache"][:2],
                                                cache_seqlens=3),

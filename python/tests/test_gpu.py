@@ -3,6 +3,8 @@
 in the input dtype, plus 1e-5), on every GPU's ordinal or a second stream, under torch.compile,
 and captured in a CUDA graph replayed with new cache lengths. Outputs are poisoned with NaN
 before each call; inputs are fresh random values. Skipped without a GPU."""
+import re
+
 import pytest
 import torch
 
@@ -190,6 +192,47 @@ def test_sinks_in_every_call():
                                                     return_softmax_lse=True, sinks=sinks)
             ref.check_close(out, expected[0][0], expected[1][0])
             ref.check_close(lse, expected[0][1], expected[1][1])
+
+
+def example_variant(name):
+    """The kiln.Variant of examples/variants.hpp named `name`, its code read from there."""
+    from conftest import REPO
+    text = (REPO / "examples" / "variants.hpp").read_text()
+    code = re.search(rf'\.name = "{name}", \.code = R"\((.*?)\)"', text, re.S).group(1)
+    return kiln.Variant(name, code)
+
+
+def test_a_user_variant_in_every_call_and_under_torch_compile():
+    """ALiBi written as a variant (examples/variants.hpp), its slopes a variant tensor, against
+    the reference's ALiBi: flash_attn_func, varlen, the KV cache split or not, torch.compile."""
+    ref = reference()
+    alibi = example_variant("alibi")
+    slopes = torch.rand(8, device="cuda") * 0.5 + 0.05
+    kw = dict(variant=alibi, variant_tensors=[slopes])
+    q, k, v = randn(2, 90, 8, 128), randn(2, 140, 2, 128), randn(2, 140, 2, 128)
+    out, lse = kiln.flash_attn_func(q, k, v, causal=True, return_softmax_lse=True, **kw)
+    check_attention(out, lse, q, k, v, causal=True, alibi_slopes=slopes)
+    (cu_q, max_q), (cu_k, max_k) = varlen([17, 1, 64]), varlen([30, 5, 200])
+    qv, kv, vv = randn(int(cu_q[-1]), 8, 64), randn(int(cu_k[-1]), 4, 64), \
+        randn(int(cu_k[-1]), 4, 64)
+    out, lse = kiln.flash_attn_varlen_func(qv, kv, vv, cu_q, cu_k, max_q, max_k, causal=True,
+                                           return_softmax_lse=True, **kw)
+    check_attention(out, lse, qv, kv, vv, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, causal=True,
+                    alibi_slopes=slopes)
+    q1, k_cache, v_cache = randn(3, 1, 8, 128), randn(3, 512, 2, 128), randn(3, 512, 2, 128)
+    lengths = torch.tensor([0, 7, 500], dtype=I32, device="cuda")
+    expected = [ref.kvcache_ref(q1, k_cache, v_cache, cache_seqlens=lengths, alibi_slopes=slopes,
+                                upcast=upcast)[:2] for upcast in (True, False)]
+    for splits in (1, 4):
+        out, lse = kiln.flash_attn_with_kvcache(q1, k_cache, v_cache, cache_seqlens=lengths,
+                                                num_splits=splits, return_softmax_lse=True, **kw)
+        ref.check_close(out, expected[0][0], expected[1][0])
+        ref.check_close(lse, expected[0][1], expected[1][1])
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *t: kiln.flash_attn_func(*t, causal=True, **kw),
+                             fullgraph=True)
+    torch.testing.assert_close(compiled(q, k, v), kiln.flash_attn_func(q, k, v, causal=True, **kw),
+                               rtol=0, atol=0)
 
 
 def test_merge_states_of_two_key_halves_is_attention_over_all():

@@ -30,12 +30,14 @@ FLASH_ATTN = {
 }
 
 # kiln's extras, keyword-only, with their defaults.
+VARIANT = {"variant": None, "variant_scalars": (), "variant_tensors": ()}
 EXTRAS = {
     "flash_attn_func": {"bias": None, "top_left": False, "return_softmax_lse": False,
-                        "out": None, "sinks": None},
+                        "out": None, "sinks": None, **VARIANT},
     "flash_attn_varlen_func": {"seqused_k": None, "bias": None, "top_left": False,
-                               "return_softmax_lse": False, "out": None, "sinks": None},
-    "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None},
+                               "return_softmax_lse": False, "out": None, "sinks": None,
+                               **VARIANT},
+    "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None, **VARIANT},
 }
 
 

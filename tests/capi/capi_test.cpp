@@ -23,6 +23,7 @@
 #include "kiln/kiln.hpp"
 #include "ops/attention_reference.hpp"
 #include "support.hpp"
+#include "variants.hpp"
 
 namespace kiln::test {
 namespace {
@@ -345,6 +346,26 @@ TEST_CASE("the score's fields of both C options structs reach the call", "[capi]
     init(&call.options);
     call.options.sinks = slopes.get();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"sinks.size(-1) is 5"});
+    init(&call.options);
+    call.options.variant_code = "struct kiln_variant {};";
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {"variant_name is NULL but variant_code is set", "set both, or neither"});
+    init(&call.options);
+    call.options.variant_name = "mine";
+    call.options.variant_code = "struct kiln_variant {};";
+    call.options.num_variant_tensors = 5;
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"num_variant_tensors is 5", "0 to 4"});
+    call.options.num_variant_tensors = 2;
+    call.options.variant_tensors[0] = slopes.get();
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"variant_tensors[1] is NULL"});
+    init(&call.options);
+    call.options.num_variant_tensors = 1;
+    call.options.variant_tensors[0] = slopes.get();
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {"variant_tensors holds 1 tensors but there is no variant"});
+    call.options.variant_name = "mine";
+    call.options.variant_code = "";
+    check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"variant 'mine' has no code"});
   };
   Call attention;
   check_fields(attention, [](kiln_attention_options* o) { kiln_attention_options_init(o); });
@@ -390,6 +411,31 @@ TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal
   const ErrorReport report = compare_output(got, attention_reference(p, q, k, v));
   INFO(explain(report, got, attention_reference(p, q, k, v), 2, 64));
   CHECK(report.ok());
+
+  // A user variant through the options: the key padding mask of examples/variants.hpp, keys 3,
+  // 4 and 11 padding, against the reference with those keys masked.
+  const std::vector<std::int64_t> keep = {1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1};
+  const auto dkeep = upload(keep);
+  Tensor keep_tensor(reinterpret_cast<std::uintptr_t>(dkeep->get()), {kDLInt, 64, 1}, {1, 17});
+  call.options.variant_name = kiln::examples::key_padding_variant().name.c_str();
+  call.options.variant_code = kiln::examples::key_padding_variant().code.c_str();
+  call.options.num_variant_tensors = 1;
+  call.options.variant_tensors[0] = keep_tensor.get();
+  dout.poison();
+  check_status(call.run(), KILN_OK, {});
+  sync_and_check();
+  got.clear();
+  for (const std::uint16_t b : dout.download<std::uint16_t>()) {
+    got.push_back(from_bits(DType::bf16, b));
+  }
+  p.bias = [&](int, int, int, int j) {
+    return keep[static_cast<std::size_t>(j)] != 0 ? 0.0 : -std::numeric_limits<double>::infinity();
+  };
+  const ReferenceResult padded = attention_reference(p, q, k, v);
+  const ErrorReport padded_report = compare_output(got, padded);
+  INFO(explain(padded_report, got, padded, 2, 64));
+  CHECK(padded_report.ok());
+  kiln_attention_options_init(&call.options);
 
   // The same memory labelled with an ordinal past the last device: refused, not launched.
   int count = 0;
