@@ -158,18 +158,15 @@ struct LogitTransform {
     float x = score * scale;
     if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
     if constexpr (Spec::has_alibi) x -= alibi_slope * static_cast<float>(abs(i + offset - j));
-    if constexpr (Spec::has_bias) {
-      if (i < seqlen_q && j < seqlen_k)  // the tile overhangs the tensor; masked there anyway
-        x += to_float(bias[i * bias_row_stride + j * bias_col_stride]);
-    }
-    if constexpr (Spec::has_variant) {
-      // NOTE: where the tile overhangs the sequence the hook sees the last row or key instead,
-      // whose logit is masked or never stored: calling it on every element, not behind a
-      // branch, lets the compiler load what does not depend on the element once per tile.
-      VariantCoords at = sequence;
-      at.query = min(i, seqlen_q - 1);
-      at.key = min(j, seqlen_k - 1);
-      x = variant_logit<Spec>(*variant, at, x);
+    if constexpr (Spec::has_bias || Spec::has_variant) {
+      if (i < seqlen_q && j < seqlen_k) {  // the tile overhangs the tensor; masked there anyway
+        if constexpr (Spec::has_bias)
+          x += to_float(bias[i * bias_row_stride + j * bias_col_stride]);
+        VariantCoords at = sequence;
+        at.query = i;
+        at.key = j;
+        x = variant_logit<Spec>(*variant, at, x);
+      }
     }
     return x;
   }

@@ -282,13 +282,13 @@ struct DecodeLogits {
               logit -= rows.alibi_slope[r] * static_cast<float>(abs(rows.query[r] + offset - j));
             }
             if constexpr (Spec::has_variant) {
-              // Past the sequence's keys the hook sees its last key (masked there anyway), as
-              // LogitTransform::logit does.
-              VariantCoords at = sequence;
-              at.head = rows.head[r];
-              at.query = rows.query[r];
-              at.key = min(j, seqlen_k - 1);
-              logit = attention::variant_logit<Spec>(*variant, at, logit);
+              if (j < seqlen_k) {  // the tile overhangs the sequence; masked there anyway
+                VariantCoords at = sequence;
+                at.head = rows.head[r];
+                at.query = rows.query[r];
+                at.key = j;
+                logit = attention::variant_logit<Spec>(*variant, at, logit);
+              }
             }
           }
           if (mask && (j < rows.first_key[r] || j > rows.last_key[r])) {
