@@ -261,33 +261,28 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   for (kiln::KernelSpec& spec : specs) spec.target = "sm_90a";
   check_compiled(rt, specs);
 
+  // The compile error of `variant`'s kernel, which must fail.
+  const auto compile_error = [&](const kiln::Variant& variant) {
+    problem.variant = &variant;
+    kiln::KernelSpec spec = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+    spec.target = "sm_90a";
+    const kiln::WarmupReport report = rt.warmup(std::span(&spec, 1), {.threads = 1});
+    REQUIRE(report.items.size() == 1);
+    CHECK(report.items[0].status == kiln::WarmupStatus::failed);
+    return report.items[0].error;
+  };
   // An error on the variant's third line names the variant and that line.
   const kiln::Variant broken{.name = "broken", .code = R"(struct kiln_variant {
   static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
     return x + ;
   }
 };)"};
-  problem.variant = &broken;
-  kiln::KernelSpec spec = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
-  spec.target = "sm_90a";
-  const kiln::WarmupReport report = rt.warmup(std::span(&spec, 1), {.threads = 1});
-  REQUIRE(report.items.size() == 1);
-  CHECK(report.items[0].status == kiln::WarmupStatus::failed);
-  INFO(report.items[0].error);
-  CHECK_THAT(report.items[0].error, Catch::Contains("variant broken(3)"));
-
+  CHECK_THAT(compile_error(broken), Catch::Contains("variant broken(3)"));
   // A kiln_variant without any hook (here a misspelt one) says which hooks there are.
   const kiln::Variant hookless{.name = "hookless", .code = R"(struct kiln_variant {
   static __device__ float logits(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
     return x;
   }
 };)"};
-  problem.variant = &hookless;
-  spec = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
-  spec.target = "sm_90a";
-  const kiln::WarmupReport none = rt.warmup(std::span(&spec, 1), {.threads = 1});
-  REQUIRE(none.items.size() == 1);
-  CHECK(none.items[0].status == kiln::WarmupStatus::failed);
-  INFO(none.items[0].error);
-  CHECK_THAT(none.items[0].error, Catch::Contains("kiln_variant defines none of its hooks"));
+  CHECK_THAT(compile_error(hookless), Catch::Contains("kiln_variant defines none of its hooks"));
 }
