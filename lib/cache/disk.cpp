@@ -31,6 +31,8 @@ namespace fs = std::filesystem;
 constexpr std::string_view kEntrySuffix = ".kbin";
 constexpr std::string_view kTempSuffix = ".tmp";
 constexpr std::string_view kLockSuffix = ".lock";
+// The writable tier's eviction lock, at <root>/v<format>/ (lock_eviction).
+constexpr std::string_view kEvictLock = "evict.lock";
 // NOTE: directories are private so that no other user can plant a binary that kiln would load;
 // files are world-readable so that a copy of the cache works as a shared read-only bundle.
 constexpr mode_t kDirMode = 0700;
@@ -650,32 +652,23 @@ EntryStatus bad_dir_status(const Tier& tier, const BadDir& bad) {
 }
 
 // Removes the least recently used entries until the tier's entries and temp files total at most
-// `max_bytes`, after its stale leftovers. After a store, `keep` is the entry just stored: it is
-// spared however large, and so is every entry used after it. Two processes (or threads) storing
-// at once then cannot evict each other's entries: the newer one's eviction removes the older,
-// never the reverse. Returns how many entries it removed.
+// `max_bytes`, sparing `keep` (the entry just stored, however large), after its stale leftovers.
+// Returns how many entries it removed.
 std::size_t evict(const Tier& tier, std::uint64_t max_bytes, const std::optional<Key>& keep) {
   std::vector<TierFile> files = tier_contents(tier).files;
   remove_stale_leftovers(tier, files);
   std::uint64_t total = 0;
   for (const TierFile& file : files) total += counted_bytes(file);
   std::erase_if(files, [](const TierFile& file) { return !is_entry(file); });
-  const auto last_used = [](const TierFile& file) {
-    return std::tie(file.info.st_mtim.tv_sec, file.info.st_mtim.tv_nsec, file.name);
-  };
-  std::sort(files.begin(), files.end(),
-            [&](const TierFile& a, const TierFile& b) { return last_used(a) < last_used(b); });
-  if (keep) {
-    // Without `keep` in the listing, a newer store's eviction (or a prune) removed it, and kept
-    // the cap: this one removes nothing.
-    const std::string kept = entry_file(*keep);
-    const auto at = std::find_if(files.begin(), files.end(),
-                                 [&](const TierFile& file) { return file.name == kept; });
-    files.erase(at == files.end() ? files.begin() : at, files.end());
-  }
+  std::sort(files.begin(), files.end(), [](const TierFile& a, const TierFile& b) {
+    return std::tie(a.info.st_mtim.tv_sec, a.info.st_mtim.tv_nsec, a.name) <
+           std::tie(b.info.st_mtim.tv_sec, b.info.st_mtim.tv_nsec, b.name);
+  });
+  const std::string kept = keep ? entry_file(*keep) : std::string();
   std::size_t removed = 0;
   for (const TierFile& entry : files) {
     if (total <= max_bytes) break;
+    if (entry.name == kept) continue;
     const int error = remove_file(tier, entry.dir, entry.name);
     if (error == 0) ++removed;
     if (error == 0 || error == ENOENT) total -= counted_bytes(entry);
@@ -714,6 +707,30 @@ TierDir open_note_dir(const Tier& tier, std::span<const std::string> parts, bool
   std::vector<std::string> dirs{version_dir()};
   dirs.insert(dirs.end(), parts.begin(), parts.end() - 1);
   return open_tier_dir(tier, dirs, create);
+}
+
+// Takes an exclusive flock on `fd`, trying every kLockRetry until `wait` has passed (a blocking
+// flock would wait for ever on a holder that is stopped). Returns whether it holds the lock.
+bool flock_within(int fd, std::chrono::milliseconds wait) {
+  const auto deadline = std::chrono::steady_clock::now() + wait;
+  while (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (errno != EWOULDBLOCK && errno != EINTR) return false;
+    if (std::chrono::steady_clock::now() >= deadline) return false;
+    std::this_thread::sleep_for(kLockRetry);
+  }
+  return true;
+}
+
+// The tier's eviction lock, <root>/v<format>/evict.lock, held while the returned descriptor is
+// open; an empty Fd when it cannot be taken within `wait` (the store then goes on unlocked).
+Fd lock_eviction(const Tier& tier, std::chrono::milliseconds wait) {
+  const std::string name(kEvictLock);
+  const TierDir dir = open_note_dir(tier, std::span(&name, 1), /*create=*/true);
+  if (!dir.fd.ok()) return Fd();
+  Fd file(
+      ::openat(dir.fd.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kFileMode));
+  if (!file.ok() || !flock_within(file.get(), wait)) return Fd();
+  return file;
 }
 
 int write_text(int fd, std::string_view text) {
@@ -798,12 +815,16 @@ void DiskCache::store(const Entry& entry) {
     if (!shard.untrusted.empty()) return warn_unusable_dir(shard);
     return warn_store_failed(tier.path, shard.path, shard.fd.error());
   }
+  // With a cap, a store publishes and evicts under the tier's eviction lock: two at once could
+  // otherwise each evict the other's entry, leaving neither.
+  const bool capped = impl_->config.max_bytes > 0;
+  const Fd eviction = capped ? lock_eviction(tier, impl_->config.lock_wait) : Fd();
   const std::string name = entry_file(entry.key);
   if (const int error =
           publish(shard.fd.get(), name, [&](int fd) { return write_entry(fd, entry); })) {
     return warn_store_failed(tier.path, shard.path / name, error);
   }
-  if (impl_->config.max_bytes > 0) evict(tier, impl_->config.max_bytes, entry.key);
+  if (capped) evict(tier, impl_->config.max_bytes, entry.key);
 }
 
 void DiskCache::remove(const Key& key) {
@@ -834,19 +855,14 @@ DiskCache::Lock DiskCache::lock(const Key& key) {
   Fd file(
       ::openat(shard.fd.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kFileMode));
   if (!file.ok()) return Lock();
-  // NOTE: a blocking flock would wait for ever on a holder that is stopped; polling bounds it.
-  const auto deadline = std::chrono::steady_clock::now() + impl_->config.lock_wait;
-  while (::flock(file.get(), LOCK_EX | LOCK_NB) != 0) {
+  if (!flock_within(file.get(), impl_->config.lock_wait)) {
     if (errno != EWOULDBLOCK && errno != EINTR) return Lock();
-    if (std::chrono::steady_clock::now() >= deadline) {
-      const fs::path path = shard.path / name;
-      warn_once("cache-lock:" + path.string(),
-                fmt::format("waited {} ms for {}, which another process holds while it compiles "
-                            "that kernel (or was stopped holding it); compiling it here too",
-                            impl_->config.lock_wait.count(), path.string()));
-      return Lock();
-    }
-    std::this_thread::sleep_for(kLockRetry);
+    const fs::path path = shard.path / name;
+    warn_once("cache-lock:" + path.string(),
+              fmt::format("waited {} ms for {}, which another process holds while it compiles "
+                          "that kernel (or was stopped holding it); compiling it here too",
+                          impl_->config.lock_wait.count(), path.string()));
+    return Lock();
   }
   return Lock(file.release());
 }

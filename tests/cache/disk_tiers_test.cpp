@@ -212,9 +212,6 @@ TEST_CASE("with max_bytes, a store evicts the least recently used entries", "[ca
   CHECK(cache.size_bytes() == 3 * size);
 
   SECTION("the entry just stored survives a cap smaller than itself") {
-    // Stamps before now: a store spares the entries used after it (by stamp, then name).
-    test::set_mtime(entry_path(root, a.key), 4000);
-    test::set_mtime(entry_path(root, d.key), 5000);
     DiskCache tiny(DiskCacheConfig{root, {}, 1});
     const Entry e = sample_entry(5);
     tiny.store(e);
@@ -230,8 +227,8 @@ TEST_CASE("with max_bytes, a store evicts the least recently used entries", "[ca
 }
 
 TEST_CASE("stores racing under a cap smaller than one entry leave exactly one", "[cache]") {
-  // Each store's eviction spares the entries used after its own, so two stores at once cannot
-  // remove each other's entries: the newer one stays.
+  // A capped store publishes and evicts under the tier's eviction lock, so two stores at once
+  // cannot each remove the other's entry.
   for (int round = 0; round < 20; ++round) {
     TempDir dir;
     DiskCache first(DiskCacheConfig{dir.path(), {}, 1});
