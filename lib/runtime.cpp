@@ -112,6 +112,29 @@ void append_line(const std::filesystem::path& path, std::string_view line) {
   }
 }
 
+// Writes `text` to `path` (its directory created) through a temp file renamed over it, so that a
+// reader never sees half of it; failures warn once, as append_line's.
+void write_record_file(const std::filesystem::path& path, std::string_view text) {
+  std::error_code ec;
+  std::filesystem::create_directories(path.parent_path(), ec);
+  const std::filesystem::path temp = path.string() + fmt::format(".{}.tmp", ::getpid());
+  {
+    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
+    out << text;
+    out.close();
+    if (!out) ec = std::make_error_code(std::errc::io_error);
+  }
+  if (!ec) std::filesystem::rename(temp, path, ec);
+  if (ec) {
+    std::filesystem::remove(temp);
+    detail::warn_once("record " + path.string(),
+                      fmt::format("cannot write the variant code {} beside the spec record: {}; "
+                                  "its specs are recorded but will not warm (point KILN_RECORD at "
+                                  "a file in a directory you can write)",
+                                  path.string(), ec.message()));
+  }
+}
+
 // An entry found on disk or compiled, and how it was obtained.
 struct Obtained {
   Entry entry;
@@ -471,21 +494,26 @@ struct Runtime::Impl {
   }
 
   // KILN_RECORD: the first time kernel() is asked for `unit`, whether or not it then loads (so
-  // that a run refused under KILN_JIT=strict still names what to warm). A user variant's spec
-  // goes in as a comment: its line does not carry its code, so `kiln warm` could not build it,
-  // and the rest of the manifest must stay warmable.
+  // that a run refused under KILN_JIT=strict still names what to warm). A user variant's code
+  // goes beside the record, in <record>.variants/NAME-HASH.cuh, declared by a `variant NAME FILE`
+  // line before the first spec that names it, so that `kiln warm` builds the record as it is.
   void record(const Unit& unit) {
     if (!config.record) return;
-    {
-      std::lock_guard lock(recorded_mutex);
-      if (!recorded.insert(unit.spec).second) return;
+    // NOTE: one lock over the writes too: a variant's declaration must precede every spec line
+    // that names it. Each spec is recorded once, so this is off the hot path.
+    std::lock_guard lock(recorded_mutex);
+    if (!recorded.insert(unit.spec).second) return;
+    const KernelSpec& kernel = unit.kernel;
+    if (!kernel.variant_code.empty()) {
+      const std::string file =
+          fmt::format("{}.variants/{}-{}.cuh", config.record->filename().string(),
+                      kernel.variant_name, variant_hash(kernel.variant_code));
+      if (recorded.insert(file).second) {
+        write_record_file(config.record->parent_path() / file, kernel.variant_code);
+        append_line(*config.record, fmt::format("variant {} {}", kernel.variant_name, file));
+      }
     }
-    append_line(*config.record,
-                unit.kernel.variant_code.empty()
-                    ? unit.spec
-                    : fmt::format("# {} (a user variant: warm it from code, with its "
-                                  "kiln::Variant)",
-                                  unit.spec));
+    append_line(*config.record, unit.spec);
   }
 
   static void add(std::atomic<std::uint64_t>& total_us, double ms) {
@@ -523,7 +551,8 @@ struct Runtime::Impl {
   std::shared_mutex by_spec_mutex;
   std::unordered_map<KernelSpec, std::shared_ptr<LoadedKernel>> by_spec;
   std::mutex recorded_mutex;
-  std::unordered_set<std::string> recorded;  // canonical specs, target included
+  // Canonical specs (target included), and the variant code files written beside the record.
+  std::unordered_set<std::string> recorded;
 
   std::atomic<std::uint64_t> stats_memory_hits{0}, stats_disk_hits{0}, stats_compiles{0},
       stats_compile_failures{0}, stats_loads{0}, stats_compile_us{0}, stats_load_us{0};

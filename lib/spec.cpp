@@ -5,6 +5,7 @@
 #include <charconv>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #define XXH_INLINE_ALL
 #include <xxhash.h>
@@ -57,6 +58,51 @@ std::variant<std::int64_t, bool, DType> parse_value(std::string_view text, std::
   return number;
 }
 
+// The user variant that `named` (" {variant NAME HASH}") names, from `variants`, into `spec`.
+void set_variant(KernelSpec& spec, std::string_view text, std::string_view named,
+                 std::span<const Variant> variants) {
+  std::string_view fields = named.substr(std::string_view(" {variant ").size());
+  const std::size_t space = fields.find(' ');
+  if (space == std::string_view::npos || !fields.ends_with('}')) {
+    bad_spec(text, "'{variant' must be followed by NAME HASH and '}'");
+  }
+  const std::string_view name = fields.substr(0, space);
+  const std::string_view hash = fields.substr(space + 1, fields.size() - space - 2);
+  if (variants.empty()) {
+    throw Error(
+        ErrorCategory::unsupported,
+        fmt::format("kernel spec '{}' names the user variant {}, whose code a spec line "
+                    "does not carry: in a manifest, declare it before the spec with a "
+                    "line `variant {} FILE` (the file holding its code); from code, make "
+                    "its specs with the kiln::Variant (AttentionProblem::variant, "
+                    "DecodeProblem::variant)",
+                    detail::printable(text), detail::printable(name), detail::printable(name)));
+  }
+  std::vector<std::string> seen;
+  for (const Variant& variant : variants) {
+    if (variant.name != name) continue;
+    const std::string code_hash = variant_hash(variant.code);
+    if (code_hash == hash) {
+      spec.variant_name = variant.name;
+      spec.variant_code = variant.code;
+      return;
+    }
+    seen.push_back(code_hash);
+  }
+  throw Error(
+      ErrorCategory::not_found,
+      seen.empty()
+          ? fmt::format("kernel spec '{}' names the user variant {}, which is not "
+                        "declared: add a line `variant {} FILE` before it",
+                        detail::printable(text), detail::printable(name), detail::printable(name))
+          : fmt::format("kernel spec '{}' names the user variant {} with code hash {}, but "
+                        "the code declared for {} hashes to {}: the code changed since the "
+                        "spec was made; declare the code it was made with, or make the "
+                        "spec again",
+                        detail::printable(text), detail::printable(name), detail::printable(hash),
+                        detail::printable(name), fmt::join(seen, " and ")));
+}
+
 }  // namespace
 
 std::string_view to_string(DType dtype) noexcept {
@@ -106,8 +152,7 @@ std::string to_string(const KernelSpec& spec) {
   }
   text += ">(" + spec.params + ")";
   if (!spec.variant_code.empty()) {
-    text += fmt::format(" {{variant {} {:016x}}}", spec.variant_name,
-                        XXH3_64bits(spec.variant_code.data(), spec.variant_code.size()));
+    text += fmt::format(" {{variant {} {}}}", spec.variant_name, variant_hash(spec.variant_code));
   }
   if (!spec.options.empty()) {
     text += " [";
@@ -143,7 +188,11 @@ std::size_t hash_value(const KernelSpec& spec) noexcept {
   return h;
 }
 
-KernelSpec parse_spec(std::string_view text) {
+std::string variant_hash(std::string_view code) {
+  return fmt::format("{:016x}", XXH3_64bits(code.data(), code.size()));
+}
+
+KernelSpec parse_spec(std::string_view text, std::span<const Variant> variants) {
   // NOTE: no field of a spec has a use for one, and a spec is echoed in messages and reports.
   if (const auto control =
           std::find_if(text.begin(), text.end(),
@@ -175,12 +224,9 @@ KernelSpec parse_spec(std::string_view text) {
       options.remove_prefix(std::min(space + 1, options.size()));
     }
   }
-  if (const std::size_t variant = rest.find(" {variant "); variant != std::string_view::npos) {
-    throw Error(ErrorCategory::unsupported,
-                fmt::format("kernel spec '{}' names a user variant, whose code a spec line does "
-                            "not carry: make its specs from code, with the kiln::Variant "
-                            "(AttentionProblem::variant, DecodeProblem::variant), to warm them",
-                            detail::printable(text)));
+  if (const std::size_t at = rest.find(" {variant "); at != std::string_view::npos) {
+    set_variant(spec, text, rest.substr(at), variants);
+    rest = rest.substr(0, at);
   }
   // NOTE: spaces only separate the options and the target, so no other part may hold one: the
   // canonical form must parse back to the same spec.

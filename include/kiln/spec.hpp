@@ -4,10 +4,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <span>
 #include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
+
+#include "kiln/variant.hpp"
 
 namespace kiln {
 
@@ -56,9 +59,15 @@ struct KernelSpec {
 // code's XXH3-64, so that two variants of one name print apart.
 std::string to_string(const KernelSpec& spec);
 
-// Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part, and
-// (unsupported) for a variant's spec, whose line does not carry its code.
-KernelSpec parse_spec(std::string_view text);
+// Parses what to_string prints. Throws kiln::Error (invalid_argument) naming the bad part. A
+// spec that names a user variant ({variant NAME HASH}) takes its code from `variants`: the one
+// of that name whose code hashes to HASH (variant_hash). Throws (unsupported) for one when
+// `variants` is empty, since its line does not carry its code, and (not_found) when none of
+// them matches.
+KernelSpec parse_spec(std::string_view text, std::span<const Variant> variants = {});
+
+// The hash a spec prints for a variant's code: XXH3-64 of the code, as 16 hex digits.
+std::string variant_hash(std::string_view code);
 
 // A hash of every field, in the order written (equal specs hash equal), for maps keyed by spec:
 // the runtime's memory hits hash a spec instead of printing it.

@@ -332,8 +332,9 @@ void add_warm_command(CLI::App& app, int& exit_code) {
   add_common_options(*command, args->common, TargetCount::many);
   command
       ->add_option("manifest", args->manifest,
-                   "File of canonical specs, one a line, `#` comments; default: the default "
-                   "set of every kernel family")
+                   "File of canonical specs, one a line, `#` comments, `variant NAME FILE` "
+                   "lines giving user variants' code; default: the default set of every kernel "
+                   "family")
       ->type_name("FILE");
   command
       ->add_option("--threads", args->threads,

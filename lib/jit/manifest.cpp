@@ -19,10 +19,35 @@ std::string_view trim(std::string_view text) {
   return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
 }
 
+// The variant a `variant NAME FILE` line declares (`rest` is NAME FILE), its code read from FILE
+// relative to `dir`.
+Variant read_variant(std::string_view rest, const std::filesystem::path& dir) {
+  const std::size_t space = rest.find(' ');
+  const std::string_view name = rest.substr(0, space);
+  const std::string_view file = space == std::string_view::npos ? "" : trim(rest.substr(space));
+  if (!is_identifier(name) || file.empty()) {
+    throw Error(ErrorCategory::invalid_argument,
+                fmt::format("'variant {}' must be `variant NAME FILE`: NAME a C++ identifier, "
+                            "FILE the file holding its code",
+                            printable(rest)));
+  }
+  const std::filesystem::path path = dir / std::string(file);
+  std::optional<std::string> code = read_user_file(path, "variant code");
+  if (!code) {
+    throw Error(ErrorCategory::not_found,
+                fmt::format("variant {}'s code file {} does not exist: name the file that holds "
+                            "its struct kiln_variant, relative to the manifest",
+                            name, printable(path.string())));
+  }
+  return Variant{.name = std::string(name), .code = std::move(*code)};
+}
+
 }  // namespace
 
-std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name) {
+std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name,
+                                       const std::filesystem::path& dir) {
   std::vector<KernelSpec> specs;
+  std::vector<Variant> variants;
   for (std::size_t number = 1, start = 0; start < text.size(); ++number) {
     const std::size_t end = std::min(text.find('\n', start), text.size());
     const std::string_view line = text.substr(start, end - start);
@@ -30,7 +55,11 @@ std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view n
     const std::string_view spec = trim(line.substr(0, line.find('#')));
     if (spec.empty()) continue;
     try {
-      specs.push_back(parse_spec(spec));
+      if (spec.starts_with("variant ")) {
+        variants.push_back(read_variant(trim(spec.substr(8)), dir));
+        continue;
+      }
+      specs.push_back(parse_spec(spec, variants));
       // NOTE: checked here as well as before compiling, so that a bad line fails the whole
       // manifest up front, named by its line.
       check_schema(specs.back());
@@ -52,7 +81,7 @@ std::vector<KernelSpec> read_manifest(const std::filesystem::path& path) {
                             "a line",
                             printable(path.string())));
   }
-  return parse_manifest(*text, path.string());
+  return parse_manifest(*text, path.string(), path.parent_path());
 }
 
 }  // namespace kiln::detail

@@ -10,12 +10,18 @@
 namespace kiln::detail {
 
 // One spec per line, as kiln::to_string prints it; `#` starts a comment, blank lines are
-// skipped. Throws kiln::Error (invalid_argument) naming `name`, the line and what is wrong,
-// a spec that does not match its kernel's schema (check_schema) included.
-std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name);
+// skipped. A line `variant NAME FILE` declares a user variant's code, the text of FILE (relative
+// to `dir`), for the specs after it that name the variant ({variant NAME HASH}: the declaration
+// of NAME whose code hashes to HASH). Throws kiln::Error (invalid_argument) naming `name`, the
+// line and what is wrong, a spec that does not match its kernel's schema (check_schema)
+// included, and (not_found) for a variant's file that does not exist or a spec whose variant is
+// not declared.
+std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name,
+                                       const std::filesystem::path& dir = {});
 
-// The manifest at `path`. Throws kiln::Error naming it when it is missing, not a regular file,
-// too large (kMaxUserFileBytes) or unreadable, and as parse_manifest() does.
+// The manifest at `path`, its variants' files relative to its directory. Throws kiln::Error
+// naming it when it is missing, not a regular file, too large (kMaxUserFileBytes) or
+// unreadable, and as parse_manifest() does.
 std::vector<KernelSpec> read_manifest(const std::filesystem::path& path);
 
 }  // namespace kiln::detail

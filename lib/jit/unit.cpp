@@ -18,13 +18,6 @@
 namespace kiln::detail {
 namespace {
 
-bool is_identifier(std::string_view name) {
-  if (name.empty() || std::isdigit(static_cast<unsigned char>(name.front()))) return false;
-  return std::all_of(name.begin(), name.end(), [](char c) {
-    return std::isalnum(static_cast<unsigned char>(c)) || c == '_';
-  });
-}
-
 bool is_qualified_identifier(std::string_view name) {
   while (true) {
     const std::size_t sep = name.find("::");

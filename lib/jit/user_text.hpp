@@ -24,4 +24,7 @@ std::optional<std::string> read_user_file(const std::filesystem::path& path, std
 // user's text cannot move the cursor, clear the screen or retitle the terminal.
 std::string printable(std::string_view text);
 
+// Whether `name` is a C++ identifier: a letter or '_', then letters, digits and '_'.
+bool is_identifier(std::string_view name);
+
 }  // namespace kiln::detail

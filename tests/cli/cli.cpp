@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/run_kiln.hpp"
+#include "kiln/spec.hpp"
 #include "support.hpp"
 
 namespace kiln::test {
@@ -386,6 +387,49 @@ TEST_CASE("kiln warm says where the kernels went and how full the cache is", "[c
   const Result capped = cli.warm_manifest({"KILN_CACHE_MAX_BYTES=1.5G"});
   CHECK(capped.code == 0);
   CHECK(contains(capped.out, " of a 1.5 GiB cap (KILN_CACHE_MAX_BYTES)\n"));
+}
+
+TEST_CASE("kiln warm builds a user variant's spec from the code its manifest declares",
+          "[cli][variant]") {
+  const Cli cli;
+  const std::string code = R"(struct kiln_variant {
+  static __device__ bool mask(const kiln::VariantParams&, const kiln::VariantCoords& at) {
+    return at.key % 2 == 0;
+  }
+};)";
+  fs::create_directories(cli.dir() / "variants");
+  write_file(cli.dir() / "variants" / "even.cuh", code);
+  const std::string spec =
+      "attention/forward_tma.cuh:kiln::attention_forward_tma<band=false,block_m=128,"
+      "block_n=128,dtype=bf16,has_alibi=false,has_bias=false,has_softcap=false,head_dim=64,"
+      "head_dim_v=64,stages=2,varlen=false>(kiln::AttentionTmaParams) {variant even " +
+      kiln::variant_hash(code) + "}";
+  // Declared after the spec: refused, naming the line and the fix.
+  write_file(cli.dir() / "late.txt", spec + "\nvariant even variants/even.cuh\n");
+  const Result late = cli.run({"warm", "--target", "sm_90a", (cli.dir() / "late.txt").string()});
+  CHECK(late.code != 0);
+  CHECK(contains(late.err, "late.txt:1: kernel spec"));
+  CHECK(contains(late.err, "declare it before the spec with a line `variant even FILE`"));
+  // The file is relative to the manifest, wherever kiln runs.
+  write_file(cli.dir() / "variant.txt", "variant even variants/even.cuh\n" + spec + "\n");
+  const Result result =
+      cli.run({"warm", "--target", "sm_90a", (cli.dir() / "variant.txt").string()});
+  INFO(result.out << result.err);
+  CHECK(result.code == 0);
+  CHECK(contains(result.out, "compiled 1"));
+  CHECK(contains(result.out, "{variant even " + kiln::variant_hash(code) + "}"));
+  // Code that changed since: refused with both hashes.
+  write_file(cli.dir() / "variants" / "even.cuh", code + "\n");
+  const Result changed =
+      cli.run({"warm", "--target", "sm_90a", (cli.dir() / "variant.txt").string()});
+  CHECK(changed.code != 0);
+  CHECK(contains(changed.err,
+                 "the code declared for even hashes to " + kiln::variant_hash(code + "\n")));
+  write_file(cli.dir() / "missing.txt", "variant even variants/odd.cuh\n");
+  const Result missing =
+      cli.run({"warm", "--target", "sm_90a", (cli.dir() / "missing.txt").string()});
+  CHECK(contains(missing.err, "variant even's code file"));
+  CHECK(contains(missing.err, "odd.cuh does not exist"));
 }
 
 TEST_CASE("kiln warm fails when what it compiled did not stay in the cache", "[cli]") {

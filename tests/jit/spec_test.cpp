@@ -5,6 +5,11 @@
 #include "kiln/error.hpp"
 #include "kiln/spec.hpp"
 
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
 namespace {
 
 kiln::KernelSpec sample() {
@@ -12,6 +17,11 @@ kiln::KernelSpec sample() {
       .source = "elementwise/unary.cuh", .entry = "kiln::unary", .params = "kiln::UnaryParams"};
   spec.set("op", 4).set("dtype", kiln::DType::bf16).set("block_size", 256).set("fast", true);
   return spec;
+}
+
+// sample()'s canonical line with `suffix` after its Params.
+std::string sample_text_with(std::string_view suffix) {
+  return kiln::to_string(sample()) + std::string(suffix);
 }
 
 }  // namespace
@@ -73,6 +83,46 @@ TEST_CASE("parse_spec reads what to_string prints", "[jit][spec]") {
     CHECK(parsed.target == target);
     CHECK(parsed.options == options);
   }
+}
+
+TEST_CASE("parse_spec takes a variant's code from the variants it is given, by name and hash",
+          "[jit][spec][variant]") {
+  const kiln::Variant shift{.name = "shift", .code = "struct kiln_variant {};"};
+  const kiln::Variant other{.name = "shift", .code = "struct kiln_variant { };"};
+  kiln::KernelSpec spec = sample();
+  spec.variant_name = shift.name;
+  spec.variant_code = shift.code;
+  spec.options = {"-DX"};
+  spec.target = "sm_90a";
+  const std::string text = kiln::to_string(spec);
+  CHECK_THAT(text,
+             Catch::Contains(" {variant shift " + kiln::variant_hash(shift.code) + "} [-DX]"));
+  // Of two variants of one name, the one whose code hashes as printed.
+  const std::vector<kiln::Variant> both{other, shift};
+  const kiln::KernelSpec parsed = kiln::parse_spec(text, both);
+  CHECK(kiln::to_string(parsed) == text);
+  CHECK(parsed.variant_name == "shift");
+  CHECK(parsed.variant_code == shift.code);
+
+  const auto category = [&](std::span<const kiln::Variant> variants) {
+    try {
+      kiln::parse_spec(text, variants);
+    } catch (const kiln::Error& e) {
+      return std::optional(e.category());
+    }
+    return std::optional<kiln::ErrorCategory>();
+  };
+  CHECK(category({}) == kiln::ErrorCategory::unsupported);
+  CHECK_THROWS_WITH(kiln::parse_spec(text), Catch::Contains("a line `variant shift FILE`"));
+  CHECK(category(std::span(&other, 1)) == kiln::ErrorCategory::not_found);
+  CHECK_THROWS_WITH(
+      kiln::parse_spec(text, std::span(&other, 1)),
+      Catch::Contains("the code declared for shift hashes to " + kiln::variant_hash(other.code)));
+  const kiln::Variant unrelated{.name = "alibi", .code = shift.code};
+  CHECK_THROWS_WITH(kiln::parse_spec(text, std::span(&unrelated, 1)),
+                    Catch::Contains("the user variant shift, which is not declared"));
+  CHECK_THROWS_WITH(kiln::parse_spec(sample_text_with(" {variant shift}"), both),
+                    Catch::Contains("'{variant' must be followed by NAME HASH and '}'"));
 }
 
 TEST_CASE("parse_spec names what is wrong", "[jit][spec]") {

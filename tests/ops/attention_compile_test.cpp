@@ -235,7 +235,7 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   CHECK(kiln::hash_value(changed) != kiln::hash_value(alibi));
   CHECK(rt.key(changed) != rt.key(alibi));
   CHECK_THROWS_WITH(kiln::parse_spec(kiln::to_string(alibi)),
-                    Catch::Contains("names a user variant, whose code a spec line does not carry"));
+                    Catch::Contains("names the user variant alibi, whose code a spec line does not carry"));
 
   // The example variants compile into every attention kernel, prefill and decode.
   std::vector<kiln::KernelSpec> specs;

@@ -13,6 +13,7 @@
 #include "cache/entries.hpp"
 #include "jit/manifest.hpp"
 #include "kiln/attention.hpp"
+#include "kiln/decode.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
@@ -137,7 +138,7 @@ TEST_CASE("an unwritable KILN_RECORD file is one warning, never a failure of the
   CHECK(kiln::test::contains(text, "Not a directory"));
 }
 
-TEST_CASE("KILN_RECORD writes a user variant's spec as a comment, which kiln warm skips",
+TEST_CASE("KILN_RECORD writes a user variant's code beside the record and declares it",
           "[runtime][variant]") {
   kiln::test::TempDir dir;
   const fs::path manifest = dir.path() / "specs.manifest";
@@ -149,9 +150,12 @@ TEST_CASE("KILN_RECORD writes a user variant's spec as a comment, which kiln war
                                 float logit) { return logit + v.scalars[0]; }
 };)"};
   const kiln::AttentionProblem problem{.head_dim = 128, .head_dim_v = 128, .variant = &variant};
-  const kiln::KernelSpec with_variant =
-      kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
-  for (const kiln::KernelSpec& spec : {with_variant, specs()[0]}) {
+  kiln::KernelSpec with_variant = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  const kiln::DecodeProblem decode_problem{
+      .head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 4, .variant = &variant};
+  kiln::KernelSpec decode =
+      kiln::decode_specs(decode_problem, kiln::choose(decode_problem, 132))[0];
+  for (const kiln::KernelSpec& spec : {with_variant, specs()[0], decode, with_variant}) {
     try {
       rt.kernel(spec);  // compiles, then finds no device of sm_90a here (or loads on one)
     } catch (const kiln::Error&) {
@@ -159,13 +163,21 @@ TEST_CASE("KILN_RECORD writes a user variant's spec as a comment, which kiln war
   }
   const std::string text = kiln::test::read_file(manifest);
   INFO(text);
-  kiln::KernelSpec recorded = with_variant;
-  recorded.target = "sm_90a";
-  CHECK(kiln::test::contains(text, "# " + kiln::to_string(recorded) + " (a user variant"));
-  // The other spec stays warmable: the manifest parses, to that spec alone.
+  // The code once, in a file named by the variant and its hash, declared once before its specs.
+  const std::string file =
+      "specs.manifest.variants/shift-" + kiln::variant_hash(variant.code) + ".cuh";
+  CHECK(kiln::test::read_file(dir.path() / file) == variant.code);
+  CHECK(text.find("variant shift " + file + "\n") == 0);
+  CHECK(text.find("\nvariant ") == std::string::npos);
+  // The record reads back as the specs the run asked for, the variant's code included.
   const std::vector<kiln::KernelSpec> parsed = kiln::detail::read_manifest(manifest);
-  REQUIRE(parsed.size() == 1);
+  REQUIRE(parsed.size() == 3);
+  for (kiln::KernelSpec* spec : {&with_variant, &decode}) spec->target = "sm_90a";
   kiln::KernelSpec plain = specs()[0];
   plain.target = "sm_90a";
-  CHECK(kiln::to_string(parsed[0]) == kiln::to_string(plain));
+  CHECK(kiln::to_string(parsed[0]) == kiln::to_string(with_variant));
+  CHECK(parsed[0].variant_code == variant.code);
+  CHECK(kiln::to_string(parsed[1]) == kiln::to_string(plain));
+  CHECK(kiln::to_string(parsed[2]) == kiln::to_string(decode));
+  CHECK(parsed[2].variant_code == variant.code);
 }
