@@ -60,11 +60,11 @@ inline constexpr long long kLongSeqlenK = 2048;
 
 // The forward kernels attention() can run.
 enum class AttentionKernel {
-  mma,       // attention/forward.cuh: mma.sync tensor cores, NVIDIA sm_80 and newer
-  wgmma,     // attention/forward_wgmma.cuh: Hopper's warpgroup MMA, sm_90a only
-  tma,       // attention/forward_tma.cuh: wgmma fed by TMA from a producer warp, sm_90a only;
-             // q, k and v need strides TMA can tile (nonzero multiples of 16 bytes)
-  portable,  // attention/forward_portable.cuh: plain loads and fp32 arithmetic, no inline
+  mma,    // attention/prefill/forward.cuh: mma.sync tensor cores, NVIDIA sm_80 and newer
+  wgmma,  // attention/prefill/forward_wgmma.cuh: Hopper's warpgroup MMA, sm_90a only
+  tma,    // attention/prefill/forward_tma.cuh: wgmma fed by TMA from a producer warp, sm_90a only;
+          // q, k and v need strides TMA can tile (nonzero multiples of 16 bytes)
+  portable,  // attention/prefill/forward_portable.cuh: plain loads and fp32 arithmetic, no inline
              // assembly; AMD targets run it, and it runs on NVIDIA too
 };
 

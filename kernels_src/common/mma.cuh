@@ -3,7 +3,7 @@
 // reciprocal, log2) of the softmax and the merges.
 //
 // NOTE: this header and common/wgmma.cuh (Hopper only) hold all the inline PTX. AMD targets run
-// attention through the portable kernel (attention/forward_portable.cuh), which includes
+// attention through the portable kernel (attention/prefill/forward_portable.cuh), which includes
 // neither; an MFMA path would give the same function names here, chosen through vendor.cuh's
 // KILN_HIP, so kernels above this layer stay vendor-free.
 #pragma once

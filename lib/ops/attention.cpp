@@ -332,8 +332,8 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
     }
     return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
   }
-  // The mma kernel, tuned on an H200 (kernels_src/attention/forward.cuh has the reasoning); every
-  // sm_80+ part fits these, sm_86/89's 99 KiB included.
+  // The mma kernel, tuned on an H200 (kernels_src/attention/prefill/forward.cuh has the reasoning);
+  // every sm_80+ part fits these, sm_86/89's 99 KiB included.
   if (widest <= 64)
     return problem.band ? AttentionConfig{128, 128, 4, 2} : AttentionConfig{128, 64, 4, 2};
   if (widest <= 128) return {128, 64, 4, 1};
@@ -344,20 +344,20 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
   KernelSpec spec{.params = "kiln::AttentionParams"};
   switch (config.kernel) {
     case AttentionKernel::mma:
-      spec.source = "attention/forward.cuh";
+      spec.source = "attention/prefill/forward.cuh";
       spec.entry = "kiln::attention_forward";
       break;
     case AttentionKernel::wgmma:
-      spec.source = "attention/forward_wgmma.cuh";
+      spec.source = "attention/prefill/forward_wgmma.cuh";
       spec.entry = "kiln::attention_forward_wgmma";
       break;
     case AttentionKernel::tma:
-      spec.source = "attention/forward_tma.cuh";
+      spec.source = "attention/prefill/forward_tma.cuh";
       spec.entry = "kiln::attention_forward_tma";
       spec.params = "kiln::AttentionTmaParams";
       break;
     case AttentionKernel::portable:
-      spec.source = "attention/forward_portable.cuh";
+      spec.source = "attention/prefill/forward_portable.cuh";
       spec.entry = "kiln::attention_forward_portable";
       break;
   }

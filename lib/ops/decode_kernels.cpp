@@ -174,7 +174,7 @@ int decode_m_tiles(int rows_per_kv_head, int head_dim_v) {
 }
 
 KernelSpec decode_append_spec(const DecodeProblem& problem) {
-  KernelSpec spec{.source = "decode/append.cuh",
+  KernelSpec spec{.source = "attention/decode/append.cuh",
                   .entry = "kiln::decode_append",
                   .params = "kiln::DecodeParams"};
   spec.set("dtype", problem.dtype)
@@ -186,7 +186,7 @@ KernelSpec decode_append_spec(const DecodeProblem& problem) {
 }
 
 KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config) {
-  KernelSpec spec{.source = "decode/attention.cuh",
+  KernelSpec spec{.source = "attention/decode/attention.cuh",
                   .entry = "kiln::attention_decode",
                   .params = "kiln::DecodeParams"};
   spec.set("dtype", problem.dtype)
@@ -205,7 +205,7 @@ KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfi
 }
 
 KernelSpec merge_spec(DType in, DType out, int head_dim) {
-  KernelSpec spec{.source = "decode/merge.cuh",
+  KernelSpec spec{.source = "attention/decode/merge.cuh",
                   .entry = "kiln::merge_states_kernel",
                   .params = "kiln::MergeParams"};
   spec.set("dtype_in", in).set("dtype_out", out).set("head_dim", head_dim);

@@ -400,7 +400,7 @@ TEST_CASE("kiln warm builds a user variant's spec from the code its manifest dec
   fs::create_directories(cli.dir() / "variants");
   write_file(cli.dir() / "variants" / "even.cuh", code);
   const std::string spec =
-      "attention/forward_tma.cuh:kiln::attention_forward_tma<band=false,block_m=128,"
+      "attention/prefill/forward_tma.cuh:kiln::attention_forward_tma<band=false,block_m=128,"
       "block_n=128,dtype=bf16,has_alibi=false,has_bias=false,has_softcap=false,head_dim=64,"
       "head_dim_v=64,stages=2,varlen=false>(kiln::AttentionTmaParams) {variant even " +
       kiln::variant_hash(code) + "}";
@@ -516,8 +516,8 @@ TEST_CASE("kiln warm --list prints the manifest it would compile, which warm the
   // The default set, for a target given by the environment.
   const Result defaults = cli.run({"warm", "--list"}, {"KILN_TARGET=sm_90a"});
   REQUIRE(defaults.code == 0);
-  CHECK(contains(defaults.out, "attention/forward_tma.cuh:kiln::attention_forward_tma<"));
-  CHECK(contains(defaults.out, "decode/merge.cuh:kiln::merge_states_kernel<"));
+  CHECK(contains(defaults.out, "attention/prefill/forward_tma.cuh:kiln::attention_forward_tma<"));
+  CHECK(contains(defaults.out, "attention/decode/merge.cuh:kiln::merge_states_kernel<"));
 
   write_file(cli.dir() / "listed.txt", listed.out);
   const Result warmed = cli.run({"warm", (cli.dir() / "listed.txt").string()});

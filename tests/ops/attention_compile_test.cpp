@@ -86,7 +86,8 @@ TEST_CASE("the default gfx90a attention specs compile with hipRTC, and with NVRT
           "[attention][compile]") {
   const auto specs = kiln::attention_default_specs("gfx90a");
   REQUIRE(specs.size() == 12);
-  for (const kiln::KernelSpec& spec : specs) CHECK(spec.source == "attention/forward_portable.cuh");
+  for (const kiln::KernelSpec& spec : specs)
+    CHECK(spec.source == "attention/prefill/forward_portable.cuh");
   kiln::test::TempDir dir;
   kiln::Runtime amd = runtime_for(dir.path(), "gfx90a");
   check_compiled(amd, specs);
@@ -120,7 +121,8 @@ TEST_CASE("the wgmma attention kernel compiles every feature at padded head dims
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   check_compiled(rt, specs);
-  for (const kiln::KernelSpec& spec : specs) CHECK(spec.source == "attention/forward_wgmma.cuh");
+  for (const kiln::KernelSpec& spec : specs)
+    CHECK(spec.source == "attention/prefill/forward_wgmma.cuh");
 }
 
 TEST_CASE("the portable attention kernel compiles every feature for gfx90a and sm_90a",
@@ -192,10 +194,10 @@ TEST_CASE("attention with a given config: kernels are refused where they cannot 
   for (const char* target : {"gfx90a", "sm_90a"}) {
     const kiln::test::Refusal r = call(portable, target);
     CHECK(r.category == kiln::ErrorCategory::not_found);
-    CHECK_THAT(r.message, Catch::Contains("attention/forward_portable.cuh"));
+    CHECK_THAT(r.message, Catch::Contains("attention/prefill/forward_portable.cuh"));
   }
-  CHECK_THAT(call(mma, "sm_90a").message, Catch::Contains("attention/forward.cuh"));
-  CHECK_THAT(call(wgmma, "sm_90a").message, Catch::Contains("attention/forward_wgmma.cuh"));
+  CHECK_THAT(call(mma, "sm_90a").message, Catch::Contains("attention/prefill/forward.cuh"));
+  CHECK_THAT(call(wgmma, "sm_90a").message, Catch::Contains("attention/prefill/forward_wgmma.cuh"));
 }
 
 TEST_CASE("the default decode specs compile for sm_90a without spilling; none for gfx90a",
@@ -234,8 +236,9 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   CHECK(kiln::to_string(changed) != kiln::to_string(alibi));
   CHECK(kiln::hash_value(changed) != kiln::hash_value(alibi));
   CHECK(rt.key(changed) != rt.key(alibi));
-  CHECK_THROWS_WITH(kiln::parse_spec(kiln::to_string(alibi)),
-                    Catch::Contains("names the user variant alibi, whose code a spec line does not carry"));
+  CHECK_THROWS_WITH(
+      kiln::parse_spec(kiln::to_string(alibi)),
+      Catch::Contains("names the user variant alibi, whose code a spec line does not carry"));
 
   // The example variants compile into every attention kernel, prefill and decode.
   std::vector<kiln::KernelSpec> specs;

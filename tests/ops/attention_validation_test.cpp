@@ -78,7 +78,7 @@ void check_accepted(const Call& c) {
   } catch (const kiln::Error& e) {
     INFO("message: " << e.what());
     CHECK(e.category() == ErrorCategory::not_found);
-    CHECK_THAT(e.what(), Catch::Contains("attention/forward"));
+    CHECK_THAT(e.what(), Catch::Contains("attention/prefill/forward"));
   }
 }
 

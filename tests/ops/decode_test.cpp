@@ -520,8 +520,8 @@ TEST_CASE("a decode problem gives its config and specs without a call", "[decode
   const std::vector<kiln::KernelSpec> specs =
       kiln::decode_specs(problem, kiln::choose(problem, 132));
   REQUIRE(specs.size() == 2);
-  CHECK(specs[0].source == "decode/append.cuh");
-  CHECK(specs[1].source == "decode/attention.cuh");
+  CHECK(specs[0].source == "attention/decode/append.cuh");
+  CHECK(specs[1].source == "attention/decode/attention.cuh");
   problem.append = false;
   CHECK(kiln::decode_specs(problem, {}).size() == 1);
 }
@@ -1058,7 +1058,7 @@ TEST_CASE("a kernel not loaded yet fails a call under graph capture, naming its 
     kiln::test::GraphOnStream g;
     const auto captured = [&] { g.capture([&] { call(g.stream); }); };
     CHECK_THROWS_WITH(captured(), Catch::Contains("not warmed") &&
-                                      Catch::Contains("decode/attention.cuh") &&
+                                      Catch::Contains("attention/decode/attention.cuh") &&
                                       Catch::Contains("warm these specs before capturing"));
   }
   // Nothing was left broken: the same call runs eagerly, and then captures and replays.

@@ -651,7 +651,7 @@ void check_merge_accepted(const Call& call) {
   } catch (const Error& e) {
     INFO("message: " << e.what());
     CHECK(e.category() == ErrorCategory::not_found);
-    CHECK_THAT(e.what(), Catch::Contains("decode/merge.cuh"));
+    CHECK_THAT(e.what(), Catch::Contains("attention/decode/merge.cuh"));
   }
 }
 

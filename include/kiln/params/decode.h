@@ -8,8 +8,8 @@
 
 namespace kiln {
 
-// The argument of decode_append and attention_decode (kernels_src/decode/). Layouts follow
-// FlashAttention's kvcache call: q (batch, seqlen_q, heads, head_dim), out like q with
+// The argument of decode_append and attention_decode (kernels_src/attention/decode/). Layouts
+// follow FlashAttention's kvcache call: q (batch, seqlen_q, heads, head_dim), out like q with
 // head_dim_v; the cache is contiguous (batch_cache, seqlen_cache, heads_kv, dim) or paged
 // (num_pages, page_size, heads_kv, dim). Strides in elements, last dims contiguous, 16-byte
 // aligned rows (q, cache, out: strides multiples of 8 elements).
@@ -93,8 +93,8 @@ struct MergeSource {
   int states;
 };
 
-// The argument of merge_states_kernel (kernels_src/decode/merge.cuh): merges every state of
-// every source per row into out (and out_lse when set). Rows are (batch, seqlen, heads).
+// The argument of merge_states_kernel (kernels_src/attention/decode/merge.cuh): merges every state
+// of every source per row into out (and out_lse when set). Rows are (batch, seqlen, heads).
 struct MergeParams {
   MergeSource source[2];
   int sources;  // 1 or 2

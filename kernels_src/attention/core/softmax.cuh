@@ -2,7 +2,7 @@
 // fp32, rescaling the output accumulators when the max grows, normalizing once at the end.
 #pragma once
 
-#include "attention/math.cuh"
+#include "attention/core/math.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {

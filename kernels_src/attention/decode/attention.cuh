@@ -34,15 +34,15 @@
 // LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
-#include "attention/logits.cuh"
-#include "attention/mask.cuh"
-#include "attention/softmax.cuh"
-#include "attention/tile_io.cuh"
-#include "attention/tile_mma.cuh"
-#include "attention/traits.cuh"
+#include "attention/core/logits.cuh"
+#include "attention/core/mask.cuh"
+#include "attention/core/softmax.cuh"
+#include "attention/core/tile_io.cuh"
+#include "attention/core/tile_mma.cuh"
+#include "attention/core/traits.cuh"
+#include "attention/decode/merge_state.cuh"
 #include "common/mma.cuh"
 #include "common/prelude.cuh"
-#include "decode/merge_state.cuh"
 #include "kiln/params/decode.h"
 
 namespace kiln {

@@ -2,7 +2,7 @@
 // that merge_states_kernel and attention_decode's in-kernel split merge share.
 #pragma once
 
-#include "attention/math.cuh"
+#include "attention/core/math.cuh"
 
 namespace kiln {
 namespace decode {

@@ -2,8 +2,8 @@
 // the tensor's edges; the plain copies (the output store among them) are in tile_copy.cuh.
 #pragma once
 
-#include "attention/tile_copy.cuh"
-#include "attention/traits.cuh"
+#include "attention/core/tile_copy.cuh"
+#include "attention/core/traits.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {

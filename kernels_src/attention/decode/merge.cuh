@@ -13,8 +13,8 @@
 // memory. Split-KV merges few rows of many states, so latency is what this is built against.
 #pragma once
 
+#include "attention/decode/merge_state.cuh"
 #include "common/prelude.cuh"
-#include "decode/merge_state.cuh"
 #include "kiln/params/decode.h"
 
 namespace kiln {

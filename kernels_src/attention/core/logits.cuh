@@ -3,9 +3,9 @@
 // softcap comes from the Math the kernel passes (mma::ApproxMath or LibraryMath).
 #pragma once
 
-#include "attention/mask.cuh"
-#include "attention/math.cuh"
-#include "attention/sequence.cuh"
+#include "attention/core/mask.cuh"
+#include "attention/core/math.cuh"
+#include "attention/core/sequence.cuh"
 #include "kiln/params/attention.h"
 
 namespace kiln::attention {

@@ -36,13 +36,13 @@
 // sm_80 (163 KiB smem) takes the same table; sm_86/89 (99 KiB) need block_m 64 above 128.
 #pragma once
 
-#include "attention/logits.cuh"
-#include "attention/mask.cuh"
-#include "attention/sequence.cuh"
-#include "attention/softmax.cuh"
-#include "attention/tile_io.cuh"
-#include "attention/tile_mma.cuh"
-#include "attention/traits.cuh"
+#include "attention/core/logits.cuh"
+#include "attention/core/mask.cuh"
+#include "attention/core/sequence.cuh"
+#include "attention/core/softmax.cuh"
+#include "attention/core/tile_io.cuh"
+#include "attention/core/tile_mma.cuh"
+#include "attention/core/traits.cuh"
 #include "common/mma.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/attention.h"

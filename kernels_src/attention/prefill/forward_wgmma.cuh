@@ -18,7 +18,7 @@
 // "kiln/params/attention.h" (always above 48 KiB: the max-dynamic-smem attribute is needed).
 #pragma once
 
-#include "attention/forward.cuh"
+#include "attention/prefill/forward.cuh"
 #include "common/wgmma.cuh"
 
 namespace kiln {

@@ -24,7 +24,7 @@
 // and block_n (k, v) rows.
 #pragma once
 
-#include "attention/forward_wgmma.cuh"
+#include "attention/prefill/forward_wgmma.cuh"
 #include "common/tma.cuh"
 
 namespace kiln {

@@ -3,7 +3,7 @@
 // K/V tiles in shared memory with plain 16-byte loads; a group of neighbouring lanes owns each
 // query row, with online softmax in fp32.
 //
-// Spec constants (as in attention/forward.cuh, less stages):
+// Spec constants (as in attention/prefill/forward.cuh, less stages):
 //   dtype, head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias   as there.
 //   block_m   query rows per CTA.
 //   block_n   keys per shared-memory tile, a multiple of 16 from 16 to 128.
@@ -21,12 +21,12 @@
 // "kiln/params/attention.h". Do not launch an empty grid (seqlen_q == 0 or batch == 0).
 #pragma once
 
-#include "attention/logits.cuh"
-#include "attention/mask.cuh"
-#include "attention/math.cuh"
-#include "attention/sequence.cuh"
-#include "attention/tile_copy.cuh"
-#include "attention/traits.cuh"
+#include "attention/core/logits.cuh"
+#include "attention/core/mask.cuh"
+#include "attention/core/math.cuh"
+#include "attention/core/sequence.cuh"
+#include "attention/core/tile_copy.cuh"
+#include "attention/core/traits.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/attention.h"
 

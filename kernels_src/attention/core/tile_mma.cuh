@@ -4,7 +4,7 @@
 // v_pitch, qk_swizzle, v_swizzle (the tile layouts of traits.cuh), block_n and prefetch.
 #pragma once
 
-#include "attention/traits.cuh"
+#include "attention/core/traits.cuh"
 #include "common/mma.cuh"
 
 namespace kiln::attention {
