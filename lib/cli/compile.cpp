@@ -2,8 +2,13 @@
 #include <fmt/format.h>
 
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "cli/commands.hpp"
+#include "jit/manifest.hpp"
+#include "jit/user_text.hpp"
+#include "kiln/error.hpp"
 #include "params/registry.hpp"
 
 namespace kiln::cli {
@@ -12,8 +17,27 @@ namespace {
 struct CompileArgs {
   CommonArgs common;
   std::string spec;
+  std::vector<std::string> variants;  // NAME=FILE
   bool source = false;
 };
+
+// The variants `--variant NAME=FILE` gave.
+std::vector<Variant> read_variants(const std::vector<std::string>& given) {
+  std::vector<Variant> variants;
+  for (const std::string& arg : given) {
+    const std::size_t eq = arg.find('=');
+    if (eq == std::string::npos) {
+      throw kiln::Error(
+          kiln::ErrorCategory::invalid_argument,
+          fmt::format("--variant {} must be NAME=FILE: the variant's name and the file "
+                      "holding its code",
+                      detail::printable(arg)));
+    }
+    variants.push_back(
+        detail::read_variant(std::string_view(arg).substr(0, eq), arg.substr(eq + 1)));
+  }
+  return variants;
+}
 
 // -1 means the backend does not report the value.
 std::string reported(int value, std::string_view unit) {
@@ -57,7 +81,7 @@ void print_info(const KernelInfo& info, std::string_view from, const std::string
 }
 
 int run(const CompileArgs& args) {
-  const KernelSpec spec = parse_spec(args.spec);
+  const KernelSpec spec = parse_spec(args.spec, read_variants(args.variants));
   Runtime runtime(to_options(args.common));
   if (args.source) fmt::print("generated source\n{}\n", runtime.generated_source(spec));
   const Stats before = runtime.stats();
@@ -78,6 +102,11 @@ void add_compile_command(CLI::App& app, int& exit_code) {
       ->type_name("SPEC")
       ->required();
   command->add_flag("--source", args->source, "Also print the unit handed to the compiler");
+  command
+      ->add_option("--variant", args->variants,
+                   "A user variant the spec names ({variant NAME HASH}) and the file holding its "
+                   "code; repeat for several")
+      ->type_name("NAME=FILE");
   command->callback([args, &exit_code] { exit_code = run(*args); });
 }
 

@@ -19,30 +19,22 @@ std::string_view trim(std::string_view text) {
   return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
 }
 
-// The variant a `variant NAME FILE` line declares (`rest` is NAME FILE), its code read from FILE
-// relative to `dir`.
-Variant read_variant(std::string_view rest, const std::filesystem::path& dir) {
-  const std::size_t space = rest.find(' ');
-  const std::string_view name = rest.substr(0, space);
-  const std::string_view file = space == std::string_view::npos ? "" : trim(rest.substr(space));
-  if (!is_identifier(name) || file.empty()) {
+}  // namespace
+
+Variant read_variant(std::string_view name, const std::filesystem::path& file) {
+  if (!is_identifier(name)) {
     throw Error(ErrorCategory::invalid_argument,
-                fmt::format("'variant {}' must be `variant NAME FILE`: NAME a C++ identifier, "
-                            "FILE the file holding its code",
-                            printable(rest)));
+                fmt::format("variant name '{}' must be a C++ identifier", printable(name)));
   }
-  const std::filesystem::path path = dir / std::string(file);
-  std::optional<std::string> code = read_user_file(path, "variant code");
+  std::optional<std::string> code = read_user_file(file, "variant code");
   if (!code) {
     throw Error(ErrorCategory::not_found,
                 fmt::format("variant {}'s code file {} does not exist: name the file that holds "
-                            "its struct kiln_variant, relative to the manifest",
-                            name, printable(path.string())));
+                            "its struct kiln_variant",
+                            name, printable(file.string())));
   }
   return Variant{.name = std::string(name), .code = std::move(*code)};
 }
-
-}  // namespace
 
 std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name,
                                        const std::filesystem::path& dir) {
@@ -56,7 +48,17 @@ std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view n
     if (spec.empty()) continue;
     try {
       if (spec.starts_with("variant ")) {
-        variants.push_back(read_variant(trim(spec.substr(8)), dir));
+        // `variant NAME FILE`, FILE relative to `dir`.
+        const std::string_view rest = trim(spec.substr(8));
+        const std::size_t space = rest.find(' ');
+        if (space == std::string_view::npos) {
+          throw Error(ErrorCategory::invalid_argument,
+                      fmt::format("'{}' must be `variant NAME FILE`: NAME a C++ identifier, FILE "
+                                  "the file holding its code, relative to the manifest",
+                                  printable(spec)));
+        }
+        variants.push_back(
+            read_variant(rest.substr(0, space), dir / std::string(trim(rest.substr(space)))));
         continue;
       }
       specs.push_back(parse_spec(spec, variants));

@@ -19,6 +19,11 @@ namespace kiln::detail {
 std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name,
                                        const std::filesystem::path& dir = {});
 
+// The user variant `name` whose code is the text of `file`. Throws kiln::Error naming them
+// (invalid_argument) when `name` is not a C++ identifier, (not_found) when `file` does not
+// exist, and as read_user_file() does.
+Variant read_variant(std::string_view name, const std::filesystem::path& file);
+
 // The manifest at `path`, its variants' files relative to its directory. Throws kiln::Error
 // naming it when it is missing, not a regular file, too large (kMaxUserFileBytes) or
 // unreadable, and as parse_manifest() does.

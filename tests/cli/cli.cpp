@@ -418,6 +418,16 @@ TEST_CASE("kiln warm builds a user variant's spec from the code its manifest dec
   CHECK(result.code == 0);
   CHECK(contains(result.out, "compiled 1"));
   CHECK(contains(result.out, "{variant even " + kiln::variant_hash(code) + "}"));
+  // kiln compile takes the variant's code the same way, to show its registers and spills.
+  const Result compiled = cli.run({"compile", "--target", "sm_90a", spec, "--variant",
+                                   "even=" + (cli.dir() / "variants" / "even.cuh").string()});
+  INFO(compiled.out << compiled.err);
+  CHECK(compiled.code == 0);
+  CHECK(contains(compiled.out, "spill"));
+  CHECK(contains(compiled.out, "{variant even " + kiln::variant_hash(code) + "}"));
+  const Result unnamed = cli.run({"compile", "--target", "sm_90a", spec, "--variant", "even"});
+  CHECK(unnamed.code != 0);
+  CHECK(contains(unnamed.err, "--variant even must be NAME=FILE"));
   // Code that changed since: refused with both hashes.
   write_file(cli.dir() / "variants" / "even.cuh", code + "\n");
   const Result changed =
