@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The Python package's tests (python/tests, pytest), as scripts/test.sh runs them: a virtual
-# environment in build-python/venv with torch and pytest from PyPI, the package installed into it
+# environment in build-python/venv with torch, transformers and pytest from PyPI, the package installed into it
 # from this checkout (`pip install .`), then pytest, the slow packaging tests included. GPU tests
 # skip without a GPU. `pip install .` builds libkiln, with what scripts/deps.sh installs.
 set -euo pipefail
@@ -8,7 +8,9 @@ cd "$(dirname "$0")/.."
 bash scripts/deps.sh
 venv="${VENV:-build-python/venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q "torch>=2.4" numpy pytest
+# transformers: its tests of kiln.transformers run here too (tiny random models on the CPU, kiln
+# stood in by the reference); without it they skip, and a change to kiln's calls went unseen.
+"$venv/bin/python" -m pip install -q "torch>=2.4" numpy pytest transformers
 # The package's CMake build (in build-python/cmake, kept between runs) compiles through ccache
 # when there is one.
 if command -v ccache >/dev/null; then export CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi

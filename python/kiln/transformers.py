@@ -32,10 +32,12 @@ What reaches kiln, and how:
 """
 
 import math
+import weakref
 
 import torch
 
 import kiln as _kiln
+from kiln import ops as _ops
 
 NAME = "kiln"
 
@@ -118,6 +120,31 @@ def _bias(mask, query, key):
     return mask.to(query.dtype).expand(batch, heads, seqlen_q, key.shape[2])
 
 
+# Each model's sinks parameter as float32, made once per parameter and value: a cast per layer
+# and step would cost a kernel launch each time (gpt-oss keeps its sinks in the model's dtype).
+# Keyed by id (a tensor's == is elementwise), each entry holding a weak reference to its
+# parameter, whose death drops the entry.
+_float_sinks_cache = {}
+
+
+def _float_sinks(sinks):
+    """`sinks` (s_aux) as the contiguous float32 (heads) tensor kiln takes, without its grad."""
+    if sinks.dtype == torch.float32 and sinks.is_contiguous():
+        return sinks.detach()
+    if _ops._is_compiling():  # a traced graph fuses the cast; no Python cache there
+        return sinks.detach().float().contiguous()
+    # The parameter itself is the key (a detached view is a new object each call), stamped with
+    # what an in-place update, a new storage or a move would change.
+    key = id(sinks)
+    stamp = (sinks._version, sinks.data_ptr(), sinks.device)
+    cached = _float_sinks_cache.get(key)
+    if cached is None or cached[0]() is not sinks or cached[1] != stamp:
+        owner = weakref.ref(sinks, lambda _: _float_sinks_cache.pop(key, None))
+        cached = (owner, stamp, sinks.detach().float().contiguous())
+        _float_sinks_cache[key] = cached
+    return cached[2]
+
+
 def attention_forward(
     module,
     query,
@@ -149,7 +176,7 @@ def attention_forward(
     score = dict(
         softmax_scale=scaling,
         softcap=softcap or 0.0,
-        sinks=None if sinks is None else sinks.detach().float().contiguous(),
+        sinks=None if sinks is None else _float_sinks(sinks),
     )
     if attention_mask is not None:
         out = _kiln.flash_attn_func(q, k, v, bias=_bias(attention_mask, query, key), **score)

@@ -79,7 +79,11 @@ class Calls:
         return_softmax_lse=False,
         out=None,
         sinks=None,
+        variant=None,
+        variant_scalars=(),
+        variant_tensors=(),
     ):
+        assert variant is None and not variant_scalars and not variant_tensors
         band = self.record(
             "func", q, k, v, softmax_scale, causal, window_size, softcap, sinks, bias=bias
         )
@@ -111,7 +115,11 @@ class Calls:
         top_left=False,
         out=None,
         sinks=None,
+        variant=None,
+        variant_scalars=(),
+        variant_tensors=(),
     ):
+        assert variant is None and not variant_scalars and not variant_tensors
         band = self.record(
             "kvcache",
             q,
@@ -456,3 +464,18 @@ def test_gpu_models_match_eager(name, dtype, padded):
     print(f"{name} {dtype}: logits error {error:.3g}, bound {bound:.3g}; margins {margin.tolist()}")
     assert (margin <= 2 * bound).all(), (tokens, margin, bound)
     assert (margin == 0).float().mean() >= 0.75, (tokens, margin)
+
+
+def test_sinks_in_the_models_dtype_are_cast_once_per_value():
+    """A bf16 sinks parameter is cast to float32 once, not per layer and step; an in-place update
+    casts again; float32 sinks go as they are."""
+    sinks = torch.nn.Parameter(torch.tensor([1.5, -2.0, 0.25], dtype=torch.bfloat16))
+    first = kiln_hf._float_sinks(sinks)
+    assert first.dtype == torch.float32 and not first.requires_grad
+    assert kiln_hf._float_sinks(sinks) is first
+    with torch.no_grad():
+        sinks.mul_(2)
+    again = kiln_hf._float_sinks(sinks)
+    assert again is not first and again.tolist() == [3.0, -4.0, 0.5]
+    full = torch.tensor([1.0, 2.0])
+    assert kiln_hf._float_sinks(full).data_ptr() == full.data_ptr()
