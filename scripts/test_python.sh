@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The Python package's tests (python/tests, pytest), as scripts/test.sh runs them: a virtual
-# environment in build-python/venv with torch, transformers and pytest from PyPI, the package installed into it
-# from this checkout (`pip install .`), then pytest, the slow packaging tests included. GPU tests
-# skip without a GPU. `pip install .` builds libkiln, with what scripts/deps.sh installs.
+# environment in build-python/venv with torch, transformers and pytest from PyPI, the package
+# installed into it from this checkout (`pip install .`), then pytest, the slow packaging tests
+# included. GPU tests skip without a GPU. `pip install .` builds libkiln, with what scripts/deps.sh installs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/deps.sh
