@@ -10,13 +10,17 @@
 namespace kiln::examples {
 
 // ALiBi written as a variant: logit -= slope[head] * |query + offset - key|, as the built-in
-// measures it from the diagonal, with variant_tensors[0] the fp32 slopes (heads).
+// measures it from the diagonal, with variant_tensors[0] the fp32 slopes (heads). The slope is
+// the row's state: `row` reads it once per row, not once per logit.
 inline const Variant& alibi_variant() {
   static const Variant variant{.name = "alibi", .code = R"(
 struct kiln_variant {
-  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
-                                float logit) {
-    const float slope = kiln::variant_load<float>(v.tensors[0], at.head);
+  float slope;
+  static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
+    return {kiln::variant_load<float>(v.tensors[0], at.head)};
+  }
+  __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords& at,
+                         float logit) const {
     return logit - slope * static_cast<float>(abs(at.query + at.offset - at.key));
   }
 };
@@ -26,13 +30,16 @@ struct kiln_variant {
 
 // A document mask: a query sees a key only within its own segment, variant_tensors[0] the int32
 // segment id of each key position (batch, seqlen_k); the query of row i is at position
-// i + offset (the last seqlen_q positions, bottom-right).
+// i + offset (the last seqlen_q positions, bottom-right). The query's segment is the row's state.
 inline const Variant& document_variant() {
   static const Variant variant{.name = "document", .code = R"(
 struct kiln_variant {
-  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
-                                float logit) {
-    const int query_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.query + at.offset);
+  int query_doc;
+  static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
+    return {kiln::variant_load<int>(v.tensors[0], at.batch, at.query + at.offset)};
+  }
+  __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                         float logit) const {
     const int key_doc = kiln::variant_load<int>(v.tensors[0], at.batch, at.key);
     return query_doc == key_doc ? logit : -__int_as_float(0x7f800000);
   }

@@ -26,11 +26,22 @@ namespace kiln {
 //   sinks) and returns the row's own: a logit that joins the row's softmax denominator with no
 //   value. at.key is -1 there.
 //
+// What a row's logits share can be worked out once per row: give kiln_variant data members and
+//
+//     static __device__ kiln_variant row(const kiln::VariantParams& v,
+//                                        const kiln::VariantCoords& at);  // at.key is -1
+//
+// and make the hooks const members, which are then called on the row's kiln_variant (ALiBi's
+// slope, a query's document id: examples/variants.hpp). Without `row`, kiln_variant{} is used, so
+// it may then hold no data (a compile error says so, as it does for a `row` of another shape).
+//
 // v.scalars[i] and v.tensors[i] (kiln::variant_load<T>(v.tensors[i], i0, ...)) are the call's
 // ScoreOptions::variant_scalars and variant_tensors; `at` holds the batch, query head, kv head,
 // query row and key index, and the diagonal's offset: query row i sits at key position
 // i + offset (kiln/params/score.h). The hooks run in every attention kernel, prefill and decode,
-// only on real (query, key) pairs and rows, so they may index tensors by them.
+// on coordinates inside the sequences only, so they may index tensors by them: where a tile
+// overhangs a sequence, its rows or keys past the end take the last one, and what the hooks
+// return there is discarded.
 //
 // The code is part of each kernel's generated unit, so it is part of the cache key: changing it
 // compiles new kernels, changing a scalar or a tensor does not. A compile error in it names the

@@ -288,4 +288,21 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   }
 };)"};
   CHECK_THAT(compile_error(hookless), Catch::Contains("kiln_variant defines none of its hooks"));
+  // Per-row state without a row() that makes it would be left zero: both are refused.
+  const kiln::Variant stateless{.name = "stateless", .code = R"(struct kiln_variant {
+  float slope;
+  __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) const {
+    return x * slope;
+  }
+};)"};
+  CHECK_THAT(compile_error(stateless),
+             Catch::Contains("kiln_variant has data members but no row() to fill them"));
+  const kiln::Variant misshapen{.name = "misshapen", .code = R"(struct kiln_variant {
+  float slope;
+  static __device__ kiln_variant row(const kiln::VariantCoords& at) { return {1.f * at.head}; }
+  __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) const {
+    return x * slope;
+  }
+};)"};
+  CHECK_THAT(compile_error(misshapen), Catch::Contains("kiln_variant::row must be static"));
 }

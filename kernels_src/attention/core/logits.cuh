@@ -10,19 +10,24 @@
 
 namespace kiln::attention {
 
-// Fragment coordinates (apply and mask_logits, for the mma kernel): thread (g = lane / 4,
-// t = lane % 4) holds, for m16 tile mt and n8 tile nt, row row0 + 16 * mt + 8 * half (half 0, 1)
-// and key key0 + 8 * nt + e (e 0, 1) in accumulator element 2 * half + e, where row0 is the
-// warp's first row + g and key0 is the block's first key + 2 * t.
+// Fragment coordinates (LogitTransform::apply and mask_logits, for the mma kernels, prefill and
+// decode alike): thread (g = lane / 4, t = lane % 4) holds, for m16 tile mt and n8 tile nt, its
+// row 2 * mt + half (half 0, 1) and key key0 + 8 * nt + e (e 0, 1) in accumulator element
+// 2 * half + e, where key0 is the block's first key + 2 * t. Prefill's row r is query row0 + 8 r
+// (row0 the warp's first row + g); decode's rows pack queries and heads.
 
-// Which of the hooks of kiln/variant.hpp a user variant V defines; each is optional.
+// Which of the hooks of kiln/variant.hpp a user variant V defines; each is optional. A hook may
+// be a static or a const member: it is called on the row's V (LogitRow::variant), which
+// V::row(params, coords) makes when V has it (`state`), else V{}.
 template <class V>
 struct VariantHooks {
+  // Stand-ins for the hooks' arguments, in unevaluated expressions only.
+  static __device__ const VariantParams& params();
+  static __device__ const VariantCoords& coords();
+
   template <class U>
   static constexpr __device__ auto logit_of(int)
-      -> decltype(U::logit(*static_cast<const VariantParams*>(nullptr),
-                           *static_cast<const VariantCoords*>(nullptr), 0.f),
-                  true) {
+      -> decltype(static_cast<const U*>(nullptr)->logit(params(), coords(), 0.f), true) {
     return true;
   }
   template <class U>
@@ -31,8 +36,7 @@ struct VariantHooks {
   }
   template <class U>
   static constexpr __device__ auto mask_of(int)
-      -> decltype(static_cast<bool>(U::mask(*static_cast<const VariantParams*>(nullptr),
-                                            *static_cast<const VariantCoords*>(nullptr))),
+      -> decltype(static_cast<bool>(static_cast<const U*>(nullptr)->mask(params(), coords())),
                   true) {
     return true;
   }
@@ -42,19 +46,43 @@ struct VariantHooks {
   }
   template <class U>
   static constexpr __device__ auto sink_of(int)
-      -> decltype(U::sink(*static_cast<const VariantParams*>(nullptr),
-                          *static_cast<const VariantCoords*>(nullptr), 0.f),
-                  true) {
+      -> decltype(static_cast<const U*>(nullptr)->sink(params(), coords(), 0.f), true) {
     return true;
   }
   template <class U>
   static constexpr __device__ bool sink_of(...) {
     return false;
   }
+  template <class U>
+  static constexpr __device__ auto state_of(int)
+      -> decltype(static_cast<U>(U::row(params(), coords())), true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool state_of(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto names_row(int) -> decltype(&U::row, true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool names_row(...) {
+    return false;
+  }
 
   static constexpr bool logit = logit_of<V>(0);
   static constexpr bool mask = mask_of<V>(0);
   static constexpr bool sink = sink_of<V>(0);
+  static constexpr bool state = state_of<V>(0);
+  static_assert(state || !names_row<V>(0),
+                "kiln_variant::row must be static __device__ kiln_variant row(const "
+                "kiln::VariantParams&, const kiln::VariantCoords&), the variant of a row "
+                "(kiln/variant.hpp)");
+  static_assert(state || names_row<V>(0) || __is_empty(V),
+                "kiln_variant has data members but no row() to fill them: add static __device__ "
+                "kiln_variant row(const kiln::VariantParams&, const kiln::VariantCoords&) "
+                "(kiln/variant.hpp)");
   static_assert(logit || mask || sink,
                 "kiln_variant defines none of its hooks: give it a static __device__ logit(const "
                 "kiln::VariantParams&, const kiln::VariantCoords&, float), mask(const "
@@ -62,58 +90,177 @@ struct VariantHooks {
                 "kiln::VariantParams&, const kiln::VariantCoords&, float) (kiln/variant.hpp)");
 };
 
-// A user variant's logit and mask hooks on the logit at `at`; the identity without them.
+// A spec's user variant, or an empty stand-in without one.
+struct NoVariant {};
+template <class Spec, bool = Spec::has_variant>
+struct SpecVariant {
+  using type = NoVariant;
+};
 template <class Spec>
-__device__ __forceinline__ float variant_logit(const VariantParams& variant,
-                                               const VariantCoords& at, float logit) {
-  if constexpr (Spec::has_variant) {
-    using V = typename Spec::variant;
-    if constexpr (VariantHooks<V>::logit) logit = V::logit(variant, at, logit);
-    if constexpr (VariantHooks<V>::mask) {
-      if (!V::mask(variant, at)) logit = neg_inf();
-    }
-  }
-  return logit;
+struct SpecVariant<Spec, true> {
+  using type = typename Spec::variant;
+};
+
+// Whether a spec adds a bias tensor (prefill's has_bias; decode specs have none).
+template <class Spec>
+constexpr __device__ auto spec_has_bias(int) -> decltype(Spec::has_bias) {
+  return Spec::has_bias;
+}
+template <class Spec>
+constexpr __device__ bool spec_has_bias(...) {
+  return false;
 }
 
-// The sink logit of the row at `at` (natural units; -inf: none): the call's sink for the query
-// head (ScoreOptions::sinks), through the variant's sink hook when it has one. Only for real
-// rows (at.query < seqlen_q), as the hook may index tensors by them; at.key is -1.
+// One row of logits: what they depend on besides the key. Its coordinates (at.key is set per
+// logit; the query may lie past the sequence in a tile's overhang, where the transform hands
+// hooks the last row instead), its ALiBi slope and the variant's state for it (made from a real
+// row).
 template <class Spec>
-__device__ __forceinline__ float row_sink(const ScoreParams& score, const VariantCoords& at) {
-  const float sink = score.maybe_sinks != nullptr ? score.maybe_sinks[at.head] : neg_inf();
+struct LogitRow {
+  VariantCoords at;
+  float alibi_slope;
+  typename SpecVariant<Spec>::type variant;
+};
+
+// The row at `at` (at.key unused): its ALiBi slope, and the variant built for it.
+template <class Spec>
+__device__ __forceinline__ LogitRow<Spec> make_logit_row(const ScoreParams& score,
+                                                         VariantCoords at) {
+  at.key = -1;
+  LogitRow<Spec> row;
+  row.at = at;
+  row.alibi_slope = 0.f;
+  if constexpr (Spec::has_alibi) {
+    row.alibi_slope = score.maybe_alibi_slopes[at.batch * score.alibi_batch_stride + at.head];
+  }
   if constexpr (Spec::has_variant) {
     using V = typename Spec::variant;
-    if constexpr (VariantHooks<V>::sink) return V::sink(score.variant, at, sink);
+    if constexpr (VariantHooks<V>::state) {
+      row.variant = V::row(score.variant, at);
+    } else {
+      row.variant = V{};
+    }
+  }
+  return row;
+}
+
+// The sink logit of a row (natural units; -inf: none): the call's sink for its query head
+// (ScoreOptions::sinks), through the variant's sink hook when it has one (at.key -1).
+template <class Spec>
+__device__ __forceinline__ float row_sink(const ScoreParams& score, const LogitRow<Spec>& row) {
+  const float sink = score.maybe_sinks != nullptr ? score.maybe_sinks[row.at.head] : neg_inf();
+  if constexpr (Spec::has_variant) {
+    if constexpr (VariantHooks<typename Spec::variant>::sink) {
+      return row.variant.sink(score.variant, row.at, sink);
+    }
   }
   return sink;
 }
 
-template <class Spec, class Math>
+// The score model on a thread's Rows rows of logits: scale, softcap, ALiBi, the bias (prefill)
+// and the user variant's logit and mask hooks, then the band mask a tile needs. The band's
+// bounds of each row come from the caller (mask_logits, or decode's own), as decode clips them
+// to its split. RowStep > 0: row r's query is row 0's + RowStep r (prefill's fragments), said
+// so to the compiler, which then sees that row r + 1 and key j + 8 lie as far apart as row r
+// and key j and shares ALiBi-like terms between them; 0: each row has its own (decode's packed
+// rows).
+template <class Spec, class Math, int Rows, int RowStep>
 struct LogitTransform {
   using T = typename Spec::dtype;
-  static constexpr bool on =
-      Spec::has_softcap || Spec::has_alibi || Spec::has_bias || Spec::has_variant;
+  static constexpr bool has_bias = spec_has_bias<Spec>(0);
+  static constexpr bool on = Spec::has_softcap || Spec::has_alibi || has_bias || Spec::has_variant;
+  // Whether a logit reads memory at its (query, key): the hooks and the bias may, so rows and
+  // keys past the sequence take its last ones, in the tiles and threads that have any; elsewhere
+  // the coordinates stay exact, and so linear in r and j (RowStep).
+  static constexpr bool indexed = has_bias || Spec::has_variant;
 
   float scale;
   float softcap;
   float inv_softcap;
-  float alibi_slope;
-  int offset;  // of the band's diagonal, which ALiBi distances are measured from
   int seqlen_q;
   int seqlen_k;
+  bool overhang;  // some of the thread's rows lie past seqlen_q
   const T* bias;  // at (batch, head)
   long long bias_row_stride;
   long long bias_col_stride;
   const VariantParams* variant;
-  VariantCoords sequence;  // batch, head and kv head (query and key vary)
+  LogitRow<Spec> rows[Rows];
 
   // Logits times this are in log2 units. Without transforms the logits stay raw scores and
   // the softmax scale rides along here, saving a multiply per score.
   __device__ __forceinline__ float to_log2() const { return on ? kLog2e : scale * kLog2e; }
 
+  // The logits of a tile, then `mask()` on them where `masked`: s holds fragments
+  // (float[MTiles][STiles][4], Rows == 2 * MTiles) or the thread's one whole row (float[Keys],
+  // Rows == 1) of keys from key0. An indexed transform clamps its coordinates only where some
+  // overhang the sequence (`indexed`): the last key tile, and the rows past seqlen_q.
+  template <class Tile, class Mask>
+  __device__ __forceinline__ void apply(Tile& s, int key0, bool masked, const Mask& mask) const {
+    if (indexed && (overhang || last_key(s, key0) >= seqlen_k)) {
+      each<true>(s, key0);
+    } else {
+      each<false>(s, key0);
+    }
+    if (masked) mask();
+  }
+
+  // The sink logit of each of the thread's rows (row_sink); a row past the sequence takes its
+  // last row's.
+  __device__ __forceinline__ void sinks(float (&sink)[Rows], const ScoreParams& score) const {
+#pragma unroll
+    for (int r = 0; r < Rows; ++r) {
+      LogitRow<Spec> row = rows[r];
+      row.at.query = min(row.at.query, seqlen_q - 1);
+      sink[r] = row_sink<Spec>(score, row);
+    }
+  }
+
+  // The query of the thread's row r (RowStep).
+  __device__ __forceinline__ int query(int r) const {
+    return RowStep > 0 ? rows[0].at.query + RowStep * r : rows[r].at.query;
+  }
+
+  // The logit of key j in `row`, whose query is i.
+  template <bool Edge>
+  __device__ __forceinline__ float logit(float score, const LogitRow<Spec>& row, int i,
+                                         int j) const {
+    float x = score * scale;
+    if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
+    if constexpr (Spec::has_alibi) {
+      x -= row.alibi_slope * static_cast<float>(abs(i + row.at.offset - j));
+    }
+    if constexpr (indexed) {
+      VariantCoords at = row.at;
+      at.query = Edge ? min(i, seqlen_q - 1) : i;
+      at.key = Edge ? min(j, seqlen_k - 1) : j;
+      if constexpr (has_bias) {
+        x += to_float(bias[at.query * bias_row_stride + at.key * bias_col_stride]);
+      }
+      if constexpr (Spec::has_variant) {
+        using V = typename Spec::variant;
+        if constexpr (VariantHooks<V>::logit) x = row.variant.logit(*variant, at, x);
+        if constexpr (VariantHooks<V>::mask) {
+          if (!row.variant.mask(*variant, at)) x = neg_inf();
+        }
+      }
+    }
+    return x;
+  }
+
+ private:
+  // The last key of the thread's part of a tile from key0.
   template <int MTiles, int STiles>
-  __device__ __forceinline__ void apply(float (&s)[MTiles][STiles][4], int row0, int key0) const {
+  static __device__ __forceinline__ int last_key(const float (&)[MTiles][STiles][4], int key0) {
+    return key0 + 8 * (STiles - 1) + 1;
+  }
+  template <int Keys>
+  static __device__ __forceinline__ int last_key(const float (&)[Keys], int key0) {
+    return key0 + Keys - 1;
+  }
+
+  template <bool Edge, int MTiles, int STiles>
+  __device__ __forceinline__ void each(float (&s)[MTiles][STiles][4], int key0) const {
+    static_assert(Rows == 2 * MTiles, "one row per fragment half");
     if constexpr (on) {
 #pragma unroll
       for (int mt = 0; mt < MTiles; ++mt) {
@@ -121,84 +268,65 @@ struct LogitTransform {
         for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
           for (int x = 0; x < 4; ++x) {
-            s[mt][nt][x] = logit(s[mt][nt][x], row0 + 16 * mt + 8 * (x / 2), key0 + 8 * nt + x % 2);
+            const int r = 2 * mt + x / 2;
+            s[mt][nt][x] = logit<Edge>(s[mt][nt][x], rows[r], query(r), key0 + 8 * nt + x % 2);
           }
         }
       }
     }
   }
 
-  // The logits of keys key0 .. key0 + Keys - 1 of row i, for a thread that holds whole rows.
-  template <int Keys>
-  __device__ __forceinline__ void apply_row(float (&s)[Keys], int i, int key0) const {
+  template <bool Edge, int Keys>
+  __device__ __forceinline__ void each(float (&s)[Keys], int key0) const {
+    static_assert(Rows == 1, "one whole row per thread");
     if constexpr (on) {
 #pragma unroll
-      for (int j = 0; j < Keys; ++j) s[j] = logit(s[j], i, key0 + j);
+      for (int j = 0; j < Keys; ++j) s[j] = logit<Edge>(s[j], rows[0], query(0), key0 + j);
     }
-  }
-
-  // The sink logit of row i (row_sink); -inf for a row past the sequence, which is not stored.
-  __device__ __forceinline__ float row_sink(const ScoreParams& score, int i) const {
-    if (i >= seqlen_q) return neg_inf();
-    VariantCoords at = sequence;
-    at.query = i;
-    at.key = -1;
-    return attention::row_sink<Spec>(score, at);
-  }
-
-  // The sink logit of each of a thread's fragment rows, row0 + 8 r.
-  template <int Rows>
-  __device__ __forceinline__ void row_sinks(float (&sink)[Rows], const ScoreParams& score,
-                                            int row0) const {
-#pragma unroll
-    for (int r = 0; r < Rows; ++r) sink[r] = row_sink(score, row0 + 8 * r);
-  }
-
-  __device__ __forceinline__ float logit(float score, int i, int j) const {
-    float x = score * scale;
-    if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
-    if constexpr (Spec::has_alibi) x -= alibi_slope * static_cast<float>(abs(i + offset - j));
-    if constexpr (Spec::has_bias || Spec::has_variant) {
-      if (i < seqlen_q && j < seqlen_k) {  // the tile overhangs the tensor; masked there anyway
-        if constexpr (Spec::has_bias)
-          x += to_float(bias[i * bias_row_stride + j * bias_col_stride]);
-        VariantCoords at = sequence;
-        at.query = i;
-        at.key = j;
-        x = variant_logit<Spec>(*variant, at, x);
-      }
-    }
-    return x;
   }
 };
 
-// The ALiBi slope of query head `head` of sequence `batch` (spec has_alibi).
-__device__ __forceinline__ float alibi_slope(const ScoreParams& score, int batch, int head) {
-  return score.maybe_alibi_slopes[batch * score.alibi_batch_stride + head];
+// The transform's constants from the score model, for queries [0, seqlen_q) and keys
+// [0, seqlen_k); no bias, rows unset, none overhanging.
+template <class Spec, class Math, int Rows, int RowStep>
+__device__ __forceinline__ LogitTransform<Spec, Math, Rows, RowStep> make_score_transform(
+    const ScoreParams& score, int seqlen_q, int seqlen_k) {
+  LogitTransform<Spec, Math, Rows, RowStep> f;
+  f.scale = score.softmax_scale;
+  f.softcap = score.softcap;
+  f.inv_softcap = Spec::has_softcap ? 1.f / score.softcap : 0.f;
+  f.seqlen_q = seqlen_q;
+  f.seqlen_k = seqlen_k;
+  f.overhang = false;
+  f.bias = nullptr;
+  f.bias_row_stride = 0;
+  f.bias_col_stride = 0;
+  f.variant = &score.variant;
+  return f;
 }
 
-template <class Spec, class Math>
-__device__ __forceinline__ LogitTransform<Spec, Math> make_logit_transform(const AttentionParams& p,
-                                                                           const Sequence& seq,
-                                                                           const Band& band) {
-  LogitTransform<Spec, Math> f;
-  f.scale = p.score.softmax_scale;
-  f.softcap = p.score.softcap;
-  f.inv_softcap = Spec::has_softcap ? 1.f / p.score.softcap : 0.f;
-  f.alibi_slope = 0.f;
-  if constexpr (Spec::has_alibi) f.alibi_slope = alibi_slope(p.score, seq.batch, seq.head);
-  f.offset = band.offset;
-  f.seqlen_q = seq.seqlen_q;
-  f.seqlen_k = seq.seqlen_k;
-  f.bias = nullptr;
+// Prefill's transform for a thread whose rows are row0, row0 + 8, ... of the sequence (one row:
+// row0); a row past the sequence makes its variant state from the last.
+template <class Spec, class Math, int Rows>
+__device__ __forceinline__ LogitTransform<Spec, Math, Rows, 8> make_logit_transform(
+    const AttentionParams& p, const Sequence& seq, const Band& band, int row0) {
+  LogitTransform<Spec, Math, Rows, 8> f =
+      make_score_transform<Spec, Math, Rows, 8>(p.score, seq.seqlen_q, seq.seqlen_k);
   if constexpr (Spec::has_bias) {
     f.bias = static_cast<const typename Spec::dtype*>(p.maybe_bias) +
              seq.batch * p.bias_batch_stride + seq.head * p.bias_head_stride;
+    f.bias_row_stride = p.bias_row_stride;
+    f.bias_col_stride = p.bias_col_stride;
   }
-  f.bias_row_stride = p.bias_row_stride;
-  f.bias_col_stride = p.bias_col_stride;
-  f.variant = &p.score.variant;
-  f.sequence = {seq.batch, seq.head, seq.head / (p.heads / p.heads_kv), 0, 0, band.offset};
+  f.overhang = row0 + 8 * (Rows - 1) >= seq.seqlen_q;
+  const int head_kv = seq.head / (p.heads / p.heads_kv);
+#pragma unroll
+  for (int r = 0; r < Rows; ++r) {
+    const int query = min(row0 + 8 * r, seq.seqlen_q - 1);
+    f.rows[r] =
+        make_logit_row<Spec>(p.score, {seq.batch, seq.head, head_kv, query, -1, band.offset});
+    f.rows[r].at.query = row0 + 8 * r;
+  }
   return f;
 }
 
@@ -213,23 +341,36 @@ __device__ __forceinline__ void mask_row(float (&s)[Keys], const Band& band, int
   }
 }
 
-// Sets logits outside each row's band to -inf; row0 is the thread's row of tile 0, half 0.
+// Sets each fragment row r's logits outside its keys [first[r], last[r]] to -inf.
 template <int MTiles, int STiles>
-__device__ __forceinline__ void mask_logits(float (&s)[MTiles][STiles][4], const Band& band,
-                                            int row0, int key0) {
+__device__ __forceinline__ void mask_keys(float (&s)[MTiles][STiles][4],
+                                          const int (&first)[2 * MTiles],
+                                          const int (&last)[2 * MTiles], int key0) {
 #pragma unroll
   for (int r = 0; r < 2 * MTiles; ++r) {
-    const int first = band.first_key(row0 + 8 * r);
-    const int last = band.last_key(row0 + 8 * r);
 #pragma unroll
     for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int j = key0 + 8 * nt + e;
-        if (j < first || j > last) s[r / 2][nt][2 * (r % 2) + e] = neg_inf();
+        if (j < first[r] || j > last[r]) s[r / 2][nt][2 * (r % 2) + e] = neg_inf();
       }
     }
   }
+}
+
+// Sets logits outside each row's band to -inf; row0 is the thread's row of tile 0, half 0.
+template <int MTiles, int STiles>
+__device__ __forceinline__ void mask_logits(float (&s)[MTiles][STiles][4], const Band& band,
+                                            int row0, int key0) {
+  int first[2 * MTiles];
+  int last[2 * MTiles];
+#pragma unroll
+  for (int r = 0; r < 2 * MTiles; ++r) {
+    first[r] = band.first_key(row0 + 8 * r);
+    last[r] = band.last_key(row0 + 8 * r);
+  }
+  mask_keys(s, first, last, key0);
 }
 
 }  // namespace kiln::attention

@@ -234,73 +234,6 @@ __device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
   }
 }
 
-// The packed rows one thread holds: rows row_begin + 16 * mt + 8 * half + lane / 4, r = 2 * mt +
-// half, with what the logits of each need.
-template <int MTiles>
-struct RowInfo {
-  int query[2 * MTiles];  // query token within the sequence
-  int head[2 * MTiles];
-  int first_key[2 * MTiles];  // the row's band, clipped to the CTA's keys: [first, last]
-  int last_key[2 * MTiles];
-  float alibi_slope[2 * MTiles];
-};
-
-template <class Spec>
-struct DecodeLogits {
-  static constexpr bool on = Spec::has_softcap || Spec::has_alibi || Spec::has_variant;
-  float scale;
-  float softcap;
-  float inv_softcap;
-  int offset;  // of the band's diagonal, which ALiBi distances are measured from
-  int seqlen_k;
-  const VariantParams* variant;
-  VariantCoords sequence;  // batch and kv head (head, query and key vary)
-
-  // Logits times this are in log2 units (raw scores carry the softmax scale along).
-  __device__ __forceinline__ float to_log2() const {
-    return on ? attention::kLog2e : scale * attention::kLog2e;
-  }
-
-  // Applies softcap and ALiBi and masks keys outside each row's band.
-  template <int MTiles, int STiles>
-  __device__ __forceinline__ void apply(float (&s)[MTiles][STiles][4], const RowInfo<MTiles>& rows,
-                                        int key0, bool mask) const {
-#pragma unroll
-    for (int mt = 0; mt < MTiles; ++mt) {
-#pragma unroll
-      for (int nt = 0; nt < STiles; ++nt) {
-#pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int r = 2 * mt + x / 2;
-          const int j = key0 + 8 * nt + x % 2;
-          float logit = s[mt][nt][x];
-          if constexpr (on) {
-            logit *= scale;
-            if constexpr (Spec::has_softcap)
-              logit = softcap * mma::tanh_approx(logit * inv_softcap);
-            if constexpr (Spec::has_alibi) {
-              logit -= rows.alibi_slope[r] * static_cast<float>(abs(rows.query[r] + offset - j));
-            }
-            if constexpr (Spec::has_variant) {
-              if (j < seqlen_k) {  // the tile overhangs the sequence; masked there anyway
-                VariantCoords at = sequence;
-                at.head = rows.head[r];
-                at.query = rows.query[r];
-                at.key = j;
-                logit = attention::variant_logit<Spec>(*variant, at, logit);
-              }
-            }
-          }
-          if (mask && (j < rows.first_key[r] || j > rows.last_key[r])) {
-            logit = attention::neg_inf();
-          }
-          s[mt][nt][x] = logit;
-        }
-      }
-    }
-  }
-};
-
 // Split-KV's hand-off (DecodeParams::split_flags), run by one warp of each split's CTA once the
 // whole CTA has written its partial state: sets the split's flag to the call's tag, then reads
 // every split's flag of the row block; true when all carry the tag. The flags are 0 before the
@@ -325,8 +258,326 @@ __device__ __forceinline__ bool publish_split(unsigned long long* flags, int spl
   return __all_sync(0xffffffffu, all);
 }
 
+// The work of one CTA: a block of packed rows of one (sequence, kv head), against its split's
+// range of the keys any of those rows attends.
+struct DecodeBlock {
+  int batch;
+  int kv_head;
+  int split;
+  int row_block;
+  int group;        // query heads per kv head
+  int packed_rows;  // seqlen_q * group
+  int row_begin;    // the block's packed rows [row_begin, row_end)
+  int row_end;
+  int seqlen_k;
+  attention::Band band;
+  int split_begin;  // the split's keys [split_begin, split_end), whole CTA steps
+  int split_end;
+  int unmasked_first;  // keys every row of the block attends: tiles inside need no mask
+  int unmasked_last;
+
+  // Whether the tile of keys [key0, key0 + keys) needs the band mask.
+  __device__ __forceinline__ bool needs_mask(int key0, int keys) const {
+    return key0 < unmasked_first || key0 + keys - 1 > unmasked_last;
+  }
+};
+
+template <class Spec, class Tr>
+__device__ __forceinline__ DecodeBlock decode_block(const DecodeParams& p) {
+  DecodeBlock b;
+  b.split = static_cast<int>(blockIdx.x) % p.num_splits;
+  b.row_block = static_cast<int>(blockIdx.x) / p.num_splits;
+  b.kv_head = blockIdx.y;
+  b.batch = blockIdx.z;
+  b.group = p.heads / p.heads_kv;
+  b.packed_rows = p.seqlen_q * b.group;
+  b.row_begin = b.row_block * Tr::rows;
+  b.row_end = min(b.row_begin + Tr::rows, b.packed_rows);
+  b.seqlen_k = p.seqlens[b.batch] + p.seqlen_new;
+  b.band = attention::make_band<Spec::band>(p.score, p.seqlen_q, b.seqlen_k);
+
+  // The keys any row of the block attends, cut into num_splits ranges of whole CTA steps.
+  constexpr int step = Tr::warps * Tr::block_n;
+  const int first_query = b.row_begin / b.group;
+  const int last_query = (b.row_end - 1) / b.group;
+  const int lo = b.band.first_key(first_query);
+  const int hi = b.band.last_key(last_query) + 1;
+  const int steps = hi > lo ? (hi - lo + step - 1) / step : 0;
+  const int steps_per_split = (steps + p.num_splits - 1) / p.num_splits;
+  b.split_begin = lo + b.split * steps_per_split * step;
+  b.split_end = min(hi, b.split_begin + steps_per_split * step);
+  b.unmasked_first = b.band.first_key(last_query);
+  b.unmasked_last = min(b.split_end - 1, b.band.last_key(first_query));
+  return b;
+}
+
+// Stage 1, gather Q: the block's packed rows (zero past the last) into shared memory, by all
+// threads, as the first cp.async group.
+template <class Tr>
+__device__ __forceinline__ void gather_q(typename Tr::T* smem_q, const DecodeParams& p,
+                                         const DecodeBlock& b, int thread) {
+  using T = typename Tr::T;
+  const T* const q = static_cast<const T*>(p.q) + b.batch * p.q_batch_stride +
+                     b.kv_head * b.group * p.q_head_stride;
+  constexpr int chunks_per_row = Tr::qk_dim / 8;
+  constexpr int chunks = Tr::rows * chunks_per_row;
+#pragma unroll
+  for (int i = 0; i < (chunks + Tr::threads - 1) / Tr::threads; ++i) {
+    const int chunk = thread + i * Tr::threads;
+    if (chunks % Tr::threads != 0 && chunk >= chunks) break;
+    const int row = chunk / chunks_per_row;
+    const int col = chunk % chunks_per_row * 8;
+    const int r = b.row_begin + row;
+    const bool ok = r < b.row_end && col < Tr::head_dim;
+    const T* src = q + (r / b.group) * p.q_seq_stride + (r % b.group) * p.q_head_stride + col;
+    mma::cp_async_16(
+        mma::smem_address(smem_q + attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(row, col)),
+        ok ? src : q, ok);
+  }
+  mma::cp_async_commit();
+}
+
+// Where each packed row of the block puts its results, and its sink: worked out while the first
+// tiles load, since the end of the kernel runs with one warp per scheduler, so every
+// instruction there is latency.
+template <class Tr>
+struct RowTargets {
+  long long state[Tr::rows];  // (batch, query, head) state index
+  long long out[Tr::rows];    // element offset in out
+  long long lse[Tr::rows];    // element offset in lse
+  float sink[Tr::rows];       // sink logit, in split 0's state only (or -inf)
+
+  template <class Spec>
+  __device__ __forceinline__ void find(const DecodeParams& p, const DecodeBlock& b, int thread) {
+    for (int row = thread; row < Tr::rows; row += Tr::threads) {
+      const int r = min(b.row_begin + row, b.packed_rows - 1);
+      const int query = r / b.group;
+      const int head = b.kv_head * b.group + r % b.group;
+      state[row] = (static_cast<long long>(b.batch) * p.seqlen_q + query) * p.heads + head;
+      out[row] = b.batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
+      lse[row] = b.batch * p.lse_batch_stride + head * p.lse_head_stride + query;
+      sink[row] =
+          b.split == 0
+              ? attention::row_sink<Spec>(
+                    p.score, attention::make_logit_row<Spec>(
+                                 p.score, {b.batch, head, b.kv_head, query, -1, b.band.offset}))
+              : attention::neg_inf();
+    }
+  }
+};
+
+// Stage 2, stream K/V: a warp's own tiles of the split's keys, split_begin + (warp + warps * t) *
+// block_n, through `stages` cp.async slots, each through scores, logits and the online softmax
+// into the warp's outputs. Constructing it starts the first tiles' loads.
+template <class Spec, class Tr>
+struct KvStream {
+  using T = typename Tr::T;
+  static constexpr int step = Tr::warps * Tr::block_n;
+
+  CacheRows<Spec::paged, T> cache;
+  T* slots;
+  int first;  // the warp's first key
+  int tiles;
+  int split_end;
+  int lane;
+
+  __device__ __forceinline__ KvStream(const DecodeParams& p, const DecodeBlock& b, T* smem_q,
+                                      int warp, int lane_)
+      : cache(cache_rows<Spec::paged, T>(p, b.batch, b.kv_head)),
+        slots(smem_q + Tr::q_elems + warp * Tr::warp_elems),
+        first(b.split_begin + warp * Tr::block_n),
+        tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
+        split_end(b.split_end),
+        lane(lane_) {
+#pragma unroll
+    for (int t = 0; t < Tr::stages - 1; ++t) load(t);
+  }
+
+  __device__ __forceinline__ void load(int t) const {
+    if (t < tiles) {
+      const int key0 = first + t * step;
+      load_kv_tile<Tr, Spec::paged>(slots + (t % Tr::stages) * Tr::slot_elems, cache, key0,
+                                    split_end - key0, lane);
+    }
+    mma::cp_async_commit();  // empty groups keep the wait count one constant
+  }
+
+  // Every tile, once Q (from every thread) is in: o and softmax take the warp's rows' state.
+  template <class Logits, class Softmax>
+  __device__ __forceinline__ void run(float (&o)[Tr::m_tiles][Tr::o_tiles][4], Softmax& softmax,
+                                      const Logits& logits, float to_log2, const DecodeBlock& b,
+                                      const int (&first_key)[2 * Tr::m_tiles],
+                                      const int (&last_key)[2 * Tr::m_tiles], T* smem_q) const {
+    const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);
+    const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
+    const unsigned slots_base = mma::smem_address(slots);
+    mma::cp_async_wait<Tr::stages - 2>();
+    __syncthreads();  // Q and this warp's first tile
+    for (int t = 0; t < tiles; ++t) {
+      mma::cp_async_wait<Tr::stages - 2>();
+      __syncwarp();  // tile t is visible to the warp, which is done with the slot refilled next
+      load(t + Tr::stages - 1);
+
+      const unsigned k_tile = slots_base + 2 * (t % Tr::stages) * Tr::slot_elems;
+      const unsigned v_tile = k_tile + 2 * Tr::k_elems;
+      float s[Tr::m_tiles][Tr::s_tiles][4];
+      attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
+      const int key0 = first + t * step;
+      const int lane_key0 = key0 + 2 * (lane % 4);
+      logits.apply(s, lane_key0, b.needs_mask(key0, Tr::block_n),
+                   [&] { attention::mask_keys(s, first_key, last_key, lane_key0); });
+      softmax.update(s, o, to_log2);
+      attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
+    }
+  }
+};
+
+// The fp32 regions the warps' states meet in (reusing the tiles' shared memory): per warp,
+// rows x merge_pitch outputs, then every warp's row maxima (log2 units) and sums.
+template <class Tr>
+struct WarpStates {
+  float* o;
+  float* max;
+  float* sum;
+
+  __device__ __forceinline__ explicit WarpStates(unsigned char* smem)
+      : o(reinterpret_cast<float*>(smem)),
+        max(o + Tr::warps * Tr::rows * Tr::merge_pitch),
+        sum(max + Tr::warps * Tr::rows) {}
+
+  // Stage 3, merge warps (first half): the warp's row maxima and sums and its unscaled outputs
+  // of the block's `valid_rows` rows, into its own region.
+  template <class Softmax>
+  __device__ __forceinline__ void leave(const float (&o_frag)[Tr::m_tiles][Tr::o_tiles][4],
+                                        const Softmax& softmax, float to_log2, int valid_rows,
+                                        int warp, int lane) const {
+    float* const warp_o = o + warp * Tr::rows * Tr::merge_pitch;
+#pragma unroll
+    for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
+      const int row = 8 * r + lane / 4;
+      const float row_sum = mma::quad_sum(softmax.row_sum[r]);
+      if (lane % 4 == 0) {
+        max[warp * Tr::rows + row] =
+            row_sum > 0.f ? softmax.row_max[r] * to_log2 : attention::neg_inf();
+        sum[warp * Tr::rows + row] = row_sum;
+      }
+      if (row < valid_rows) {
+        const int mt = r / 2, x = 2 * (r % 2);
+#pragma unroll
+        for (int j = 0; j < Tr::o_tiles; ++j) {
+          *reinterpret_cast<float2*>(warp_o + row * Tr::merge_pitch + 8 * j + 2 * (lane % 4)) =
+              make_float2(o_frag[mt][j][x], o_frag[mt][j][x + 1]);
+        }
+      }
+    }
+  }
+
+  // Stage 3 (second half): 4 columns of a row from `col`, every warp's part weighed by
+  // exp2(its max - top) / total, with the row's sink counted in (-inf: none). Returns the
+  // row's LSE (natural units).
+  __device__ __forceinline__ float merge(float (&acc)[4], int row, int col, float sink) const {
+    float row_max[Tr::warps];
+    float top = attention::neg_inf();
+#pragma unroll
+    for (int w = 0; w < Tr::warps; ++w) {
+      row_max[w] = max[w * Tr::rows + row];
+      top = fmaxf(top, row_max[w]);
+    }
+    float total = 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] = 0.f;
+    if (top != attention::neg_inf()) {
+#pragma unroll
+      for (int w = 0; w < Tr::warps; ++w) {
+        const float scale = mma::exp2_approx(row_max[w] - top);
+        total += scale * sum[w * Tr::rows + row];
+        const float4 part =
+            *reinterpret_cast<const float4*>(o + (w * Tr::rows + row) * Tr::merge_pitch + col);
+        acc[0] += scale * part.x;
+        acc[1] += scale * part.y;
+        acc[2] += scale * part.z;
+        acc[3] += scale * part.w;
+      }
+    }
+    // total >= 1 when top is finite (the top part's own sum, or the sink's), so the
+    // approximations hold.
+    const float factor = attention::add_sink(sink, top, total);
+    const float inv = total > 0.f ? factor * mma::rcp_approx(total) : 0.f;
+#pragma unroll
+    for (int e = 0; e < 4; ++e) acc[e] *= inv;
+    return total > 0.f ? (top + mma::log2_approx(total)) * attention::kLn2 : attention::neg_inf();
+  }
+};
+
+// 4 finished columns of a row from `col`, and at column 0 its LSE, to out (and lse).
+template <class Tr>
+__device__ __forceinline__ void store_out(const DecodeParams& p, const RowTargets<Tr>& targets,
+                                          int row, int col, const float (&acc)[4], float lse) {
+  using T = typename Tr::T;
+  T* const dst = static_cast<T*>(p.out) + targets.out[row] + col;
+  uint2 packed;
+  packed.x = mma::pack2<T>(acc[0], acc[1]);
+  packed.y = mma::pack2<T>(acc[2], acc[3]);
+  *reinterpret_cast<uint2*>(dst) = packed;
+  if (col == 0 && p.maybe_lse != nullptr) p.maybe_lse[targets.lse[row]] = lse;
+}
+
+// The (batch * seqlen_q * heads) states of one split in DecodeParams::partial_out and partial_lse.
+__device__ __forceinline__ long long split_stride(const DecodeParams& p) {
+  return static_cast<long long>(p.batch) * p.seqlen_q * p.heads;
+}
+
+// Stage 5, merge splits: every split's state of the block's rows, in split order (so the
+// result does not depend on which CTA does it), into out.
+template <class Tr>
+__device__ __forceinline__ void merge_splits(const DecodeParams& p, const RowTargets<Tr>& targets,
+                                             int valid_rows, int thread) {
+  constexpr int quads = Tr::head_dim_v / 4;
+  const long long stride = split_stride(p);
+  for (int item = thread; item < Tr::rows * quads; item += Tr::threads) {
+    const int row = item / quads;
+    const int col = item % quads * 4;
+    if (row >= valid_rows) break;
+    // Loads of 16 states go out together, ahead of the math that waits on them.
+    constexpr int batched = 16;
+    const float* const out_states = p.partial_out + targets.state[row] * Tr::head_dim_v + col;
+    const float* const lse_states = p.partial_lse + targets.state[row];
+    const long long out_step = stride * Tr::head_dim_v;
+    MergeAccumulator<1> all;
+    all.init();
+#pragma unroll 1
+    for (int s0 = 0; s0 < p.num_splits; s0 += batched) {
+      float lse[batched];
+      float v[batched][1][4];
+#pragma unroll
+      for (int j = 0; j < batched; ++j) {
+        const bool ok = s0 + j < p.num_splits;
+        const float4 x =
+            ok ? __ldcg(reinterpret_cast<const float4*>(out_states + (s0 + j) * out_step))
+               : make_float4(0.f, 0.f, 0.f, 0.f);
+        v[j][0][0] = x.x;
+        v[j][0][1] = x.y;
+        v[j][0][2] = x.z;
+        v[j][0][3] = x.w;
+        lse[j] = ok ? __ldcg(lse_states + (s0 + j) * stride) : attention::neg_inf();
+      }
+      all.add(lse, v);
+    }
+    // all.total >= 1 when any state has keys (the top state's weight is 1).
+    const float inv = all.total > 0.f ? mma::rcp_approx(all.total) : 0.f;
+    const float acc[4] = {all.acc[0][0] * inv, all.acc[0][1] * inv, all.acc[0][2] * inv,
+                          all.acc[0][3] * inv};
+    store_out<Tr>(p, targets, row, col, acc,
+                  all.total > 0.f ? all.top + mma::log2_approx(all.total) * attention::kLn2
+                                  : attention::neg_inf());
+  }
+}
+
 }  // namespace decode
 
+// The kernel, as its stages: gather Q, stream K/V (each warp its own tiles), merge the warps,
+// then out, or with several splits publish this split's state and, in the split that finds
+// them all done, merge the splits.
 template <class Spec>
 __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     attention_decode(const KILN_GRID_CONSTANT DecodeParams p) {
@@ -346,115 +597,30 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   const int thread = threadIdx.x;
   const int warp = thread / 32;
   const int lane = thread % 32;
-  const int split = static_cast<int>(blockIdx.x) % p.num_splits;
-  const int row_block = static_cast<int>(blockIdx.x) / p.num_splits;
-  const int kv_head = blockIdx.y;
-  const int batch = blockIdx.z;
+  const DecodeBlock b = decode_block<Spec, Tr>(p);
 
-  const int group = p.heads / p.heads_kv;
-  const int packed_rows = p.seqlen_q * group;
-  const int row_begin = row_block * Tr::rows;
-  const int row_end = min(row_begin + Tr::rows, packed_rows);
-  const int seqlen_k = p.seqlens[batch] + p.seqlen_new;
+  gather_q<Tr>(smem_q, p, b, thread);
+  const KvStream<Spec, Tr> kv(p, b, smem_q, warp, lane);
+  __shared__ RowTargets<Tr> targets;
+  targets.template find<Spec>(p, b, thread);
 
-  const attention::Band band = attention::make_band<Spec::band>(p.score, p.seqlen_q, seqlen_k);
-
-  // The keys any row of the block attends, cut into num_splits ranges of whole CTA steps.
-  constexpr int step = Tr::warps * Tr::block_n;
-  const int first_query = row_begin / group;
-  const int last_query = (row_end - 1) / group;
-  const int lo = band.first_key(first_query);
-  const int hi = band.last_key(last_query) + 1;
-  const int steps = hi > lo ? (hi - lo + step - 1) / step : 0;
-  const int steps_per_split = (steps + p.num_splits - 1) / p.num_splits;
-  const int split_begin = lo + split * steps_per_split * step;
-  const int split_end = min(hi, split_begin + steps_per_split * step);
-  // Keys every row of the block attends: tiles inside need no mask.
-  const int unmasked_first = band.first_key(last_query);
-  const int unmasked_last = min(split_end - 1, band.last_key(first_query));
-
-  // Q rows of the block (zero past the last), all threads; the first cp.async group.
-  {
-    const T* const q =
-        static_cast<const T*>(p.q) + batch * p.q_batch_stride + kv_head * group * p.q_head_stride;
-    constexpr int chunks_per_row = Tr::qk_dim / 8;
-    constexpr int chunks = Tr::rows * chunks_per_row;
-#pragma unroll
-    for (int i = 0; i < (chunks + Tr::threads - 1) / Tr::threads; ++i) {
-      const int chunk = thread + i * Tr::threads;
-      if (chunks % Tr::threads != 0 && chunk >= chunks) break;
-      const int row = chunk / chunks_per_row;
-      const int col = chunk % chunks_per_row * 8;
-      const int r = row_begin + row;
-      const bool ok = r < row_end && col < Tr::head_dim;
-      const T* src = q + (r / group) * p.q_seq_stride + (r % group) * p.q_head_stride + col;
-      mma::cp_async_16(mma::smem_address(
-                           smem_q + attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(row, col)),
-                       ok ? src : q, ok);
-    }
-    mma::cp_async_commit();
-  }
-
-  // This warp's tiles: keys split_begin + (warp + warps * t) * block_n.
-  const CacheRows<Spec::paged, T> cache = cache_rows<Spec::paged, T>(p, batch, kv_head);
-  T* const slots = smem_q + Tr::q_elems + warp * Tr::warp_elems;
-  const int warp_first = split_begin + warp * Tr::block_n;
-  const int tiles = warp_first < split_end ? (split_end - warp_first + step - 1) / step : 0;
-  auto load = [&](int t) {
-    if (t < tiles) {
-      const int key0 = warp_first + t * step;
-      load_kv_tile<Tr, Spec::paged>(slots + (t % Tr::stages) * Tr::slot_elems, cache, key0,
-                                    split_end - key0, lane);
-    }
-    mma::cp_async_commit();  // empty groups keep the wait count one constant
-  };
-#pragma unroll
-  for (int t = 0; t < Tr::stages - 1; ++t) load(t);
-
-  // Where each packed row's results go, worked out while the first tiles load: the end of the
-  // kernel runs with one warp per scheduler, so every instruction there is latency.
-  __shared__ long long row_state[Tr::rows];  // (batch, query, head) state index
-  __shared__ long long row_out[Tr::rows];    // element offset in out
-  __shared__ long long row_lse[Tr::rows];    // element offset in lse
-  __shared__ float row_sink[Tr::rows];       // sink logit, in split 0's state only (or -inf)
-  for (int row = thread; row < Tr::rows; row += Tr::threads) {
-    const int r = min(row_begin + row, packed_rows - 1);
-    const int query = r / group;
-    const int head = kv_head * group + r % group;
-    row_state[row] = (static_cast<long long>(batch) * p.seqlen_q + query) * p.heads + head;
-    row_out[row] = batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
-    row_lse[row] = batch * p.lse_batch_stride + head * p.lse_head_stride + query;
-    row_sink[row] = split == 0 ? attention::row_sink<Spec>(
-                                     p.score, {batch, head, kv_head, query, -1, band.offset})
-                               : attention::neg_inf();
-  }
-
-  RowInfo<Tr::m_tiles> rows;
+  // The thread's packed rows row_begin + 8 r + lane / 4 (attention/core/logits.cuh), the last
+  // one standing in past the block's end, and the keys of each row's band in the split.
+  auto logits = attention::make_score_transform<Spec, mma::ApproxMath, 2 * Tr::m_tiles, 0>(
+      p.score, p.seqlen_q, b.seqlen_k);
+  int first_key[2 * Tr::m_tiles];
+  int last_key[2 * Tr::m_tiles];
 #pragma unroll
   for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
-    const int packed = min(row_begin + 8 * r + lane / 4, packed_rows - 1);
-    rows.query[r] = packed / group;
-    rows.head[r] = kv_head * group + packed % group;
-    rows.first_key[r] = band.first_key(rows.query[r]);
-    rows.last_key[r] = min(split_end - 1, band.last_key(rows.query[r]));
-    rows.alibi_slope[r] = 0.f;
-    if constexpr (Spec::has_alibi) {
-      rows.alibi_slope[r] = attention::alibi_slope(p.score, batch, rows.head[r]);
-    }
+    const int packed = min(b.row_begin + 8 * r + lane / 4, b.packed_rows - 1);
+    const int query = packed / b.group;
+    const int head = b.kv_head * b.group + packed % b.group;
+    logits.rows[r] = attention::make_logit_row<Spec>(
+        p.score, {b.batch, head, b.kv_head, query, -1, b.band.offset});
+    first_key[r] = b.band.first_key(query);
+    last_key[r] = min(b.split_end - 1, b.band.last_key(query));
   }
-  DecodeLogits<Spec> logits;
-  logits.scale = p.score.softmax_scale;
-  logits.softcap = p.score.softcap;
-  logits.inv_softcap = Spec::has_softcap ? 1.f / p.score.softcap : 0.f;
-  logits.offset = band.offset;
-  logits.seqlen_k = seqlen_k;
-  logits.variant = &p.score.variant;
-  logits.sequence = {batch, 0, kv_head, 0, 0, band.offset};
   const float to_log2 = logits.to_log2();
-
-  const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);
-  const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
-  const unsigned slots_base = mma::smem_address(slots);
 
   float o[Tr::m_tiles][Tr::o_tiles][4];
 #pragma unroll
@@ -467,168 +633,49 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   }
   attention::OnlineSoftmax<Tr::m_tiles, 64> softmax;
   softmax.init();
+  kv.run(o, softmax, logits, to_log2, b, first_key, last_key, smem_q);
 
-  // Q and this warp's first tile; Q came from every thread, so once across the CTA.
-  mma::cp_async_wait<Tr::stages - 2>();
-  __syncthreads();
-  for (int t = 0; t < tiles; ++t) {
-    mma::cp_async_wait<Tr::stages - 2>();
-    __syncwarp();  // tile t is visible to the warp, which is done with the slot refilled next
-    load(t + Tr::stages - 1);
-
-    const unsigned k_tile = slots_base + 2 * (t % Tr::stages) * Tr::slot_elems;
-    const unsigned v_tile = k_tile + 2 * Tr::k_elems;
-    float s[Tr::m_tiles][Tr::s_tiles][4];
-    attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
-    const int key0 = warp_first + t * step;
-    const bool mask = key0 < unmasked_first || key0 + Tr::block_n - 1 > unmasked_last;
-    logits.apply(s, rows, key0 + 2 * (lane % 4), mask);
-    softmax.update(s, o, to_log2);
-    attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
-  }
-
-  // Merge the warps' states through shared memory in one step: every warp leaves its row
-  // maxima (log2 units) and sums, and its unscaled outputs of the block's rows, in its own
-  // region; then each thread weighs the warps' parts of 4 columns of a row.
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done with its slots, which the merge reuses
-  const int valid_rows = row_end - row_begin;
-  float* const merge_o = reinterpret_cast<float*>(smem_bytes);
-  float* const merge_max = merge_o + Tr::warps * Tr::rows * Tr::merge_pitch;
-  float* const merge_sum = merge_max + Tr::warps * Tr::rows;
-  {
-    float* const warp_o = merge_o + warp * Tr::rows * Tr::merge_pitch;
-#pragma unroll
-    for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
-      const int row = 8 * r + lane / 4;
-      const float sum = mma::quad_sum(softmax.row_sum[r]);
-      if (lane % 4 == 0) {
-        merge_max[warp * Tr::rows + row] =
-            sum > 0.f ? softmax.row_max[r] * to_log2 : attention::neg_inf();
-        merge_sum[warp * Tr::rows + row] = sum;
-      }
-      if (row < valid_rows) {
-        const int mt = r / 2, x = 2 * (r % 2);
-#pragma unroll
-        for (int j = 0; j < Tr::o_tiles; ++j) {
-          *reinterpret_cast<float2*>(warp_o + row * Tr::merge_pitch + 8 * j + 2 * (lane % 4)) =
-              make_float2(o[mt][j][x], o[mt][j][x + 1]);
-        }
-      }
-    }
-  }
+  const int valid_rows = b.row_end - b.row_begin;
+  const WarpStates<Tr> states(smem_bytes);
+  states.leave(o, softmax, to_log2, valid_rows, warp, lane);
   __syncthreads();
 
-  // A row of the block and its finished 4 columns from `col`: to out (and lse) or, with
-  // several splits, to this split's fp32 partial state.
-  const long long split_stride = static_cast<long long>(p.batch) * p.seqlen_q * p.heads;
-  auto store_out = [&](int row, int col, const float(&acc)[4], float lse) {
-    T* const dst = static_cast<T*>(p.out) + row_out[row] + col;
-    uint2 packed;
-    packed.x = mma::pack2<T>(acc[0], acc[1]);
-    packed.y = mma::pack2<T>(acc[2], acc[3]);
-    *reinterpret_cast<uint2*>(dst) = packed;
-    if (col == 0 && p.maybe_lse != nullptr) p.maybe_lse[row_lse[row]] = lse;
-  };
-
-  // Each thread finishes 4 consecutive columns of a row at a time.
+  // Each thread finishes 4 consecutive columns of a row at a time: to out, or with several
+  // splits to this split's fp32 partial state. The sink joins split 0's state only, so the
+  // split merge counts it once.
   const bool split_out = p.num_splits > 1;
   constexpr int quads = Tr::head_dim_v / 4;
   for (int item = thread; item < valid_rows * quads; item += Tr::threads) {
     const int row = item / quads;
     const int col = item % quads * 4;
-    // The row's merged max and sum; each warp's part weighs exp2(its max - top) / total.
-    float row_max[Tr::warps];
-    float top = attention::neg_inf();
-#pragma unroll
-    for (int w = 0; w < Tr::warps; ++w) {
-      row_max[w] = merge_max[w * Tr::rows + row];
-      top = fmaxf(top, row_max[w]);
-    }
-    float total = 0.f;
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-    if (top != attention::neg_inf()) {
-#pragma unroll
-      for (int w = 0; w < Tr::warps; ++w) {
-        const float scale = mma::exp2_approx(row_max[w] - top);
-        total += scale * merge_sum[w * Tr::rows + row];
-        const float4 part = *reinterpret_cast<const float4*>(
-            merge_o + (w * Tr::rows + row) * Tr::merge_pitch + col);
-        acc[0] += scale * part.x;
-        acc[1] += scale * part.y;
-        acc[2] += scale * part.z;
-        acc[3] += scale * part.w;
-      }
-    }
-    // The sink joins split 0's state, so the split merge counts it once. total >= 1 when top is
-    // finite (the top part's own sum, or the sink's), so the approximations hold.
-    const float factor = attention::add_sink(row_sink[row], top, total);
-    const float inv = total > 0.f ? factor * mma::rcp_approx(total) : 0.f;
-#pragma unroll
-    for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    const float lse =
-        total > 0.f ? (top + mma::log2_approx(total)) * attention::kLn2 : attention::neg_inf();
+    float acc[4];
+    const float lse = states.merge(acc, row, col, targets.sink[row]);
     if (split_out) {
-      const long long state = split * split_stride + row_state[row];
+      const long long state = b.split * split_stride(p) + targets.state[row];
       *reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col) =
           make_float4(acc[0], acc[1], acc[2], acc[3]);
       if (col == 0) p.partial_lse[state] = lse;
     } else {
-      store_out(row, col, acc, lse);
+      store_out<Tr>(p, targets, row, col, acc, lse);
     }
   }
   if (!split_out) return;
 
-  // The split that finds every split of its row block done merges all of their states (in
-  // split order, so the result does not depend on which CTA that is).
+  // Stage 4, publish the split; the one that finds every split of its row block done merges.
   unsigned long long* const flags =
-      p.split_flags + (static_cast<long long>(batch) * p.heads_kv + kv_head) * gridDim.x +
-      row_block * p.num_splits;
+      p.split_flags + (static_cast<long long>(b.batch) * p.heads_kv + b.kv_head) * gridDim.x +
+      b.row_block * p.num_splits;
   __shared__ bool merges;
   __syncthreads();  // the CTA's partial state is written
   if (warp == 0) {
-    const bool all = publish_split(flags, split, p.num_splits, p.split_tag, lane);
+    const bool all = publish_split(flags, b.split, p.num_splits, p.split_tag, lane);
     if (lane == 0) merges = all;
   }
   __syncthreads();
   if (!merges) return;
-  for (int item = thread; item < Tr::rows * quads; item += Tr::threads) {
-    const int row = item / quads;
-    const int col = item % quads * 4;
-    if (row >= valid_rows) break;
-    // Loads of 16 states go out together, ahead of the math that waits on them.
-    constexpr int batched = 16;
-    const float* const out_states = p.partial_out + row_state[row] * Tr::head_dim_v + col;
-    const float* const lse_states = p.partial_lse + row_state[row];
-    const long long out_step = split_stride * Tr::head_dim_v;
-    MergeAccumulator<1> all;
-    all.init();
-#pragma unroll 1
-    for (int s0 = 0; s0 < p.num_splits; s0 += batched) {
-      float lse[batched];
-      float v[batched][1][4];
-#pragma unroll
-      for (int j = 0; j < batched; ++j) {
-        const bool ok = s0 + j < p.num_splits;
-        const float4 x =
-            ok ? __ldcg(reinterpret_cast<const float4*>(out_states + (s0 + j) * out_step))
-               : make_float4(0.f, 0.f, 0.f, 0.f);
-        v[j][0][0] = x.x;
-        v[j][0][1] = x.y;
-        v[j][0][2] = x.z;
-        v[j][0][3] = x.w;
-        lse[j] = ok ? __ldcg(lse_states + (s0 + j) * split_stride) : attention::neg_inf();
-      }
-      all.add(lse, v);
-    }
-    // all.total >= 1 when any state has keys (the top state's weight is 1).
-    const float inv = all.total > 0.f ? mma::rcp_approx(all.total) : 0.f;
-    const float acc[4] = {all.acc[0][0] * inv, all.acc[0][1] * inv, all.acc[0][2] * inv,
-                          all.acc[0][3] * inv};
-    store_out(row, col, acc,
-              all.total > 0.f ? all.top + mma::log2_approx(all.total) * attention::kLn2
-                              : attention::neg_inf());
-  }
+  merge_splits<Tr>(p, targets, valid_rows, thread);
   // A replayed CUDA graph keeps the tag it was captured with: leave the flags unset for it.
   for (int s = thread; s < p.num_splits; s += Tr::threads) flags[s] = 0;
 }

@@ -108,12 +108,12 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
 
   const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
-  const LogitTransform<Spec, mma::ApproxMath> transform =
-      make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);
-  const float to_log2 = transform.to_log2();
 
   // This thread's first row within the sequence; its others are 8, 16, ... further.
   const int row0 = row_begin + warp * Tr::rows_per_warp + lane / 4;
+  const auto transform =
+      make_logit_transform<Spec, mma::ApproxMath, 2 * Tr::m_tiles>(p, seq, band, row0);
+  const float to_log2 = transform.to_log2();
 
   const T* const q = static_cast<const T*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
   const T* const k = static_cast<const T*>(p.k) + seq.k_offset;
@@ -191,8 +191,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
 
     const int key0 = block * Tr::block_n + 2 * (lane % 4);
-    transform.apply(s, row0, key0);
-    if (blocks.needs_mask(block, Tr::block_n)) mask_logits(s, band, row0, key0);
+    transform.apply(s, key0, blocks.needs_mask(block, Tr::block_n),
+                    [&] { mask_logits(s, band, row0, key0); });
     if constexpr (Tr::stages == 1) {
       mma::cp_async_wait<0>();
       __syncthreads();  // V is visible to all, and every warp is done reading K
@@ -207,7 +207,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
 
   float lse[2 * Tr::m_tiles];
   float sink[2 * Tr::m_tiles];
-  transform.row_sinks(sink, p.score, row0);
+  transform.sinks(sink, p.score);
   softmax.finish(o, to_log2, lse, sink);
 
   mma::cp_async_wait<0>();

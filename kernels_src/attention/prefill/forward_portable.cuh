@@ -232,7 +232,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
 
   const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, rows.begin, rows.end, Tr::block_n);
-  const LogitTransform<Spec, Math> transform = make_logit_transform<Spec, Math>(p, seq, band);
+  const auto transform = make_logit_transform<Spec, Math, 1>(p, seq, band, row);
   const float to_log2 = transform.to_log2();
 
   float q[Tr::qk_per_lane][8];
@@ -261,13 +261,15 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
 
     float s[Tr::block_n];
     tile_scores<Tr>(s, q, k_tile, lane);
-    transform.apply_row(s, row, key0);
-    if (blocks.needs_mask(block, Tr::block_n)) mask_row(s, band, row, key0);
+    transform.apply(s, key0, blocks.needs_mask(block, Tr::block_n),
+                    [&] { mask_row(s, band, row, key0); });
     softmax.update(s, o, to_log2);
     tile_accumulate<Tr>(o, s, v_tile, lane);
   }
 
-  const float lse = softmax.finish(o, to_log2, transform.row_sink(p.score, row));
+  float sink[1];
+  transform.sinks(sink, p.score);
+  const float lse = softmax.finish(o, to_log2, sink[0]);
   if (!row_valid) return;
   T* const out_row = static_cast<T*>(p.out) + seq.out_offset + row * p.out_seq_stride;
   for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(

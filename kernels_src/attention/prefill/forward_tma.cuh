@@ -334,10 +334,9 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     const RowBlock& rows = tile.rows;
     const KeyBlocks& blocks = tile.blocks;
     const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
-    const LogitTransform<Spec, mma::ApproxMath> transform =
-        make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);
-    const float to_log2 = transform.to_log2();
     const int row0 = rows.begin + warp * Tr::rows_per_warp + lane / 4;
+    const auto transform = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
+    const float to_log2 = transform.to_log2();
 
     float o[1][Tr::o_tiles][4];
     zero_columns(o);
@@ -349,8 +348,8 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     const auto transform_logits = [&](float(&s)[1][Tr::s_tiles][4], int block) {
       pin_columns(s);
       const int key0 = block * Tr::block_n + 2 * (lane % 4);
-      transform.apply(s, row0, key0);
-      if (blocks.needs_mask(block, Tr::block_n)) mask_logits(s, band, row0, key0);
+      transform.apply(s, key0, blocks.needs_mask(block, Tr::block_n),
+                      [&] { mask_logits(s, band, row0, key0); });
     };
     const auto output_done = [&](int slot) {
       wgmma::wait<0>();
@@ -405,7 +404,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
 
     float lse[2];
     float sink[2];
-    transform.row_sinks(sink, p.score, row0);
+    transform.sinks(sink, p.score);
     softmax.finish(o, to_log2, lse, sink);
     T* const out = static_cast<T*>(p.out) + seq.out_offset;
     if constexpr (Tr::staged) {

@@ -199,10 +199,9 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
 
   const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
-  const LogitTransform<Spec, mma::ApproxMath> transform =
-      make_logit_transform<Spec, mma::ApproxMath>(p, seq, band);
-  const float to_log2 = transform.to_log2();
   const int row0 = row_begin + warp * Tr::rows_per_warp + lane / 4;
+  const auto transform = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
+  const float to_log2 = transform.to_log2();
 
   const T* const q = static_cast<const T*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
   const T* const k = static_cast<const T*>(p.k) + seq.k_offset;
@@ -252,8 +251,8 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
     pin_columns(s);
 
     const int key0 = block * Tr::block_n + 2 * (lane % 4);
-    transform.apply(s, row0, key0);
-    if (blocks.needs_mask(block, Tr::block_n)) mask_logits(s, band, row0, key0);
+    transform.apply(s, key0, blocks.needs_mask(block, Tr::block_n),
+                    [&] { mask_logits(s, band, row0, key0); });
     softmax.update(s, o, to_log2);
 
     unsigned a[Tr::block_n / 16][4];
@@ -267,7 +266,7 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
 
   float lse[2];
   float sink[2];
-  transform.row_sinks(sink, p.score, row0);
+  transform.sinks(sink, p.score);
   softmax.finish(o, to_log2, lse, sink);
 
   mma::cp_async_wait<0>();
