@@ -1,13 +1,12 @@
 """What the torch benchmarks (attention.py, decode.py, python_host.py) share: the start of a
 run, the kiln package, warm-up until fast, CUDA-event medians with the backends taking turns,
-table cells, the git commit, results to $OUT."""
+table cells, results to $OUT."""
 import datetime
 import glob
 import importlib.util
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -67,10 +66,10 @@ def device_line():
 
 
 def library_line(kiln):
-    """The header line of which kiln ran, when: its version, library and the commit of this
-    checkout."""
+    """The header line of which kiln ran, when: its version, library and the commit the library
+    was built from (not this checkout's, which a copy of the tree may not share)."""
     info = kiln.info()
-    return (f"kiln {info['version']} ({info['library']}) at commit {git_commit()}, "
+    return (f"kiln {info['version']} ({info['library']}) built from {info['build']}, "
             f"{datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC")
 
 
@@ -179,11 +178,3 @@ def ratio(values, a, b):
 
 def cell(x, fmt):
     return format(x, fmt) if x is not None else format("n/a", ">" + fmt.split(".")[0])
-
-
-def git_commit():
-    try:
-        return subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"  # a copy of the tree without .git

@@ -443,6 +443,12 @@ int kiln_version(void) {
   return KILN_VERSION_NUMBER;
 }
 
+const char* kiln_build_id(void) {
+  return
+#include "build_id.inc"
+      ;
+}
+
 void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size) {
   kiln::init_sized(options, struct_size, kiln::attention_defaults());
 }

@@ -25,6 +25,10 @@ extern "C" {
 /* The loaded library's version, counted as KILN_VERSION_NUMBER counts the header's. */
 int kiln_version(void);
 
+/* The source the loaded library was built from: its commit's short hash, with "-dirty" when the
+   build's tracked files differed from it, or "unknown" when built outside a git checkout. */
+const char* kiln_build_id(void);
+
 typedef enum kiln_status {
   KILN_OK = 0,
   KILN_ERROR_INVALID_ARGUMENT = 1, /* an input kiln cannot take */

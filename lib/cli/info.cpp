@@ -10,6 +10,7 @@
 #include "config.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+#include "kiln/kiln.h"
 
 extern char** environ;
 
@@ -103,6 +104,7 @@ Json to_json(const Facts& facts) {
     return path.empty() ? Json(nullptr) : Json(path.string());
   };
   return {{"version", KILN_VERSION},
+          {"build", kiln_build_id()},
           {"backend", info.backend},
           {"backends", backends},
           {"target", info.target.empty() ? Json(nullptr) : Json(info.target)},

@@ -8,6 +8,7 @@
 #include "config.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
+#include "kiln/kiln.h"
 
 namespace {
 
@@ -50,7 +51,8 @@ int main(int argc, char** argv) {
         "argument {} is empty: kiln takes no empty arguments (is a shell variable unset?)", empty));
   }
   CLI::App app("Compiles, caches and inspects kiln's run-time compiled GPU kernels.", "kiln");
-  app.set_version_flag("--version", "kiln " KILN_VERSION);
+  app.set_version_flag(
+      "--version", fmt::format("kiln {} (libkiln built from {})", KILN_VERSION, kiln_build_id()));
   app.require_subcommand(1);
   int exit_code = kSuccess;
   add_info_command(app, exit_code);

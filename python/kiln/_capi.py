@@ -266,5 +266,14 @@ def version():
     return f"{number // 10000}.{number // 100 % 100}.{number % 100}"
 
 
+def build_id():
+    """The commit libkiln was built from, from kiln_build_id() ("unknown" outside a checkout);
+    a libkiln from before kiln_build_id says so."""
+    if not hasattr(lib, "kiln_build_id"):
+        return "unknown: this libkiln predates kiln_build_id"
+    lib.kiln_build_id.restype = ctypes.c_char_p
+    return lib.kiln_build_id().decode("utf-8", "replace")
+
+
 def warmup(device, target, threads):
     check(lib.kiln_warmup(device, target.encode() if target else None, threads))

@@ -280,15 +280,16 @@ def warmup(device=None, target=None, threads=0):
 
 
 def info():
-    """What this kiln is and sees: its version and library, torch's version and devices, and
-    the KILN_* variables set (the `kiln info` command, installed with the C++ library, says
-    more)."""
+    """What this kiln is and sees: its version, library and the commit that library was built
+    from, torch's version and devices, and the KILN_* variables set (the `kiln info` command,
+    installed with the C++ library, says more)."""
     devices = []
     if torch.cuda.is_available():
         devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return {
         "version": _capi.version(),
         "library": _capi.path,
+        "build": _capi.build_id(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "torch_hip": getattr(torch.version, "hip", None),

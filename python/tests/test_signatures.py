@@ -1,6 +1,7 @@
 """kiln's calls have FlashAttention's names, argument order and defaults (flash_attn 2.x's
 flash_attn_interface, written out here), and take kiln's extras as keyword-only arguments."""
 import inspect
+import re
 
 import pytest
 
@@ -73,4 +74,5 @@ def test_info_names_the_version_and_library():
     facts = kiln.info()
     assert facts["version"] == kiln.__version__
     assert facts["library"].endswith("libkiln.so")
+    assert re.fullmatch(r"[0-9a-f]{12}(-dirty)?|unknown", facts["build"]), facts["build"]
     assert set(facts) >= {"torch", "devices", "env"}

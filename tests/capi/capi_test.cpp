@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <random>
+#include <regex>
 #include <set>
 #include <string>
 #include <thread>
@@ -137,6 +138,13 @@ class OlderStruct {
 };
 
 // --- version ----------------------------------------------------------------------------------
+
+TEST_CASE("kiln_build_id names a commit or says it is unknown", "[capi]") {
+  // A build in a git checkout (CI's, a developer's) names its commit; a tarball's says unknown.
+  const std::string id = kiln_build_id();
+  INFO(id);
+  CHECK(std::regex_match(id, std::regex("[0-9a-f]{12}(-dirty)?|unknown")));
+}
 
 TEST_CASE("kiln_version is the header's version", "[capi]") {
   CHECK(kiln_version() == KILN_VERSION_NUMBER);

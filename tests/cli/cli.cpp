@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cli/run_kiln.hpp"
+#include "kiln/kiln.h"
 #include "kiln/spec.hpp"
 #include "support.hpp"
 
@@ -97,10 +98,11 @@ TEST_CASE("kiln info --json reports backends, target, sources and cache", "[cli]
   INFO(result.out << result.err);
   REQUIRE(result.code == 0);
   const auto json = nlohmann::json::parse(result.out);
-  for (const char* key : {"version", "backend", "backends", "target", "target_problem",
+  for (const char* key : {"version", "build", "backend", "backends", "target", "target_problem",
                           "kernels_dir", "cache", "jit"}) {
     CHECK(json.contains(key));
   }
+  CHECK(json["build"] == kiln_build_id());
   CHECK(json["backend"] == "hip");
   CHECK(json["target"] == "gfx90a");
   REQUIRE(json["backends"].size() == 2);
@@ -648,7 +650,9 @@ TEST_CASE("kiln exits 2 on usage errors and prints its version", "[cli]") {
   CHECK(contains(jit.err, "kiln: error: --jit is 'sometimes': expected on, strict or off"));
   const Result version = cli.run({"--version"});
   CHECK(version.code == 0);
-  CHECK(std::regex_search(version.out, std::regex("^kiln [0-9]+\\.[0-9]+\\.[0-9]+\n")));
+  CHECK(std::regex_search(version.out,
+                          std::regex("^kiln [0-9]+\\.[0-9]+\\.[0-9]+ \\(libkiln built from " +
+                                     std::string(kiln_build_id()) + "\\)\n")));
 }
 
 }  // namespace
