@@ -45,6 +45,19 @@ __device__ __forceinline__ unsigned chunk_bytes(unsigned step_bytes, unsigned x)
   return Swizzle > 1 ? step_bytes ^ x : step_bytes + x;
 }
 
+// Sets every element of a fragment accumulator (scores or outputs) to 0.
+template <int MTiles, int Tiles>
+__device__ __forceinline__ void zero_fragments(float (&acc)[MTiles][Tiles][4]) {
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt) {
+#pragma unroll
+    for (int j = 0; j < Tiles; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) acc[mt][j][x] = 0.f;
+    }
+  }
+}
+
 // s = Q K^T for the warp's rows and one K tile. q_lane and k_lane are this lane's ldmatrix row
 // addresses (see lane_offsets). Step i of the (kk, np) loop loads its fragments Tr::prefetch
 // steps early, into register rings.
@@ -52,14 +65,7 @@ template <class Tr>
 __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4], unsigned q_lane,
                                           unsigned k_lane, const LaneOffsets& lanes) {
   constexpr int row_bytes = Tr::qk_pitch * 2;
-#pragma unroll
-  for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < Tr::s_tiles; ++nt) {
-#pragma unroll
-      for (int x = 0; x < 4; ++x) s[mt][nt][x] = 0.f;
-    }
-  }
+  zero_fragments(s);
   constexpr int np_count = Tr::s_tiles / 2;
   constexpr int steps = Tr::qk_dim / 16 * np_count;
   constexpr int a_ring = (Tr::prefetch + np_count - 1) / np_count + 1;

@@ -623,14 +623,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   const float to_log2 = logits.to_log2();
 
   float o[Tr::m_tiles][Tr::o_tiles][4];
-#pragma unroll
-  for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-    for (int j = 0; j < Tr::o_tiles; ++j) {
-#pragma unroll
-      for (int x = 0; x < 4; ++x) o[mt][j][x] = 0.f;
-    }
-  }
+  attention::zero_fragments(o);
   attention::OnlineSoftmax<Tr::m_tiles, 64> softmax;
   softmax.init();
   kv.run(o, softmax, logits, to_log2, b, first_key, last_key, smem_q);

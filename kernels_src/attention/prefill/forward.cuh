@@ -156,14 +156,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   const unsigned kv_base = mma::smem_address(smem_kv);
 
   float o[Tr::m_tiles][Tr::o_tiles][4];
-#pragma unroll
-  for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-    for (int j = 0; j < Tr::o_tiles; ++j) {
-#pragma unroll
-      for (int x = 0; x < 4; ++x) o[mt][j][x] = 0.f;
-    }
-  }
+  zero_fragments(o);
   OnlineSoftmax<Tr::m_tiles> softmax;
   softmax.init();
 

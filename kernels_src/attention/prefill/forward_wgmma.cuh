@@ -143,15 +143,6 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
   wgmma::commit();
 }
 
-template <int Tiles>
-__device__ __forceinline__ void zero_columns(float (&acc)[1][Tiles][4]) {
-#pragma unroll
-  for (int j = 0; j < Tiles; ++j) {
-#pragma unroll
-    for (int x = 0; x < 4; ++x) acc[0][j][x] = 0.f;
-  }
-}
-
 // Keeps the compiler from touching an accumulator before the wait that completes it.
 template <int Tiles>
 __device__ __forceinline__ void pin_columns(float (&acc)[1][Tiles][4]) {
@@ -227,7 +218,7 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   }
 
   float o[1][Tr::o_tiles][4];
-  zero_columns(o);
+  zero_fragments(o);
   OnlineSoftmax<1> softmax;
   softmax.init();
 
