@@ -83,6 +83,33 @@ __device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[2 
   }
 }
 
+// The end of a row block, for the kernels whose warps each own whole rows (mma, wgmma): every
+// row's softmax finished with its sink, o staged through `staging` once every warp is done with
+// the tiles there, then out and the LSE stored.
+template <class Tr, class Transform, class Softmax>
+__device__ __forceinline__ void store_row_block(const AttentionParams& p, const Sequence& seq,
+                                                const RowBlock& rows, const Transform& transform,
+                                                Softmax& softmax,
+                                                float (&o)[Tr::m_tiles][Tr::o_tiles][4],
+                                                float to_log2, typename Tr::T* staging, int row0,
+                                                int thread, int warp, int lane) {
+  using T = typename Tr::T;
+  float lse[2 * Tr::m_tiles];
+  float sink[2 * Tr::m_tiles];
+  transform.sinks(sink, p.score);
+  softmax.finish(o, to_log2, lse, sink);
+
+  mma::cp_async_wait<0>();
+  __syncthreads();  // every warp is done reading the tiles before the output overwrites them
+  stage_output<Tr>(staging, o, warp, lane);
+  __syncthreads();
+  T* const out = static_cast<T*>(p.out) + seq.out_offset + rows.begin * p.out_seq_stride;
+  store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(out, p.out_seq_stride, staging,
+                                                                    rows.end - rows.begin, thread);
+  if (p.maybe_lse != nullptr)
+    store_lse<Tr>(p.maybe_lse + seq.lse_offset, lse, row0, seq.seqlen_q, lane);
+}
+
 }  // namespace attention
 
 template <class Spec>
@@ -198,20 +225,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     if constexpr (Tr::stages > 1) read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }
 
-  float lse[2 * Tr::m_tiles];
-  float sink[2 * Tr::m_tiles];
-  transform.sinks(sink, p.score);
-  softmax.finish(o, to_log2, lse, sink);
-
-  mma::cp_async_wait<0>();
-  __syncthreads();  // every warp is done reading K/V before the output overwrites them
-  stage_output<Tr>(smem, o, warp, lane);
-  __syncthreads();
-  T* const out = static_cast<T*>(p.out) + seq.out_offset + row_begin * p.out_seq_stride;
-  store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(out, p.out_seq_stride, smem,
-                                                                    row_end - row_begin, thread);
-  if (p.maybe_lse != nullptr)
-    store_lse<Tr>(p.maybe_lse + seq.lse_offset, lse, row0, seq.seqlen_q, lane);
+  store_row_block<Tr>(p, seq, rows, transform, softmax, o, to_log2, smem, row0, thread, warp, lane);
 }
 
 }  // namespace kiln

@@ -255,20 +255,8 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
     read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }
 
-  float lse[2];
-  float sink[2];
-  transform.sinks(sink, p.score);
-  softmax.finish(o, to_log2, lse, sink);
-
-  mma::cp_async_wait<0>();
-  __syncthreads();  // every warpgroup is done reading Q, K and V before the output overwrites them
-  stage_output<Tr>(staging, o, warp, lane);
-  __syncthreads();
-  T* const out = static_cast<T*>(p.out) + seq.out_offset + row_begin * p.out_seq_stride;
-  store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(out, p.out_seq_stride, staging,
-                                                                    row_end - row_begin, thread);
-  if (p.maybe_lse != nullptr)
-    store_lse<Tr>(p.maybe_lse + seq.lse_offset, lse, row0, seq.seqlen_q, lane);
+  store_row_block<Tr>(p, seq, rows, transform, softmax, o, to_log2, staging, row0, thread, warp,
+                      lane);
 }
 
 }  // namespace kiln
