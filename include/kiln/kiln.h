@@ -26,7 +26,8 @@ extern "C" {
 int kiln_version(void);
 
 /* The source the loaded library was built from: its commit's short hash, with "-dirty" when the
-   build's tracked files differed from it, or "unknown" when built outside a git checkout. */
+   build's tracked files differed from it, or "unknown" when its source was not a git checkout
+   of its own. */
 const char* kiln_build_id(void);
 
 typedef enum kiln_status {

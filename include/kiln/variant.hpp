@@ -33,7 +33,8 @@ namespace kiln {
 //
 // and make the hooks const members, which are then called on the row's kiln_variant (ALiBi's
 // slope, a query's document id: examples/variants.hpp). Without `row`, kiln_variant{} is used, so
-// it may then hold no data (a compile error says so, as it does for a `row` of another shape).
+// it may then hold no data. A compile error says so, and names a hook or `row` of another shape
+// (a non-const member hook, say) rather than skip it.
 //
 // v.scalars[i] and v.tensors[i] (kiln::variant_load<T>(v.tensors[i], i0, ...)) are the call's
 // ScoreOptions::variant_scalars and variant_tensors; `at` holds the batch, query head, kv head,

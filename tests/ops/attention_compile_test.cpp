@@ -305,4 +305,19 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
   }
 };)"};
   CHECK_THAT(compile_error(misshapen), Catch::Contains("kiln_variant::row must be static"));
+  // A hook that cannot be called as one (here not const) is refused, not skipped.
+  const kiln::Variant mutable_hook{.name = "mutable_hook", .code = R"(struct kiln_variant {
+  float slope;
+  static __device__ kiln_variant row(const kiln::VariantParams&, const kiln::VariantCoords&) {
+    return {1.f};
+  }
+  __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x * slope;
+  }
+  static __device__ bool mask(const kiln::VariantParams&, const kiln::VariantCoords&) {
+    return true;
+  }
+};)"};
+  CHECK_THAT(compile_error(mutable_hook),
+             Catch::Contains("kiln_variant::logit must be a static or const __device__ member"));
 }

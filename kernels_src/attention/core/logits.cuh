@@ -62,6 +62,32 @@ struct VariantHooks {
   static constexpr __device__ bool state_of(...) {
     return false;
   }
+  // Whether U has a member of that name at all (not overloaded, not a template): one that is
+  // there but cannot be called as its hook would otherwise be skipped without a word.
+  template <class U>
+  static constexpr __device__ auto names_logit(int) -> decltype(&U::logit, true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool names_logit(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto names_mask(int) -> decltype(&U::mask, true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool names_mask(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto names_sink(int) -> decltype(&U::sink, true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool names_sink(...) {
+    return false;
+  }
   template <class U>
   static constexpr __device__ auto names_row(int) -> decltype(&U::row, true) {
     return true;
@@ -75,6 +101,16 @@ struct VariantHooks {
   static constexpr bool mask = mask_of<V>(0);
   static constexpr bool sink = sink_of<V>(0);
   static constexpr bool state = state_of<V>(0);
+  static_assert(logit || !names_logit<V>(0),
+                "kiln_variant::logit must be a static or const __device__ member float "
+                "logit(const kiln::VariantParams&, const kiln::VariantCoords&, float) "
+                "(kiln/variant.hpp)");
+  static_assert(mask || !names_mask<V>(0),
+                "kiln_variant::mask must be a static or const __device__ member bool mask(const "
+                "kiln::VariantParams&, const kiln::VariantCoords&) (kiln/variant.hpp)");
+  static_assert(sink || !names_sink<V>(0),
+                "kiln_variant::sink must be a static or const __device__ member float sink(const "
+                "kiln::VariantParams&, const kiln::VariantCoords&, float) (kiln/variant.hpp)");
   static_assert(state || !names_row<V>(0),
                 "kiln_variant::row must be static __device__ kiln_variant row(const "
                 "kiln::VariantParams&, const kiln::VariantCoords&), the variant of a row "
@@ -84,9 +120,9 @@ struct VariantHooks {
                 "kiln_variant row(const kiln::VariantParams&, const kiln::VariantCoords&) "
                 "(kiln/variant.hpp)");
   static_assert(logit || mask || sink,
-                "kiln_variant defines none of its hooks: give it a static __device__ logit(const "
-                "kiln::VariantParams&, const kiln::VariantCoords&, float), mask(const "
-                "kiln::VariantParams&, const kiln::VariantCoords&) or sink(const "
+                "kiln_variant defines none of its hooks: give it a static or const __device__ "
+                "member logit(const kiln::VariantParams&, const kiln::VariantCoords&, float), "
+                "mask(const kiln::VariantParams&, const kiln::VariantCoords&) or sink(const "
                 "kiln::VariantParams&, const kiln::VariantCoords&, float) (kiln/variant.hpp)");
 };
 
