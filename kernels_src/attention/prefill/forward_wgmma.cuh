@@ -66,30 +66,15 @@ struct WgmmaTraits : HeadTraits<Spec> {
                 "stages.");
 };
 
-// Starts copying a Rows x PaddedDim tile into the swizzled layout of common/wgmma.cuh at shared
-// address `tile`; global row r is at gmem + r * row_stride and has Dim elements. Rows at or past
-// valid_rows and columns in [Dim, PaddedDim) are zero-filled without being read. Commits nothing.
+// copy_tile_async (core/tile_io.cuh) into the swizzled layout of common/wgmma.cuh at shared
+// address `tile`.
 template <int Rows, int Dim, int PaddedDim, int Threads, class T>
 __device__ __forceinline__ void load_tile_swizzled(unsigned tile, const T* gmem,
                                                    long long row_stride, int valid_rows,
                                                    int thread) {
-  constexpr int pieces = PaddedDim / 8;
-  constexpr int rows_per_pass = Threads / pieces;
-  constexpr int passes = (Rows + rows_per_pass - 1) / rows_per_pass;
-  const int row = thread / pieces;
-  const int piece = thread % pieces;
-  if (Threads % pieces != 0 && row >= rows_per_pass) return;  // the threads left over sit out
-  const bool col_valid = piece * 8 < Dim;
-  const T* src = gmem + row * row_stride + piece * 8;
-  const long long pass_stride = rows_per_pass * row_stride;
-#pragma unroll
-  for (int i = 0; i < passes; ++i) {
-    const int r = row + i * rows_per_pass;
-    if (Rows % rows_per_pass != 0 && r >= Rows) break;
-    const bool valid = col_valid && r < valid_rows;
-    mma::cp_async_16(tile + wgmma::swizzled_offset(Rows, r, piece), valid ? src : gmem, valid);
-    src = mma::opaque(src + pass_stride);  // see load_tile_async
-  }
+  copy_tile_async<Rows, Dim, PaddedDim, Threads>(
+      gmem, row_stride, valid_rows, thread,
+      [&](int, int r, int col) { return tile + wgmma::swizzled_offset(Rows, r, col / 8); });
 }
 
 // The A fragment of PV's k16 step kk: probabilities of keys 16 kk .. 16 kk + 15, rounded to T.
