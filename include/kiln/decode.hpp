@@ -127,6 +127,7 @@ std::vector<KernelSpec> decode_default_specs(const Target& target);
 // set of keys and its fp32 natural-log LSE s; the merge is the attention over the union:
 //   s_out = log(sum_i exp(s_i)),  v_out = sum_i exp(s_i - s_out) v_i.
 // States with s = -inf (no keys) contribute nothing; if all are -inf, v_out = 0, s_out = -inf.
+// A NaN s, or a NaN in the v of a state that is not empty, makes the merge NaN.
 // Two states: v_a, v_b, v_out (tokens, heads, head_dim) and s_a, s_b, s_out (tokens, heads),
 // any strides with a contiguous last dim. s_out may be null.
 void merge_states(const TensorView& v_a, const TensorView& s_a, const TensorView& v_b,

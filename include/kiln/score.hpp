@@ -35,7 +35,8 @@ struct ScoreOptions {
   // softmax denominator with no value (gpt-oss, StreamingLLM), so out = sum_j exp(l_j) v_j /
   // (exp(sink) + sum_j exp(l_j)) and lse = log(exp(sink) + sum_j exp(l_j)). It is in the
   // logits' units (after the scale, softcap and ALiBi), no mask removes it, and a row that sees
-  // no key gets out 0 and lse = sink. -inf is no sink for that head.
+  // no key gets out 0 and lse = sink. -inf is no sink for that head; NaN makes every row of the
+  // head NaN, out and lse, as in the reference softmax it joins.
   std::optional<TensorView> sinks;
 
   // A user variant (kiln/variant.hpp), which the caller keeps alive for the call; null: none.

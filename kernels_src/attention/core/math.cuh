@@ -37,20 +37,31 @@ __device__ __forceinline__ float softmax_rescale(float old_max, float new_max, f
   return new_max == old_max ? 1.f : Math::exp2(old_max * to_log2 - shift);
 }
 
+// Whether a finished row's (or merged state's) sum of exponentials counts anything: false for 0,
+// a row that attended no key; true for NaN, so that a NaN logit, sink or state reaches the
+// output and the LSE as NaN, as in a reference softmax, instead of reading as an empty row.
+__device__ __forceinline__ bool attended(float sum) {
+  return sum != 0.f;
+}
+
 // A finished row's natural-log sum of exp of its logits, from the shift its sum of exp2(logit *
 // to_log2 - shift) counts from (base-2 units): -inf for a row that attended no key (sum 0).
 __device__ __forceinline__ float row_lse(float shift, float sum) {
-  return sum > 0.f ? shift * kLn2 + logf(sum) : neg_inf();
+  return attended(sum) ? shift * kLn2 + logf(sum) : neg_inf();
 }
 
 // Counts an attention sink into a finished row: one more logit, `sink` (natural units; -inf:
 // none), that joins the softmax's denominator but has no value. The row's sum counts exp2 from
 // `shift` (base-2 units; any value while the sum is 0); when the sink lies above it, shift moves
 // to the sink and the sum with it. Returns the factor that takes the row's unnormalized outputs
-// along (1 when shift stays).
+// along (1 when shift stays). A NaN sink makes the row NaN: its sum, shift and factor.
 __device__ __forceinline__ float add_sink(float sink, float& shift, float& sum) {
   const float s = sink * kLog2e;
   if (s == neg_inf()) return 1.f;
+  if (s != s) {
+    sum = shift = s;
+    return s;
+  }
   if (sum == 0.f || s > shift) {
     const float factor = sum == 0.f ? 0.f : exp2f(shift - s);
     sum = sum * factor + 1.f;

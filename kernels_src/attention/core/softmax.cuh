@@ -120,7 +120,7 @@ struct OnlineSoftmax {
         const float factor = add_sink(sink[r], shift, sum);
         // NOTE: a reciprocal times the factor, not a division: with no sink the factor is 1,
         // and the epilogue of a short tile is not free.
-        const float inv = (sum > 0.f ? 1.f / sum : 0.f) * factor;
+        const float inv = (attended(sum) ? 1.f / sum : 0.f) * factor;
         lse[r] = row_lse(shift, sum);
 #pragma unroll
         for (int j = 0; j < OTiles; ++j) {

@@ -458,7 +458,7 @@ struct WarpStates {
       const float row_sum = mma::quad_sum(softmax.row_sum[r]);
       if (lane % 4 == 0) {
         max[warp * Tr::rows + row] =
-            row_sum > 0.f ? softmax.row_max[r] * to_log2 : attention::neg_inf();
+            attention::attended(row_sum) ? softmax.row_max[r] * to_log2 : attention::neg_inf();
         sum[warp * Tr::rows + row] = row_sum;
       }
       if (row < valid_rows) {
@@ -502,10 +502,11 @@ struct WarpStates {
     // total >= 1 when top is finite (the top part's own sum, or the sink's), so the
     // approximations hold.
     const float factor = attention::add_sink(sink, top, total);
-    const float inv = total > 0.f ? factor * mma::rcp_approx(total) : 0.f;
+    const float inv = attention::attended(total) ? factor * mma::rcp_approx(total) : 0.f;
 #pragma unroll
     for (int e = 0; e < 4; ++e) acc[e] *= inv;
-    return total > 0.f ? (top + mma::log2_approx(total)) * attention::kLn2 : attention::neg_inf();
+    return attention::attended(total) ? (top + mma::log2_approx(total)) * attention::kLn2
+                                      : attention::neg_inf();
   }
 };
 
@@ -564,12 +565,13 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, const RowTar
       all.add(lse, v);
     }
     // all.total >= 1 when any state has keys (the top state's weight is 1).
-    const float inv = all.total > 0.f ? mma::rcp_approx(all.total) : 0.f;
+    const float inv = attention::attended(all.total) ? mma::rcp_approx(all.total) : 0.f;
     const float acc[4] = {all.acc[0][0] * inv, all.acc[0][1] * inv, all.acc[0][2] * inv,
                           all.acc[0][3] * inv};
     store_out<Tr>(p, targets, row, col, acc,
-                  all.total > 0.f ? all.top + mma::log2_approx(all.total) * attention::kLn2
-                                  : attention::neg_inf());
+                  attention::attended(all.total)
+                      ? all.top + mma::log2_approx(all.total) * attention::kLn2
+                      : attention::neg_inf());
   }
 }
 

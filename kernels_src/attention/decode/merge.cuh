@@ -91,12 +91,13 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONST
 #pragma unroll
     for (int q = 0; q < quads; ++q) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) x[q][e] = total > 0.f ? shared_acc[w][q][lane][e] / total : 0.f;
+      for (int e = 0; e < 4; ++e)
+        x[q][e] = attention::attended(total) ? shared_acc[w][q][lane][e] / total : 0.f;
     }
-    all.add(total > 0.f ? shared_top[w] + logf(total) : attention::neg_inf(), x);
+    all.add(attention::attended(total) ? shared_top[w] + logf(total) : attention::neg_inf(), x);
   }
 
-  const float inv = all.total > 0.f ? 1.f / all.total : 0.f;
+  const float inv = attention::attended(all.total) ? 1.f / all.total : 0.f;
   Out* const out = static_cast<Out*>(p.out) + batch * p.out_batch_stride +
                    token * p.out_seq_stride + head * p.out_head_stride + 4 * lane;
 #pragma unroll
@@ -108,7 +109,7 @@ __global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONST
   if (lane == 0 && p.maybe_out_lse != nullptr) {
     p.maybe_out_lse[batch * p.out_lse_batch_stride + token * p.out_lse_seq_stride +
                     head * p.out_lse_head_stride] =
-        all.total > 0.f ? all.top + logf(all.total) : attention::neg_inf();
+        attention::attended(all.total) ? all.top + logf(all.total) : attention::neg_inf();
   }
 }
 

@@ -27,13 +27,17 @@ struct MergeAccumulator {
 
   // Adds N states, of LSEs lse[j] and v elements v[j]. Their weights do not depend on each
   // other, so they compute side by side. weight * v is skipped for an empty state (-inf),
-  // which may hold anything, NaN included.
+  // which may hold anything, NaN included; a NaN LSE makes the merge NaN (attended()).
   template <int N>
   __device__ __forceinline__ void add(const float (&lse)[N], const float (&v)[N][Quads][4]) {
-    float batch_top = attention::neg_inf();
+    float batch_top = attention::neg_inf();  // of the LSEs that are not NaN
+    bool any = false;
 #pragma unroll
-    for (int j = 0; j < N; ++j) batch_top = fmaxf(batch_top, lse[j]);
-    if (batch_top == attention::neg_inf()) return;
+    for (int j = 0; j < N; ++j) {
+      batch_top = fmaxf(batch_top, lse[j]);
+      any |= lse[j] != attention::neg_inf();
+    }
+    if (!any) return;
     if (batch_top > top) {
       const float rescale =
           top == attention::neg_inf() ? 0.f : exp2f((top - batch_top) * attention::kLog2e);

@@ -192,7 +192,7 @@ struct RowSoftmax {
     float sum = row_sum;
     float shift = softmax_shift(row_max, to_log2);
     const float factor = add_sink(sink, shift, sum);
-    scale(o, (sum > 0.f ? 1.f / sum : 0.f) * factor);
+    scale(o, (attended(sum) ? 1.f / sum : 0.f) * factor);
     return row_lse(shift, sum);
   }
 
