@@ -2,6 +2,7 @@
 // q, k, v, out, lse and bias, hiding the padded-batch vs varlen layouts from the kernel.
 #pragma once
 
+#include "attention/core/mask.cuh"
 #include "kiln/params/attention.h"
 
 namespace kiln::attention {
@@ -53,24 +54,43 @@ __device__ __forceinline__ Sequence locate_sequence(const AttentionParams& p, in
   return s;
 }
 
-// The query rows [begin, end) of `seq` that a row block covers; empty (begin >= end) when the
-// block lies past the sequence's end.
+// The query rows [begin, end) of a sequence that a row block covers; empty (begin >= end) when
+// the block lies past the sequence's end.
 struct RowBlock {
   int begin;
   int end;
 };
 
-template <int BlockM>
-__device__ __forceinline__ RowBlock row_block(const Sequence& seq, int m_block) {
-  const int begin = m_block * BlockM;
-  return {begin, min(begin + BlockM, seq.seqlen_q)};
+// One tile of a prefill grid: BlockM query rows of one (batch, head) sequence (row block
+// m_block; empty when it lies past the sequence's end), their band, and the key blocks of BlockN
+// keys they visit.
+struct Tile {
+  Sequence seq;
+  RowBlock rows;
+  Band band;
+  KeyBlocks blocks;
+};
+
+template <class Spec, int BlockM, int BlockN>
+__device__ __forceinline__ Tile make_tile(const AttentionParams& p, int batch, int head,
+                                          int m_block) {
+  Tile t;
+  t.seq = locate_sequence<Spec::varlen>(p, batch, head);
+  t.rows.begin = m_block * BlockM;
+  t.rows.end = min(t.rows.begin + BlockM, t.seq.seqlen_q);
+  t.band = make_band<Spec::band>(p.score, t.seq.seqlen_q, t.seq.seqlen_k);
+  t.blocks = key_blocks(t.band, t.rows.begin, t.rows.end, BlockN);
+  return t;
 }
 
-// This CTA's row block (blockIdx.x). Row blocks run last-first: under a causal band the late ones
-// have the most keys, and starting them first keeps the tail of the grid short.
-template <int BlockM>
-__device__ __forceinline__ RowBlock cta_row_block(const Sequence& seq) {
-  return row_block<BlockM>(seq, static_cast<int>(gridDim.x - 1 - blockIdx.x));
+// This CTA's tile: row blocks along x, last-first (under a causal band the late ones have the
+// most keys, and starting them first keeps the tail of the grid short), heads along y, batch
+// along z.
+template <class Spec, int BlockM, int BlockN>
+__device__ __forceinline__ Tile cta_tile(const AttentionParams& p) {
+  return make_tile<Spec, BlockM, BlockN>(p, static_cast<int>(blockIdx.z),
+                                         static_cast<int>(blockIdx.y),
+                                         static_cast<int>(gridDim.x - 1 - blockIdx.x));
 }
 
 }  // namespace kiln::attention

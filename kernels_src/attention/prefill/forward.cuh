@@ -123,8 +123,11 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   T* const smem = reinterpret_cast<T*>(smem_bytes);
   T* const smem_kv = smem + Tr::q_elems;
 
-  const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
-  const RowBlock rows = cta_row_block<Tr::block_m>(seq);
+  const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
+  const Sequence& seq = tile.seq;
+  const RowBlock& rows = tile.rows;
+  const Band& band = tile.band;
+  const KeyBlocks& blocks = tile.blocks;
   if (rows.begin >= rows.end) return;
   const int row_begin = rows.begin;
   const int row_end = rows.end;
@@ -132,9 +135,6 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   const int thread = threadIdx.x;
   const int warp = thread / 32;
   const int lane = thread % 32;
-
-  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
-  const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
 
   // This thread's first row within the sequence; its others are 8, 16, ... further.
   const int row0 = row_begin + warp * Tr::rows_per_warp + lane / 4;

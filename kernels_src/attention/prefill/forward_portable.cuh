@@ -219,8 +219,11 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   T* const k_tile = reinterpret_cast<T*>(smem_chunks);
   T* const v_tile = k_tile + Tr::k_elems;
 
-  const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
-  const RowBlock rows = cta_row_block<Tr::block_m>(seq);
+  const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
+  const Sequence& seq = tile.seq;
+  const RowBlock& rows = tile.rows;
+  const Band& band = tile.band;
+  const KeyBlocks& blocks = tile.blocks;
   if (rows.begin >= rows.end) return;
 
   const int thread = threadIdx.x;
@@ -230,8 +233,6 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   const int row = rows.begin + thread / Tr::row_lanes;
   const bool row_valid = row < rows.end;
 
-  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
-  const KeyBlocks blocks = key_blocks(band, rows.begin, rows.end, Tr::block_n);
   const auto transform = make_logit_transform<Spec, Math, 1>(p, seq, band, row);
   const float to_log2 = transform.to_log2();
 

@@ -55,14 +55,6 @@ struct TmaTraits : WgmmaTraits<Spec> {
   static constexpr int staging_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
 };
 
-// One tile of the grid: block_m query rows of one (batch, head) sequence, and the key
-// blocks they visit.
-struct Tile {
-  Sequence seq;
-  RowBlock rows;
-  KeyBlocks blocks;
-};
-
 // The grid's tiles, numbered in the order the CTAs take them. The (batch, head) pairs
 // fall into sections of section_pairs neighbours, whose K and V the host sized to stay in L2
 // together; a section's tiles come before the next section's, and within one the last row block
@@ -82,12 +74,8 @@ struct TileOrder {
     const int pairs = min(section_pairs, p.heads * p.batch - first_pair);
     const int within = index - first_pair * row_blocks();
     const int pair = first_pair + within % pairs;
-    Tile tile;
-    tile.seq = locate_sequence<Spec::varlen>(p, pair / p.heads, pair % p.heads);
-    tile.rows = row_block<BlockM>(tile.seq, row_blocks() - 1 - within / pairs);
-    tile.blocks = key_blocks(make_band<Spec::band>(p.score, tile.seq.seqlen_q, tile.seq.seqlen_k),
-                             tile.rows.begin, tile.rows.end, BlockN);
-    return tile;
+    return make_tile<Spec, BlockM, BlockN>(p, pair / p.heads, pair % p.heads,
+                                           row_blocks() - 1 - within / pairs);
   }
 };
 
@@ -333,7 +321,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     const Sequence& seq = tile.seq;
     const RowBlock& rows = tile.rows;
     const KeyBlocks& blocks = tile.blocks;
-    const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
+    const Band& band = tile.band;
     const int row0 = rows.begin + warp * Tr::rows_per_warp + lane / 4;
     const auto transform = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
     const float to_log2 = transform.to_log2();

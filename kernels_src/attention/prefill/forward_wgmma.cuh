@@ -162,8 +162,11 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   const unsigned kv_base = q_tile + Tr::q_bytes;
   T* const staging = reinterpret_cast<T*>(wgmma_smem + (q_tile - smem_raw));
 
-  const Sequence seq = locate_sequence<Spec::varlen>(p, blockIdx.z, blockIdx.y);
-  const RowBlock rows = cta_row_block<Tr::block_m>(seq);
+  const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
+  const Sequence& seq = tile.seq;
+  const RowBlock& rows = tile.rows;
+  const Band& band = tile.band;
+  const KeyBlocks& blocks = tile.blocks;
   if (rows.begin >= rows.end) return;
   const int row_begin = rows.begin;
   const int row_end = rows.end;
@@ -172,9 +175,6 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   const int warp = thread / 32;
   const int lane = thread % 32;
   const int warpgroup = warp / 4;
-
-  const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
-  const KeyBlocks blocks = key_blocks(band, row_begin, row_end, Tr::block_n);
   const int row0 = row_begin + warp * Tr::rows_per_warp + lane / 4;
   const auto transform = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
   const float to_log2 = transform.to_log2();
