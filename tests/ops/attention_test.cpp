@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -21,23 +20,28 @@
 
 #include "attention_reference.hpp"
 #include "gpu.hpp"
+#include "gpu_harness.hpp"
 #include "kiln/attention.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
 
 namespace {
 
-namespace fs = std::filesystem;
 using kiln::DType;
 using kiln::TensorView;
+using kiln::test::Alibi;
 using kiln::test::DeviceBuffer;
+using kiln::test::guarded_size;
+using kiln::test::kDTypes;
 using kiln::test::kPoison16;
-using kiln::test::kPoison32;
+using kiln::test::Output;
 using kiln::test::ReferenceProblem;
 using kiln::test::ReferenceResult;
+using kiln::test::ScoreCase;
 using kiln::test::Strided;
 using kiln::test::upload;
 using kiln::test::UserVariant;
+using kiln::test::view_of;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -341,7 +345,6 @@ enum class Layout {
   packed_qkv,  // q, k, v slices of one (batch, seqlen, 3, heads, d) buffer
   bhsd,        // (batch, heads, seqlen, d) memory, or (heads, tokens, d), seen through strides
 };
-enum class Alibi { none, per_head, per_batch_head };
 enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
 
 struct Case {
@@ -353,17 +356,9 @@ struct Case {
   int heads_kv = 1;
   int head_dim = 64;
   int head_dim_v = 0;  // 0: head_dim
-  bool causal = false;
-  int window_left = -1;
-  int window_right = -1;
-  bool top_left = false;
-  float softcap = 0;
-  std::optional<float> softmax_scale;
+  ScoreCase score;
   Layout layout = Layout::contiguous;
-  Alibi alibi = Alibi::none;
   Bias bias = Bias::none;
-  bool sinks = false;  // a sink logit per query head
-  UserVariant variant = UserVariant::none;
   bool lse = false;
   std::vector<int> seqlens_q;  // varlen when set: one length per sequence
   std::vector<int> seqlens_k;
@@ -386,34 +381,14 @@ std::string describe(const Case& c) {
     s << " batch " << c.batch << " seqlen " << c.seqlen_q << "x" << c.seqlen_k;
   }
   if (!c.seqused_k.empty()) s << " seqused_k";
-  if (c.causal) s << " causal";
-  if (c.window_left >= 0 || c.window_right >= 0) {
-    s << " window (" << c.window_left << ", " << c.window_right << ")";
-  }
-  if (c.top_left) s << " top-left";
-  if (c.softcap > 0) s << " softcap " << c.softcap;
-  if (c.softmax_scale) s << " scale " << *c.softmax_scale;
+  s << kiln::test::describe(c.score);
   const char* layouts[] = {"contiguous", "padded", "packed qkv", "bhsd"};
   s << " layout " << layouts[static_cast<int>(c.layout)];
-  const char* alibis[] = {"", " alibi per head", " alibi per batch and head"};
   const char* biases[] = {"", " bias", " bias shared by the batch (stride 0)",
                           " bias shared by the heads (stride 0)", " bias transposed"};
-  s << alibis[static_cast<int>(c.alibi)] << biases[static_cast<int>(c.bias)];
-  if (c.sinks) s << " sinks";
-  if (c.variant != UserVariant::none) s << " variant " << kiln::test::to_string(c.variant);
+  s << biases[static_cast<int>(c.bias)];
   if (c.lse) s << " lse";
   return s.str();
-}
-
-constexpr std::int64_t kGuard = 8;  // poisoned elements after every view, to catch overruns
-
-const fs::path& cache_dir() {
-  static const kiln::test::TempDir dir;  // one per file: later test cases hit on disk
-  return dir.path();
-}
-
-kiln::Options options_for(const fs::path& cache) {
-  return kiln::test::isolated_options(cache);
 }
 
 // The layout of one q-like tensor: (batch, seqlen, heads, dim), or (tokens, heads, dim).
@@ -451,37 +426,7 @@ Strided lse_layout(const Case& c, std::int64_t total_q) {
   return s;
 }
 
-std::int64_t buffer_size(std::initializer_list<const Strided*> layouts) {
-  std::int64_t size = 0;
-  for (const Strided* s : layouts) size = std::max(size, s->extent());
-  return size + kGuard;
-}
-
-TensorView view_of(const DeviceBuffer& buffer, DType dtype, const Strided& s) {
-  TensorView t;
-  t.data = static_cast<std::byte*>(buffer.get()) +
-           s.offset * static_cast<std::int64_t>(kiln::size_of(dtype));
-  t.dtype = dtype;
-  t.rank = static_cast<int>(s.shape.size());
-  std::copy(s.shape.begin(), s.shape.end(), t.shape.begin());
-  std::copy(s.strides.begin(), s.strides.end(), t.strides.begin());
-  return t;
-}
-
-// Positions of `image` outside every layout that no longer hold the poison.
-template <class T>
-std::int64_t written_outside(const std::vector<T>& image,
-                             std::initializer_list<const Strided*> layouts, T poison) {
-  std::vector<bool> inside(image.size(), false);
-  for (const Strided* s : layouts) {
-    kiln::test::for_each_element(*s, [&](std::int64_t, std::int64_t at) { inside[at] = true; });
-  }
-  std::int64_t count = 0;
-  for (std::size_t i = 0; i < image.size(); ++i) count += !inside[i] && image[i] != poison;
-  return count;
-}
-
-// What the reference needs to know of `c`; ALiBi slopes and bias come with their uploads.
+// What the reference needs to know of `c`; ALiBi slopes, sinks and bias come with their uploads.
 ReferenceProblem reference_problem(const Case& c) {
   ReferenceProblem ref;
   ref.dtype = c.dtype;
@@ -495,12 +440,7 @@ ReferenceProblem reference_problem(const Case& c) {
     ref.set_padded(c.batch, c.seqlen_q, c.seqlen_k);
   }
   ref.seqused_k = c.seqused_k;
-  // kiln's default is computed in float; the reference takes the same float.
-  ref.softmax_scale = c.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
-  ref.window_left = c.window_left;
-  ref.window_right = c.causal ? 0 : c.window_right;
-  ref.top_left = c.top_left;
-  ref.softcap = c.softcap;
+  kiln::test::set_reference_score(c.score, c.head_dim, ref);
   return ref;
 }
 
@@ -537,8 +477,8 @@ Layouts layouts_of(const Case& c, const ReferenceProblem& ref) {
 // Everything on the device for one case, and the views and options that point into it.
 struct DeviceCase {
   std::vector<std::unique_ptr<DeviceBuffer>> buffers;  // inputs, kept alive
-  TensorView q, k, v, out;
-  std::unique_ptr<DeviceBuffer> out_buffer, lse_buffer;
+  TensorView q, k, v;
+  std::unique_ptr<Output> out, lse;
   kiln::AttentionOptions options;
 };
 
@@ -546,7 +486,7 @@ struct DeviceCase {
 void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
                 const std::vector<double>& k, const std::vector<double>& v, DeviceCase& d) {
   if (c.layout == Layout::packed_qkv) {
-    std::vector<std::uint16_t> image(buffer_size({&l.q, &l.k, &l.v}), kPoison16);
+    std::vector<std::uint16_t> image(guarded_size({&l.q, &l.k, &l.v}), kPoison16);
     kiln::test::scatter(c.dtype, l.q, q, image);
     kiln::test::scatter(c.dtype, l.k, k, image);
     kiln::test::scatter(c.dtype, l.v, v, image);
@@ -558,24 +498,11 @@ void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
   }
   for (auto [layout, values, view] :
        {std::tuple{&l.q, &q, &d.q}, std::tuple{&l.k, &k, &d.k}, std::tuple{&l.v, &v, &d.v}}) {
-    std::vector<std::uint16_t> image(buffer_size({layout}), kPoison16);
+    std::vector<std::uint16_t> image(guarded_size({layout}), kPoison16);
     kiln::test::scatter(c.dtype, *layout, *values, image);
     d.buffers.push_back(upload(image));
     *view = view_of(*d.buffers.back(), c.dtype, *layout);
   }
-}
-
-void add_alibi(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
-  const int rows = c.alibi == Alibi::per_batch_head ? ref.batch() : 1;
-  std::uniform_real_distribution<float> slope(0.05f, 1.0f);
-  std::vector<float> host(static_cast<std::size_t>(rows * c.heads));
-  for (float& x : host) x = slope(rng);
-  ref.alibi_slopes.assign(host.begin(), host.end());
-  d.buffers.push_back(upload(host));
-  d.options.score.alibi_slopes =
-      c.alibi == Alibi::per_head
-          ? TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads})
-          : TensorView::contiguous(d.buffers.back()->get(), DType::f32, {rows, c.heads});
 }
 
 void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
@@ -609,13 +536,6 @@ void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937&
   d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{{b, h, sq, sk}, strides, 0});
 }
 
-void add_sinks(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
-  const int keys = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k;
-  ref.sinks = kiln::test::random_sinks(c.heads, keys, rng);
-  d.buffers.push_back(upload(std::vector<float>(ref.sinks.begin(), ref.sinks.end())));
-  d.options.score.sinks = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {c.heads});
-}
-
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
   const int batch = ref.batch();
   if (c.varlen()) {
@@ -634,48 +554,46 @@ void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
   }
 }
 
-void check_out(const Case& c, const Layouts& l, const std::vector<std::uint16_t>& bits,
-               const ReferenceResult& want) {
-  const auto got = kiln::test::gather(c.dtype, l.out, bits);
-  const kiln::test::ErrorReport error = kiln::test::compare_output(got, want);
-  INFO(kiln::test::explain(error, got, want, c.heads, c.dim_v()));
-  CHECK(error.ok());
-  CHECK(written_outside(bits, {&l.out}, kPoison16) == 0);
+// What a run left in out and lse.
+struct Downloaded {
+  std::vector<std::uint8_t> out, lse;
+  bool operator==(const Downloaded&) const = default;
+};
+
+// The reference's lse, (heads, total_q), in the order of kiln's lse layout: the same with varlen,
+// else (batch, heads, seqlen_q).
+std::vector<double> lse_in_layout_order(const Case& c, const std::vector<double>& lse) {
+  if (c.varlen()) return lse;
+  const auto total_q = static_cast<std::int64_t>(lse.size()) / std::max(c.heads, 1);
+  std::vector<double> ordered(lse.size());
+  for (std::size_t i = 0; i < ordered.size(); ++i) {
+    const std::int64_t n = static_cast<std::int64_t>(i);
+    const std::int64_t h = n / c.seqlen_q % c.heads;
+    const std::int64_t token = n / (c.heads * c.seqlen_q) * c.seqlen_q + n % c.seqlen_q;
+    ordered[i] = lse[static_cast<std::size_t>(h * total_q + token)];
+  }
+  return ordered;
 }
 
-void check_lse(const Case& c, const Layouts& l, const std::vector<std::uint32_t>& bits,
-               const ReferenceResult& want) {
-  if (!c.lse) {
-    CHECK(written_outside(bits, {}, kPoison32) == 0);  // nothing asked, nothing written
-    return;
+// Out of one run against the reference, and lse when asked (none asked: none written).
+void check_outputs(const Case& c, const DeviceCase& d, const Downloaded& got,
+                   const ReferenceResult& want) {
+  kiln::test::check_out(*d.out, got.out, want, c.heads, c.dim_v());
+  if (c.lse) {
+    kiln::test::check_lse(*d.lse, got.lse, lse_in_layout_order(c, want.lse));
+  } else {
+    CHECK(d.lse->written(got.lse) == 0);
   }
-  // Read through kiln's layout into the reference's (heads, total_q) order.
-  const auto total_q = static_cast<std::int64_t>(want.lse.size()) / std::max(c.heads, 1);
-  std::vector<double> got(want.lse.size());
-  kiln::test::for_each_element(l.lse, [&](std::int64_t i, std::int64_t at) {
-    std::int64_t h = i / total_q, token = i % total_q;
-    if (!c.varlen()) {  // i counts (batch, heads, seqlen_q)
-      h = i / c.seqlen_q % c.heads;
-      token = i / (c.heads * c.seqlen_q) * c.seqlen_q + i % c.seqlen_q;
-    }
-    got[h * total_q + token] = std::bit_cast<float>(bits[at]);
-  });
-  const kiln::test::LseReport report = kiln::test::compare_lse(got, want.lse);
-  INFO(report.bad << " lse values off; the first at (head, token) index " << report.first_bad
-                  << ": got " << (report.first_bad >= 0 ? got[report.first_bad] : 0.0) << " want "
-                  << (report.first_bad >= 0 ? want.lse[report.first_bad] : 0.0));
-  CHECK(report.ok());
-  CHECK(written_outside(bits, {&l.lse}, kPoison32) == 0);
 }
 
 kiln::AttentionProblem problem_of(const Case& c, const DeviceCase& d) {
   return {.dtype = c.dtype,
           .head_dim = c.head_dim,
           .head_dim_v = c.dim_v(),
-          .band = c.causal || c.window_left >= 0 || c.window_right >= 0,
+          .band = c.score.causal || c.score.window_left >= 0 || c.score.window_right >= 0,
           .varlen = c.varlen(),
-          .softcap = c.softcap > 0,
-          .alibi = c.alibi != Alibi::none,
+          .softcap = c.score.softcap > 0,
+          .alibi = c.score.alibi != Alibi::none,
           .bias = c.bias != Bias::none,
           .variant = d.options.score.variant,
           .seqlen_k = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k};
@@ -701,27 +619,25 @@ kiln::AttentionConfig tma_config(const Case& c) {
 // poisoned each time), and checks out and lse against the reference, the poisoned gaps and
 // guards, bit-identical repeats and a memory hit the second time. Without rows to compute
 // (`has_rows` false) no kernel may be looked up.
-void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase& d,
-                  const ReferenceResult& want, bool has_rows,
-                  const std::optional<kiln::AttentionConfig>& config, const char* which) {
+void check_kernel(kiln::Runtime& rt, const Case& c, DeviceCase& d, const ReferenceResult& want,
+                  bool has_rows, const std::optional<kiln::AttentionConfig>& config,
+                  const char* which) {
   INFO(which);
   const auto run = [&] {
-    d.out_buffer->poison();
-    d.lse_buffer->poison();
+    d.out->poison();
+    d.lse->poison();
     if (config) {
-      kiln::attention(d.q, d.k, d.v, d.out, d.options, *config, nullptr, rt);
+      kiln::attention(d.q, d.k, d.v, d.out->view(), d.options, *config, nullptr, rt);
     } else {
-      kiln::attention(d.q, d.k, d.v, d.out, d.options, nullptr, rt);
+      kiln::attention(d.q, d.k, d.v, d.out->view(), d.options, nullptr, rt);
     }
     kiln::test::sync_and_check();
-    return std::pair{d.out_buffer->download<std::uint16_t>(),
-                     d.lse_buffer->download<std::uint32_t>()};
+    return Downloaded{d.out->bytes(), d.lse->bytes()};
   };
   const kiln::Stats before = rt.stats();
-  const auto first = run();
+  const Downloaded first = run();
   const kiln::Stats after_first = rt.stats();
-  check_out(c, l, first.first, want);
-  check_lse(c, l, first.second, want);
+  check_outputs(c, d, first, want);
 
   // The same call again: the kernel comes from memory and the bits do not change.
   const bool same_bits = run() == first;  // not CHECK(run() == first): it would print it all
@@ -744,7 +660,6 @@ void check_kernel(kiln::Runtime& rt, const Case& c, const Layouts& l, DeviceCase
 // A case on the device: fresh random inputs in their layouts, poisoned outputs, and the fp64
 // reference of the same inputs.
 struct Prepared {
-  Layouts l;
   DeviceCase d;
   ReferenceResult want;
   bool has_rows = false;  // some query row to compute
@@ -752,8 +667,8 @@ struct Prepared {
 
 Prepared prepare(const Case& c, std::mt19937& rng) {
   ReferenceProblem ref = reference_problem(c);
-  Prepared p{.l = layouts_of(c, ref)};
-  const Layouts& l = p.l;
+  const Layouts l = layouts_of(c, ref);
+  Prepared p;
   DeviceCase& d = p.d;
   const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
   const auto q = kiln::test::random_normal(c.dtype, total_q * c.heads * c.head_dim, rng);
@@ -761,27 +676,23 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
   const auto v = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.dim_v(), rng);
 
   upload_qkv(c, l, q, k, v, d);
-  d.out_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.out}) * 2);
-  d.out = view_of(*d.out_buffer, c.dtype, l.out);
-  d.lse_buffer = std::make_unique<DeviceBuffer>(buffer_size({&l.lse}) * 4);
-  d.options = {.score = {.softmax_scale = c.softmax_scale,
-                         .causal = c.causal,
-                         .window_left = c.window_left,
-                         .window_right = c.window_right,
-                         .top_left = c.top_left,
-                         .softcap = c.softcap}};
-  if (c.alibi != Alibi::none) add_alibi(c, ref, d, rng);
+  d.out = std::make_unique<Output>(c.dtype, l.out);
+  d.lse = std::make_unique<Output>(DType::f32, l.lse);
+  d.options = {.score = kiln::test::score_options(c.score)};
+  const int keys = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k;
+  kiln::test::add_score_tensors(c.score, ref.batch(), c.heads, keys, ref, d.options.score,
+                                d.buffers, rng);
   if (c.bias != Bias::none) add_bias(c, ref, d, rng);
-  if (c.sinks) add_sinks(c, ref, d, rng);
-  if (c.variant != UserVariant::none) {
+  if (c.score.variant != UserVariant::none) {
     REQUIRE_FALSE(c.varlen());
-    const int offset = c.top_left ? 0 : c.seqlen_k - c.seqlen_q;
+    const int offset = c.score.top_left ? 0 : c.seqlen_k - c.seqlen_q;
     kiln::test::add_user_variant(
-        c.variant, {c.batch, c.heads, c.seqlen_q, c.seqlen_k, std::vector<int>(c.batch, offset)},
-        ref, d.options.score, d.buffers, rng);
+        c.score.variant,
+        {c.batch, c.heads, c.seqlen_q, c.seqlen_k, std::vector<int>(c.batch, offset)}, ref,
+        d.options.score, d.buffers, rng);
   }
   add_sequences(c, ref, d);
-  if (c.lse) d.options.lse = view_of(*d.lse_buffer, DType::f32, l.lse);
+  if (c.lse) d.options.lse = d.lse->view();
   p.want = kiln::test::attention_reference(ref, q, k, v);
   const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;
   p.has_rows = ref.batch() > 0 && c.heads > 0 && rows > 0;
@@ -794,21 +705,19 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
 void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
   Prepared p = prepare(c, rng);
-  check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
-  check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, kiln::choose(problem_of(c, p.d), "gfx90a"),
+  check_kernel(rt, c, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
+  check_kernel(rt, c, p.d, p.want, p.has_rows, kiln::choose(problem_of(c, p.d), "gfx90a"),
                "the portable kernel, with AMD's config");
   if (rt.target() == "sm_90a") {
     const kiln::AttentionKernel chosen = kiln::choose(problem_of(c, p.d), "sm_90a").kernel;
     if (chosen != kiln::AttentionKernel::wgmma) {
-      check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, wgmma_config(c), "the wgmma kernel");
+      check_kernel(rt, c, p.d, p.want, p.has_rows, wgmma_config(c), "the wgmma kernel");
     }
     if (chosen != kiln::AttentionKernel::tma) {
-      check_kernel(rt, c, p.l, p.d, p.want, p.has_rows, tma_config(c), "the tma kernel");
+      check_kernel(rt, c, p.d, p.want, p.has_rows, tma_config(c), "the tma kernel");
     }
   }
 }
-
-constexpr DType kDTypes[] = {DType::bf16, DType::f16};
 
 // `count` bf16 values from a normal distribution, as their bits.
 std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
@@ -823,7 +732,7 @@ std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
 
 TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(1);
   for (DType dtype : kDTypes) {
     Case c{.dtype = dtype, .batch = 2, .heads = 4, .heads_kv = 4, .lse = true};
@@ -846,7 +755,7 @@ TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][atte
 
 TEST_CASE("attention matches the reference with the tiles of long sequences", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(11);
   // From kLongSeqlenK keys choose() takes longer key blocks on sm_90a (176 or 192 keys): a key
   // count that leaves a partial last block, with and without a mask, padded and varlen.
@@ -859,7 +768,7 @@ TEST_CASE("attention matches the reference with the tiles of long sequences", "[
                 .heads = 2,
                 .heads_kv = 1,
                 .head_dim = dim,
-                .causal = causal,
+                .score = {.causal = causal},
                 .lse = true},
                rng);
     }
@@ -868,7 +777,7 @@ TEST_CASE("attention matches the reference with the tiles of long sequences", "[
               .heads = 2,
               .heads_kv = 2,
               .head_dim = dim,
-              .causal = true,
+              .score = {.causal = true},
               .seqlens_q = {200, 77},
               .seqlens_k = {2100, 2300}},
              rng);
@@ -878,7 +787,7 @@ TEST_CASE("attention matches the reference with the tiles of long sequences", "[
 TEST_CASE("attention captured in a CUDA graph: the tma kernel deals tiles round-robin",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Options options = options_for(cache_dir());
+  kiln::Options options = kiln::test::gpu_options();
   options.debug = false;  // the debug checks copy to the host, which a capture forbids
   kiln::Runtime rt(options);
   std::mt19937 rng(12);
@@ -891,32 +800,29 @@ TEST_CASE("attention captured in a CUDA graph: the tma kernel deals tiles round-
                  .heads = 4,
                  .heads_kv = 2,
                  .head_dim = 128,
-                 .causal = causal,
+                 .score = {.causal = causal},
                  .lse = true};
     INFO(describe(c));
     Prepared p = prepare(c, rng);
     kiln::test::GraphOnStream g;
     const auto call = [&] {
-      kiln::attention(p.d.q, p.d.k, p.d.v, p.d.out, p.d.options, g.stream, rt);
+      kiln::attention(p.d.q, p.d.k, p.d.v, p.d.out->view(), p.d.options, g.stream, rt);
     };
     const auto run = [&](const std::function<void()>& work) {
-      p.d.out_buffer->poison();
-      p.d.lse_buffer->poison();
+      p.d.out->poison();
+      p.d.lse->poison();
       KILN_CUDA_CHECK(cudaDeviceSynchronize());  // a non-blocking stream does not wait for it
       work();
       KILN_CUDA_CHECK(cudaStreamSynchronize(g.stream));
       kiln::test::sync_and_check();
-      return std::pair{p.d.out_buffer->download<std::uint16_t>(),
-                       p.d.lse_buffer->download<std::uint32_t>()};
+      return Downloaded{p.d.out->bytes(), p.d.lse->bytes()};
     };
     // Eager first: it compiles and loads the kernel, which a capture cannot do.
-    const auto eager = run(call);
-    check_out(c, p.l, eager.first, p.want);
-    check_lse(c, p.l, eager.second, p.want);
+    const Downloaded eager = run(call);
+    check_outputs(c, p.d, eager, p.want);
     g.capture(call);
-    const auto replayed = run([&] { KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.stream)); });
-    check_out(c, p.l, replayed.first, p.want);
-    check_lse(c, p.l, replayed.second, p.want);
+    const Downloaded replayed = run([&] { KILN_CUDA_CHECK(cudaGraphLaunch(g.exec, g.stream)); });
+    check_outputs(c, p.d, replayed, p.want);
     const bool same_bits = replayed == eager;
     CHECK(same_bits);
   }
@@ -924,7 +830,7 @@ TEST_CASE("attention captured in a CUDA graph: the tma kernel deals tiles round-
 
 TEST_CASE("attention matches the reference for every head dim", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(2);
   for (int dim : {8, 24, 40, 64, 72, 96, 128, 168, 200, 256}) {
     // Each dim compiles its own kernels: bf16 without a mask, f16 with one.
@@ -938,7 +844,7 @@ TEST_CASE("attention matches the reference for every head dim", "[gpu][attention
          .heads = 2,
          .heads_kv = 1,
          .head_dim = dim,
-         .causal = true,
+         .score = {.causal = true},
          .lse = true};
     run_case(rt, c, rng);
   }
@@ -954,7 +860,7 @@ TEST_CASE("attention matches the reference for every head dim", "[gpu][attention
                 .heads_kv = 2,
                 .head_dim = 192,
                 .head_dim_v = 128,
-                .causal = causal,
+                .score = {.causal = causal},
                 .lse = true},
                rng);
     }
@@ -964,7 +870,7 @@ TEST_CASE("attention matches the reference for every head dim", "[gpu][attention
 TEST_CASE("attention masks: causal both ways, sliding windows, fully masked rows",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(3);
   struct Mask {
     bool causal;
@@ -996,28 +902,35 @@ TEST_CASE("attention masks: causal both ways, sliding windows, fully masked rows
                   .seqlen_k = sk,
                   .heads = 2,
                   .heads_kv = 2,
-                  .causal = m.causal,
-                  .window_left = m.left,
-                  .window_right = m.right,
-                  .top_left = m.top_left,
+                  .score = {.causal = m.causal,
+                            .window_left = m.left,
+                            .window_right = m.right,
+                            .top_left = m.top_left},
                   .lse = true},
                  rng);
       }
     }
   }
-  Case c{
-      .seqlen_q = 1023, .seqlen_k = 1024, .heads = 2, .heads_kv = 2, .causal = true, .lse = true};
+  Case c{.seqlen_q = 1023,
+         .seqlen_k = 1024,
+         .heads = 2,
+         .heads_kv = 2,
+         .score = {.causal = true},
+         .lse = true};
   run_case(rt, c, rng);
   c.dtype = DType::f16;
   c.seqlen_q = c.seqlen_k = 2049;
   run_case(rt, c, rng);
-  c = {.seqlen_q = 2049, .seqlen_k = 2049, .window_left = 256, .window_right = 0, .lse = true};
+  c = {.seqlen_q = 2049,
+       .seqlen_k = 2049,
+       .score = {.window_left = 256, .window_right = 0},
+       .lse = true};
   run_case(rt, c, rng);
 }
 
 TEST_CASE("attention GQA ratios 1, 4 and 8 and MQA", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(4);
   for (auto [heads, heads_kv] : {std::pair{4, 4}, {8, 2}, {16, 2}, {8, 1}}) {
     for (bool causal : {false, true}) {
@@ -1027,7 +940,7 @@ TEST_CASE("attention GQA ratios 1, 4 and 8 and MQA", "[gpu][attention]") {
                 .seqlen_k = 203,
                 .heads = heads,
                 .heads_kv = heads_kv,
-                .causal = causal,
+                .score = {.causal = causal},
                 .lse = true},
                rng);
     }
@@ -1046,7 +959,7 @@ TEST_CASE("attention GQA ratios 1, 4 and 8 and MQA", "[gpu][attention]") {
 TEST_CASE("attention reads strided inputs: packed QKV, BHSD memory, padded strides",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(5);
   for (DType dtype : kDTypes) {
     for (bool causal : {false, true}) {
@@ -1056,7 +969,7 @@ TEST_CASE("attention reads strided inputs: packed QKV, BHSD memory, padded strid
              .seqlen_k = 113,
              .heads = 4,
              .heads_kv = 4,
-             .causal = causal,
+             .score = {.causal = causal},
              .layout = Layout::packed_qkv,
              .lse = true};
       run_case(rt, c, rng);
@@ -1089,7 +1002,7 @@ TEST_CASE("attention reads strided inputs: packed QKV, BHSD memory, padded strid
 
 TEST_CASE("attention softcap", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(6);
   for (DType dtype : kDTypes) {
     // Logits of std 1 (the default scale) barely reach a cap of 30: cap them at 2, or raise
@@ -1100,21 +1013,21 @@ TEST_CASE("attention softcap", "[gpu][attention]") {
            .seqlen_k = 203,
            .heads = 2,
            .heads_kv = 2,
-           .softcap = 2,
+           .score = {.softcap = 2},
            .lse = true};
     run_case(rt, c, rng);
     c.seqlen_q = 203;
     c.seqlen_k = 113;
-    c.causal = true;
-    c.softcap = 10;
-    c.softmax_scale = 1.0f;
+    c.score.causal = true;
+    c.score.softcap = 10;
+    c.score.softmax_scale = 1.0f;
     run_case(rt, c, rng);
   }
 }
 
 TEST_CASE("attention ALiBi slopes per head and per batch and head", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(7);
   for (DType dtype : kDTypes) {
     for (Alibi alibi : {Alibi::per_head, Alibi::per_batch_head}) {
@@ -1125,12 +1038,12 @@ TEST_CASE("attention ALiBi slopes per head and per batch and head", "[gpu][atten
                .seqlen_k = sk,
                .heads = 4,
                .heads_kv = 2,
-               .alibi = alibi,
+               .score = {.alibi = alibi},
                .lse = true};
         run_case(rt, c, rng);
         // Distances from the diagonal change with the alignment.
-        c.causal = true;
-        c.top_left = sq > sk;
+        c.score.causal = true;
+        c.score.top_left = sq > sk;
         run_case(rt, c, rng);
       }
     }
@@ -1139,7 +1052,7 @@ TEST_CASE("attention ALiBi slopes per head and per batch and head", "[gpu][atten
 
 TEST_CASE("attention additive bias: full, broadcast by stride 0, transposed", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(8);
   for (DType dtype : kDTypes) {
     Case c{.dtype = dtype,
@@ -1156,7 +1069,7 @@ TEST_CASE("attention additive bias: full, broadcast by stride 0, transposed", "[
     c.seqlen_q = 203;
     c.seqlen_k = 113;
     c.heads_kv = 1;
-    c.causal = true;
+    c.score.causal = true;
     run_case(rt, c, rng);
   }
 }
@@ -1164,7 +1077,7 @@ TEST_CASE("attention additive bias: full, broadcast by stride 0, transposed", "[
 TEST_CASE("attention varlen: cu_seqlens with empty sequences, seqused_k, lse (heads, total_q)",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(9);
   for (DType dtype : kDTypes) {
     // Sequence 2 has queries but no keys (rows fully masked), sequence 1 keys but no queries.
@@ -1175,19 +1088,19 @@ TEST_CASE("attention varlen: cu_seqlens with empty sequences, seqused_k, lse (he
            .seqlens_q = {113, 0, 17, 203, 1},
            .seqlens_k = {203, 64, 0, 113, 1}};
     run_case(rt, c, rng);
-    c.causal = true;
+    c.score.causal = true;
     run_case(rt, c, rng);
-    c.causal = false;
-    c.window_left = 16;
-    c.window_right = 8;
+    c.score.causal = false;
+    c.score.window_left = 16;
+    c.score.window_right = 8;
     c.layout = Layout::padded;
     run_case(rt, c, rng);
-    c.window_left = c.window_right = -1;
+    c.score.window_left = c.score.window_right = -1;
     c.layout = Layout::bhsd;
     run_case(rt, c, rng);
     // seqused_k trims keys, and the bottom-right diagonal moves with it.
     c.layout = Layout::contiguous;
-    c.causal = true;
+    c.score.causal = true;
     c.seqused_k = {150, 3, 0, 113, 0};
     run_case(rt, c, rng);
     run_case(rt,
@@ -1206,7 +1119,7 @@ TEST_CASE("attention varlen: cu_seqlens with empty sequences, seqused_k, lse (he
 
 TEST_CASE("attention seqused_k on a padded batch", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(10);
   for (bool causal : {false, true}) {
     run_case(rt,
@@ -1215,7 +1128,7 @@ TEST_CASE("attention seqused_k on a padded batch", "[gpu][attention]") {
               .seqlen_k = 203,
               .heads = 2,
               .heads_kv = 2,
-              .causal = causal,
+              .score = {.causal = causal},
               .lse = true,
               .seqused_k = {203, 57, 0}},
              rng);
@@ -1224,7 +1137,7 @@ TEST_CASE("attention seqused_k on a padded batch", "[gpu][attention]") {
 
 TEST_CASE("attention with nothing to compute: batch 0, seqlen 0, no keys", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(11);
   // run_case checks that nothing is written and no kernel is looked up when there are no rows.
   Case c{.batch = 0, .seqlen_q = 17, .seqlen_k = 17, .heads = 2, .heads_kv = 2, .lse = true};
@@ -1238,7 +1151,7 @@ TEST_CASE("attention with nothing to compute: batch 0, seqlen 0, no keys", "[gpu
   c.seqlen_q = 17;
   c.seqlen_k = 0;
   run_case(rt, c, rng);
-  c.causal = true;
+  c.score.causal = true;
   run_case(rt, c, rng);
 }
 
@@ -1247,7 +1160,7 @@ TEST_CASE("attention with nothing to compute: batch 0, seqlen 0, no keys", "[gpu
 // runs. random_sinks gives the last head none (-inf).
 TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(17);
   for (const int dim : {64, 128, 256}) {
     for (DType dtype : kDTypes) {
@@ -1259,7 +1172,7 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
                 .heads = 4,
                 .heads_kv = 2,
                 .head_dim = dim,
-                .sinks = true,
+                .score = {.sinks = true},
                 .lse = true},
                rng);
     }
@@ -1270,8 +1183,7 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
               .heads = 3,
               .heads_kv = 1,
               .head_dim = dim,
-              .causal = true,
-              .sinks = true,
+              .score = {.causal = true, .sinks = true},
               .lse = true},
              rng);
     // A sliding window, top-left, with ALiBi.
@@ -1282,11 +1194,11 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
               .heads = 4,
               .heads_kv = 4,
               .head_dim = dim,
-              .causal = true,
-              .window_left = 31,
-              .top_left = true,
-              .alibi = Alibi::per_head,
-              .sinks = true,
+              .score = {.causal = true,
+                        .window_left = 31,
+                        .top_left = true,
+                        .alibi = Alibi::per_head,
+                        .sinks = true},
               .lse = true},
              rng);
     // Varlen with an empty sequence and sequences without keys.
@@ -1294,8 +1206,7 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
              {.heads = 8,
               .heads_kv = 2,
               .head_dim = dim,
-              .causal = true,
-              .sinks = true,
+              .score = {.causal = true, .sinks = true},
               .lse = true,
               .seqlens_q = {1, 0, 130, 64},
               .seqlens_k = {300, 5, 0, 64}},
@@ -1310,7 +1221,7 @@ TEST_CASE("attention sinks under every mask with GQA and varlen", "[gpu][attenti
 TEST_CASE("attention with user variants: ALiBi and a document mask and position biases",
           "[gpu][attention][variant]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(19);
   for (const int dim : {64, 128, 256}) {
     run_case(rt,
@@ -1320,9 +1231,7 @@ TEST_CASE("attention with user variants: ALiBi and a document mask and position 
               .heads = 4,
               .heads_kv = 2,
               .head_dim = dim,
-              .causal = true,
-              .top_left = dim == 64,
-              .variant = UserVariant::alibi,
+              .score = {.causal = true, .top_left = dim == 64, .variant = UserVariant::alibi},
               .lse = true},
              rng);
     run_case(rt,
@@ -1333,24 +1242,23 @@ TEST_CASE("attention with user variants: ALiBi and a document mask and position 
               .heads = 4,
               .heads_kv = 1,
               .head_dim = dim,
-              .causal = dim == 128,
-              .softcap = 5,
-              .sinks = dim == 64,
-              .variant = UserVariant::document,
+              .score = {.causal = dim == 128,
+                        .softcap = 5,
+                        .sinks = dim == 64,
+                        .variant = UserVariant::document},
               .lse = true},
              rng);
-    run_case(rt,
-             {.batch = 2,
-              .seqlen_q = 100,
-              .seqlen_k = 260,
-              .heads = 4,
-              .heads_kv = 2,
-              .head_dim = dim,
-              .window_left = 40,
-              .window_right = 8,
-              .variant = UserVariant::relative_bias,
-              .lse = true},
-             rng);
+    run_case(
+        rt,
+        {.batch = 2,
+         .seqlen_q = 100,
+         .seqlen_k = 260,
+         .heads = 4,
+         .heads_kv = 2,
+         .head_dim = dim,
+         .score = {.window_left = 40, .window_right = 8, .variant = UserVariant::relative_bias},
+         .lse = true},
+        rng);
     run_case(rt,
              {.dtype = DType::f16,
               .batch = 2,
@@ -1359,7 +1267,7 @@ TEST_CASE("attention with user variants: ALiBi and a document mask and position 
               .heads = 3,
               .heads_kv = 3,
               .head_dim = dim,
-              .variant = UserVariant::t5_bias,
+              .score = {.variant = UserVariant::t5_bias},
               .lse = true},
              rng);
   }
@@ -1368,22 +1276,21 @@ TEST_CASE("attention with user variants: ALiBi and a document mask and position 
 TEST_CASE("attention with user variants: a key padding mask hook and sink hooks",
           "[gpu][attention][variant]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(21);
   for (const int dim : {64, 128, 256}) {
     // The last sequence is all padding: its rows see no key.
-    run_case(rt,
-             {.batch = 3,
-              .seqlen_q = 130,
-              .seqlen_k = 257,
-              .heads = 4,
-              .heads_kv = 2,
-              .head_dim = dim,
-              .causal = dim == 128,
-              .sinks = dim == 256,
-              .variant = UserVariant::key_padding,
-              .lse = true},
-             rng);
+    run_case(
+        rt,
+        {.batch = 3,
+         .seqlen_q = 130,
+         .seqlen_k = 257,
+         .heads = 4,
+         .heads_kv = 2,
+         .head_dim = dim,
+         .score = {.causal = dim == 128, .sinks = dim == 256, .variant = UserVariant::key_padding},
+         .lse = true},
+        rng);
     run_case(rt,
              {.dtype = DType::f16,
               .batch = 2,
@@ -1392,10 +1299,10 @@ TEST_CASE("attention with user variants: a key padding mask hook and sink hooks"
               .heads = 4,
               .heads_kv = 1,
               .head_dim = dim,
-              .window_left = 50,
-              .window_right = 0,
-              .sinks = dim == 64,
-              .variant = UserVariant::softmax_one,
+              .score = {.window_left = 50,
+                        .window_right = 0,
+                        .sinks = dim == 64,
+                        .variant = UserVariant::softmax_one},
               .lse = true},
              rng);
     run_case(rt,
@@ -1405,11 +1312,11 @@ TEST_CASE("attention with user variants: a key padding mask hook and sink hooks"
               .heads = 4,
               .heads_kv = 2,
               .head_dim = dim,
-              .causal = true,
-              .top_left = dim == 128,
-              .softcap = dim == 256 ? 10.f : 0.f,
-              .sinks = dim != 64,
-              .variant = UserVariant::row_sinks,
+              .score = {.causal = true,
+                        .top_left = dim == 128,
+                        .softcap = dim == 256 ? 10.f : 0.f,
+                        .sinks = dim != 64,
+                        .variant = UserVariant::row_sinks},
               .lse = true},
              rng);
   }
@@ -1417,7 +1324,7 @@ TEST_CASE("attention with user variants: a key padding mask hook and sink hooks"
 
 TEST_CASE("attention with every feature at once", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(12);
   for (DType dtype : kDTypes) {
     run_case(rt,
@@ -1428,12 +1335,12 @@ TEST_CASE("attention with every feature at once", "[gpu][attention]") {
               .heads = 8,
               .heads_kv = 2,
               .head_dim = 128,
-              .causal = true,
-              .window_left = 64,
-              .softcap = 5,
-              .alibi = Alibi::per_batch_head,
+              .score = {.causal = true,
+                        .window_left = 64,
+                        .softcap = 5,
+                        .alibi = Alibi::per_batch_head,
+                        .sinks = true},
               .bias = Bias::head_broadcast,
-              .sinks = true,
               .lse = true},
              rng);
     run_case(rt,
@@ -1441,13 +1348,13 @@ TEST_CASE("attention with every feature at once", "[gpu][attention]") {
               .heads = 8,
               .heads_kv = 1,
               .head_dim = 96,
-              .causal = true,
-              .window_left = 48,
-              .top_left = true,
-              .softcap = 5,
+              .score = {.causal = true,
+                        .window_left = 48,
+                        .top_left = true,
+                        .softcap = 5,
+                        .alibi = Alibi::per_head,
+                        .sinks = true},
               .layout = Layout::padded,
-              .alibi = Alibi::per_head,
-              .sinks = true,
               .lse = true,
               .seqlens_q = {113, 0, 203},
               .seqlens_k = {203, 17, 113},
@@ -1459,7 +1366,7 @@ TEST_CASE("attention with every feature at once", "[gpu][attention]") {
 TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA cannot tile",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(13);
   const std::int64_t batch = 2, seqlen = 77, heads = 2, dim = 128;
   const auto q = random_bf16(batch * seqlen * heads * dim, rng);
@@ -1503,7 +1410,7 @@ TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA ca
 TEST_CASE("attention ignores whatever the rows past each sequence's keys hold",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt(options_for(cache_dir()));
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(14);
   constexpr std::int64_t heads = 2, dim = 128, seqlen_q = 77;
   for (const bool varlen : {false, true}) {

@@ -9,13 +9,9 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <filesystem>
-#include <functional>
 #include <limits>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -24,6 +20,7 @@
 #include "backend/stream_zeros.hpp"
 #include "decode_reference.hpp"
 #include "gpu.hpp"
+#include "gpu_harness.hpp"
 #include "kiln/decode.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
@@ -32,23 +29,23 @@ namespace {
 
 using kiln::DType;
 using kiln::TensorView;
+using kiln::test::Alibi;
 using kiln::test::CacheMap;
+using kiln::test::check_lse;
+using kiln::test::check_out;
 using kiln::test::DecodeInputs;
 using kiln::test::DecodeReferenceProblem;
 using kiln::test::DecodeReferenceResult;
 using kiln::test::DeviceBuffer;
+using kiln::test::kDTypes;
+using kiln::test::Output;
 using kiln::test::ReferenceResult;
+using kiln::test::ScoreCase;
+using kiln::test::Strided;
 using kiln::test::upload;
 using kiln::test::UserVariant;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
-constexpr std::int64_t kGuard = 8;  // poisoned elements after every output, to catch overruns
-constexpr DType kDTypes[] = {DType::bf16, DType::f16};
-
-const std::filesystem::path& cache_dir() {
-  static const kiln::test::TempDir dir;  // one per file: later test cases hit on disk
-  return dir.path();
-}
 
 std::size_t at(std::int64_t i) {
   return static_cast<std::size_t>(i);
@@ -70,68 +67,9 @@ std::unique_ptr<DeviceBuffer> upload_values(DType dtype, const std::vector<doubl
   return upload(bits_of(dtype, values));
 }
 
-// An output of `count` elements of `dtype` followed by kGuard more, all poisoned before a run.
-class Output {
- public:
-  Output(DType dtype, std::int64_t count)
-      : dtype_(dtype), count_(count), buffer_(at(count + kGuard) * kiln::size_of(dtype)) {}
-
-  void* data() const { return buffer_.get(); }
-  void poison() { buffer_.poison(); }
-  std::vector<std::uint8_t> bytes() const { return buffer_.download<std::uint8_t>(); }
-
-  // The `count` values of a download, in fp64.
-  std::vector<double> values(const std::vector<std::uint8_t>& bytes) const {
-    std::vector<double> out(at(count_));
-    for (std::size_t i = 0; i < out.size(); ++i) {
-      if (dtype_ == DType::f32) {
-        float x;
-        std::memcpy(&x, &bytes[i * 4], 4);
-        out[i] = x;
-      } else {
-        std::uint16_t x;
-        std::memcpy(&x, &bytes[i * 2], 2);
-        out[i] = kiln::test::from_bits(dtype_, x);
-      }
-    }
-    return out;
-  }
-  // Whether nothing was written past the end, or, with `all`, anywhere.
-  bool untouched(const std::vector<std::uint8_t>& bytes, bool all = false) const {
-    const auto from = all ? bytes.begin() : bytes.begin() + count_ * kiln::size_of(dtype_);
-    return std::all_of(from, bytes.end(), [](std::uint8_t b) { return b == 0xff; });
-  }
-
- private:
-  DType dtype_;
-  std::int64_t count_;
-  DeviceBuffer buffer_;
-};
-
-void check_out(const Output& out, const std::vector<std::uint8_t>& bytes,
-               const ReferenceResult& want, int heads, int dim_v) {
-  const auto got = out.values(bytes);
-  const kiln::test::ErrorReport error = kiln::test::compare_output(got, want);
-  INFO(kiln::test::explain(error, got, want, heads, dim_v));
-  CHECK(error.ok());
-  CHECK(out.untouched(bytes));
-}
-
-void check_lse(const Output& lse, const std::vector<std::uint8_t>& bytes,
-               const std::vector<double>& want) {
-  const auto got = lse.values(bytes);
-  const kiln::test::LseReport report = kiln::test::compare_lse(got, want);
-  const auto first = at(std::max<std::int64_t>(report.first_bad, 0));
-  INFO(report.bad << " lse values off; the first at index " << report.first_bad << ": got "
-                  << got[first] << " want " << want[first]);
-  CHECK(report.ok());
-  CHECK(lse.untouched(bytes));
-}
-
 // ---------------------------------------------------------------------------------------------
 // One decode case: the inputs, the reference, the device call, every output checked.
 
-enum class Alibi { none, per_head, per_batch_head };
 enum class Rotary { none, neox, interleaved };
 
 struct Case {
@@ -146,17 +84,9 @@ struct Case {
   int page_size = 0;                                // 0: a contiguous cache
   int capacity = 0;        // keys a sequence can hold; 0: its longest need plus 5
   bool batch_idx = false;  // contiguous: sequences in shuffled cache rows, among two spare rows
-  bool causal = false;
-  int window_left = -1;
-  int window_right = -1;
-  bool top_left = false;
-  float softcap = 0;
-  std::optional<float> softmax_scale;
-  Alibi alibi = Alibi::none;
+  ScoreCase score;
   Rotary rotary = Rotary::none;
-  int rotary_dim = 0;                       // 0: head_dim
-  bool sinks = false;                       // a sink logit per query head
-  UserVariant variant = UserVariant::none;  // a user variant (variant_twins.hpp)
+  int rotary_dim = 0;  // 0: head_dim
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
@@ -179,19 +109,10 @@ std::string describe(const Case& c) {
   s << " capacity " << c.capacity_or_default();
   if (c.page_size) s << " paged " << c.page_size;
   if (c.batch_idx) s << " batch_idx";
-  if (c.causal) s << " causal";
-  if (c.window_left >= 0 || c.window_right >= 0) {
-    s << " window (" << c.window_left << ", " << c.window_right << ")";
-  }
-  if (c.top_left) s << " top-left";
-  if (c.softcap > 0) s << " softcap " << c.softcap;
-  if (c.softmax_scale) s << " scale " << *c.softmax_scale;
-  const char* alibis[] = {"", " alibi per head", " alibi per batch and head"};
+  s << kiln::test::describe(c.score);
   const char* rotaries[] = {"", " rotary", " rotary interleaved"};
-  s << alibis[static_cast<int>(c.alibi)] << rotaries[static_cast<int>(c.rotary)];
+  s << rotaries[static_cast<int>(c.rotary)];
   if (c.rotary != Rotary::none && c.rotary_dim) s << " " << c.rotary_dim;
-  if (c.sinks) s << " sinks";
-  if (c.variant != UserVariant::none) s << " variant " << kiln::test::to_string(c.variant);
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
@@ -201,9 +122,9 @@ std::string describe(const Case& c) {
 struct Setup {
   DecodeReferenceProblem problem;
   DecodeInputs inputs;
-  // The user variant's fields of the options, and the device tensors they point to.
-  kiln::ScoreOptions variant;
-  std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> variant_buffers =
+  // The score options, and the device tensors they point to (ALiBi slopes, sinks, the variant's).
+  kiln::ScoreOptions score;
+  std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> score_buffers =
       std::make_shared<std::vector<std::unique_ptr<DeviceBuffer>>>();
 };
 
@@ -288,27 +209,19 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
   a.heads_kv = c.heads_kv;
   a.head_dim = c.head_dim;
   a.head_dim_v = c.dim_v();
-  // kiln's default is computed in float; the reference takes the same float.
-  a.softmax_scale = c.softmax_scale.value_or(1.0f / std::sqrt(static_cast<float>(c.head_dim)));
-  a.window_left = c.window_left;
-  a.window_right = c.causal ? 0 : c.window_right;
-  a.top_left = c.top_left;
-  a.softcap = c.softcap;
-  if (c.alibi != Alibi::none) {
-    const int rows = c.alibi == Alibi::per_batch_head ? c.batch() : 1;
-    std::uniform_real_distribution<float> slope(0.05f, 1.0f);
-    for (int i = 0; i < rows * c.heads; ++i) a.alibi_slopes.push_back(slope(rng));
-  }
-  if (c.sinks) a.sinks = kiln::test::random_sinks(c.heads, std::ranges::max(c.seqlens), rng);
-  if (c.variant != UserVariant::none) {
-    REQUIRE(c.alibi == Alibi::none);
+  kiln::test::set_reference_score(c.score, c.head_dim, a);
+  s.score = kiln::test::score_options(c.score);
+  kiln::test::add_score_tensors(c.score, c.batch(), c.heads, std::ranges::max(c.seqlens), a,
+                                s.score, *s.score_buffers, rng);
+  if (c.score.variant != UserVariant::none) {
+    REQUIRE(c.score.alibi == Alibi::none);
     kiln::test::VariantShape shape{.batch = c.batch(), .heads = c.heads, .seqlen_q = c.seqlen_q};
     for (int n : c.seqlens) {
       const int keys = n + c.seqlen_new;
       shape.seqlen_k = std::max(shape.seqlen_k, keys);
-      shape.offsets.push_back(c.top_left ? 0 : keys - c.seqlen_q);
+      shape.offsets.push_back(c.score.top_left ? 0 : keys - c.seqlen_q);
     }
-    kiln::test::add_user_variant(c.variant, shape, a, s.variant, *s.variant_buffers, rng);
+    kiln::test::add_user_variant(c.score.variant, shape, a, s.score, *s.score_buffers, rng);
   }
   p.cache = cache_map(c, rng);
   p.seqlens = c.seqlens;
@@ -342,29 +255,8 @@ struct DeviceDecode {
 void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   const DecodeReferenceProblem& p = s.problem;
   const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
-  d.options.score.softmax_scale = c.softmax_scale;
-  d.options.score.causal = c.causal;
-  d.options.score.window_left = c.window_left;
-  d.options.score.window_right = c.window_right;
-  d.options.score.top_left = c.top_left;
-  d.options.score.softcap = c.softcap;
+  d.options.score = s.score;
   d.options.num_splits = c.num_splits;
-  d.options.score.variant = s.variant.variant;
-  d.options.score.variant_scalars = s.variant.variant_scalars;
-  d.options.score.variant_tensors = s.variant.variant_tensors;
-  const auto& slopes = p.attention.alibi_slopes;
-  if (c.variant == UserVariant::none && !slopes.empty()) {
-    void* data = d.keep(upload(std::vector<float>(slopes.begin(), slopes.end())));
-    d.options.score.alibi_slopes =
-        c.alibi == Alibi::per_head
-            ? TensorView::contiguous(data, DType::f32, {c.heads})
-            : TensorView::contiguous(data, DType::f32, {batch, std::int64_t{c.heads}});
-  }
-  const auto& sinks = p.attention.sinks;
-  if (!sinks.empty()) {
-    d.options.score.sinks = TensorView::contiguous(
-        d.keep(upload(std::vector<float>(sinks.begin(), sinks.end()))), DType::f32, {c.heads});
-  }
   if (c.seqlen_new > 0) {
     d.options.k_new = TensorView::contiguous(
         d.keep(upload_values(c.dtype, s.inputs.k_new)), c.dtype,
@@ -382,10 +274,7 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
         TensorView::contiguous(d.keep(upload_values(c.dtype, p.rotary_sin)), c.dtype, {rows, half});
     d.options.rotary_interleaved = p.rotary_interleaved;
   }
-  if (c.lse) {
-    d.options.lse = TensorView::contiguous(
-        d.lse->data(), DType::f32, {batch, std::int64_t{c.heads}, std::int64_t{c.seqlen_q}});
-  }
+  if (c.lse) d.options.lse = d.lse->view();
 }
 
 DeviceDecode upload_case(const Case& c, const Setup& s) {
@@ -409,9 +298,9 @@ DeviceDecode upload_case(const Case& c, const Setup& s) {
     d.cache.block_table = TensorView::contiguous(d.keep(upload(m.block_table)), DType::i32,
                                                  {batch, std::int64_t{m.max_pages}});
   }
-  d.out = std::make_unique<Output>(c.dtype, batch * seqlen_q * heads * dim_v);
-  d.out_view = TensorView::contiguous(d.out->data(), c.dtype, {batch, seqlen_q, heads, dim_v});
-  d.lse = std::make_unique<Output>(DType::f32, batch * heads * seqlen_q);
+  d.out = std::make_unique<Output>(c.dtype, Strided::dense({batch, seqlen_q, heads, dim_v}));
+  d.out_view = d.out->view();
+  d.lse = std::make_unique<Output>(DType::f32, Strided::dense({batch, heads, seqlen_q}));
   set_options(c, s, d);
   return d;
 }
@@ -479,7 +368,7 @@ void check_outputs(const Case& c, const Setup& s, const DeviceDecode& d, const D
   if (c.lse) {
     check_lse(*d.lse, got.lse, want.lse);
   } else {
-    CHECK(d.lse->untouched(got.lse, true));  // nothing asked, nothing written
+    CHECK(d.lse->written(got.lse) == 0);  // nothing asked, nothing written
   }
   check_cache(c, s, got, want);
 }
@@ -495,10 +384,6 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   check_outputs(c, s, d, first, want);
   const bool same_bits = run(rt, d) == first;  // not CHECK(run() == first): it would print it all
   CHECK(same_bits);
-}
-
-kiln::Runtime make_runtime() {
-  return kiln::Runtime(kiln::test::isolated_options(cache_dir()));
 }
 
 }  // namespace
@@ -528,7 +413,7 @@ TEST_CASE("a decode problem gives its config and specs without a call", "[decode
 
 TEST_CASE("decode over contiguous and paged caches of ragged lengths", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(1);
   // Sequence 0 has no keys: out 0 and lse -inf. Page 1 puts every key on its own page; 256 puts
   // the longest sequence on two.
@@ -548,7 +433,7 @@ TEST_CASE("decode over contiguous and paged caches of ragged lengths", "[gpu][de
 
 TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(2);
   for (auto [heads, heads_kv] : {std::pair{2, 2}, {4, 2}, {8, 2}, {16, 2}, {8, 1}}) {
     Case c{.heads = heads, .heads_kv = heads_kv, .seqlens = {0, 1, 3, 40, 200}};
@@ -556,7 +441,7 @@ TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal",
     // Speculative decoding: four queries, bottom-right causal, so the queries of a sequence of
     // one key are all masked but the last.
     c.seqlen_q = 4;
-    c.causal = true;
+    c.score.causal = true;
     run_case(rt, c, rng);
     c.page_size = 16;
     run_case(rt, c, rng);
@@ -566,7 +451,7 @@ TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal",
 TEST_CASE("decode split-KV over a long cache: 1, 2, 7, 64 splits and the heuristic",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(3);
   const int sms = rt.device_info().multiprocessors;
   for (int splits : {1, 2, 7, 0, 64}) {
@@ -589,7 +474,7 @@ TEST_CASE("decode split-KV over a long cache: 1, 2, 7, 64 splits and the heurist
              {.seqlen_q = 4,
               .seqlens = {3000, 2111, 1},
               .page_size = 16,
-              .causal = true,
+              .score = {.causal = true},
               .num_splits = splits},
              rng);
   }
@@ -599,14 +484,14 @@ TEST_CASE("decode split-KV over a long cache: 1, 2, 7, 64 splits and the heurist
 
 TEST_CASE("decode with cache_batch_idx: sequences in shuffled cache rows", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(4);
   for (DType dtype : kDTypes) {
     Case c{.dtype = dtype, .seqlens = {5, 0, 300, 1}, .batch_idx = true};
     run_case(rt, c, rng);
     c.seqlen_q = 2;
     c.seqlen_new = 2;
-    c.causal = true;
+    c.score.causal = true;
     c.num_splits = 3;
     run_case(rt, c, rng);
   }
@@ -614,7 +499,7 @@ TEST_CASE("decode with cache_batch_idx: sequences in shuffled cache rows", "[gpu
 
 TEST_CASE("decode appends k_new and v_new before attending", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(5);
   // Appends into an empty sequence, across page boundaries (15 + 1 fills a page of 16, 16 + 4
   // starts one) and into the last free slots (capacity 305 = 300 + 5).
@@ -623,7 +508,7 @@ TEST_CASE("decode appends k_new and v_new before attending", "[gpu][decode]") {
     run_case(rt, c, rng);
     c.seqlen_new = 5;
     c.seqlen_q = 5;
-    c.causal = true;
+    c.score.causal = true;
     c.capacity = 305;
     run_case(rt, c, rng);
   }
@@ -635,7 +520,7 @@ TEST_CASE("decode appends k_new and v_new before attending", "[gpu][decode]") {
               .seqlens = {7, 0, 64},
               .seqlen_new = 3,
               .page_size = 16,
-              .causal = causal,
+              .score = {.causal = causal},
               .num_splits = 2},
              rng);
   }
@@ -643,12 +528,15 @@ TEST_CASE("decode appends k_new and v_new before attending", "[gpu][decode]") {
 
 TEST_CASE("decode rotary, interleaved and GPT-NeoX, with and without a band", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(6);
   // With a band q token i sits at seqlens[b] + i, without one every q token at seqlens[b].
   for (Rotary rotary : {Rotary::neox, Rotary::interleaved}) {
     for (bool causal : {false, true}) {
-      Case c{.seqlens = {0, 1, 40, 200}, .seqlen_new = 1, .causal = causal, .rotary = rotary};
+      Case c{.seqlens = {0, 1, 40, 200},
+             .seqlen_new = 1,
+             .score = {.causal = causal},
+             .rotary = rotary};
       run_case(rt, c, rng);
       c.seqlen_q = c.seqlen_new = 3;
       c.page_size = 16;
@@ -658,45 +546,50 @@ TEST_CASE("decode rotary, interleaved and GPT-NeoX, with and without a band", "[
       run_case(rt, c, rng);
     }
     // A window without causal is a band too.
-    run_case(
-        rt,
-        {.seqlen_q = 3, .seqlens = {10, 200}, .seqlen_new = 3, .window_left = 16, .rotary = rotary},
-        rng);
+    run_case(rt,
+             {.seqlen_q = 3,
+              .seqlens = {10, 200},
+              .seqlen_new = 3,
+              .score = {.window_left = 16},
+              .rotary = rotary},
+             rng);
   }
 }
 
 TEST_CASE("decode sliding windows, softcap and ALiBi", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(7);
   for (int seqlen_q : {1, 4}) {
     Case c{.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}};
-    c.window_left = 32;  // keys right of the diagonal stay visible: window_right unbounded
+    c.score.window_left = 32;  // keys right of the diagonal stay visible: window_right unbounded
     run_case(rt, c, rng);
-    c.causal = true;
+    c.score.causal = true;
     c.page_size = 16;
     run_case(rt, c, rng);
     // causal takes any window_right as 0, as FlashAttention: Hugging Face's sliding-window
     // layers pass causal with (w - 1, w - 1).
-    c.window_right = 31;
+    c.score.window_right = 31;
     run_case(rt, c, rng);
-    c.causal = false;
-    c.window_left = 0;
-    c.window_right = 2;
-    c.top_left = true;
+    c.score.causal = false;
+    c.score.window_left = 0;
+    c.score.window_right = 2;
+    c.score.top_left = true;
     run_case(rt, c, rng);
 
     // Logits of std 1 barely reach a cap of 30: cap them at 2, or raise them to std 11 under 10.
-    c = {.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}, .softcap = 2};
+    c = {.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}, .score = {.softcap = 2}};
     run_case(rt, c, rng);
-    c.softcap = 10;
-    c.softmax_scale = 1.0f;
-    c.causal = true;
+    c.score.softcap = 10;
+    c.score.softmax_scale = 1.0f;
+    c.score.causal = true;
     c.num_splits = 3;
     run_case(rt, c, rng);
 
     for (Alibi alibi : {Alibi::per_head, Alibi::per_batch_head}) {
-      c = {.seqlen_q = seqlen_q, .seqlens = {0, 1, 20, 300}, .causal = true, .alibi = alibi};
+      c = {.seqlen_q = seqlen_q,
+           .seqlens = {0, 1, 20, 300},
+           .score = {.causal = true, .alibi = alibi}};
       run_case(rt, c, rng);
     }
   }
@@ -704,7 +597,7 @@ TEST_CASE("decode sliding windows, softcap and ALiBi", "[gpu][decode]") {
 
 TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(8);
   // One case a dim (each compiles its own kernels), features spread over them.
   run_case(rt, {.head_dim = 64, .seqlens = {0, 1, 77, 300}}, rng);
@@ -715,7 +608,7 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
             .seqlens = {1, 77, 300},
             .seqlen_new = 4,
             .page_size = 16,
-            .causal = true,
+            .score = {.causal = true},
             .num_splits = 3},
            rng);
   run_case(rt, {.head_dim = 256, .seqlens = {0, 1, 77, 300}, .page_size = 16, .num_splits = 3},
@@ -727,7 +620,7 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
             .seqlens = {0, 1, 300},
             .seqlen_new = 2,
             .page_size = 16,
-            .causal = true,
+            .score = {.causal = true},
             .num_splits = 4},
            rng);
 }
@@ -736,7 +629,7 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
 TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and windows",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(18);
   for (DType dtype : kDTypes) {
     for (int splits : {1, 0, 7}) {
@@ -745,7 +638,7 @@ TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and w
                  {.dtype = dtype,
                   .seqlens = {0, 1, 17, 2000, 129},
                   .page_size = page_size,
-                  .sinks = true,
+                  .score = {.sinks = true},
                   .num_splits = splits},
                  rng);
       }
@@ -760,17 +653,14 @@ TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and w
             .seqlen_q = 4,
             .seqlens = {0, 1, 300, 1000},
             .seqlen_new = 1,
-            .causal = true,
-            .window_left = 40,
-            .sinks = true,
+            .score = {.causal = true, .window_left = 40, .sinks = true},
             .num_splits = 5},
            rng);
   run_case(rt,
            {.head_dim = 256,
             .seqlens = {3, 0, 600},
             .page_size = 16,
-            .alibi = Alibi::per_head,
-            .sinks = true,
+            .score = {.alibi = Alibi::per_head, .sinks = true},
             .num_splits = 3},
            rng);
 }
@@ -778,19 +668,20 @@ TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and w
 TEST_CASE("decode with user variants: ALiBi and key padding and sink hooks",
           "[gpu][decode][variant]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(20);
   for (int splits : {1, 5}) {
-    run_case(rt, {.seqlens = {0, 1, 17, 900}, .variant = UserVariant::alibi, .num_splits = splits},
+    run_case(rt,
+             {.seqlens = {0, 1, 17, 900},
+              .score = {.variant = UserVariant::alibi},
+              .num_splits = splits},
              rng);
     run_case(rt,
              {.seqlen_q = 4,
               .seqlens = {1, 300, 64},
               .seqlen_new = 4,
               .page_size = 16,
-              .causal = true,
-              .sinks = true,
-              .variant = UserVariant::alibi,
+              .score = {.causal = true, .sinks = true, .variant = UserVariant::alibi},
               .num_splits = splits},
              rng);
     // The last sequence is all padding.
@@ -798,7 +689,7 @@ TEST_CASE("decode with user variants: ALiBi and key padding and sink hooks",
              {.heads = 8,
               .heads_kv = 2,
               .seqlens = {0, 700, 33, 90},
-              .variant = UserVariant::key_padding,
+              .score = {.variant = UserVariant::key_padding},
               .num_splits = splits},
              rng);
     run_case(rt,
@@ -808,15 +699,12 @@ TEST_CASE("decode with user variants: ALiBi and key padding and sink hooks",
               .seqlens = {20, 400},
               .seqlen_new = 3,
               .page_size = 16,
-              .causal = true,
-              .sinks = true,
-              .variant = UserVariant::row_sinks,
+              .score = {.causal = true, .sinks = true, .variant = UserVariant::row_sinks},
               .num_splits = splits},
              rng);
     run_case(rt,
              {.seqlens = {0, 250, 9},
-              .window_left = 100,
-              .variant = UserVariant::softmax_one,
+              .score = {.window_left = 100, .variant = UserVariant::softmax_one},
               .num_splits = splits},
              rng);
   }
@@ -824,7 +712,7 @@ TEST_CASE("decode with user variants: ALiBi and key padding and sink hooks",
 
 TEST_CASE("decode with every feature at once", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(9);
   for (DType dtype : kDTypes) {
     run_case(rt,
@@ -835,12 +723,12 @@ TEST_CASE("decode with every feature at once", "[gpu][decode]") {
               .seqlens = {0, 1, 45, 500},
               .seqlen_new = 3,
               .page_size = 16,
-              .causal = true,
-              .window_left = 64,
-              .softcap = 5,
-              .alibi = Alibi::per_batch_head,
+              .score = {.causal = true,
+                        .window_left = 64,
+                        .softcap = 5,
+                        .alibi = Alibi::per_batch_head,
+                        .sinks = true},
               .rotary = Rotary::interleaved,
-              .sinks = true,
               .num_splits = 3,
               .nan_slots = true},
              rng);
@@ -852,9 +740,7 @@ TEST_CASE("decode with every feature at once", "[gpu][decode]") {
               .seqlens = {31, 0, 250},
               .seqlen_new = 2,
               .batch_idx = true,
-              .causal = true,
-              .softcap = 5,
-              .alibi = Alibi::per_head,
+              .score = {.causal = true, .softcap = 5, .alibi = Alibi::per_head},
               .rotary = Rotary::neox,
               .rotary_dim = 32,
               .num_splits = 0},
@@ -864,7 +750,7 @@ TEST_CASE("decode with every feature at once", "[gpu][decode]") {
 
 TEST_CASE("decode split-KV is right whatever its scratch held", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(12);
   // The splits' partial states live in scratch from the device's default pool, handed out in
   // stream order: a block filled and freed on the call's stream just before is what the call
@@ -916,7 +802,7 @@ void copy_async(const TensorView& to, const std::vector<T>& from, cudaStream_t s
 TEST_CASE("decode step captured in a CUDA graph, replayed with new cache lengths",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Options options = kiln::test::isolated_options(cache_dir());
+  kiln::Options options = kiln::test::gpu_options();
   options.debug = false;  // the debug checks copy to the host, which a capture forbids
   kiln::Runtime rt(options);
   std::mt19937 rng(10);
@@ -976,7 +862,7 @@ TEST_CASE("decode step captured in a CUDA graph, replayed with new cache lengths
 TEST_CASE("decode split-KV flags kept per stream: streams at once, growth, more streams than kept",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(13);
   // Two streams running at once, each with a call that needs few flag words, then one that needs
   // more than the stream keeps, three rounds each, so their calls interleave on the device.
@@ -1043,7 +929,7 @@ TEST_CASE("decode split-KV flags kept per stream: streams at once, growth, more 
 TEST_CASE("a kernel not loaded yet fails a call under graph capture, naming its spec",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Options options = kiln::test::isolated_options(cache_dir());
+  kiln::Options options = kiln::test::gpu_options();
   options.debug = false;
   kiln::Runtime rt(options);  // nothing loaded yet
   std::mt19937 rng(14);
@@ -1137,10 +1023,10 @@ void run_merge(kiln::Runtime& rt, const MergeCase& c, std::mt19937& rng) {
       kiln::test::merge_reference(c.out, c.tokens, c.states, c.heads, c.dim, v, s);
   const auto v_buffer = upload_values(c.in, v);
   const auto s_buffer = upload_values(DType::f32, s);
-  Output out(c.out, tokens * heads * dim), out_lse(DType::f32, tokens * heads);
-  const TensorView out_view = TensorView::contiguous(out.data(), c.out, {tokens, heads, dim});
-  const TensorView out_lse_view =
-      TensorView::contiguous(out_lse.data(), DType::f32, {tokens, heads});
+  Output out(c.out, Strided::dense({tokens, heads, dim}));
+  Output out_lse(DType::f32, Strided::dense({tokens, heads}));
+  const TensorView out_view = out.view();
+  const TensorView out_lse_view = out_lse.view();
   const TensorView* s_out = c.out_lse ? &out_lse_view : nullptr;
   out.poison();
   out_lse.poison();
@@ -1172,7 +1058,7 @@ void run_merge(kiln::Runtime& rt, const MergeCase& c, std::mt19937& rng) {
   if (c.out_lse) {
     check_lse(out_lse, lse_bytes, tokens_major(want.lse, c.tokens, c.heads));
   } else {
-    CHECK(out_lse.untouched(lse_bytes, true));
+    CHECK(out_lse.written(lse_bytes) == 0);
   }
 }
 
@@ -1181,7 +1067,7 @@ void run_merge(kiln::Runtime& rt, const MergeCase& c, std::mt19937& rng) {
 TEST_CASE("merge_states of two states: f32, bf16 and f16, empty states, strided views",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(11);
   for (auto [in, out] : {std::pair{DType::f32, DType::f32},
                          {DType::bf16, DType::bf16},
@@ -1195,7 +1081,7 @@ TEST_CASE("merge_states of two states: f32, bf16 and f16, empty states, strided 
 
 TEST_CASE("merge_states of many states: 1, 3 and 16 states, empty states", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(12);
   for (int states : {1, 3, 16}) {
     run_merge(rt,
@@ -1237,7 +1123,7 @@ Setup key_range(const Case& c, const Setup& full, const std::vector<int>& from,
 TEST_CASE("merge_states of attention over keys [0, m) and [m, n) is attention over [0, n)",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
-  kiln::Runtime rt = make_runtime();
+  kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(13);
   // Sequence 0 has no keys on either side, 1 none in the first part, 4 none in the second.
   const std::vector<int> m = {0, 0, 77, 350, 50}, n = {0, 1, 200, 700, 50};
@@ -1259,11 +1145,11 @@ TEST_CASE("merge_states of attention over keys [0, m) and [m, n) is attention ov
     // Merge the parts' outputs as they are: seqlen_q 1 makes out (batch, heads, d) and lse
     // (batch, heads).
     const std::int64_t batch = c.batch(), heads = c.heads, dim = c.head_dim;
-    Output out(dtype, batch * heads * dim), out_lse(DType::f32, batch * heads);
+    Output out(dtype, Strided::dense({batch, heads, dim}));
+    Output out_lse(DType::f32, Strided::dense({batch, heads}));
     out.poison();
     out_lse.poison();
-    const TensorView out_lse_view =
-        TensorView::contiguous(out_lse.data(), DType::f32, {batch, heads});
+    const TensorView out_lse_view = out_lse.view();
     const auto v_of = [&](const DeviceDecode& d) {
       return TensorView::contiguous(d.out->data(), dtype, {batch, heads, dim});
     };
@@ -1271,8 +1157,7 @@ TEST_CASE("merge_states of attention over keys [0, m) and [m, n) is attention ov
       return TensorView::contiguous(d.lse->data(), DType::f32, {batch, heads});
     };
     kiln::merge_states(v_of(*devices[0]), s_of(*devices[0]), v_of(*devices[1]), s_of(*devices[1]),
-                       TensorView::contiguous(out.data(), dtype, {batch, heads, dim}),
-                       &out_lse_view, nullptr, rt);
+                       out.view(), &out_lse_view, nullptr, rt);
     kiln::test::sync_and_check();
 
     // Against attention over all keys in fp64; the plain-dtype baseline is each part done
