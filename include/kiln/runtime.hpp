@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/spec.hpp"
+#include "kiln/target.hpp"
 
 namespace kiln {
 
@@ -208,11 +209,13 @@ class Runtime {
 
   RuntimeInfo info() const;
   Stats stats() const;
-  std::string target() const;          // default target; throws when none can be chosen
-  int device() const;                  // the device ordinal kernels load on (Options::device)
-  const std::string& backend() const;  // "cuda" or "hip": the one that loads and launches
-  DeviceInfo device_info() const;      // of device(); throws kiln::Error when there is none
-  bool debug() const;                  // Options::debug / KILN_DEBUG
+  // The default target, parsed once: Options::target, else the device's; throws kiln::Error
+  // (not_found) when none can be chosen.
+  Target target() const;
+  int device() const;              // the device ordinal kernels load on (Options::device)
+  Vendor backend() const;          // the one that loads and launches (to_string: "cuda")
+  DeviceInfo device_info() const;  // of device(); throws kiln::Error when there is none
+  bool debug() const;              // Options::debug / KILN_DEBUG
 
   // Stream-ordered device memory on device() (cuMemAllocAsync / hipMallocAsync): ops take
   // scratch from here, so a call never waits for the host and can be captured in a CUDA graph.

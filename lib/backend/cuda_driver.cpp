@@ -306,7 +306,7 @@ class CudaDriver final : public Driver {
   CudaDriver(const CudaDriver&) = delete;
   CudaDriver& operator=(const CudaDriver&) = delete;
 
-  std::string_view vendor() const override { return "cuda"; }
+  Vendor vendor() const override { return Vendor::nvidia; }
 
   std::string version() const override {
     int encoded = 0;  // 1000 * major + 10 * minor

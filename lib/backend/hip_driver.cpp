@@ -169,7 +169,7 @@ class HipDriver final : public Driver {
     api_->check(counted, "hipGetDeviceCount");
   }
 
-  std::string_view vendor() const override { return "hip"; }
+  Vendor vendor() const override { return Vendor::amd; }
 
   std::string version() const override {
     int encoded = 0;
