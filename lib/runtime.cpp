@@ -647,7 +647,7 @@ Vendor Runtime::backend() const {
   return impl_->backend;
 }
 
-DeviceInfo Runtime::device_info() const {
+const DeviceInfo& Runtime::device_info() const {
   return impl_->device_info();
 }
 
