@@ -131,8 +131,7 @@ int run(const fs::path& cache) {
     };
     const kiln::AttentionProblem problem{
         .head_dim = s.head_dim, .head_dim_v = s.head_dim, .band = s.causal, .seqlen_k = s.seqlen};
-    const kiln::AttentionConfig chosen =
-        kiln::choose(problem, kiln::Target::parse(runtime.target()).value());
+    const kiln::AttentionConfig chosen = kiln::choose(problem, runtime.target());
     call(chosen);
     check(cudaDeviceSynchronize(), "the chosen config's run");
     const std::vector<std::uint16_t> expected = result();

@@ -44,7 +44,7 @@ int main() try {
   std::printf(
       "gelu over %lld floats on %s: worst error %.2f of the tolerance (%s); compiles "
       "%llu, disk hits %llu, compile %.0f ms\n",
-      static_cast<long long>(n), kiln::default_runtime().target().c_str(), worst,
+      static_cast<long long>(n), kiln::default_runtime().target().name().c_str(), worst,
       worst <= 1 ? "ok" : "FAILED", static_cast<unsigned long long>(stats.compiles),
       static_cast<unsigned long long>(stats.disk_hits), stats.compile_ms);
   cudaFree(dx);

@@ -366,14 +366,14 @@ class CallTensors {
   // The runtime of the tensors' device, once they are all converted.
   Runtime& runtime() const {
     Runtime& runtime = default_runtime(first_->id);
-    const std::int32_t wanted = runtime.backend() == "hip" ? kDLROCM : kDLCUDA;
+    const std::int32_t wanted = runtime.backend() == kiln::Vendor::amd ? kDLROCM : kDLCUDA;
     if (first_->type != wanted) {
-      throw Error(
-          ErrorCategory::invalid_argument,
-          fmt::format("{} is on DLPack device type {}, but device {}'s runtime uses "
-                      "kiln's {} backend, which takes device type {}: set KILN_BACKEND "
-                      "to the tensors' vendor (cuda or hip)",
-                      first_->name, first_->type, runtime.device(), runtime.backend(), wanted));
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("{} is on DLPack device type {}, but device {}'s runtime uses "
+                              "kiln's {} backend, which takes device type {}: set KILN_BACKEND "
+                              "to the tensors' vendor (cuda or hip)",
+                              first_->name, first_->type, runtime.device(),
+                              to_string(runtime.backend()), wanted));
     }
     return runtime;
   }
@@ -546,7 +546,7 @@ kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const D
 kiln_status kiln_warmup(int device, const char* target, int threads) {
   return kiln::guarded([&] {
     kiln::Runtime& runtime = kiln::default_runtime(device);
-    const std::string chosen = target ? std::string(target) : runtime.target();
+    const kiln::Target chosen = target ? kiln::Target(target) : runtime.target();
     const auto report = runtime.warmup(kiln::default_specs(chosen), {.threads = threads});
     for (const kiln::WarmupItem& item : report.items) {
       if (item.status == kiln::WarmupStatus::failed) {

@@ -65,8 +65,7 @@ std::string knob_name(Knob knob) {
     switch (knob) {
       case Knob::backend: return {"Options::backend", "", "--backend", "KILN_BACKEND"};
       case Knob::target:
-        return {"Options::target", "kiln_warmup's target argument", "--target",
-                "KILN_TARGET"};
+        return {"Options::target", "kiln_warmup's target argument", "--target", "KILN_TARGET"};
       case Knob::kernels_dir:
         return {"Options::kernels_dir", "", "--kernels-dir", "KILN_KERNELS_DIR"};
       case Knob::device:
@@ -74,12 +73,11 @@ std::string knob_name(Knob knob) {
                 "CUDA_VISIBLE_DEVICES (kiln uses the first visible device)", ""};
       case Knob::debug: return {"Options::debug", "", "", "KILN_DEBUG"};
       case Knob::warmup:
-        return {"Runtime::warmup or `kiln warm`", "kiln_warmup or `kiln warm`",
-                "`kiln warm`", ""};
+        return {"Runtime::warmup or `kiln warm`", "kiln_warmup or `kiln warm`", "`kiln warm`", ""};
       case Knob::compile_only:
         return {"Runtime::compile or `kiln warm --target`",
-                "kiln_warmup's target argument or `kiln warm --target`",
-                "`kiln warm --target`", ""};
+                "kiln_warmup's target argument or `kiln warm --target`", "`kiln warm --target`",
+                ""};
     }
     return {};
   }();
@@ -169,11 +167,13 @@ bool parse_switch(std::string_view text, std::string_view what) {
 
 Config resolve_config(const Options& options) {
   Config config;
-  config.backend = options.backend ? options.backend : env("KILN_BACKEND");
-  if (config.backend && *config.backend != "cuda" && *config.backend != "hip") {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("backend is '{}' ({}): expected cuda or hip", *config.backend,
-                            knob_name(Knob::backend)));
+  if (const auto backend = options.backend ? options.backend : env("KILN_BACKEND")) {
+    config.backend = parse_backend(*backend);
+    if (!config.backend) {
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("backend is '{}' ({}): expected cuda or hip", *backend,
+                              knob_name(Knob::backend)));
+    }
   }
   if (const auto target = options.target ? options.target : env("KILN_TARGET")) {
     config.target = Target(*target);

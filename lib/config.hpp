@@ -13,7 +13,7 @@
 namespace kiln::detail {
 
 struct Config {
-  std::optional<std::string> backend;  // "cuda" or "hip"
+  std::optional<Vendor> backend;  // from "cuda" or "hip"
   std::optional<Target> target;
   std::optional<std::filesystem::path> kernels_dir;  // from Options or KILN_KERNELS_DIR
   std::optional<std::filesystem::path> cache_dir;    // nullopt: no usable default (no HOME)

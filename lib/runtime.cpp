@@ -56,6 +56,9 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// In the order a runtime looks for a device or a compiler.
+constexpr Vendor kVendors[] = {Vendor::nvidia, Vendor::amd};
+
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
@@ -160,8 +163,8 @@ struct Runtime::Impl {
                                      config.cache_ro_trust}) {
     detail::set_log_level(config.log_level);
     backend = choose_backend();
-    detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}", backend,
-                sources.describe(),
+    detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
+                to_string(backend), sources.describe(),
                 disk.writable() ? disk.root()->string() : std::string("memory-only"));
   }
 
@@ -170,9 +173,9 @@ struct Runtime::Impl {
   // The compiler for a vendor. While the fact memo beside the disk cache still describes the
   // installed library, its answers come from there and computing a key loads nothing; the
   // library is loaded to compile. A failure to find it is remembered and rethrown.
-  LazyCompiler& compiler(std::string_view vendor) {
+  LazyCompiler& compiler(Vendor vendor) {
     std::lock_guard lock(backend_mutex);
-    auto& slot = compilers[std::string(vendor)];
+    auto& slot = compilers[vendor];
     if (!slot.compiler && !slot.error) {
       try {
         auto lazy = std::make_unique<LazyCompiler>(detail::compiler_library(vendor), disk);
@@ -189,13 +192,14 @@ struct Runtime::Impl {
   // The driver of the runtime's backend, or null (with the reason in `why`) when absent.
   Driver* driver(std::string* why = nullptr) { return driver_for(backend, why); }
 
-  Driver* driver_for(std::string_view vendor, std::string* why = nullptr) {
+  Driver* driver_for(Vendor vendor, std::string* why = nullptr) {
     std::lock_guard lock(backend_mutex);
-    auto& slot = drivers[std::string(vendor)];
+    auto& slot = drivers[vendor];
     if (!slot.tried) {
       slot.tried = true;
       try {
-        slot.driver = vendor == "hip" ? detail::open_hip_driver() : detail::open_cuda_driver();
+        slot.driver =
+            vendor == Vendor::amd ? detail::open_hip_driver() : detail::open_cuda_driver();
       } catch (const std::exception& e) {
         slot.error = e.what();
       }
@@ -204,41 +208,38 @@ struct Runtime::Impl {
     return slot.driver.get();
   }
 
-  std::string choose_backend() {
+  Vendor choose_backend() {
     if (config.backend) return *config.backend;
-    if (config.target) return std::string(config.target->backend());
-    for (std::string_view vendor : {"cuda", "hip"}) {
-      if (Driver* d = driver_for(vendor); d && d->device_count() > config.device) {
-        return std::string(vendor);
-      }
+    if (config.target) return config.target->vendor();
+    for (const Vendor vendor : kVendors) {
+      if (Driver* d = driver_for(vendor); d && d->device_count() > config.device) return vendor;
     }
-    for (std::string_view vendor : {"cuda", "hip"}) {
+    for (const Vendor vendor : kVendors) {
       try {
         compiler(vendor);
-        return std::string(vendor);
+        return vendor;
       } catch (const Error&) {
       }
     }
-    return "cuda";
+    return Vendor::nvidia;
   }
 
   // The device's target, when the runtime's backend has the configured device; asked of the
   // driver once (a query there cost 4.6 us, and every call checks its target).
-  const std::optional<std::string>& device_target() {
+  const std::optional<Target>& device_target() {
     std::call_once(device_target_once, [&] {
       Driver* d = driver();
       if (!d || d->device_count() <= config.device) return;
-      std::string target = d->device(config.device).target;
-      if (!target.empty()) device_target_value = std::move(target);
+      device_target_value = Target::parse(d->device(config.device).target);
     });
     return device_target_value;
   }
 
-  std::string default_target() {
-    if (config.target) return config.target->name();
+  Target default_target() {
+    if (config.target) return *config.target;
     if (auto target = device_target()) return *target;
-    const std::string missing = missing_device().value_or(
-        fmt::format("the {} driver does not name device {}'s target", backend, config.device));
+    const std::string missing = missing_device().value_or(fmt::format(
+        "the {} driver does not name device {}'s target", to_string(backend), config.device));
     throw Error(ErrorCategory::not_found,
                 fmt::format("{}, and no target is given: give {} (e.g. sm_90a, gfx90a) to "
                             "compile without a GPU",
@@ -247,9 +248,9 @@ struct Runtime::Impl {
 
   // --- spec -> unit -> entry ----------------------------------------------------------------
 
-  Unit unit_of(KernelSpec spec) {
-    if (spec.target.empty()) spec.target = default_target();
-    return detail::make_unit(spec, sources, compiler(target_of(spec).backend()));
+  Unit unit_of(const KernelSpec& spec) {
+    const Target target = spec.target.empty() ? default_target() : target_of(spec);
+    return detail::make_unit(spec, target, sources, compiler(target.vendor()));
   }
 
   // `hot_path`: the compile stalls a call (Runtime::kernel), so it is said at the default level.
@@ -260,12 +261,12 @@ struct Runtime::Impl {
                               "warm the cache where compiling is allowed, or set KILN_JIT=on",
                               asked.spec, asked.key.hex()));
     }
-    const Compiler& c = compiler(Target(asked.target).backend()).real();
+    const Compiler& c = compiler(asked.target.vendor()).real();
     // NOTE: `asked` was keyed with the fact memo's answers. A binary must be stored under the
     // key its own compiler gives, and built with that compiler's options, so the unit is made
     // again from the real compiler (0.1 ms beside a compile): the same key, unless the memo was
     // out of date, which loading the compiler has just corrected.
-    const Unit unit = detail::make_unit(asked.kernel, sources, c);
+    const Unit unit = detail::make_unit(asked.kernel, asked.target, sources, c);
     if (unit.key != asked.key) {
       detail::log(LogLevel::info,
                   "{} is stored under key {}, not {}: the compiler memo or a "
@@ -277,7 +278,6 @@ struct Runtime::Impl {
         .source = unit.source,
         .headers = unit.headers,
         .options = unit.options,
-        .target = unit.target,
         .name_expression = unit.name_expression,
     });
     stats_compiles.fetch_add(1);
@@ -304,7 +304,7 @@ struct Runtime::Impl {
     entry.key = unit.key;
     entry.binary = result.binary;
     entry.meta = {unit.spec,
-                  unit.target,
+                  unit.target.name(),
                   unit.compiler,
                   result.lowered_name,
                   result.ms,
@@ -327,7 +327,7 @@ struct Runtime::Impl {
     write_text(base.string() + ".log", result.log);
     if (!result.intermediate.empty()) write_text(base.string() + ".ptx", result.intermediate);
     if (!result.binary.empty()) {
-      write_text(base.string() + (Target(unit.target).amd() ? ".co" : ".cubin"),
+      write_text(base.string() + (unit.target.amd() ? ".co" : ".cubin"),
                  {reinterpret_cast<const char*>(result.binary.data()), result.binary.size()});
     }
     return source;
@@ -424,12 +424,12 @@ struct Runtime::Impl {
     std::string why;
     Driver* d = driver(&why);
     if (!d) {
-      return fmt::format("the {} driver is unavailable ({}), so there is no {} device {}", backend,
-                         why, backend, config.device);
+      return fmt::format("the {} driver is unavailable ({}), so there is no {} device {}",
+                         to_string(backend), why, to_string(backend), config.device);
     }
     if (d->device_count() <= config.device) {
-      return fmt::format("there is no {} device {} (the driver counts {})", backend, config.device,
-                         d->device_count());
+      return fmt::format("there is no {} device {} (the driver counts {})", to_string(backend),
+                         config.device, d->device_count());
     }
     return std::nullopt;
   }
@@ -460,16 +460,16 @@ struct Runtime::Impl {
     if (!target) {
       throw Error(ErrorCategory::not_found,
                   fmt::format("cannot {}: the {} driver does not name device {}'s target{}", doing,
-                              backend, config.device, fix));
+                              to_string(backend), config.device, fix));
     }
     if (*target != unit.target) {
-      throw Error(
-          ErrorCategory::invalid_argument,
-          fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
-                      "target empty and {} unset, or compile for other targets without "
-                      "loading ({})",
-                      unit.spec, config.device, *target, detail::knob_name(detail::Knob::target),
-                      detail::knob_name(detail::Knob::compile_only)));
+      throw Error(ErrorCategory::invalid_argument,
+                  fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
+                              "target empty and {} unset, or compile for other targets without "
+                              "loading ({})",
+                              unit.spec, config.device, target->name(),
+                              detail::knob_name(detail::Knob::target),
+                              detail::knob_name(detail::Knob::compile_only)));
     }
   }
 
@@ -523,7 +523,7 @@ struct Runtime::Impl {
   Config config;
   detail::SourceTree sources;
   detail::DiskCache disk;
-  std::string backend;
+  Vendor backend;
 
   struct CompilerSlot {
     std::unique_ptr<LazyCompiler> compiler;
@@ -535,11 +535,11 @@ struct Runtime::Impl {
     std::string error;
   };
   std::mutex backend_mutex;
-  std::map<std::string, CompilerSlot, std::less<>> compilers;
-  std::map<std::string, DriverSlot, std::less<>> drivers;
+  std::map<Vendor, CompilerSlot> compilers;
+  std::map<Vendor, DriverSlot> drivers;
   std::once_flag device_info_once;
   std::once_flag device_target_once;
-  std::optional<std::string> device_target_value;
+  std::optional<Target> device_target_value;
   DeviceInfo device_info_value;
 
   // NOTE: declared after `drivers`, so its memory goes back while the driver is still open.
@@ -635,7 +635,7 @@ std::string Runtime::generated_source(const KernelSpec& spec) {
   return impl_->unit_of(spec).source;
 }
 
-std::string Runtime::target() const {
+Target Runtime::target() const {
   return impl_->default_target();
 }
 
@@ -643,11 +643,11 @@ int Runtime::device() const {
   return impl_->config.device;
 }
 
-const std::string& Runtime::backend() const {
+Vendor Runtime::backend() const {
   return impl_->backend;
 }
 
-DeviceInfo Runtime::device_info() const {
+const DeviceInfo& Runtime::device_info() const {
   return impl_->device_info();
 }
 
@@ -695,14 +695,14 @@ void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t b
 
 RuntimeInfo Runtime::info() const {
   RuntimeInfo info;
-  info.backend = impl_->backend;
+  info.backend = to_string(impl_->backend);
   try {
-    info.target = impl_->default_target();
+    info.target = impl_->default_target().name();
   } catch (const Error&) {
   }
-  for (std::string_view vendor : {"cuda", "hip"}) {
+  for (const Vendor vendor : kVendors) {
     BackendInfo backend;
-    backend.name = std::string(vendor);
+    backend.name = to_string(vendor);
     try {
       backend.compiler = impl_->compiler(vendor).identity();
       backend.compiler_found = true;

@@ -110,8 +110,15 @@ std::string Target::name() const {
   return fmt::format("sm_{}{}", arch_, arch_specific_ ? "a" : "");
 }
 
-std::string_view Target::backend() const {
-  return amd() ? "hip" : "cuda";
+std::string_view to_string(Vendor vendor) noexcept {
+  return vendor == Vendor::amd ? "hip" : "cuda";
+}
+
+std::optional<Vendor> parse_backend(std::string_view name) noexcept {
+  for (const Vendor vendor : {Vendor::nvidia, Vendor::amd}) {
+    if (name == to_string(vendor)) return vendor;
+  }
+  return std::nullopt;
 }
 
 }  // namespace kiln

@@ -13,22 +13,22 @@ namespace kiln::test {
 
 class StubCompiler final : public detail::Compiler {
  public:
-  StubCompiler(std::string vendor, std::string identity)
-      : vendor_(std::move(vendor)), identity_(std::move(identity)) {}
+  StubCompiler(Vendor vendor, std::string identity)
+      : vendor_(vendor), identity_(std::move(identity)) {}
 
-  std::string_view vendor() const override { return vendor_; }
+  Vendor vendor() const override { return vendor_; }
   std::string identity() const override { return identity_; }
-  std::vector<std::string> canonical_options(std::string_view target) const override {
-    return {"--arch=" + std::string(target)};
+  std::vector<std::string> canonical_options(const Target& target) const override {
+    return {"--arch=" + target.name()};
   }
-  bool accepts(std::string_view target) const override {
+  bool accepts(const Target& target) const override {
     return target == "sm_80" || target == "sm_90a";
   }
-  std::vector<std::string> targets() const override { return {"sm_80", "sm_90a"}; }
+  std::vector<Target> targets() const override { return {"sm_80", "sm_90a"}; }
   detail::CompileResult compile(const detail::CompileRequest&) const override { return {}; }
 
  private:
-  std::string vendor_;
+  Vendor vendor_;
   std::string identity_;
 };
 

@@ -71,6 +71,15 @@ TEST_CASE("a name that is no target is refused, with the one it probably meant",
   CHECK_THAT(refusal("x86_64"), Catch::EndsWith("gfxN, such as gfx90a)"));
 }
 
+TEST_CASE("a backend's name is its vendor's, both ways", "[target]") {
+  for (const Vendor vendor : {Vendor::nvidia, Vendor::amd}) {
+    CHECK(parse_backend(to_string(vendor)) == vendor);
+  }
+  CHECK(to_string(Vendor::amd) == "hip");
+  CHECK_FALSE(parse_backend("rocm").has_value());
+  CHECK_FALSE(parse_backend("CUDA").has_value());
+}
+
 TEST_CASE("targets are read where they come in: options, manifests, the default sets", "[target]") {
   const TempDir cache;
   Options options = isolated_options(cache.path(), "sm90");

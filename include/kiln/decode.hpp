@@ -69,6 +69,7 @@ struct DecodeConfig {
   int block_n = 16;    // keys per warp and step
   int warps = 4;       // warps per CTA, each streaming its own keys
   int stages = 4;      // cp.async slots per warp
+  int m_tiles = 1;     // m16 row tiles per CTA, 1, 2 or 4: 16 * m_tiles query rows of a kv head
 };
 
 // out (batch, seqlen_q, heads, head_dim_v) = attention of q (batch, seqlen_q, heads, head_dim)

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kiln/spec.hpp"
+#include "kiln/target.hpp"
 
 namespace kiln {
 
@@ -163,6 +164,10 @@ struct DeviceInfo {
   std::string target;  // sm_90a, gfx90a
   int multiprocessors = 0;
   std::uint64_t memory_bytes = 0;
+  // What one CTA may take: threads, and dynamic shared memory in bytes (CUDA: the opt-in
+  // maximum). 0 where the driver does not say.
+  int max_threads_per_block = 0;
+  int max_shared_bytes_per_block = 0;
 };
 
 struct BackendInfo {
@@ -208,11 +213,14 @@ class Runtime {
 
   RuntimeInfo info() const;
   Stats stats() const;
-  std::string target() const;          // default target; throws when none can be chosen
-  int device() const;                  // the device ordinal kernels load on (Options::device)
-  const std::string& backend() const;  // "cuda" or "hip": the one that loads and launches
-  DeviceInfo device_info() const;      // of device(); throws kiln::Error when there is none
-  bool debug() const;                  // Options::debug / KILN_DEBUG
+  // The default target, parsed once: Options::target, else the device's; throws kiln::Error
+  // (not_found) when none can be chosen.
+  Target target() const;
+  int device() const;      // the device ordinal kernels load on (Options::device)
+  Vendor backend() const;  // the one that loads and launches (to_string: "cuda")
+  // Of device(), queried once; throws kiln::Error (not_found) when there is none.
+  const DeviceInfo& device_info() const;
+  bool debug() const;  // Options::debug / KILN_DEBUG
 
   // Stream-ordered device memory on device() (cuMemAllocAsync / hipMallocAsync): ops take
   // scratch from here, so a call never waits for the host and can be captured in a CUDA graph.

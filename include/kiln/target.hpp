@@ -10,6 +10,11 @@ namespace kiln {
 
 enum class Vendor { nvidia, amd };
 
+// The backend that builds and runs a vendor's targets: "cuda" or "hip".
+std::string_view to_string(Vendor vendor) noexcept;
+// The vendor whose backend `name` names ("cuda", "hip"); nullopt for any other name.
+std::optional<Vendor> parse_backend(std::string_view name) noexcept;
+
 class Target {
  public:
   // Parses "sm_<arch>" with an optional "a" (sm_80, sm_90a, sm_100a) or "gfx<hex arch>"
@@ -33,8 +38,8 @@ class Target {
   bool nvidia() const { return vendor_ == Vendor::nvidia; }
   bool amd() const { return vendor_ == Vendor::amd; }
 
-  std::string name() const;          // as parsed: "sm_90a"
-  std::string_view backend() const;  // the backend that builds it: "cuda" or "hip"
+  std::string name() const;                                        // as parsed: "sm_90a"
+  std::string_view backend() const { return to_string(vendor_); }  // "cuda" or "hip"
 
   friend bool operator==(const Target&, const Target&) = default;
 

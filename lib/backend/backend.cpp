@@ -7,7 +7,7 @@ namespace kiln::detail {
 
 void Driver::encode_tensor_map(void*, const TensorMapLayout&) {
   throw Error(ErrorCategory::unsupported,
-              std::string("the ") + std::string(vendor()) +
+              std::string("the ") + std::string(to_string(vendor())) +
                   " driver has no tensor memory accelerator (TMA): use a kernel that loads "
                   "without it");
 }

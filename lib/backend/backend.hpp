@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "kiln/runtime.hpp"
+#include "kiln/target.hpp"
 
 namespace kiln::detail {
 
@@ -27,7 +28,6 @@ struct CompileRequest {
   std::string source;  // the generated unit
   std::vector<Header> headers;
   std::vector<std::string> options;  // canonical options (these go into the key)
-  std::string target;                // "sm_90a", "gfx90a"
   std::string name_expression;       // e.g. "kiln::unary<kiln_spec>", lowered after compile
 };
 
@@ -51,17 +51,16 @@ struct CompileResult {
 class Compiler {
  public:
   virtual ~Compiler() = default;
-  virtual std::string_view vendor() const = 0;  // "cuda" or "hip"
+  virtual Vendor vendor() const = 0;
   // Name and version, e.g. "nvrtc 13.0": part of every key.
   virtual std::string identity() const = 0;
   // Options that change code generation for `target`; part of the key. Options that only say
   // where to find toolkit headers are added inside compile() and are not part of the key.
-  virtual std::vector<std::string> canonical_options(std::string_view target) const = 0;
-  // Whether `target` names an architecture this compiler can build for: one of targets().
-  virtual bool accepts(std::string_view target) const = 0;
-  // Every target it builds for, as kiln names them ("sm_90a", "gfx90a"), for the message that
-  // refuses another.
-  virtual std::vector<std::string> targets() const = 0;
+  virtual std::vector<std::string> canonical_options(const Target& target) const = 0;
+  // Whether this compiler can build for `target`: one of targets().
+  virtual bool accepts(const Target& target) const = 0;
+  // Every target it builds for, for the message that refuses another.
+  virtual std::vector<Target> targets() const = 0;
   // A failed compile is returned with ok == false and the log; Error is for a broken compiler.
   virtual CompileResult compile(const CompileRequest& request) const = 0;
 };
@@ -77,7 +76,7 @@ class Function {
 class Driver {
  public:
   virtual ~Driver() = default;
-  virtual std::string_view vendor() const = 0;
+  virtual Vendor vendor() const = 0;
   virtual std::string version() const = 0;  // "cuda driver 13.0"
   virtual int device_count() const = 0;
   virtual DeviceInfo device(int ordinal) const = 0;

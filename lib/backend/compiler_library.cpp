@@ -12,8 +12,8 @@ std::atomic<std::uint64_t> opens{0};
 
 }  // namespace
 
-CompilerLibrary compiler_library(std::string_view vendor) {
-  return vendor == "hip" ? hiprtc_library() : nvrtc_library();
+CompilerLibrary compiler_library(Vendor vendor) {
+  return vendor == Vendor::amd ? hiprtc_library() : nvrtc_library();
 }
 
 OpenedCompiler open_compiler(const CompilerLibrary& library) {

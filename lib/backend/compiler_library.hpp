@@ -15,7 +15,7 @@
 namespace kiln::detail {
 
 struct CompilerLibrary {
-  std::string vendor;                   // "cuda" or "hip"
+  Vendor vendor = Vendor::nvidia;
   std::string what;                     // "NVRTC", "hipRTC": named in errors
   std::vector<std::string> candidates;  // tried in this order; they decide which file loads
   std::string fix;                      // how to point kiln at the library when none loads
@@ -26,7 +26,7 @@ struct CompilerLibrary {
 // now.
 CompilerLibrary nvrtc_library();
 CompilerLibrary hiprtc_library();
-CompilerLibrary compiler_library(std::string_view vendor);  // "hip": hipRTC; else NVRTC
+CompilerLibrary compiler_library(Vendor vendor);
 
 struct OpenedCompiler {
   std::unique_ptr<Compiler> compiler;

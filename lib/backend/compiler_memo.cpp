@@ -40,7 +40,7 @@ LoaderSignature loader_signature(std::span<const std::string> candidates) {
           stamp_of("/etc/ld.so.cache").value_or(FileStamp{})};
 }
 
-TargetFacts facts_for(const Compiler& compiler, std::string_view target) {
+TargetFacts facts_for(const Compiler& compiler, const Target& target) {
   return {compiler.accepts(target), compiler.canonical_options(target)};
 }
 

@@ -51,7 +51,7 @@ struct TargetFacts {
   friend bool operator==(const TargetFacts&, const TargetFacts&) = default;
 };
 
-TargetFacts facts_for(const Compiler& compiler, std::string_view target);
+TargetFacts facts_for(const Compiler& compiler, const Target& target);
 
 struct CompilerMemo {
   LoaderSignature loader;

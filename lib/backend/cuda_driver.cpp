@@ -31,6 +31,7 @@ using CUdeviceptr = unsigned long long;
 constexpr CUresult CUDA_SUCCESS = 0;
 constexpr CUresult CUDA_ERROR_STUB_LIBRARY = 34;
 constexpr CUresult CUDA_ERROR_NO_DEVICE = 100;
+constexpr int CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1;
 constexpr int CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
@@ -306,7 +307,7 @@ class CudaDriver final : public Driver {
   CudaDriver(const CudaDriver&) = delete;
   CudaDriver& operator=(const CudaDriver&) = delete;
 
-  std::string_view vendor() const override { return "cuda"; }
+  Vendor vendor() const override { return Vendor::nvidia; }
 
   std::string version() const override {
     int encoded = 0;  // 1000 * major + 10 * minor
@@ -329,6 +330,9 @@ class CudaDriver final : public Driver {
     api_->check(api_->cuDeviceTotalMem(&memory, device), "cuDeviceTotalMem_v2");
     info.memory_bytes = memory;
     info.multiprocessors = api_->attribute(CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, device);
+    info.max_threads_per_block = api_->attribute(CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK, device);
+    info.max_shared_bytes_per_block =
+        api_->attribute(CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN, device);
     const int major = api_->attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, device);
     const int minor = api_->attribute(CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, device);
     // Arch-specific features (wgmma, setmaxnreg) need the "a" target from Hopper on.

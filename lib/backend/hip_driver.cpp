@@ -23,7 +23,10 @@ using hipStream_t = struct ihipStream_t*;
 
 constexpr hipError_t hipSuccess = 0;
 constexpr hipError_t hipErrorNoDevice = 100;
+// hipDeviceAttribute_t as ROCm 5 and 6 number it.
+constexpr int hipDeviceAttributeMaxThreadsPerBlock = 56;
 constexpr int hipDeviceAttributeMultiprocessorCount = 63;
+constexpr int hipDeviceAttributeMaxSharedMemoryPerBlock = 74;
 
 // hipDeviceProp_t as ROCm 5 lays it out, which ROCm 6 keeps behind the unversioned
 // hipGetDeviceProperties symbol. Only gcnArchName ("gfx90a:sramecc+:xnack-") is read, from a
@@ -169,7 +172,7 @@ class HipDriver final : public Driver {
     api_->check(counted, "hipGetDeviceCount");
   }
 
-  std::string_view vendor() const override { return "hip"; }
+  Vendor vendor() const override { return Vendor::amd; }
 
   std::string version() const override {
     int encoded = 0;
@@ -193,6 +196,12 @@ class HipDriver final : public Driver {
     api_->check(api_->hipDeviceGetAttribute(&info.multiprocessors,
                                             hipDeviceAttributeMultiprocessorCount, ordinal),
                 "hipDeviceGetAttribute(MultiprocessorCount)");
+    // NOTE: a runtime that does not know an attribute leaves its limit unknown (0), unchecked.
+    // AMD GPUs need no opt-in for their whole LDS, so the plain maximum is the one to check.
+    api_->hipDeviceGetAttribute(&info.max_threads_per_block, hipDeviceAttributeMaxThreadsPerBlock,
+                                ordinal);
+    api_->hipDeviceGetAttribute(&info.max_shared_bytes_per_block,
+                                hipDeviceAttributeMaxSharedMemoryPerBlock, ordinal);
     info.target = api_->gfx_target(ordinal);
     return info;
   }

@@ -21,7 +21,7 @@ namespace {
 // invalid pointer") when asked for an ISA it lacks, such as gfx942 or gfx1100: a target must be
 // refused before hipRTC sees it. comgr names ISAs "amdgcn-amd-amdhsa--gfx90a", some with
 // feature suffixes (":xnack-"), which kiln's targets do not take.
-std::vector<std::string> comgr_targets(const std::filesystem::path& hiprtc_file) {
+std::vector<Target> comgr_targets(const std::filesystem::path& hiprtc_file) {
   // NOTE: the one beside hipRTC first, which is the one it loads (ROCm 6 links it, with its
   // directory as RUNPATH); then the loader's path, where ROCm 5's HIP dlopens it from.
   constexpr std::array<std::string_view, 2> names = {"libamd_comgr.so.3", "libamd_comgr.so.2"};
@@ -34,7 +34,7 @@ std::vector<std::string> comgr_targets(const std::filesystem::path& hiprtc_file)
   const auto isa_count = comgr.symbol<Count>("amd_comgr_get_isa_count");
   const auto isa_name = comgr.symbol<Name>("amd_comgr_get_isa_name");
   std::size_t count = 0;
-  std::vector<std::string> targets;
+  std::vector<Target> targets;
   if (isa_count(&count) != 0) return targets;
   for (std::size_t i = 0; i < count; ++i) {
     const char* name = nullptr;
@@ -43,9 +43,10 @@ std::vector<std::string> comgr_targets(const std::filesystem::path& hiprtc_file)
     const std::size_t processor = isa.rfind("--");
     if (processor == std::string_view::npos) continue;
     isa.remove_prefix(processor + 2);
-    isa = isa.substr(0, isa.find(':'));
-    if (is_gfx_target(isa) && std::find(targets.begin(), targets.end(), isa) == targets.end()) {
-      targets.emplace_back(isa);
+    const std::optional<Target> target = Target::parse(isa.substr(0, isa.find(':')));
+    if (target && target->amd() &&
+        std::find(targets.begin(), targets.end(), *target) == targets.end()) {
+      targets.push_back(*target);
     }
   }
   return targets;
@@ -59,17 +60,17 @@ class Hiprtc final : public Compiler {
         identity_(identity_of(lib_, api_)),
         targets_(comgr_targets(lib_.file())) {}
 
-  std::string_view vendor() const override { return "hip"; }
+  Vendor vendor() const override { return Vendor::amd; }
   std::string identity() const override { return identity_; }
 
-  std::vector<std::string> canonical_options(std::string_view target) const override {
-    return {"--offload-arch=" + std::string(target), "-O3", "-std=c++17"};
+  std::vector<std::string> canonical_options(const Target& target) const override {
+    return {"--offload-arch=" + target.name(), "-O3", "-std=c++17"};
   }
 
-  bool accepts(std::string_view target) const override {
+  bool accepts(const Target& target) const override {
     return std::find(targets_.begin(), targets_.end(), target) != targets_.end();
   }
-  std::vector<std::string> targets() const override { return targets_; }
+  std::vector<Target> targets() const override { return targets_; }
 
   CompileResult compile(const CompileRequest& request) const override {
     std::vector<std::string> options = request.options;
@@ -103,7 +104,7 @@ class Hiprtc final : public Compiler {
   DynLib lib_;
   RtcApi api_;
   std::string identity_;
-  std::vector<std::string> targets_;
+  std::vector<Target> targets_;
 };
 
 }  // namespace
@@ -112,7 +113,7 @@ CompilerLibrary hiprtc_library() {
   // ROCm 6 moved hipRTC out of libamdhip64 into libhiprtc.
   constexpr std::array<std::string_view, 5> names = {
       "libhiprtc.so.7", "libhiprtc.so.6", "libhiprtc.so", "libamdhip64.so.5", "libamdhip64.so"};
-  return {"hip", "hipRTC", rocm_library_candidates(names), std::string(kRocmFix),
+  return {Vendor::amd, "hipRTC", rocm_library_candidates(names), std::string(kRocmFix),
           [](DynLib lib) -> std::unique_ptr<Compiler> {
             return std::make_unique<Hiprtc>(std::move(lib));
           }};

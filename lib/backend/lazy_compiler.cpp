@@ -12,7 +12,7 @@ namespace kiln::detail {
 LazyCompiler::LazyCompiler(CompilerLibrary library, DiskCache& disk)
     : library_(std::move(library)),
       disk_(disk),
-      note_(fmt::format("compilers/{}.json", library_.vendor)),
+      note_(fmt::format("compilers/{}.json", to_string(library_.vendor))),
       loader_(loader_signature(library_.candidates)) {
   const std::optional<std::string> text = disk_.read_note(note_);
   if (!text) return;
@@ -31,15 +31,15 @@ std::string LazyCompiler::identity() const {
   return memo_->identity;
 }
 
-std::vector<std::string> LazyCompiler::canonical_options(std::string_view target) const {
+std::vector<std::string> LazyCompiler::canonical_options(const Target& target) const {
   return target_facts(target).options;
 }
 
-bool LazyCompiler::accepts(std::string_view target) const {
+bool LazyCompiler::accepts(const Target& target) const {
   return target_facts(target).accepted;
 }
 
-std::vector<std::string> LazyCompiler::targets() const {
+std::vector<Target> LazyCompiler::targets() const {
   return real().targets();
 }
 
@@ -53,16 +53,17 @@ const Compiler& LazyCompiler::real() const {
   return *real_;
 }
 
-TargetFacts LazyCompiler::target_facts(std::string_view target) const {
+TargetFacts LazyCompiler::target_facts(const Target& target) const {
+  const std::string name = target.name();
   std::lock_guard lock(mutex_);
   if (memo_) {
-    if (const auto known = memo_->targets.find(target); known != memo_->targets.end()) {
+    if (const auto known = memo_->targets.find(name); known != memo_->targets.end()) {
       return known->second;
     }
   }
   open_locked();
   TargetFacts facts = facts_for(*real_, target);
-  memo_->targets.emplace(std::string(target), facts);
+  memo_->targets.emplace(name, facts);
   save_locked();
   return facts;
 }
@@ -85,7 +86,10 @@ void LazyCompiler::open_locked() const {
     return;
   }
   for (const auto& [target, facts] : memo_->targets) {
-    fresh.targets.emplace(target, facts_for(*real_, target));
+    // NOTE: a name that is no target (a memo from another build) is dropped, never asked.
+    if (const std::optional<Target> parsed = Target::parse(target)) {
+      fresh.targets.emplace(target, facts_for(*real_, *parsed));
+    }
   }
   if (fresh == *memo_) return;
   log(LogLevel::info, "compiler memo {} said {}, but {} is {}; rewriting it", note_,

@@ -29,12 +29,12 @@ class LazyCompiler final : public Compiler {
   // of date is ignored; the library is then loaded at the first question and the memo rewritten.
   LazyCompiler(CompilerLibrary library, DiskCache& disk);
 
-  std::string_view vendor() const override { return library_.vendor; }
+  Vendor vendor() const override { return library_.vendor; }
   std::string identity() const override;
-  std::vector<std::string> canonical_options(std::string_view target) const override;
-  bool accepts(std::string_view target) const override;
+  std::vector<std::string> canonical_options(const Target& target) const override;
+  bool accepts(const Target& target) const override;
   // Loads the compiler: only the message refusing a target asks.
-  std::vector<std::string> targets() const override;
+  std::vector<Target> targets() const override;
   CompileResult compile(const CompileRequest& request) const override;
 
   // The real compiler, loaded at the first call; a failure to load it is remembered and
@@ -43,7 +43,7 @@ class LazyCompiler final : public Compiler {
   const Compiler& real() const;
 
  private:
-  TargetFacts target_facts(std::string_view target) const;
+  TargetFacts target_facts(const Target& target) const;
   void open_locked() const;
   void save_locked() const;
 

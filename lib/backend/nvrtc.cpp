@@ -40,17 +40,17 @@ class Nvrtc final : public Compiler {
         targets_(supported_targets()),
         include_dir_(find_toolkit_include(lib_.file())) {}
 
-  std::string_view vendor() const override { return "cuda"; }
+  Vendor vendor() const override { return Vendor::nvidia; }
   std::string identity() const override { return identity_; }
 
-  std::vector<std::string> canonical_options(std::string_view target) const override {
-    return {"--gpu-architecture=" + std::string(target), "-std=c++17"};
+  std::vector<std::string> canonical_options(const Target& target) const override {
+    return {"--gpu-architecture=" + target.name(), "-std=c++17"};
   }
 
-  bool accepts(std::string_view target) const override {
+  bool accepts(const Target& target) const override {
     return std::find(targets_.begin(), targets_.end(), target) != targets_.end();
   }
-  std::vector<std::string> targets() const override { return targets_; }
+  std::vector<Target> targets() const override { return targets_; }
 
   CompileResult compile(const CompileRequest& request) const override {
     std::vector<std::string> options = request.options;
@@ -65,7 +65,7 @@ class Nvrtc final : public Compiler {
 
  private:
   // sm_<arch> for every arch NVRTC lists, and sm_<arch>a, the arch-specific one, from Hopper on.
-  std::vector<std::string> supported_targets() const {
+  std::vector<Target> supported_targets() const {
     using Query = int (*)(int*);
     const auto count_archs = lib_.symbol<Query>("nvrtcGetNumSupportedArchs");
     const auto list_archs = lib_.symbol<Query>("nvrtcGetSupportedArchs");
@@ -75,10 +75,10 @@ class Nvrtc final : public Compiler {
       archs.resize(static_cast<std::size_t>(count));
       if (list_archs(archs.data()) != 0) archs.clear();
     }
-    std::vector<std::string> targets;
+    std::vector<Target> targets;
     for (const int arch : archs) {
-      targets.push_back("sm_" + std::to_string(arch));
-      if (arch >= 90) targets.push_back("sm_" + std::to_string(arch) + "a");
+      targets.emplace_back("sm_" + std::to_string(arch));
+      if (arch >= 90) targets.emplace_back("sm_" + std::to_string(arch) + "a");
     }
     return targets;
   }
@@ -86,7 +86,7 @@ class Nvrtc final : public Compiler {
   DynLib lib_;
   RtcApi api_;
   std::string identity_;
-  std::vector<std::string> targets_;
+  std::vector<Target> targets_;
   std::filesystem::path include_dir_;
 };
 
@@ -98,7 +98,7 @@ CompilerLibrary nvrtc_library() {
   const std::array<std::filesystem::path, 2> user_dirs = {env_path("CUDA_HOME", "lib64"),
                                                           env_path("CUDA_PATH", "lib64")};
   const std::array<std::filesystem::path, 1> default_dirs = {"/usr/local/cuda/lib64"};
-  return {"cuda", "NVRTC", library_candidates(names, user_dirs, default_dirs),
+  return {Vendor::nvidia, "NVRTC", library_candidates(names, user_dirs, default_dirs),
           "install the CUDA toolkit's NVRTC (libnvrtc) or set CUDA_HOME to the toolkit's directory",
           [](DynLib lib) -> std::unique_ptr<Compiler> {
             return std::make_unique<Nvrtc>(std::move(lib));

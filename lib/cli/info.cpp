@@ -88,7 +88,9 @@ Json to_json(const Facts& facts) {
                          {"name", device.name},
                          {"target", device.target},
                          {"multiprocessors", device.multiprocessors},
-                         {"memory_bytes", device.memory_bytes}});
+                         {"memory_bytes", device.memory_bytes},
+                         {"max_threads_per_block", device.max_threads_per_block},
+                         {"max_shared_bytes_per_block", device.max_shared_bytes_per_block}});
     }
     backends.push_back({{"name", backend.name},
                         {"compiler", backend.compiler},
@@ -135,15 +137,21 @@ void print_text(const Facts& facts) {
     print_field(fmt::format("{} driver", backend.name),
                 backend.driver_found ? backend.driver : "missing: " + backend.driver);
     for (const DeviceInfo& device : backend.devices) {
-      devices.push_back({backend.name, std::to_string(device.ordinal), device.name, device.target,
-                         std::to_string(device.multiprocessors), human_bytes(device.memory_bytes)});
+      devices.push_back(
+          {backend.name, std::to_string(device.ordinal), device.name, device.target,
+           std::to_string(device.multiprocessors), human_bytes(device.memory_bytes),
+           std::to_string(device.max_threads_per_block),
+           human_bytes(static_cast<std::uint64_t>(device.max_shared_bytes_per_block))});
     }
   }
   if (devices.empty()) {
     print_field("devices", "none");
   } else {
     fmt::print("devices\n");
-    print_table(stdout, {"BACKEND", "ORDINAL", "NAME", "TARGET", "SMS", "MEMORY"}, devices);
+    print_table(
+        stdout,
+        {"BACKEND", "ORDINAL", "NAME", "TARGET", "SMS", "MEMORY", "CTA THREADS", "CTA SMEM"},
+        devices);
   }
   print_field("target", info.target.empty() ? "none: " + facts.target_problem : info.target);
   print_field("kernels", info.kernels_dir.empty() ? "the copy embedded in libkiln"

@@ -46,7 +46,7 @@ std::vector<KernelSpec> for_targets(const std::vector<KernelSpec>& specs,
   if (targets.empty()) {
     all = specs;
     for (KernelSpec& spec : all) {
-      if (spec.target.empty()) spec.target = runtime.target();
+      if (spec.target.empty()) spec.target = runtime.target().name();
     }
     return all;
   }

@@ -82,7 +82,7 @@ bool is_allowed_option(std::string_view option) {
   return false;
 }
 
-void validate(const KernelSpec& spec, const Compiler& compiler) {
+void validate(const KernelSpec& spec, const Target& target, const Compiler& compiler) {
   if (!is_qualified_identifier(spec.entry)) {
     bad(spec, fmt::format("entry '{}' must be a qualified name such as kiln::unary",
                           printable(spec.entry)));
@@ -119,11 +119,12 @@ void validate(const KernelSpec& spec, const Compiler& compiler) {
                             printable(option), kAllowedOptions));
     }
   }
-  if (!compiler.accepts(spec.target)) {
+  if (!compiler.accepts(target)) {
+    std::vector<std::string> names;
+    for (const Target& accepted : compiler.targets()) names.push_back(accepted.name());
     throw Error(ErrorCategory::unsupported,
-                fmt::format("target '{}' is not one {} can build for: use one of {}",
-                            printable(spec.target), compiler.identity(),
-                            fmt::join(compiler.targets(), " ")));
+                fmt::format("target '{}' is not one {} can build for: use one of {}", target.name(),
+                            compiler.identity(), fmt::join(names, " ")));
   }
 }
 
@@ -189,7 +190,7 @@ Key compute_key(const Unit& unit) {
   hash_field(&state, "kiln cache key");
   hash_field(&state, std::to_string(kCacheFormatVersion));
   hash_field(&state, unit.compiler);
-  hash_field(&state, unit.target);
+  hash_field(&state, unit.target.name());
   for (const std::string& option : unit.options) hash_field(&state, option);
   hash_field(&state, unit.name_expression);
   hash_field(&state, unit.source);
@@ -205,19 +206,20 @@ Key compute_key(const Unit& unit) {
   return key;
 }
 
-Unit make_unit(const KernelSpec& spec, const SourceTree& sources, const Compiler& compiler) {
-  validate(spec, compiler);
-  Unit unit;
-  unit.kernel = spec;
-  unit.params = &params_layout(spec.params);
-  unit.spec = to_string(spec);
-  unit.target = spec.target;
+Unit make_unit(KernelSpec spec, const Target& target, const SourceTree& sources,
+               const Compiler& compiler) {
+  spec.target = target.name();
+  validate(spec, target, compiler);
+  Unit unit{.kernel = std::move(spec), .target = target};
+  const KernelSpec& kernel = unit.kernel;
+  unit.params = &params_layout(kernel.params);
+  unit.spec = to_string(kernel);
   unit.compiler = compiler.identity();
-  unit.source = render_source(spec, *unit.params);
-  unit.headers = sources.closure(unit.source, spec.source);
-  unit.options = compiler.canonical_options(spec.target);
-  unit.options.insert(unit.options.end(), spec.options.begin(), spec.options.end());
-  unit.name_expression = spec.entry + "<kiln_spec>";
+  unit.source = render_source(kernel, *unit.params);
+  unit.headers = sources.closure(unit.source, kernel.source);
+  unit.options = compiler.canonical_options(target);
+  unit.options.insert(unit.options.end(), kernel.options.begin(), kernel.options.end());
+  unit.name_expression = kernel.entry + "<kiln_spec>";
   unit.key = compute_key(unit);
   return unit;
 }

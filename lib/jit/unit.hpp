@@ -8,6 +8,7 @@
 #include "cache/key.hpp"
 #include "jit/sources.hpp"
 #include "kiln/spec.hpp"
+#include "kiln/target.hpp"
 #include "params/registry.hpp"
 
 namespace kiln::detail {
@@ -15,7 +16,7 @@ namespace kiln::detail {
 struct Unit {
   KernelSpec kernel;  // what it compiles, with the target filled in
   std::string spec;   // kernel, printed canonically
-  std::string target;
+  Target target;
   std::string compiler;  // identity, e.g. "nvrtc 13.0"
   std::string source;    // the generated unit
   std::vector<Header> headers;
@@ -25,10 +26,11 @@ struct Unit {
   Key key;
 };
 
-// `spec.target` must be set. Validates the spec (names, constants against its kernel's schema,
-// options, target), reads the include closure and hashes everything that decides the compiled
-// bytes.
-Unit make_unit(const KernelSpec& spec, const SourceTree& sources, const Compiler& compiler);
+// `spec` for `target`, which its own target is set to. Validates the spec (names, constants
+// against its kernel's schema, options, target), reads the include closure and hashes
+// everything that decides the compiled bytes.
+Unit make_unit(KernelSpec spec, const Target& target, const SourceTree& sources,
+               const Compiler& compiler);
 
 // The generated translation unit for `spec`: includes, a `kiln_spec` struct of constants, and a
 // static_assert that the Params layout matches the host's.

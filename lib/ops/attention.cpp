@@ -1,4 +1,4 @@
-// Forward attention: validate -> problem -> choose -> spec -> params -> launch.
+// Forward attention: validate -> problem -> choose -> plan -> params -> launch.
 #include "kiln/attention.hpp"
 
 #include <algorithm>
@@ -11,6 +11,7 @@
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
+#include "ops/attention_plan.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
 #include "params/registry.hpp"
@@ -406,6 +407,7 @@ void check_config(const AttentionConfig& config, const Target& target) {
   }
 }
 
+// The CTA each kernel declares (kernels_src/attention/prefill).
 int threads_of(const AttentionConfig& c) {
   switch (c.kernel) {
     case AttentionKernel::wgmma: return c.block_m * 2;      // a warpgroup per 64 rows
@@ -414,6 +416,19 @@ int threads_of(const AttentionConfig& c) {
     case AttentionKernel::portable: break;
   }
   return c.warps * 32;
+}
+
+// Throws kiln::Error (unsupported) when `device` cannot run `plan`, the launch of `config`.
+void require_fits(const detail::LaunchPlan& plan, const AttentionConfig& config,
+                  const DeviceInfo& device) {
+  if (const auto exceeded = detail::exceeded_limit(plan, device)) {
+    unsupported(fmt::format(
+        "attention config (kernel {}, block_m {}, block_n {}, warps {}, stages {}) needs {}: "
+        "pass a config with a smaller block_m or block_n, or fewer stages or warps (or "
+        "choose()'s config, where this one is not)",
+        kernel_name(config.kernel), config.block_m, config.block_n, config.warps, config.stages,
+        *exceeded));
+  }
 }
 
 // Whether TMA can tile these tensors: data to point at, no empty dim, and every stride but the
@@ -503,14 +518,16 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     c.kernel = AttentionKernel::wgmma;
     if (c.block_n == 176) c.block_n = 128;
   }
-  const KernelSpec spec = attention_spec(checked.problem, c);
-  const Kernel kernel = runtime.kernel(spec, stream);
+  const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
+  const Kernel kernel = runtime.kernel(plan.spec, stream);
+  const DeviceInfo& device = runtime.device_info();
+  require_fits(plan, c, device);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{
       .grid = {static_cast<std::uint32_t>(row_blocks), static_cast<std::uint32_t>(s.heads),
                static_cast<std::uint32_t>(s.batch)},
-      .block = {static_cast<std::uint32_t>(threads_of(c))},
-      .shared_bytes = static_cast<std::uint32_t>(*detail::dynamic_shared_bytes(spec)),
+      .block = {static_cast<std::uint32_t>(plan.threads)},
+      .shared_bytes = static_cast<std::uint32_t>(plan.shared_bytes),
       .stream = stream};
   const AttentionParams params = params_of(q, k, v, out, options, s);
   if (c.kernel != AttentionKernel::tma) {
@@ -520,7 +537,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   // Persistent: a CTA per SM (one fits), taking tiles from a counter the stream keeps zero.
   const std::int64_t tiles = row_blocks * s.heads * s.batch;
   launch.grid = {static_cast<std::uint32_t>(
-      std::min<std::int64_t>(tiles, std::max(runtime.device_info().multiprocessors, 1)))};
+      std::min<std::int64_t>(tiles, std::max(device.multiprocessors, 1)))};
   const std::shared_ptr<void> counter = runtime.stream_zeros(2 * sizeof(unsigned), stream);
   kernel.launch(launch, tma_params_of(params, q, k, v, c, s, static_cast<unsigned*>(counter.get()),
                                       section_pairs_of(s), runtime));
@@ -544,13 +561,26 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                   Runtime& runtime) {
   try {
     const Validated checked = validate(q, k, v, out, options, runtime.device());
-    choose(checked.problem, runtime.target());
+    const AttentionConfig config = choose(checked.problem, runtime.target());
+    if (const DeviceInfo* device = detail::present_device(runtime)) {
+      require_fits(detail::attention_plan(checked.problem, config), config, *device);
+    }
     return true;
   } catch (const Error& e) {
     if (why) *why = e.what();
     return false;
   }
 }
+
+namespace detail {
+
+LaunchPlan attention_plan(const AttentionProblem& problem, const AttentionConfig& config) {
+  LaunchPlan plan{.spec = attention_spec(problem, config), .threads = threads_of(config)};
+  plan.shared_bytes = *dynamic_shared_bytes(plan.spec);
+  return plan;
+}
+
+}  // namespace detail
 
 std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;

@@ -478,8 +478,13 @@ void attention_with_kvcache(const TensorView& q, const KVCache& cache, const Ten
 bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,
                   const DecodeOptions& options, std::string* why, Runtime& runtime) {
   try {
-    detail::validate(q, cache, out, options, runtime.device());
+    const detail::Shape s = detail::validate(q, cache, out, options, runtime.device());
     detail::require_target(runtime.target());
+    if (const DeviceInfo* device = detail::present_device(runtime)) {
+      const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
+      const DecodeConfig config = choose(problem, device->multiprocessors);
+      detail::require_fits(detail::decode_attention_plan(problem, config), config, *device);
+    }
     return true;
   } catch (const Error& e) {
     if (why) *why = e.what();

@@ -26,8 +26,14 @@ constexpr long long kSmemPerCta = 112 * 1024;
 
 using detail::ceil_div;
 
-long long smem_bytes(int head_dim, int head_dim_v, int m_tiles, const DecodeConfig& c) {
-  return attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, c.block_n, c.warps, c.stages);
+// The threads decode_append and merge_states_kernel are written for: the __launch_bounds__ of
+// kernels_src/attention/decode/append.cuh and merge.cuh.
+constexpr int kDecodeAppendThreads = 128;
+constexpr int kMergeThreads = 128;
+
+long long smem_bytes(const DecodeProblem& problem, const DecodeConfig& c) {
+  return attention_decode_smem_bytes(problem.head_dim, problem.head_dim_v, c.m_tiles, c.block_n,
+                                     c.warps, c.stages);
 }
 
 // The fewest splits whose grid fills `slots` CTA places within 95% of the best any split
@@ -51,13 +57,13 @@ int split_heuristic(long long ctas, long long slots, int max_splits) {
 
 DecodeConfig choose(const DecodeProblem& problem, int multiprocessors) {
   DecodeConfig c;
-  const int m_tiles = detail::decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
+  c.m_tiles = detail::decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
   // As many cp.async slots per warp as fit kSmemPerCta, 2 to 4.
   c.stages = 2;
   while (c.stages < 4) {
     DecodeConfig deeper = c;
     ++deeper.stages;
-    if (smem_bytes(problem.head_dim, problem.head_dim_v, m_tiles, deeper) > kSmemPerCta) break;
+    if (smem_bytes(problem, deeper) > kSmemPerCta) break;
     c = deeper;
   }
   const long long step = static_cast<long long>(c.warps) * c.block_n;
@@ -72,9 +78,8 @@ DecodeConfig choose(const DecodeProblem& problem, int multiprocessors) {
   // int64 saturates (so many CTAs need no splits).
   const std::int64_t groups =
       std::int64_t{std::max(problem.batch, 0)} * std::max(problem.heads_kv, 0);
-  const std::int64_t ctas =
-      detail::checked_mul(groups, ceil_div(std::max(problem.rows_per_kv_head, 0), 16LL * m_tiles))
-          .value_or(std::numeric_limits<std::int64_t>::max());
+  const std::int64_t ctas = detail::checked_mul(groups, detail::decode_row_blocks(problem, c))
+                                .value_or(std::numeric_limits<std::int64_t>::max());
   const int worthwhile =
       static_cast<int>(std::clamp<long long>(ceil_div(keys, kMinSplitKeys), 1, max_splits));
   // One CTA per SM, though two fit: measured on an H200 (32q/8kv, d128), 8 x 8192 ran at 3.60
@@ -173,6 +178,10 @@ int decode_m_tiles(int rows_per_kv_head, int head_dim_v) {
   return std::min(most, rows_per_kv_head <= 16 ? 1 : rows_per_kv_head <= 32 ? 2 : 4);
 }
 
+std::int64_t decode_row_blocks(const DecodeProblem& problem, const DecodeConfig& config) {
+  return ceil_div(std::max(problem.rows_per_kv_head, 0), 16 * config.m_tiles);
+}
+
 KernelSpec decode_append_spec(const DecodeProblem& problem) {
   KernelSpec spec{.source = "attention/decode/append.cuh",
                   .entry = "kiln::decode_append",
@@ -192,7 +201,7 @@ KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfi
   spec.set("dtype", problem.dtype)
       .set("head_dim", problem.head_dim)
       .set("head_dim_v", problem.head_dim_v)
-      .set("m_tiles", decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v))
+      .set("m_tiles", config.m_tiles)
       .set("block_n", config.block_n)
       .set("warps", config.warps)
       .set("stages", config.stages)
@@ -212,6 +221,31 @@ KernelSpec merge_spec(DType in, DType out, int head_dim) {
   return spec;
 }
 
+LaunchPlan decode_append_plan(const DecodeProblem& problem) {
+  return {.spec = decode_append_spec(problem), .threads = kDecodeAppendThreads};
+}
+
+LaunchPlan decode_attention_plan(const DecodeProblem& problem, const DecodeConfig& config) {
+  return {.spec = decode_attention_spec(problem, config),
+          .threads = config.warps * 32,
+          .shared_bytes = smem_bytes(problem, config)};
+}
+
+LaunchPlan merge_plan(DType in, DType out, int head_dim) {
+  return {.spec = merge_spec(in, out, head_dim), .threads = kMergeThreads};
+}
+
+void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const DeviceInfo& device) {
+  if (const auto exceeded = exceeded_limit(plan, device)) {
+    throw Error(ErrorCategory::unsupported,
+                fmt::format("decode config (block_n {}, warps {}, stages {}, m_tiles {}) needs {}: "
+                            "choose() plans decode for {} KiB of shared memory per CTA, which "
+                            "this device does not give; smaller head dims need less",
+                            config.block_n, config.warps, config.stages, config.m_tiles, *exceeded,
+                            kSmemPerCta / 1024));
+  }
+}
+
 void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
                   void* stream) {
   const long long rows = static_cast<long long>(p.seqlen) * p.heads;
@@ -221,10 +255,11 @@ void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const Mer
                 fmt::format("merging {} tokens x {} heads: the launch grid allows at most {} rows",
                             p.seqlen, p.heads, std::numeric_limits<std::int32_t>::max()));
   }
-  const Kernel kernel = runtime.kernel(merge_spec(in, out, head_dim), stream);
+  const LaunchPlan plan = merge_plan(in, out, head_dim);
+  const Kernel kernel = runtime.kernel(plan.spec, stream);
   // The kernel waits for the previous grid before touching memory, so it may start early.
   kernel.launch({.grid = {static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(p.batch)},
-                 .block = {128},
+                 .block = {static_cast<std::uint32_t>(plan.threads)},
                  .stream = stream,
                  .overlap_previous = true},
                 p);
@@ -233,8 +268,7 @@ void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const Mer
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
                    DecodeParams p, void* stream) {
   const int splits = config.num_splits;
-  const int m_tiles = decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
-  const long long row_blocks = ceil_div(problem.rows_per_kv_head, 16LL * m_tiles);
+  const std::int64_t row_blocks = decode_row_blocks(problem, config);
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
   const std::size_t q_rotated_bytes =
       problem.rotary ? align_up(rows * problem.head_dim * size_of(problem.dtype)) : 0;
@@ -256,9 +290,10 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
   if (problem.append) {
     p.maybe_q_rotated = problem.rotary ? scratch.at(0) : nullptr;
     const int tokens = std::max(p.seqlen_new, problem.rotary ? p.seqlen_q : 0);
-    runtime.kernel(decode_append_spec(problem), stream)
+    const LaunchPlan append = decode_append_plan(problem);
+    runtime.kernel(append.spec, stream)
         .launch({.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
-                 .block = {128},
+                 .block = {static_cast<std::uint32_t>(append.threads)},
                  .stream = stream},
                 p);
   }
@@ -286,16 +321,17 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
 
   // The kernel waits for the previous grid before touching memory, so it may be scheduled
   // while the one before it finishes.
-  runtime.kernel(decode_attention_spec(problem, config), stream)
-      .launch(
-          {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
-                    static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},
-           .block = {static_cast<std::uint32_t>(config.warps * 32)},
-           .shared_bytes = static_cast<std::uint32_t>(
-               smem_bytes(problem.head_dim, problem.head_dim_v, m_tiles, config)),
-           .stream = stream,
-           .overlap_previous = true},
-          p);
+  const LaunchPlan attention = decode_attention_plan(problem, config);
+  const Kernel kernel = runtime.kernel(attention.spec, stream);
+  require_fits(attention, config, runtime.device_info());
+  kernel.launch(
+      {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
+                static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},
+       .block = {static_cast<std::uint32_t>(attention.threads)},
+       .shared_bytes = static_cast<std::uint32_t>(attention.shared_bytes),
+       .stream = stream,
+       .overlap_previous = true},
+      p);
 }
 
 }  // namespace detail

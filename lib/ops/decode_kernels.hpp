@@ -3,9 +3,12 @@
 // in decode.cpp; everything here assumes validated inputs.
 #pragma once
 
+#include <cstdint>
+
 #include "kiln/decode.hpp"
 #include "kiln/params/decode.h"
 #include "kiln/spec.hpp"
+#include "ops/launch_plan.hpp"
 
 namespace kiln::detail {
 
@@ -13,13 +16,27 @@ namespace kiln::detail {
 constexpr int kMaxDecodeSplits = 128;
 
 // m16 row tiles a CTA of attention_decode packs: 1, 2 or 4, fewer for wide heads (more rows
-// take more row blocks).
+// take more row blocks). choose() decides DecodeConfig::m_tiles with it.
 int decode_m_tiles(int rows_per_kv_head, int head_dim_v);
+
+// The CTAs of attention_decode along a kv head's query rows, of 16 * config.m_tiles each.
+std::int64_t decode_row_blocks(const DecodeProblem& problem, const DecodeConfig& config);
 
 KernelSpec decode_append_spec(const DecodeProblem& problem);
 KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config);
 // The merge_states kernel of states whose v has dtype `in`.
 KernelSpec merge_spec(DType in, DType out, int head_dim);
+
+// Each kernel's launch: its spec, with the threads and dynamic shared memory it declares. The
+// grids depend on the sizes of the call, so the launches make them.
+LaunchPlan decode_append_plan(const DecodeProblem& problem);
+LaunchPlan decode_attention_plan(const DecodeProblem& problem, const DecodeConfig& config);
+LaunchPlan merge_plan(DType in, DType out, int head_dim);
+
+// Throws kiln::Error (unsupported) when `device` cannot run `plan`, the attention kernel of
+// `config` (the append and merge kernels take 128 threads and no shared memory: every device
+// runs them).
+void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const DeviceInfo& device);
 
 // Runs a validated decode call: the append kernel when problem.append (which also writes the
 // rotated q into scratch when problem.rotary), then attention_decode, whose splits merge their

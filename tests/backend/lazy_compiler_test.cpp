@@ -21,14 +21,14 @@ using json = nlohmann::json;
 std::string installed_identity = "stand-in 1.0";
 
 CompilerLibrary stand_in(std::vector<std::string> candidates = {"libc.so.6"}) {
-  return {"stand-in", "the stand-in compiler", std::move(candidates), "nothing to fix",
+  return {Vendor::nvidia, "the stand-in compiler", std::move(candidates), "nothing to fix",
           [](DynLib) -> std::unique_ptr<Compiler> {
-            return std::make_unique<test::StubCompiler>("stand-in", installed_identity);
+            return std::make_unique<test::StubCompiler>(Vendor::nvidia, installed_identity);
           }};
 }
 
 fs::path memo_file(const fs::path& cache) {
-  return cache / "v1" / "compilers" / "stand-in.json";
+  return cache / "v1" / "compilers" / "cuda.json";
 }
 
 TEST_CASE("LazyCompiler answers from its memo without loading the library", "[backend]") {
@@ -58,7 +58,7 @@ TEST_CASE("LazyCompiler answers from its memo without loading the library", "[ba
   CHECK(compiler_library_opens() == opens);
 
   // Only the message refusing a target lists them all, so that is left to the real compiler.
-  CHECK(third.targets() == std::vector<std::string>{"sm_80", "sm_90a"});
+  CHECK(third.targets() == std::vector<Target>{"sm_80", "sm_90a"});
   CHECK(compiler_library_opens() == ++opens);
 }
 

@@ -34,7 +34,7 @@ constexpr DLDataType kI32{kDLInt, 32, 1};
 
 // The DLPack device type of the process-wide runtimes' backend, and one it does not take.
 std::int32_t native_type() {
-  return default_runtime().backend() == "hip" ? kDLROCM : kDLCUDA;
+  return default_runtime().backend() == kiln::Vendor::amd ? kDLROCM : kDLCUDA;
 }
 std::int32_t foreign_type() {
   return native_type() == kDLCUDA ? kDLROCM : kDLCUDA;

@@ -398,7 +398,7 @@ DLDataType dlpack_dtype(DType dtype, Random& r) {
 class ToDLPack {
  public:
   explicit ToDLPack(Random& r)
-      : r_(r), device_type_(default_runtime().backend() == "hip" ? kDLROCM : kDLCUDA) {}
+      : r_(r), device_type_(default_runtime().backend() == kiln::Vendor::amd ? kDLROCM : kDLCUDA) {}
 
   const DLTensor* operator()(const TensorView& view) { return &make(view).t; }
   const DLTensor* operator()(const std::optional<TensorView>& view) {

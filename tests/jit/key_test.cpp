@@ -17,7 +17,7 @@ namespace {
 using kiln::test::StubCompiler;
 
 // The key needs only the compiler's identity and options.
-const StubCompiler kCompiler("cuda", "fake 1.0");
+const StubCompiler kCompiler(kiln::Vendor::nvidia, "fake 1.0");
 
 kiln::KernelSpec sample() {
   kiln::KernelSpec spec{.source = "elementwise/unary.cuh",
@@ -36,7 +36,7 @@ std::filesystem::path source_tree() {
 std::string key_of(const kiln::KernelSpec& spec, const std::filesystem::path& tree = source_tree(),
                    const StubCompiler& compiler = kCompiler) {
   const auto sources = kiln::detail::SourceTree::locate(tree);
-  return kiln::detail::make_unit(spec, sources, compiler).key.hex();
+  return kiln::detail::make_unit(spec, spec.target, sources, compiler).key.hex();
 }
 
 }  // namespace
@@ -69,8 +69,8 @@ TEST_CASE("each field of the spec changes the key", "[jit][key]") {
 }
 
 TEST_CASE("the compiler's identity changes the key", "[jit][key]") {
-  CHECK(key_of(sample(), source_tree(), StubCompiler("cuda", "fake 1.0")) !=
-        key_of(sample(), source_tree(), StubCompiler("cuda", "fake 1.1")));
+  CHECK(key_of(sample(), source_tree(), StubCompiler(kiln::Vendor::nvidia, "fake 1.0")) !=
+        key_of(sample(), source_tree(), StubCompiler(kiln::Vendor::nvidia, "fake 1.1")));
 }
 
 TEST_CASE("the key depends on file content, not on where the tree is", "[jit][key]") {
@@ -124,7 +124,7 @@ TEST_CASE("equal inputs give equal keys across processes", "[jit][key]") {
 TEST_CASE("the include closure holds the source, its includes and the Params header",
           "[jit][key]") {
   const auto sources = kiln::detail::SourceTree::locate(source_tree());
-  const auto unit = kiln::detail::make_unit(sample(), sources, kCompiler);
+  const auto unit = kiln::detail::make_unit(sample(), sample().target, sources, kCompiler);
   std::vector<std::string> names;
   for (const auto& header : unit.headers) names.push_back(header.name);
   CHECK(names == std::vector<std::string>{"kiln/params/elementwise.h", "elementwise/unary.cuh",

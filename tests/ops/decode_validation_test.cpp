@@ -781,7 +781,7 @@ class FakeDLTensor {
   FakeDLTensor(std::uintptr_t address, DLDataType dtype, std::initializer_list<std::int64_t> shape)
       : shape_(shape) {
     tensor_.data = fake(address);
-    tensor_.device = {default_runtime().backend() == "hip" ? kDLROCM : kDLCUDA, 0};
+    tensor_.device = {default_runtime().backend() == kiln::Vendor::amd ? kDLROCM : kDLCUDA, 0};
     tensor_.ndim = static_cast<std::int32_t>(shape_.size());
     tensor_.dtype = dtype;
     tensor_.shape = shape_.data();

@@ -138,8 +138,8 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   const DecodeProblem decode{.head_dim = 64, .head_dim_v = 64, .rows_per_kv_head = 8};
   const DecodeConfig config;
   CHECK(detail::dynamic_shared_bytes(detail::decode_attention_spec(decode, config)) ==
-        attention_decode_smem_bytes(64, 64, detail::decode_m_tiles(8, 64), config.block_n,
-                                    config.warps, config.stages));
+        attention_decode_smem_bytes(64, 64, config.m_tiles, config.block_n, config.warps,
+                                    config.stages));
   CHECK(detail::dynamic_shared_bytes(unary()) == 0);
   CHECK(detail::dynamic_shared_bytes(detail::merge_spec(DType::f32, DType::bf16, 128)) == 0);
 }

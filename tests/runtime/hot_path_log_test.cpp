@@ -45,7 +45,7 @@ TEST_CASE("a compile on the hot path is one line at the default level; hits and 
     rt.kernel(spec);
     REQUIRE(rt.stats().compiles == 1);
     rt.kernel(spec);  // a memory hit
-    spec.target = rt.target();
+    spec.target = rt.target().name();
     const std::string text = captured.text();
     INFO(text);
     CHECK(count_of(text, "kiln note: compiled ") == 1);

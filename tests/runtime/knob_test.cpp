@@ -55,7 +55,7 @@ Runtime& deviceless_runtime() {
 
 std::string target_error() {
   try {
-    return "a target: " + deviceless_runtime().target();
+    return "a target: " + deviceless_runtime().target().name();
   } catch (const Error& e) {
     return e.what();
   }
