@@ -39,10 +39,12 @@ namespace kiln {
 // v.scalars[i] and v.tensors[i] (kiln::variant_load<T>(v.tensors[i], i0, ...)) are the call's
 // ScoreOptions::variant_scalars and variant_tensors; `at` holds the batch, query head, kv head,
 // query row and key index, and the diagonal's offset: query row i sits at key position
-// i + offset (kiln/params/score.h). The hooks run in every attention kernel, prefill and decode,
-// on coordinates inside the sequences only, so they may index tensors by them: where a tile
-// overhangs a sequence, its rows or keys past the end take the last one, and what the hooks
-// return there is discarded.
+// i + offset (kiln/params/score.h). The hooks run in every attention kernel, prefill and decode.
+// `row` and `sink` are given rows inside the sequence. `logit` and `mask` are given each logit's
+// exact coordinates, also where a tile overhangs the sequence: there at.query may be past the
+// last query or at.key past the last key, and what they return is discarded. variant_load
+// clamps each index into its dimension, so a read at such coordinates stays inside the tensor:
+// read tensors through it, never through their data pointers.
 //
 // The code is part of each kernel's generated unit, so it is part of the cache key: changing it
 // compiles new kernels, changing a scalar or a tensor does not. A compile error in it names the

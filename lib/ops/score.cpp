@@ -2,6 +2,7 @@
 #include "ops/score.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include <fmt/format.h>
 
@@ -63,6 +64,7 @@ void check_sinks(const TensorView& a, std::int64_t heads, int device) {
 VariantParams variant_params(const ScoreOptions& o, int device) {
   VariantParams v{};
   std::copy(o.variant_scalars.begin(), o.variant_scalars.end(), v.scalars);
+  for (VariantTensor& t : v.tensors) std::fill(std::begin(t.sizes), std::end(t.sizes), 1);
   if (!o.variant) {
     if (!o.variant_tensors.empty()) {
       invalid(
@@ -89,7 +91,17 @@ VariantParams variant_params(const ScoreOptions& o, int device) {
     const std::string name = fmt::format("variant_tensors[{}]", i);
     check_common(t, name, device);
     v.tensors[i].data = t.data;
-    for (int d = 0; d < t.rank; ++d) v.tensors[i].strides[d] = t.stride(d);
+    for (int d = 0; d < t.rank; ++d) {
+      // variant_load clamps each index into [0, size - 1] as an int.
+      if (t.size(d) < 1 || t.size(d) > std::numeric_limits<int>::max()) {
+        invalid(
+            fmt::format("{}.size({}) is {}: a variant tensor holds 1 to {} elements along "
+                        "each dimension",
+                        name, d, t.size(d), std::numeric_limits<int>::max()));
+      }
+      v.tensors[i].sizes[d] = static_cast<int>(t.size(d));
+      v.tensors[i].strides[d] = t.stride(d);
+    }
   }
   return v;
 }

@@ -22,7 +22,8 @@ class Variant:
     logit returns each logit the softmax sees (-inf masks the key); mask returns whether query
     at.query sees key at.key; sink returns a row's sink logit. v.scalars and v.tensors are the
     call's variant_scalars and variant_tensors (kiln::variant_load<T>(v.tensors[i], ...) reads
-    one); `at` holds batch, head, head_kv, query, key and offset (query row i sits at key
+    one, each index clamped into its dimension: logit and mask also see coordinates past the
+    sequence's end in a tile's overhang, their result discarded); `at` holds batch, head, head_kv, query, key and offset (query row i sits at key
     position i + offset). A kiln_variant with data members and a static __device__
     `kiln_variant row(v, at)` is made once per row and its hooks (then const members) are called
     on it: what a row's logits share is read once. The code is part of the kernels' cache key: a

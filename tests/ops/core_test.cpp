@@ -3,7 +3,7 @@
 // (tests/ops/kernels/probe/logits.cuh) in each shape the kernels hold it (prefill's fragments,
 // decode's packed rows, the portable kernel's whole rows) and checked logit by logit against
 // fp64, with the tile inside the sequence and overhanging it (rows past seqlen_q, keys past
-// seqlen_k), and no hook called outside the sequence.
+// seqlen_k), where a variant's logits are discarded and its reads stay inside its tensors.
 #include <fmt/format.h>
 #include <catch2/catch.hpp>
 
@@ -40,36 +40,39 @@ constexpr double kLog2e = 1.4426950408889634;
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 // A variant with each hook and per-row state, reading tensors by query and by key: exactly
-// seqlen_q and seqlen_k floats, so that a read past either is out of bounds (memcheck). Each hook
-// also sets the flag in tensor 2 when its coordinates lie outside the sequence (scalars 1 and 2
-// are seqlen_q and seqlen_k), so that every run checks what memcheck would.
+// seqlen_q and seqlen_k floats, so that a read past either would be out of bounds (memcheck),
+// but for variant_load's clamp. Past the sequence (scalars 1 and 2 are seqlen_q and seqlen_k),
+// its logit is NaN and its mask keeps the key, so that a logit there that the kernel failed to
+// discard would show; `row` and `sink`, which are promised rows inside the sequence, and every
+// hook given a negative coordinate, set the flag in tensor 2.
 const kiln::Variant& probe_variant() {
   static const kiln::Variant variant{.name = "probe", .code = R"(
 struct kiln_variant {
   float row_value;
-  static __device__ void check(const kiln::VariantParams& v, const kiln::VariantCoords& at,
-                               bool has_key) {
-    const bool outside = at.query < 0 || at.query >= static_cast<int>(v.scalars[1]) ||
-                         (has_key && (at.key < 0 || at.key >= static_cast<int>(v.scalars[2])));
+  static __device__ bool outside(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
+    return at.query >= static_cast<int>(v.scalars[1]) || at.key >= static_cast<int>(v.scalars[2]);
+  }
+  static __device__ void flag_if(const kiln::VariantParams& v, bool wrong) {
     // NOTE: the flag's memory is the test's own, writable; VariantTensor only calls it const.
-    if (outside) *static_cast<unsigned*>(const_cast<void*>(v.tensors[2].data)) = 1;
+    if (wrong) *static_cast<unsigned*>(const_cast<void*>(v.tensors[2].data)) = 1;
   }
   static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
-    check(v, at, false);
+    flag_if(v, at.query < 0 || at.key != -1 || outside(v, at));
     return {kiln::variant_load<float>(v.tensors[0], at.query)};
   }
   __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                          float x) const {
-    check(v, at, true);
+    flag_if(v, at.query < 0 || at.key < 0);
+    if (outside(v, at)) return __int_as_float(0x7fc00000);
     return x + row_value * kiln::variant_load<float>(v.tensors[1], at.key) + v.scalars[0] * at.head;
   }
   __device__ bool mask(const kiln::VariantParams& v, const kiln::VariantCoords& at) const {
-    check(v, at, true);
-    return (at.query + at.key) % 7 != 3;
+    flag_if(v, at.query < 0 || at.key < 0);
+    return outside(v, at) || (at.query + at.key) % 7 != 3;
   }
   __device__ float sink(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                         float sink) const {
-    check(v, at, false);
+    flag_if(v, at.query < 0 || at.key != -1 || outside(v, at));
     return sink + row_value;
   }
 };
@@ -314,9 +317,9 @@ TEST_CASE("the score model on one tile matches fp64, inside and overhanging the 
     p.score.variant.scalars[0] = 0.25f;
     p.score.variant.scalars[1] = static_cast<float>(c.seqlen_q);
     p.score.variant.scalars[2] = static_cast<float>(c.seqlen_k);
-    p.score.variant.tensors[0] = {d_rows->get(), {1, 0, 0, 0}};
-    p.score.variant.tensors[1] = {d_keys->get(), {1, 0, 0, 0}};
-    p.score.variant.tensors[2] = {d_flag->get(), {0, 0, 0, 0}};
+    p.score.variant.tensors[0] = {d_rows->get(), {1, 0, 0, 0}, {c.seqlen_q, 1, 1, 1}};
+    p.score.variant.tensors[1] = {d_keys->get(), {1, 0, 0, 0}, {c.seqlen_k, 1, 1, 1}};
+    p.score.variant.tensors[2] = {d_flag->get(), {0, 0, 0, 0}, {1, 1, 1, 1}};
     p.maybe_bias = d_bias->get();
     p.bias_row_stride = c.seqlen_k;
     p.bias_col_stride = 1;

@@ -9,6 +9,7 @@
 #include <set>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
@@ -36,7 +37,7 @@ ScoreParams filled(const ScoreOptions& o) {
 }  // namespace
 
 TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[params][score]") {
-  CHECK(sizeof(ScoreParams) == 240);
+  CHECK(sizeof(ScoreParams) == 304);
   CHECK(alignof(ScoreParams) == 8);
   CHECK(offsetof(ScoreParams, softmax_scale) == 0);
   CHECK(offsetof(ScoreParams, window_left) == 4);
@@ -47,7 +48,9 @@ TEST_CASE("ScoreParams has one layout, on the host and in the registry", "[param
   CHECK(offsetof(ScoreParams, alibi_batch_stride) == 32);
   CHECK(offsetof(ScoreParams, maybe_sinks) == 40);
   CHECK(offsetof(ScoreParams, variant) == 48);
-  CHECK(sizeof(VariantParams) == 192);
+  CHECK(sizeof(VariantParams) == 256);
+  CHECK(sizeof(VariantTensor) == 56);
+  CHECK(offsetof(VariantTensor, sizes) == 40);
 
   // A generated unit whose spec names it static_asserts this size and alignment.
   const detail::ParamsLayout& layout = detail::params_layout("kiln::ScoreParams");
@@ -146,6 +149,11 @@ TEST_CASE("score_params carries a variant's scalars and tensors", "[params][scor
   CHECK(p.variant.tensors[0].strides[2] == 0);
   CHECK(p.variant.tensors[1].strides[0] == 1);
   CHECK(p.variant.tensors[2].data == nullptr);
+  CHECK(p.variant.tensors[0].sizes[0] == 2);
+  CHECK(p.variant.tensors[0].sizes[1] == 64);
+  CHECK(p.variant.tensors[0].sizes[2] == 1);
+  CHECK(p.variant.tensors[1].sizes[0] == 8);
+  CHECK(p.variant.tensors[3].sizes[3] == 1);
 
   CHECK_THROWS_WITH(filled({.variant_tensors = {ids}}),
                     Catch::Contains("variant_tensors holds 1 tensors but there is no variant"));
@@ -156,6 +164,23 @@ TEST_CASE("score_params carries a variant's scalars and tensors", "[params][scor
                                                "at most 4"));
   o.variant_tensors = {TensorView::contiguous(reinterpret_cast<void*>(0x5000001), DType::f32, {8})};
   CHECK_THROWS_WITH(filled(o), Catch::Contains("variant_tensors[0]"));
+  o.variant_tensors = {ids, TensorView::contiguous(ids.data, DType::f32, {4, 0})};
+  CHECK_THROWS_WITH(filled(o), Catch::Contains("variant_tensors[1].size(1) is 0: a variant tensor "
+                                               "holds 1 to 2147483647 elements along each "
+                                               "dimension"));
+}
+
+TEST_CASE("variant_load clamps each index into its dimension", "[params][score][variant]") {
+  // A 3 x 4 int32 tensor, rows 5 apart.
+  std::vector<int> data(15);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<int>(i);
+  const VariantTensor t{.data = data.data(), .strides = {5, 1, 0, 0}, .sizes = {3, 4, 1, 1}};
+  CHECK(variant_load<int>(t, 1, 2) == 7);
+  CHECK(variant_load<int>(t, 2, 3) == 13);
+  CHECK(variant_load<int>(t, 3, 2) == 12);   // past the last row: the last
+  CHECK(variant_load<int>(t, 1, 9) == 8);    // past the last column: the last
+  CHECK(variant_load<int>(t, -1, -5) == 0);  // before the first: the first
+  CHECK(variant_load<int>(t, 1, 2, 6, 7) == 7);
 }
 
 TEST_CASE("score_params refuses bad options, naming the value and the fix", "[params][score]") {

@@ -9,11 +9,13 @@
 namespace kiln {
 
 // A user variant's runtime inputs (kiln::Variant, kiln/variant.hpp): scalars and tensors that
-// travel in the Params, so that changing one never recompiles. A tensor is its data pointer and
-// up to 4 strides in elements (unused ones 0); its dtype is what the variant's code reads it as.
+// travel in the Params, so that changing one never recompiles. A tensor is its data pointer, and
+// up to 4 extents (unused ones 1) and strides in elements (unused ones 0); its dtype is what the
+// variant's code reads it as.
 struct VariantTensor {
   const void* data;
   long long strides[4];
+  int sizes[4];
 };
 
 struct VariantParams {
@@ -21,12 +23,21 @@ struct VariantParams {
   VariantTensor tensors[4];
 };
 
-// Element (i0, i1, i2, i3) of a variant tensor, read as T.
+// Index i of a dimension of `size` elements (size >= 1), clamped into [0, size - 1].
+KILN_PARAMS_FN constexpr long long variant_index(long long i, int size) {
+  return i < 0 ? 0 : i < size ? i : size - 1;
+}
+
+// Element (i0, i1, i2, i3) of a variant tensor, read as T. Each index is clamped into its
+// dimension, so that no read leaves the tensor: the hooks see coordinates past the sequence in
+// a tile's overhang (kiln/variant.hpp), and a tensor sized by the sequence is read there too.
 template <class T>
 KILN_PARAMS_FN T variant_load(const VariantTensor& t, long long i0, long long i1 = 0,
                               long long i2 = 0, long long i3 = 0) {
-  return static_cast<const T*>(
-      t.data)[i0 * t.strides[0] + i1 * t.strides[1] + i2 * t.strides[2] + i3 * t.strides[3]];
+  return static_cast<const T*>(t.data)[variant_index(i0, t.sizes[0]) * t.strides[0] +
+                                       variant_index(i1, t.sizes[1]) * t.strides[1] +
+                                       variant_index(i2, t.sizes[2]) * t.strides[2] +
+                                       variant_index(i3, t.sizes[3]) * t.strides[3]];
 }
 
 // Where one logit sits, as a variant's hook is given it: the sequence, the query head and the kv

@@ -148,9 +148,8 @@ constexpr __device__ bool spec_has_bias(...) {
 }
 
 // One row of logits: what they depend on besides the key. Its coordinates (at.key is set per
-// logit; the query may lie past the sequence in a tile's overhang, where the transform hands
-// hooks the last row instead), its ALiBi slope and the variant's state for it (made from a real
-// row).
+// logit; the query may lie past the sequence in a tile's overhang), its ALiBi slope and the
+// variant's state for it (made from a real row).
 template <class Spec>
 struct LogitRow {
   VariantCoords at;
@@ -205,10 +204,6 @@ struct LogitTransform {
   using T = typename Spec::dtype;
   static constexpr bool has_bias = spec_has_bias<Spec>(0);
   static constexpr bool on = Spec::has_softcap || Spec::has_alibi || has_bias || Spec::has_variant;
-  // Whether a logit reads memory at its (query, key): the hooks and the bias may, so rows and
-  // keys past the sequence take its last ones, in the tiles and threads that have any; elsewhere
-  // the coordinates stay exact, and so linear in r and j (RowStep).
-  static constexpr bool indexed = has_bias || Spec::has_variant;
 
   float scale;
   float softcap;
@@ -228,11 +223,13 @@ struct LogitTransform {
 
   // The logits of a tile, then `mask()` on them where `masked`: s holds fragments
   // (float[MTiles][STiles][4], Rows == 2 * MTiles) or the thread's one whole row (float[Keys],
-  // Rows == 1) of keys from key0. An indexed transform clamps its coordinates only where some
-  // overhang the sequence (`indexed`): the last key tile, and the rows past seqlen_q.
+  // Rows == 1) of keys from key0. The bias is read at clamped coordinates only where some
+  // overhang the sequence: the last key tile, and the rows past seqlen_q. The hooks are given
+  // exact ones everywhere (variant_load bounds their reads): a second copy of the transform,
+  // even one that never runs, cost a variant 2-4% (bench/RESULTS.md, run 20).
   template <class Tile, class Mask>
   __device__ __forceinline__ void apply(Tile& s, int key0, bool masked, const Mask& mask) const {
-    if (indexed && (overhang || last_key(s, key0) >= seqlen_k)) {
+    if (has_bias && (overhang || last_key(s, key0) >= seqlen_k)) {
       each<true>(s, key0);
     } else {
       each<false>(s, key0);
@@ -265,19 +262,19 @@ struct LogitTransform {
     if constexpr (Spec::has_alibi) {
       x -= row.alibi_slope * static_cast<float>(abs(i + row.at.offset - j));
     }
-    if constexpr (indexed) {
+    if constexpr (has_bias) {
+      const int bias_i = Edge ? min(i, seqlen_q - 1) : i;
+      const int bias_j = Edge ? min(j, seqlen_k - 1) : j;
+      x += to_float(bias[bias_i * bias_row_stride + bias_j * bias_col_stride]);
+    }
+    if constexpr (Spec::has_variant) {
+      using V = typename Spec::variant;
       VariantCoords at = row.at;
-      at.query = Edge ? min(i, seqlen_q - 1) : i;
-      at.key = Edge ? min(j, seqlen_k - 1) : j;
-      if constexpr (has_bias) {
-        x += to_float(bias[at.query * bias_row_stride + at.key * bias_col_stride]);
-      }
-      if constexpr (Spec::has_variant) {
-        using V = typename Spec::variant;
-        if constexpr (VariantHooks<V>::logit) x = row.variant.logit(*variant, at, x);
-        if constexpr (VariantHooks<V>::mask) {
-          if (!row.variant.mask(*variant, at)) x = neg_inf();
-        }
+      at.query = i;
+      at.key = j;
+      if constexpr (VariantHooks<V>::logit) x = row.variant.logit(*variant, at, x);
+      if constexpr (VariantHooks<V>::mask) {
+        if (!row.variant.mask(*variant, at)) x = neg_inf();
       }
     }
     return x;
