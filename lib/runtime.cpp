@@ -144,6 +144,14 @@ struct Obtained {
   WarmupStatus status;
 };
 
+// The runtime's configuration, with this process's log level set from it before anything that
+// logs (the source tree, the disk cache, the backends) is opened.
+Config configure(const Options& options) {
+  Config config = detail::resolve_config(options);
+  detail::set_log_level(config.log_level);
+  return config;
+}
+
 // The target of a spec, named by it in the error when it names none.
 Target target_of(const KernelSpec& spec) {
   try {
@@ -157,11 +165,10 @@ Target target_of(const KernelSpec& spec) {
 
 struct Runtime::Impl {
   explicit Impl(const Options& options)
-      : config(detail::resolve_config(options)),
+      : config(configure(options)),
         sources(detail::SourceTree::locate(config.kernels_dir)),
         disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
                                      config.cache_ro_trust}) {
-    detail::set_log_level(config.log_level);
     backend = choose_backend();
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
                 to_string(backend), sources.describe(),
