@@ -20,8 +20,7 @@
 #include <fmt/format.h>
 
 #include "backend/backend.hpp"
-#include "backend/compiler_library.hpp"
-#include "backend/lazy_compiler.hpp"
+#include "backend/backends.hpp"
 #include "backend/stream_zeros.hpp"
 #include "cache/disk.hpp"
 #include "cache/single_flight.hpp"
@@ -48,16 +47,12 @@ using detail::Config;
 using detail::Driver;
 using detail::Entry;
 using detail::Key;
-using detail::LazyCompiler;
 using detail::LoadedKernel;
 using detail::Unit;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// In the order a runtime looks for a device or a compiler.
-constexpr Vendor kVendors[] = {Vendor::nvidia, Vendor::amd};
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
@@ -168,96 +163,18 @@ struct Runtime::Impl {
       : config(configure(options)),
         sources(detail::SourceTree::locate(config.kernels_dir)),
         disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
-                                     config.cache_ro_trust}) {
-    backend = choose_backend();
+                                     config.cache_ro_trust}),
+        backends(config, disk) {
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
-                to_string(backend), sources.describe(),
+                to_string(backends.backend()), sources.describe(),
                 disk.writable() ? disk.root()->string() : std::string("memory-only"));
-  }
-
-  // --- backends ---------------------------------------------------------------------------
-
-  // The compiler for a vendor. While the fact memo beside the disk cache still describes the
-  // installed library, its answers come from there and computing a key loads nothing; the
-  // library is loaded to compile. A failure to find it is remembered and rethrown.
-  LazyCompiler& compiler(Vendor vendor) {
-    std::lock_guard lock(backend_mutex);
-    auto& slot = compilers[vendor];
-    if (!slot.compiler && !slot.error) {
-      try {
-        auto lazy = std::make_unique<LazyCompiler>(detail::compiler_library(vendor), disk);
-        lazy->identity();  // loads the library unless the memo vouches for it
-        slot.compiler = std::move(lazy);
-      } catch (...) {
-        slot.error = std::current_exception();
-      }
-    }
-    if (slot.error) std::rethrow_exception(slot.error);
-    return *slot.compiler;
-  }
-
-  // The driver of the runtime's backend, or null (with the reason in `why`) when absent.
-  Driver* driver(std::string* why = nullptr) { return driver_for(backend, why); }
-
-  Driver* driver_for(Vendor vendor, std::string* why = nullptr) {
-    std::lock_guard lock(backend_mutex);
-    auto& slot = drivers[vendor];
-    if (!slot.tried) {
-      slot.tried = true;
-      try {
-        slot.driver =
-            vendor == Vendor::amd ? detail::open_hip_driver() : detail::open_cuda_driver();
-      } catch (const std::exception& e) {
-        slot.error = e.what();
-      }
-    }
-    if (why) *why = slot.error;
-    return slot.driver.get();
-  }
-
-  Vendor choose_backend() {
-    if (config.backend) return *config.backend;
-    if (config.target) return config.target->vendor();
-    for (const Vendor vendor : kVendors) {
-      if (Driver* d = driver_for(vendor); d && d->device_count() > config.device) return vendor;
-    }
-    for (const Vendor vendor : kVendors) {
-      try {
-        compiler(vendor);
-        return vendor;
-      } catch (const Error&) {
-      }
-    }
-    return Vendor::nvidia;
-  }
-
-  // The device's target, when the runtime's backend has the configured device; asked of the
-  // driver once (a query there cost 4.6 us, and every call checks its target).
-  const std::optional<Target>& device_target() {
-    std::call_once(device_target_once, [&] {
-      Driver* d = driver();
-      if (!d || d->device_count() <= config.device) return;
-      device_target_value = Target::parse(d->device(config.device).target);
-    });
-    return device_target_value;
-  }
-
-  Target default_target() {
-    if (config.target) return *config.target;
-    if (auto target = device_target()) return *target;
-    const std::string missing = missing_device().value_or(fmt::format(
-        "the {} driver does not name device {}'s target", to_string(backend), config.device));
-    throw Error(ErrorCategory::not_found,
-                fmt::format("{}, and no target is given: give {} (e.g. sm_90a, gfx90a) to "
-                            "compile without a GPU",
-                            missing, detail::knob_name(detail::Knob::target)));
   }
 
   // --- spec -> unit -> entry ----------------------------------------------------------------
 
   Unit unit_of(const KernelSpec& spec) {
-    const Target target = spec.target.empty() ? default_target() : target_of(spec);
-    return detail::make_unit(spec, target, sources, compiler(target.vendor()));
+    const Target target = spec.target.empty() ? backends.default_target() : target_of(spec);
+    return detail::make_unit(spec, target, sources, backends.compiler(target.vendor()));
   }
 
   // `hot_path`: the compile stalls a call (Runtime::kernel), so it is said at the default level.
@@ -268,7 +185,7 @@ struct Runtime::Impl {
                               "warm the cache where compiling is allowed, or set KILN_JIT=on",
                               asked.spec, asked.key.hex()));
     }
-    const Compiler& c = compiler(asked.target.vendor()).real();
+    const Compiler& c = backends.compiler(asked.target.vendor()).real();
     // NOTE: `asked` was keyed with the fact memo's answers. A binary must be stored under the
     // key its own compiler gives, and built with that compiler's options, so the unit is made
     // again from the real compiler (0.1 ms beside a compile): the same key, unless the memo was
@@ -373,7 +290,7 @@ struct Runtime::Impl {
   }
 
   std::shared_ptr<LoadedKernel> load_entry(const Unit& unit, const Entry& entry) {
-    Driver* d = driver();
+    Driver* d = backends.driver();
     const auto start = Clock::now();
     auto loaded = std::make_shared<LoadedKernel>();
     loaded->function = d->load(config.device, entry.binary, entry.meta.lowered_name);
@@ -388,13 +305,13 @@ struct Runtime::Impl {
   // `stream`: the hot path's launch stream, checked for graph capture before anything loads.
   std::pair<std::shared_ptr<LoadedKernel>, WarmupStatus> loaded(const Unit& unit, bool hot_path,
                                                                 void* stream = nullptr) {
-    require_device(unit);
+    backends.require_device(unit.spec, unit.target);
     bool computed = false;
     WarmupStatus status = WarmupStatus::memory_hit;
     auto kernel = memory.get(
         unit.key,
         [&] {
-          if (hot_path && driver()->is_capturing(config.device, stream)) {
+          if (hot_path && backends.driver()->is_capturing(config.device, stream)) {
             throw Error(
                 ErrorCategory::invalid_argument,
                 fmt::format("not warmed: {} (key {}) is not loaded, and its stream is "
@@ -423,66 +340,6 @@ struct Runtime::Impl {
         &computed);
     if (!computed) stats_memory_hits.fetch_add(1);
     return {kernel, computed ? status : WarmupStatus::memory_hit};
-  }
-
-  // Why the runtime's device cannot be used, the root cause first (a driver that did not
-  // load, before the device it would have found); nothing when it can be.
-  std::optional<std::string> missing_device() {
-    std::string why;
-    Driver* d = driver(&why);
-    if (!d) {
-      return fmt::format("the {} driver is unavailable ({}), so there is no {} device {}",
-                         to_string(backend), why, to_string(backend), config.device);
-    }
-    if (d->device_count() <= config.device) {
-      return fmt::format("there is no {} device {} (the driver counts {})", to_string(backend),
-                         config.device, d->device_count());
-    }
-    return std::nullopt;
-  }
-
-  // The driver, when it has the runtime's device; otherwise kiln::Error (not_found) saying that
-  // it cannot `doing`, why, and then `fix`.
-  Driver& device_driver(std::string_view doing, std::string_view fix) {
-    if (auto missing = missing_device()) {
-      throw Error(ErrorCategory::not_found, fmt::format("cannot {}: {}{}", doing, *missing, fix));
-    }
-    return *driver();
-  }
-
-  // The runtime's device, queried once: decode reads its SM count on every call.
-  const DeviceInfo& device_info() {
-    std::call_once(device_info_once, [&] {
-      device_info_value = device_driver("read the device's properties", "").device(config.device);
-    });
-    return device_info_value;
-  }
-
-  void require_device(const Unit& unit) {
-    const std::string fix = fmt::format("; compile-only use needs an explicit target ({})",
-                                        detail::knob_name(detail::Knob::compile_only));
-    const std::string doing = "load " + unit.spec;
-    device_driver(doing, fix);
-    const auto& target = device_target();
-    if (!target) {
-      throw Error(ErrorCategory::not_found,
-                  fmt::format("cannot {}: the {} driver does not name device {}'s target{}", doing,
-                              to_string(backend), config.device, fix));
-    }
-    if (*target != unit.target) {
-      throw Error(ErrorCategory::invalid_argument,
-                  fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
-                              "target empty and {} unset, or compile for other targets without "
-                              "loading ({})",
-                              unit.spec, config.device, target->name(),
-                              detail::knob_name(detail::Knob::target),
-                              detail::knob_name(detail::Knob::compile_only)));
-    }
-  }
-
-  bool loads_on_device(const Unit& unit) {
-    const auto& target = device_target();
-    return target && *target == unit.target;
   }
 
   std::pair<KernelInfo, WarmupStatus> compiled(const Unit& unit) {
@@ -530,26 +387,10 @@ struct Runtime::Impl {
   Config config;
   detail::SourceTree sources;
   detail::DiskCache disk;
-  Vendor backend;
+  // NOTE: declared after `disk`, where the compilers keep their fact memos, and before all that
+  // the drivers made (loaded kernels, device memory), which must go back while they are open.
+  detail::Backends backends;
 
-  struct CompilerSlot {
-    std::unique_ptr<LazyCompiler> compiler;
-    std::exception_ptr error;
-  };
-  struct DriverSlot {
-    bool tried = false;
-    std::unique_ptr<Driver> driver;
-    std::string error;
-  };
-  std::mutex backend_mutex;
-  std::map<Vendor, CompilerSlot> compilers;
-  std::map<Vendor, DriverSlot> drivers;
-  std::once_flag device_info_once;
-  std::once_flag device_target_once;
-  std::optional<Target> device_target_value;
-  DeviceInfo device_info_value;
-
-  // NOTE: declared after `drivers`, so its memory goes back while the driver is still open.
   detail::StreamZeros stream_zeros;
 
   detail::SingleFlight<std::shared_ptr<LoadedKernel>> memory;
@@ -607,7 +448,7 @@ WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOpti
         const Unit unit = impl_->unit_of(specs[i]);
         item.spec = unit.spec;
         item.key = unit.key.hex();
-        if (options.load && impl_->loads_on_device(unit)) {
+        if (options.load && impl_->backends.loads_on_device(unit.target)) {
           item.status = impl_->loaded(unit, false).second;
         } else {
           item.status = impl_->compiled(unit).second;
@@ -643,7 +484,7 @@ std::string Runtime::generated_source(const KernelSpec& spec) {
 }
 
 Target Runtime::target() const {
-  return impl_->default_target();
+  return impl_->backends.default_target();
 }
 
 int Runtime::device() const {
@@ -651,11 +492,11 @@ int Runtime::device() const {
 }
 
 Vendor Runtime::backend() const {
-  return impl_->backend;
+  return impl_->backends.backend();
 }
 
 const DeviceInfo& Runtime::device_info() const {
-  return impl_->device_info();
+  return impl_->backends.device_info();
 }
 
 bool Runtime::debug() const {
@@ -664,28 +505,29 @@ bool Runtime::debug() const {
 
 void* Runtime::allocate_async(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
-  return impl_->device_driver("allocate device memory", "")
+  return impl_->backends.device_driver("allocate device memory", "")
       .allocate_async(impl_->config.device, bytes, stream);
 }
 
 void Runtime::free_async(void* pointer, void* stream) {
   if (pointer == nullptr) return;
-  impl_->device_driver("free device memory", "").free_async(impl_->config.device, pointer, stream);
+  impl_->backends.device_driver("free device memory", "")
+      .free_async(impl_->config.device, pointer, stream);
 }
 
 void Runtime::zero_async(void* pointer, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
-  impl_->device_driver("zero device memory", "")
+  impl_->backends.device_driver("zero device memory", "")
       .zero_async(impl_->config.device, pointer, bytes, stream);
 }
 
 void Runtime::encode_tensor_map(void* map, const TensorMapLayout& layout) {
-  impl_->device_driver("make a TMA descriptor", "").encode_tensor_map(map, layout);
+  impl_->backends.device_driver("make a TMA descriptor", "").encode_tensor_map(map, layout);
 }
 
 std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
-  Driver& d = impl_->device_driver("allocate device memory", "");
+  Driver& d = impl_->backends.device_driver("allocate device memory", "");
   const int device = impl_->config.device;
   // NOTE: capture first: the driver refuses to name a capturing stream.
   if (d.is_capturing(device, stream)) return nullptr;
@@ -696,28 +538,28 @@ std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
 void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t bytes,
                            void* stream) {
   if (bytes == 0) return;
-  impl_->device_driver("copy device memory to the host", "")
+  impl_->backends.device_driver("copy device memory to the host", "")
       .copy_to_host(impl_->config.device, host, device_pointer, bytes, stream);
 }
 
 RuntimeInfo Runtime::info() const {
   RuntimeInfo info;
-  info.backend = to_string(impl_->backend);
+  info.backend = to_string(impl_->backends.backend());
   try {
-    info.target = impl_->default_target().name();
+    info.target = impl_->backends.default_target().name();
   } catch (const Error&) {
   }
-  for (const Vendor vendor : kVendors) {
+  for (const Vendor vendor : detail::kVendors) {
     BackendInfo backend;
     backend.name = to_string(vendor);
     try {
-      backend.compiler = impl_->compiler(vendor).identity();
+      backend.compiler = impl_->backends.compiler(vendor).identity();
       backend.compiler_found = true;
     } catch (const std::exception& e) {
       backend.compiler = e.what();
     }
     std::string why;
-    if (Driver* d = impl_->driver_for(vendor, &why)) {
+    if (Driver* d = impl_->backends.driver_for(vendor, &why)) {
       backend.driver_found = true;
       backend.driver = d->version();
       for (int i = 0; i < d->device_count(); ++i) backend.devices.push_back(d->device(i));
