@@ -1,21 +1,15 @@
 // kiln::Runtime: spec -> unit -> memory, disk or compile -> loaded kernel.
 #include "kiln/runtime.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <fstream>
-#include <map>
+#include <memory>
 #include <mutex>
-#include <shared_mutex>
+#include <string>
 #include <thread>
-#include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -25,6 +19,7 @@
 #include "cache/disk.hpp"
 #include "cache/kernel_store.hpp"
 #include "config.hpp"
+#include "jit/recorder.hpp"
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
@@ -43,53 +38,6 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
-// Appends `line` and a newline to the file at `path` with one write() on an O_APPEND descriptor,
-// so that lines from concurrent threads and processes never interleave. A new file is 0644, as
-// cache entries are: readable by all, writable by its owner only, since `kiln warm` compiles
-// what it lists. A failure is one warning per file: recording never fails a call.
-void append_line(const std::filesystem::path& path, std::string_view line) {
-  const std::string text = std::string(line) + '\n';
-  int error = 0;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    error = errno;
-  } else {
-    const ssize_t wrote = ::write(fd, text.data(), text.size());
-    if (wrote < 0) error = errno;
-    if (wrote >= 0 && static_cast<std::size_t>(wrote) != text.size()) error = ENOSPC;
-    ::close(fd);
-  }
-  if (error != 0) {
-    detail::warn_once("record " + path.string(),
-                      fmt::format("cannot append to the spec record {}: {}; calls go on "
-                                  "unrecorded (point KILN_RECORD at a file you can write)",
-                                  path.string(), std::strerror(error)));
-  }
-}
-
-// Writes `text` to `path` (its directory created) through a temp file renamed over it, so that a
-// reader never sees half of it; failures warn once, as append_line's.
-void write_record_file(const std::filesystem::path& path, std::string_view text) {
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
-  const std::filesystem::path temp = path.string() + fmt::format(".{}.tmp", ::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) ec = std::make_error_code(std::errc::io_error);
-  }
-  if (!ec) std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::filesystem::remove(temp);
-    detail::warn_once("record " + path.string(),
-                      fmt::format("cannot write the variant code {} beside the spec record: {}; "
-                                  "its specs are recorded but will not warm (point KILN_RECORD at "
-                                  "a file in a directory you can write)",
-                                  path.string(), ec.message()));
-  }
 }
 
 // The runtime's configuration, with this process's log level set from it before anything that
@@ -118,7 +66,8 @@ struct Runtime::Impl {
         disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
                                      config.cache_ro_trust}),
         backends(config, disk),
-        kernels(config, sources, disk, backends) {
+        kernels(config, sources, disk, backends),
+        recorder(config.record) {
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
                 to_string(backends.backend()), sources.describe(),
                 disk.writable() ? disk.root()->string() : std::string("memory-only"));
@@ -129,29 +78,6 @@ struct Runtime::Impl {
     return detail::make_unit(spec, target, sources, backends.compiler(target.vendor()));
   }
 
-  // KILN_RECORD: the first time kernel() is asked for `unit`, whether or not it then loads (so
-  // that a run refused under KILN_JIT=strict still names what to warm). A user variant's code
-  // goes beside the record, in <record>.variants/NAME-HASH.cuh, declared by a `variant NAME FILE`
-  // line before the first spec that names it, so that `kiln warm` builds the record as it is.
-  void record(const Unit& unit) {
-    if (!config.record) return;
-    // NOTE: one lock over the writes too: a variant's declaration must precede every spec line
-    // that names it. Each spec is recorded once, so this is off the hot path.
-    std::lock_guard lock(recorded_mutex);
-    if (!recorded.insert(unit.spec).second) return;
-    const KernelSpec& kernel = unit.kernel;
-    if (!kernel.variant_code.empty()) {
-      const std::string file =
-          fmt::format("{}.variants/{}-{}.cuh", config.record->filename().string(),
-                      kernel.variant_name, variant_hash(kernel.variant_code));
-      if (recorded.insert(file).second) {
-        write_record_file(config.record->parent_path() / file, kernel.variant_code);
-        append_line(*config.record, fmt::format("variant {} {}", kernel.variant_name, file));
-      }
-    }
-    append_line(*config.record, unit.spec);
-  }
-
   Config config;
   detail::SourceTree sources;
   detail::DiskCache disk;
@@ -160,9 +86,7 @@ struct Runtime::Impl {
   detail::Backends backends;
   detail::StreamZeros stream_zeros;
   detail::KernelStore kernels;
-  std::mutex recorded_mutex;
-  // Canonical specs (target included), and the variant code files written beside the record.
-  std::unordered_set<std::string> recorded;
+  detail::Recorder recorder;
 };
 
 Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(options)) {}
@@ -171,7 +95,7 @@ Runtime::~Runtime() = default;
 Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
   if (auto kernel = impl_->kernels.find(spec)) return Kernel(std::move(kernel));
   const Unit unit = impl_->unit_of(spec);
-  impl_->record(unit);
+  impl_->recorder.record(unit);
   return Kernel(impl_->kernels.load(spec, unit, stream));
 }
 
