@@ -1,31 +1,25 @@
 // kiln::Runtime: spec -> unit -> memory, disk or compile -> loaded kernel.
 #include "kiln/runtime.hpp"
 
-#include <fcntl.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
-#include <fstream>
-#include <map>
+#include <memory>
 #include <mutex>
-#include <shared_mutex>
+#include <string>
 #include <thread>
-#include <unordered_set>
+#include <vector>
 
 #include <fmt/format.h>
 
 #include "backend/backend.hpp"
-#include "backend/compiler_library.hpp"
-#include "backend/lazy_compiler.hpp"
+#include "backend/backends.hpp"
 #include "backend/stream_zeros.hpp"
 #include "cache/disk.hpp"
-#include "cache/single_flight.hpp"
+#include "cache/kernel_store.hpp"
 #include "config.hpp"
+#include "jit/recorder.hpp"
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
@@ -33,116 +27,26 @@
 #include "log.hpp"
 
 namespace kiln {
-namespace detail {
 
-struct LoadedKernel {
-  KernelInfo info;
-  std::unique_ptr<Function> function;
-  std::size_t params_size = 0;
-};
-
-}  // namespace detail
-
-using detail::Compiler;
 using detail::Config;
 using detail::Driver;
-using detail::Entry;
-using detail::Key;
-using detail::LazyCompiler;
-using detail::LoadedKernel;
 using detail::Unit;
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// In the order a runtime looks for a device or a compiler.
-constexpr Vendor kVendors[] = {Vendor::nvidia, Vendor::amd};
-
 double ms_since(Clock::time_point start) {
   return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
 }
 
-KernelInfo info_of(const Entry& entry) {
-  KernelInfo info;
-  info.key = entry.key.hex();
-  info.spec = entry.meta.spec;
-  info.target = entry.meta.target;
-  info.compiler = entry.meta.compiler;
-  info.lowered_name = entry.meta.lowered_name;
-  info.registers = entry.meta.registers;
-  info.spill_bytes = entry.meta.spill_bytes;
-  info.shared_bytes = entry.meta.shared_bytes;
-  info.stack_bytes = entry.meta.stack_bytes;
-  info.compile_ms = entry.meta.compile_ms;
-  info.log = entry.meta.log;
-  return info;
+// The runtime's configuration, with this process's log level set from it before anything that
+// logs (the source tree, the disk cache, the backends) is opened.
+Config configure(const Options& options) {
+  Config config = detail::resolve_config(options);
+  detail::set_log_level(config.log_level);
+  return config;
 }
-
-std::string join(const std::vector<std::string>& words) {
-  std::string text;
-  for (const std::string& word : words) text += (text.empty() ? "" : " ") + word;
-  return text;
-}
-
-void write_text(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) detail::warn_once(path.string(), fmt::format("cannot write {}", path.string()));
-}
-
-// Appends `line` and a newline to the file at `path` with one write() on an O_APPEND descriptor,
-// so that lines from concurrent threads and processes never interleave. A new file is 0644, as
-// cache entries are: readable by all, writable by its owner only, since `kiln warm` compiles
-// what it lists. A failure is one warning per file: recording never fails a call.
-void append_line(const std::filesystem::path& path, std::string_view line) {
-  const std::string text = std::string(line) + '\n';
-  int error = 0;
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    error = errno;
-  } else {
-    const ssize_t wrote = ::write(fd, text.data(), text.size());
-    if (wrote < 0) error = errno;
-    if (wrote >= 0 && static_cast<std::size_t>(wrote) != text.size()) error = ENOSPC;
-    ::close(fd);
-  }
-  if (error != 0) {
-    detail::warn_once("record " + path.string(),
-                      fmt::format("cannot append to the spec record {}: {}; calls go on "
-                                  "unrecorded (point KILN_RECORD at a file you can write)",
-                                  path.string(), std::strerror(error)));
-  }
-}
-
-// Writes `text` to `path` (its directory created) through a temp file renamed over it, so that a
-// reader never sees half of it; failures warn once, as append_line's.
-void write_record_file(const std::filesystem::path& path, std::string_view text) {
-  std::error_code ec;
-  std::filesystem::create_directories(path.parent_path(), ec);
-  const std::filesystem::path temp = path.string() + fmt::format(".{}.tmp", ::getpid());
-  {
-    std::ofstream out(temp, std::ios::binary | std::ios::trunc);
-    out << text;
-    out.close();
-    if (!out) ec = std::make_error_code(std::errc::io_error);
-  }
-  if (!ec) std::filesystem::rename(temp, path, ec);
-  if (ec) {
-    std::filesystem::remove(temp);
-    detail::warn_once("record " + path.string(),
-                      fmt::format("cannot write the variant code {} beside the spec record: {}; "
-                                  "its specs are recorded but will not warm (point KILN_RECORD at "
-                                  "a file in a directory you can write)",
-                                  path.string(), ec.message()));
-  }
-}
-
-// An entry found on disk or compiled, and how it was obtained.
-struct Obtained {
-  Entry entry;
-  WarmupStatus status;
-};
 
 // The target of a spec, named by it in the error when it names none.
 Target target_of(const KernelSpec& spec) {
@@ -157,428 +61,46 @@ Target target_of(const KernelSpec& spec) {
 
 struct Runtime::Impl {
   explicit Impl(const Options& options)
-      : config(detail::resolve_config(options)),
+      : config(configure(options)),
         sources(detail::SourceTree::locate(config.kernels_dir)),
         disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
-                                     config.cache_ro_trust}) {
-    detail::set_log_level(config.log_level);
-    backend = choose_backend();
+                                     config.cache_ro_trust}),
+        backends(config, disk),
+        kernels(config, sources, disk, backends),
+        recorder(config.record) {
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
-                to_string(backend), sources.describe(),
+                to_string(backends.backend()), sources.describe(),
                 disk.writable() ? disk.root()->string() : std::string("memory-only"));
   }
 
-  // --- backends ---------------------------------------------------------------------------
-
-  // The compiler for a vendor. While the fact memo beside the disk cache still describes the
-  // installed library, its answers come from there and computing a key loads nothing; the
-  // library is loaded to compile. A failure to find it is remembered and rethrown.
-  LazyCompiler& compiler(Vendor vendor) {
-    std::lock_guard lock(backend_mutex);
-    auto& slot = compilers[vendor];
-    if (!slot.compiler && !slot.error) {
-      try {
-        auto lazy = std::make_unique<LazyCompiler>(detail::compiler_library(vendor), disk);
-        lazy->identity();  // loads the library unless the memo vouches for it
-        slot.compiler = std::move(lazy);
-      } catch (...) {
-        slot.error = std::current_exception();
-      }
-    }
-    if (slot.error) std::rethrow_exception(slot.error);
-    return *slot.compiler;
-  }
-
-  // The driver of the runtime's backend, or null (with the reason in `why`) when absent.
-  Driver* driver(std::string* why = nullptr) { return driver_for(backend, why); }
-
-  Driver* driver_for(Vendor vendor, std::string* why = nullptr) {
-    std::lock_guard lock(backend_mutex);
-    auto& slot = drivers[vendor];
-    if (!slot.tried) {
-      slot.tried = true;
-      try {
-        slot.driver =
-            vendor == Vendor::amd ? detail::open_hip_driver() : detail::open_cuda_driver();
-      } catch (const std::exception& e) {
-        slot.error = e.what();
-      }
-    }
-    if (why) *why = slot.error;
-    return slot.driver.get();
-  }
-
-  Vendor choose_backend() {
-    if (config.backend) return *config.backend;
-    if (config.target) return config.target->vendor();
-    for (const Vendor vendor : kVendors) {
-      if (Driver* d = driver_for(vendor); d && d->device_count() > config.device) return vendor;
-    }
-    for (const Vendor vendor : kVendors) {
-      try {
-        compiler(vendor);
-        return vendor;
-      } catch (const Error&) {
-      }
-    }
-    return Vendor::nvidia;
-  }
-
-  // The device's target, when the runtime's backend has the configured device; asked of the
-  // driver once (a query there cost 4.6 us, and every call checks its target).
-  const std::optional<Target>& device_target() {
-    std::call_once(device_target_once, [&] {
-      Driver* d = driver();
-      if (!d || d->device_count() <= config.device) return;
-      device_target_value = Target::parse(d->device(config.device).target);
-    });
-    return device_target_value;
-  }
-
-  Target default_target() {
-    if (config.target) return *config.target;
-    if (auto target = device_target()) return *target;
-    const std::string missing = missing_device().value_or(fmt::format(
-        "the {} driver does not name device {}'s target", to_string(backend), config.device));
-    throw Error(ErrorCategory::not_found,
-                fmt::format("{}, and no target is given: give {} (e.g. sm_90a, gfx90a) to "
-                            "compile without a GPU",
-                            missing, detail::knob_name(detail::Knob::target)));
-  }
-
-  // --- spec -> unit -> entry ----------------------------------------------------------------
-
   Unit unit_of(const KernelSpec& spec) {
-    const Target target = spec.target.empty() ? default_target() : target_of(spec);
-    return detail::make_unit(spec, target, sources, compiler(target.vendor()));
-  }
-
-  // `hot_path`: the compile stalls a call (Runtime::kernel), so it is said at the default level.
-  Entry compile_unit(const Unit& asked, bool hot_path) {
-    if (config.jit == JitMode::off) {
-      throw Error(ErrorCategory::not_found,
-                  fmt::format("{} (key {}) is not cached and KILN_JIT=off forbids compiling: "
-                              "warm the cache where compiling is allowed, or set KILN_JIT=on",
-                              asked.spec, asked.key.hex()));
-    }
-    const Compiler& c = compiler(asked.target.vendor()).real();
-    // NOTE: `asked` was keyed with the fact memo's answers. A binary must be stored under the
-    // key its own compiler gives, and built with that compiler's options, so the unit is made
-    // again from the real compiler (0.1 ms beside a compile): the same key, unless the memo was
-    // out of date, which loading the compiler has just corrected.
-    const Unit unit = detail::make_unit(asked.kernel, asked.target, sources, c);
-    if (unit.key != asked.key) {
-      detail::log(LogLevel::info,
-                  "{} is stored under key {}, not {}: the compiler memo or a "
-                  "source changed since that key was computed",
-                  unit.spec, unit.key.hex(), asked.key.hex());
-    }
-    const detail::CompileResult result = c.compile({
-        .name = fmt::format("kiln_{}.cu", unit.key.hex()),
-        .source = unit.source,
-        .headers = unit.headers,
-        .options = unit.options,
-        .name_expression = unit.name_expression,
-    });
-    stats_compiles.fetch_add(1);
-    add(stats_compile_us, result.ms);
-    const std::string dumped = dump(unit, result);
-    if (!result.ok) {
-      stats_compile_failures.fetch_add(1);
-      throw CompileError({result.log, unit.spec, join(unit.options), unit.key.hex(),
-                          dumped.empty() ? dump_failure(unit) : dumped});
-    }
-    const std::string details = fmt::format("key {}, {} registers, {} spill bytes", unit.key.hex(),
-                                            result.usage.registers, result.usage.spill_bytes);
-    if (hot_path) {
-      // NOTE: a JIT of seconds inside a call looks like a hang to whoever runs the process.
-      detail::note(fmt::format(
-          "compiled {} in {:.0f} ms, inside the call that first needed it ({}); to compile "
-          "ahead of time, list a run's specs with KILN_RECORD=FILE and warm them with `kiln "
-          "warm FILE`",
-          unit.spec, result.ms, details));
-    } else {
-      detail::log(LogLevel::info, "compiled {} in {:.0f} ms ({})", unit.spec, result.ms, details);
-    }
-    Entry entry;
-    entry.key = unit.key;
-    entry.binary = result.binary;
-    entry.meta = {unit.spec,
-                  unit.target.name(),
-                  unit.compiler,
-                  result.lowered_name,
-                  result.ms,
-                  result.usage.registers,
-                  result.usage.spill_bytes,
-                  result.usage.shared_bytes,
-                  result.usage.stack_bytes,
-                  result.log};
-    return entry;
-  }
-
-  // KILN_DUMP_DIR: the generated unit, log, intermediate and binary of each compile.
-  std::string dump(const Unit& unit, const detail::CompileResult& result) {
-    if (!config.dump_dir) return {};
-    std::error_code ec;
-    std::filesystem::create_directories(*config.dump_dir, ec);
-    const auto base = *config.dump_dir / unit.key.hex();
-    const auto source = base.string() + ".cu";
-    write_text(source, unit.source);
-    write_text(base.string() + ".log", result.log);
-    if (!result.intermediate.empty()) write_text(base.string() + ".ptx", result.intermediate);
-    if (!result.binary.empty()) {
-      write_text(base.string() + (unit.target.amd() ? ".co" : ".cubin"),
-                 {reinterpret_cast<const char*>(result.binary.data()), result.binary.size()});
-    }
-    return source;
-  }
-
-  // With no dump directory, a failed compile still leaves its unit where a person can read it.
-  static std::string dump_failure(const Unit& unit) {
-    std::error_code ec;
-    const auto path =
-        std::filesystem::temp_directory_path(ec) / fmt::format("kiln_{}.cu", unit.key.hex());
-    if (ec) return {};
-    write_text(path, unit.source);
-    return path.string();
-  }
-
-  Obtained obtain(const Unit& unit, bool hot_path) {
-    if (auto entry = disk.load(unit.key, unit.spec)) {
-      stats_disk_hits.fetch_add(1);
-      return {std::move(*entry), WarmupStatus::disk_hit};
-    }
-    if (hot_path && config.jit == JitMode::strict) {
-      throw Error(ErrorCategory::not_found,
-                  fmt::format("{} (key {}) is not cached and KILN_JIT=strict forbids compiling on "
-                              "the hot path: warm it first ({}), or set KILN_JIT=on",
-                              unit.spec, unit.key.hex(), detail::knob_name(detail::Knob::warmup)));
-    }
-    // Another process may be compiling the same key: wait for it, then look again.
-    const auto lock = disk.lock(unit.key);
-    if (auto entry = disk.load(unit.key, unit.spec)) {
-      stats_disk_hits.fetch_add(1);
-      return {std::move(*entry), WarmupStatus::disk_hit};
-    }
-    Entry entry = compile_unit(unit, hot_path);
-    disk.store(entry);
-    return {std::move(entry), WarmupStatus::compiled};
-  }
-
-  std::shared_ptr<LoadedKernel> load_entry(const Unit& unit, const Entry& entry) {
-    Driver* d = driver();
-    const auto start = Clock::now();
-    auto loaded = std::make_shared<LoadedKernel>();
-    loaded->function = d->load(config.device, entry.binary, entry.meta.lowered_name);
-    loaded->info = info_of(entry);
-    loaded->params_size = unit.params->size;
-    stats_loads.fetch_add(1);
-    add(stats_load_us, ms_since(start));
-    return loaded;
-  }
-
-  // Memory, then disk, then compile; a disk entry the driver rejects is rebuilt, never trusted.
-  // `stream`: the hot path's launch stream, checked for graph capture before anything loads.
-  std::pair<std::shared_ptr<LoadedKernel>, WarmupStatus> loaded(const Unit& unit, bool hot_path,
-                                                                void* stream = nullptr) {
-    require_device(unit);
-    bool computed = false;
-    WarmupStatus status = WarmupStatus::memory_hit;
-    auto kernel = memory.get(
-        unit.key,
-        [&] {
-          if (hot_path && driver()->is_capturing(config.device, stream)) {
-            throw Error(
-                ErrorCategory::invalid_argument,
-                fmt::format("not warmed: {} (key {}) is not loaded, and its stream is "
-                            "capturing a graph, during which no kernel can be loaded or "
-                            "compiled: warm these specs before capturing ({}; after "
-                            "`kiln warm`, one uncaptured call loads them), or make one "
-                            "uncaptured call with the same shapes first",
-                            unit.spec, unit.key.hex(), detail::knob_name(detail::Knob::warmup)));
-          }
-          Obtained found = obtain(unit, hot_path);
-          status = found.status;
-          try {
-            return load_entry(unit, found.entry);
-          } catch (const Error& e) {
-            if (found.status != WarmupStatus::disk_hit) throw;
-            detail::warn_once(unit.key.hex(),
-                              fmt::format("cached {} (key {}) did not load ({}); recompiling",
-                                          unit.spec, unit.key.hex(), e.what()));
-            disk.remove(unit.key);
-            Entry rebuilt = compile_unit(unit, hot_path);
-            disk.store(rebuilt);
-            status = WarmupStatus::compiled;
-            return load_entry(unit, rebuilt);
-          }
-        },
-        &computed);
-    if (!computed) stats_memory_hits.fetch_add(1);
-    return {kernel, computed ? status : WarmupStatus::memory_hit};
-  }
-
-  // Why the runtime's device cannot be used, the root cause first (a driver that did not
-  // load, before the device it would have found); nothing when it can be.
-  std::optional<std::string> missing_device() {
-    std::string why;
-    Driver* d = driver(&why);
-    if (!d) {
-      return fmt::format("the {} driver is unavailable ({}), so there is no {} device {}",
-                         to_string(backend), why, to_string(backend), config.device);
-    }
-    if (d->device_count() <= config.device) {
-      return fmt::format("there is no {} device {} (the driver counts {})", to_string(backend),
-                         config.device, d->device_count());
-    }
-    return std::nullopt;
-  }
-
-  // The driver, when it has the runtime's device; otherwise kiln::Error (not_found) saying that
-  // it cannot `doing`, why, and then `fix`.
-  Driver& device_driver(std::string_view doing, std::string_view fix) {
-    if (auto missing = missing_device()) {
-      throw Error(ErrorCategory::not_found, fmt::format("cannot {}: {}{}", doing, *missing, fix));
-    }
-    return *driver();
-  }
-
-  // The runtime's device, queried once: decode reads its SM count on every call.
-  const DeviceInfo& device_info() {
-    std::call_once(device_info_once, [&] {
-      device_info_value = device_driver("read the device's properties", "").device(config.device);
-    });
-    return device_info_value;
-  }
-
-  void require_device(const Unit& unit) {
-    const std::string fix = fmt::format("; compile-only use needs an explicit target ({})",
-                                        detail::knob_name(detail::Knob::compile_only));
-    const std::string doing = "load " + unit.spec;
-    device_driver(doing, fix);
-    const auto& target = device_target();
-    if (!target) {
-      throw Error(ErrorCategory::not_found,
-                  fmt::format("cannot {}: the {} driver does not name device {}'s target{}", doing,
-                              to_string(backend), config.device, fix));
-    }
-    if (*target != unit.target) {
-      throw Error(ErrorCategory::invalid_argument,
-                  fmt::format("cannot load {} on device {} whose target is {}: leave the spec's "
-                              "target empty and {} unset, or compile for other targets without "
-                              "loading ({})",
-                              unit.spec, config.device, target->name(),
-                              detail::knob_name(detail::Knob::target),
-                              detail::knob_name(detail::Knob::compile_only)));
-    }
-  }
-
-  bool loads_on_device(const Unit& unit) {
-    const auto& target = device_target();
-    return target && *target == unit.target;
-  }
-
-  std::pair<KernelInfo, WarmupStatus> compiled(const Unit& unit) {
-    if (auto kernel = memory.find(unit.key)) return {(*kernel)->info, WarmupStatus::memory_hit};
-    bool computed = false;
-    WarmupStatus status = WarmupStatus::disk_hit;
-    KernelInfo info = on_disk.get(
-        unit.key,
-        [&] {
-          Obtained found = obtain(unit, false);
-          status = found.status;
-          return info_of(found.entry);
-        },
-        &computed);
-    return {info, computed ? status : WarmupStatus::memory_hit};
-  }
-
-  // KILN_RECORD: the first time kernel() is asked for `unit`, whether or not it then loads (so
-  // that a run refused under KILN_JIT=strict still names what to warm). A user variant's code
-  // goes beside the record, in <record>.variants/NAME-HASH.cuh, declared by a `variant NAME FILE`
-  // line before the first spec that names it, so that `kiln warm` builds the record as it is.
-  void record(const Unit& unit) {
-    if (!config.record) return;
-    // NOTE: one lock over the writes too: a variant's declaration must precede every spec line
-    // that names it. Each spec is recorded once, so this is off the hot path.
-    std::lock_guard lock(recorded_mutex);
-    if (!recorded.insert(unit.spec).second) return;
-    const KernelSpec& kernel = unit.kernel;
-    if (!kernel.variant_code.empty()) {
-      const std::string file =
-          fmt::format("{}.variants/{}-{}.cuh", config.record->filename().string(),
-                      kernel.variant_name, variant_hash(kernel.variant_code));
-      if (recorded.insert(file).second) {
-        write_record_file(config.record->parent_path() / file, kernel.variant_code);
-        append_line(*config.record, fmt::format("variant {} {}", kernel.variant_name, file));
-      }
-    }
-    append_line(*config.record, unit.spec);
-  }
-
-  static void add(std::atomic<std::uint64_t>& total_us, double ms) {
-    total_us.fetch_add(static_cast<std::uint64_t>(ms * 1000.0));
+    const Target target = spec.target.empty() ? backends.default_target() : target_of(spec);
+    return detail::make_unit(spec, target, sources, backends.compiler(target.vendor()));
   }
 
   Config config;
   detail::SourceTree sources;
   detail::DiskCache disk;
-  Vendor backend;
-
-  struct CompilerSlot {
-    std::unique_ptr<LazyCompiler> compiler;
-    std::exception_ptr error;
-  };
-  struct DriverSlot {
-    bool tried = false;
-    std::unique_ptr<Driver> driver;
-    std::string error;
-  };
-  std::mutex backend_mutex;
-  std::map<Vendor, CompilerSlot> compilers;
-  std::map<Vendor, DriverSlot> drivers;
-  std::once_flag device_info_once;
-  std::once_flag device_target_once;
-  std::optional<Target> device_target_value;
-  DeviceInfo device_info_value;
-
-  // NOTE: declared after `drivers`, so its memory goes back while the driver is still open.
+  // NOTE: declared after `disk`, where the compilers keep their fact memos, and before what the
+  // drivers made (stream zeros' memory, loaded kernels), which must go back while they are open.
+  detail::Backends backends;
   detail::StreamZeros stream_zeros;
-
-  detail::SingleFlight<std::shared_ptr<LoadedKernel>> memory;
-  detail::SingleFlight<KernelInfo> on_disk;
-  // The hot path's shortcut: spec as the caller wrote it (hashed, not printed) -> loaded kernel.
-  std::shared_mutex by_spec_mutex;
-  std::unordered_map<KernelSpec, std::shared_ptr<LoadedKernel>> by_spec;
-  std::mutex recorded_mutex;
-  // Canonical specs (target included), and the variant code files written beside the record.
-  std::unordered_set<std::string> recorded;
-
-  std::atomic<std::uint64_t> stats_memory_hits{0}, stats_disk_hits{0}, stats_compiles{0},
-      stats_compile_failures{0}, stats_loads{0}, stats_compile_us{0}, stats_load_us{0};
+  detail::KernelStore kernels;
+  detail::Recorder recorder;
 };
 
 Runtime::Runtime(Options options) : impl_(std::make_unique<Impl>(options)) {}
 Runtime::~Runtime() = default;
 
 Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
-  {
-    std::shared_lock lock(impl_->by_spec_mutex);
-    if (auto it = impl_->by_spec.find(spec); it != impl_->by_spec.end()) {
-      impl_->stats_memory_hits.fetch_add(1, std::memory_order_relaxed);
-      return Kernel(it->second);
-    }
-  }
+  if (auto kernel = impl_->kernels.find(spec)) return Kernel(std::move(kernel));
   const Unit unit = impl_->unit_of(spec);
-  impl_->record(unit);
-  auto kernel = impl_->loaded(unit, true, stream).first;
-  std::unique_lock lock(impl_->by_spec_mutex);
-  impl_->by_spec.emplace(spec, kernel);
-  return Kernel(std::move(kernel));
+  impl_->recorder.record(unit);
+  return Kernel(impl_->kernels.load(spec, unit, stream));
 }
 
 KernelInfo Runtime::compile(const KernelSpec& spec) {
-  return impl_->compiled(impl_->unit_of(spec)).first;
+  return impl_->kernels.compile(impl_->unit_of(spec));
 }
 
 WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOptions& options) {
@@ -600,11 +122,7 @@ WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOpti
         const Unit unit = impl_->unit_of(specs[i]);
         item.spec = unit.spec;
         item.key = unit.key.hex();
-        if (options.load && impl_->loads_on_device(unit)) {
-          item.status = impl_->loaded(unit, false).second;
-        } else {
-          item.status = impl_->compiled(unit).second;
-        }
+        item.status = impl_->kernels.warm(unit, options.load);
       } catch (const std::exception& e) {
         item.status = WarmupStatus::failed;
         item.error = e.what();
@@ -636,7 +154,7 @@ std::string Runtime::generated_source(const KernelSpec& spec) {
 }
 
 Target Runtime::target() const {
-  return impl_->default_target();
+  return impl_->backends.default_target();
 }
 
 int Runtime::device() const {
@@ -644,11 +162,11 @@ int Runtime::device() const {
 }
 
 Vendor Runtime::backend() const {
-  return impl_->backend;
+  return impl_->backends.backend();
 }
 
 const DeviceInfo& Runtime::device_info() const {
-  return impl_->device_info();
+  return impl_->backends.device_info();
 }
 
 bool Runtime::debug() const {
@@ -657,28 +175,29 @@ bool Runtime::debug() const {
 
 void* Runtime::allocate_async(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
-  return impl_->device_driver("allocate device memory", "")
+  return impl_->backends.device_driver("allocate device memory", "")
       .allocate_async(impl_->config.device, bytes, stream);
 }
 
 void Runtime::free_async(void* pointer, void* stream) {
   if (pointer == nullptr) return;
-  impl_->device_driver("free device memory", "").free_async(impl_->config.device, pointer, stream);
+  impl_->backends.device_driver("free device memory", "")
+      .free_async(impl_->config.device, pointer, stream);
 }
 
 void Runtime::zero_async(void* pointer, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
-  impl_->device_driver("zero device memory", "")
+  impl_->backends.device_driver("zero device memory", "")
       .zero_async(impl_->config.device, pointer, bytes, stream);
 }
 
 void Runtime::encode_tensor_map(void* map, const TensorMapLayout& layout) {
-  impl_->device_driver("make a TMA descriptor", "").encode_tensor_map(map, layout);
+  impl_->backends.device_driver("make a TMA descriptor", "").encode_tensor_map(map, layout);
 }
 
 std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
-  Driver& d = impl_->device_driver("allocate device memory", "");
+  Driver& d = impl_->backends.device_driver("allocate device memory", "");
   const int device = impl_->config.device;
   // NOTE: capture first: the driver refuses to name a capturing stream.
   if (d.is_capturing(device, stream)) return nullptr;
@@ -689,28 +208,28 @@ std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
 void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t bytes,
                            void* stream) {
   if (bytes == 0) return;
-  impl_->device_driver("copy device memory to the host", "")
+  impl_->backends.device_driver("copy device memory to the host", "")
       .copy_to_host(impl_->config.device, host, device_pointer, bytes, stream);
 }
 
 RuntimeInfo Runtime::info() const {
   RuntimeInfo info;
-  info.backend = to_string(impl_->backend);
+  info.backend = to_string(impl_->backends.backend());
   try {
-    info.target = impl_->default_target().name();
+    info.target = impl_->backends.default_target().name();
   } catch (const Error&) {
   }
-  for (const Vendor vendor : kVendors) {
+  for (const Vendor vendor : detail::kVendors) {
     BackendInfo backend;
     backend.name = to_string(vendor);
     try {
-      backend.compiler = impl_->compiler(vendor).identity();
+      backend.compiler = impl_->backends.compiler(vendor).identity();
       backend.compiler_found = true;
     } catch (const std::exception& e) {
       backend.compiler = e.what();
     }
     std::string why;
-    if (Driver* d = impl_->driver_for(vendor, &why)) {
+    if (Driver* d = impl_->backends.driver_for(vendor, &why)) {
       backend.driver_found = true;
       backend.driver = d->version();
       for (int i = 0; i < d->device_count(); ++i) backend.devices.push_back(d->device(i));
@@ -727,15 +246,7 @@ RuntimeInfo Runtime::info() const {
 }
 
 Stats Runtime::stats() const {
-  Stats s;
-  s.memory_hits = impl_->stats_memory_hits.load();
-  s.disk_hits = impl_->stats_disk_hits.load();
-  s.compiles = impl_->stats_compiles.load();
-  s.compile_failures = impl_->stats_compile_failures.load();
-  s.loads = impl_->stats_loads.load();
-  s.compile_ms = static_cast<double>(impl_->stats_compile_us.load()) / 1000.0;
-  s.load_ms = static_cast<double>(impl_->stats_load_us.load()) / 1000.0;
-  return s;
+  return impl_->kernels.stats();
 }
 
 void Kernel::launch_raw(const LaunchConfig& config, const void* params, std::size_t size) const {
