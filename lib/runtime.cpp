@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +18,7 @@
 #include "cache/disk.hpp"
 #include "cache/kernel_store.hpp"
 #include "config.hpp"
+#include "elapsed.hpp"
 #include "jit/recorder.hpp"
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
@@ -28,17 +28,13 @@
 
 namespace kiln {
 
+using detail::Clock;
 using detail::Config;
 using detail::Driver;
+using detail::ms_since;
 using detail::Unit;
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 // The runtime's configuration, with this process's log level set from it before anything that
 // logs (the source tree, the disk cache, the backends) is opened.

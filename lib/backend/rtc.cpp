@@ -1,10 +1,10 @@
 // The run-time compile sequence NVRTC and hipRTC share.
 #include "backend/rtc.hpp"
 
-#include <chrono>
 #include <utility>
 #include <vector>
 
+#include "elapsed.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -108,7 +108,7 @@ std::string rtc_identity(const RtcApi& api) {
 
 CompileResult compile_with(const RtcApi& api, const CompileRequest& request,
                            std::span<const std::string> options) {
-  const auto start = std::chrono::steady_clock::now();
+  const auto start = Clock::now();
   CompileResult result;
   OwnedProgram program(api, request);
   if (!request.name_expression.empty()) {
@@ -148,8 +148,7 @@ CompileResult compile_with(const RtcApi& api, const CompileRequest& request,
                                        api.get_intermediate, api.intermediate_entry);
     }
   }
-  result.ms =
-      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  result.ms = ms_since(start);
   return result;
 }
 

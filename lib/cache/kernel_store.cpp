@@ -3,23 +3,17 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <mutex>
 #include <utility>
 
+#include "elapsed.hpp"
 #include "kiln/error.hpp"
 #include "log.hpp"
 
 namespace kiln::detail {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
 
 void add(std::atomic<std::uint64_t>& total_us, double ms) {
   total_us.fetch_add(static_cast<std::uint64_t>(ms * 1000.0));
