@@ -27,11 +27,6 @@ constexpr long long kSmemPerCta = 112 * 1024;
 
 using detail::ceil_div;
 
-// The threads decode_append and merge_states_kernel are written for: the __launch_bounds__ of
-// kernels_src/attention/decode/append.cuh and merge.cuh.
-constexpr int kDecodeAppendThreads = 128;
-constexpr int kMergeThreads = 128;
-
 long long smem_bytes(const DecodeProblem& problem, const DecodeConfig& c) {
   return attention_decode_smem_bytes(problem.head_dim, problem.head_dim_v, c.m_tiles, c.block_n,
                                      c.warps, c.stages);

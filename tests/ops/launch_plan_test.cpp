@@ -99,10 +99,12 @@ TEST_CASE("decode decides its row tiles once, in choose(), and plans from them",
   CHECK(detail::decode_attention_plan(problem(8, 128), d128).shared_bytes ==
         2 * (16 * 128 + 4 * 3 * 16 * 256));
 
-  // The append and merge kernels are written for 128 threads and take no shared memory.
+  // The append and merge kernels launch the threads their __launch_bounds__ name (params/decode.h)
+  // and take no shared memory.
+  CHECK(detail::decode_append_plan(problem(8, 128)).threads == kDecodeAppendThreads);
+  CHECK(detail::merge_plan(DType::f32, DType::bf16, 128).threads == kMergeThreads);
   for (const LaunchPlan& plan : {detail::decode_append_plan(problem(8, 128)),
                                  detail::merge_plan(DType::f32, DType::bf16, 128)}) {
-    CHECK(plan.threads == 128);
     CHECK(plan.shared_bytes == 0);
     check_registry_agrees(plan);
   }
