@@ -105,6 +105,32 @@ Target named(std::string_view name) {
 
 Target::Target(std::string_view name) : Target(named(name)) {}
 
+namespace {
+
+struct SharedLimit {
+  int arch;
+  int kib;
+};
+
+// CUDA's opt-in maximum of shared memory per CTA by compute capability, in KiB (the CUDA C++
+// Programming Guide's technical specifications per compute capability).
+constexpr SharedLimit kNvidiaSharedKiB[] = {{70, 96},   {72, 96},   {75, 64},  {80, 163},
+                                            {86, 99},   {87, 163},  {89, 99},  {90, 227},
+                                            {100, 227}, {103, 227}, {120, 99}, {121, 99}};
+// NOTE: the least of sm_80 and newer, so that a plan for an architecture newer than the table
+// runs there, only perhaps slower than one made for it.
+constexpr int kUnknownNvidiaSharedKiB = 99;
+
+}  // namespace
+
+int Target::max_shared_bytes_per_block() const {
+  if (amd()) return (arch_ == 0x950 ? 160 : 64) * 1024;  // MI355X's LDS is 160 KiB
+  for (const SharedLimit& limit : kNvidiaSharedKiB) {
+    if (limit.arch == arch_) return limit.kib * 1024;
+  }
+  return kUnknownNvidiaSharedKiB * 1024;
+}
+
 std::string Target::name() const {
   if (amd()) return fmt::format("gfx{:x}", arch_);
   return fmt::format("sm_{}{}", arch_, arch_specific_ ? "a" : "");

@@ -80,6 +80,27 @@ TEST_CASE("a backend's name is its vendor's, both ways", "[target]") {
   CHECK_FALSE(parse_backend("CUDA").has_value());
 }
 
+TEST_CASE("a target knows the shared memory one CTA may take on it", "[target]") {
+  // CUDA's opt-in maximum, which a device of the target reports (the [gpu] run checks its own);
+  // AMD's LDS per workgroup.
+  for (const auto& [name, bytes] : {std::pair{"sm_80", 166912},
+                                    {"sm_86", 101376},
+                                    {"sm_87", 166912},
+                                    {"sm_89", 101376},
+                                    {"sm_90", 232448},
+                                    {"sm_90a", 232448},
+                                    {"sm_100a", 232448},
+                                    {"sm_120", 101376},
+                                    {"gfx90a", 65536},
+                                    {"gfx942", 65536},
+                                    {"gfx950", 163840}}) {
+    INFO(name);
+    CHECK(Target(name).max_shared_bytes_per_block() == bytes);
+  }
+  // One the table does not know: the least of sm_80 and newer, which any of them runs.
+  CHECK(Target("sm_130").max_shared_bytes_per_block() == 101376);
+}
+
 TEST_CASE("targets are read where they come in: options, manifests, the default sets", "[target]") {
   const TempDir cache;
   Options options = isolated_options(cache.path(), "sm90");

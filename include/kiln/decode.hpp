@@ -67,7 +67,7 @@ struct DecodeOptions {
 struct DecodeConfig {
   int num_splits = 1;  // key ranges per sequence, merged by the combine kernel when > 1
   int block_n = 16;    // keys per warp and step
-  int warps = 4;       // warps per CTA, each streaming its own keys
+  int warps = 4;       // warps per CTA, each streaming its own keys (fewer where 4 do not fit)
   int stages = 4;      // cp.async slots per warp
   int m_tiles = 1;     // m16 row tiles per CTA, 1, 2 or 4: 16 * m_tiles query rows of a kv head
 };
@@ -111,9 +111,12 @@ struct DecodeProblem {
   int requested_splits = 0;
 };
 
-// The config attention_with_kvcache() uses for `problem` on a device of `multiprocessors` SMs:
-// splits from the heuristic, or at most problem.requested_splits when that is positive.
-DecodeConfig choose(const DecodeProblem& problem, int multiprocessors);
+// The config attention_with_kvcache() uses for `problem` on a device of `target` with
+// `multiprocessors` SMs: tiles within the target's shared memory per CTA
+// (Target::max_shared_bytes_per_block), splits from the heuristic, or at most
+// problem.requested_splits when that is positive. A pure function of its arguments, so that
+// warming ahead for a target (decode_specs) gives the specs its devices run.
+DecodeConfig choose(const DecodeProblem& problem, const Target& target, int multiprocessors);
 
 // Every spec a call of `problem` with `config` compiles: the append kernel (problem.append)
 // and the attention kernel.

@@ -38,6 +38,13 @@ class Target {
   bool nvidia() const { return vendor_ == Vendor::nvidia; }
   bool amd() const { return vendor_ == Vendor::amd; }
 
+  // The most dynamic shared memory one CTA may take on this architecture, in bytes: CUDA's
+  // opt-in maximum (what DeviceInfo::max_shared_bytes_per_block reads from a device of it), AMD's
+  // LDS per workgroup. From the vendors' tables, so that what is planned without a device (kiln
+  // warm) is what a device of the target runs; an architecture the table does not know gets the
+  // least of the sm_80 and newer ones (99 KiB).
+  int max_shared_bytes_per_block() const;
+
   std::string name() const;                                        // as parsed: "sm_90a"
   std::string_view backend() const { return to_string(vendor_); }  // "cuda" or "hip"
 

@@ -467,9 +467,10 @@ void attention_with_kvcache(const TensorView& q, const KVCache& cache, const Ten
                             const DecodeOptions& options, void* stream, Runtime& runtime) {
   const detail::Shape s = detail::validate(q, cache, out, options, runtime.device());
   if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
-  detail::require_target(runtime.target());
+  const Target target = runtime.target();
+  detail::require_target(target);
   const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
-  const DecodeConfig config = choose(problem, runtime.device_info().multiprocessors);
+  const DecodeConfig config = choose(problem, target, runtime.device_info().multiprocessors);
   if (runtime.debug()) detail::check_cache_indices(runtime, cache, detail::bounds_of(s), stream);
   detail::launch_decode(runtime, problem, config, detail::params_of(q, cache, out, options, s),
                         stream);
@@ -479,11 +480,12 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
                   const DecodeOptions& options, std::string* why, Runtime& runtime) {
   try {
     const detail::Shape s = detail::validate(q, cache, out, options, runtime.device());
-    detail::require_target(runtime.target());
+    const Target target = runtime.target();
+    detail::require_target(target);
     if (const DeviceInfo* device = detail::present_device(runtime)) {
       const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
-      const DecodeConfig config = choose(problem, device->multiprocessors);
-      detail::require_fits(detail::decode_attention_plan(problem, config), config, *device);
+      const DecodeConfig config = choose(problem, target, device->multiprocessors);
+      detail::require_fits(detail::decode_attention_plan(problem, config), config, target, *device);
     }
     return true;
   } catch (const Error& e) {

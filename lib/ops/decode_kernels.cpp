@@ -21,15 +21,11 @@ namespace {
 // tiles' latency, the warp merge) need that much streaming to hide. Measured on an H200 at
 // 1 x 32768 (8 kv heads): 16 splits of 2048 keys ran at 3.0 TB/s, 33 splits at 2.7.
 constexpr long long kMinSplitKeys = 2048;
-// Shared memory one CTA aims to stay under, so that two fit an SM of sm_90 (227 KiB).
+// Shared memory one CTA aims to stay under, so that two fit an SM of sm_90 (227 KiB); choose()
+// takes the target's limit where that is less.
 constexpr long long kSmemPerCta = 112 * 1024;
 
 using detail::ceil_div;
-
-// The threads decode_append and merge_states_kernel are written for: the __launch_bounds__ of
-// kernels_src/attention/decode/append.cuh and merge.cuh.
-constexpr int kDecodeAppendThreads = 128;
-constexpr int kMergeThreads = 128;
 
 long long smem_bytes(const DecodeProblem& problem, const DecodeConfig& c) {
   return attention_decode_smem_bytes(problem.head_dim, problem.head_dim_v, c.m_tiles, c.block_n,
@@ -55,15 +51,21 @@ int split_heuristic(long long ctas, long long slots, int max_splits) {
 
 }  // namespace
 
-DecodeConfig choose(const DecodeProblem& problem, int multiprocessors) {
+DecodeConfig choose(const DecodeProblem& problem, const Target& target, int multiprocessors) {
   DecodeConfig c;
   c.m_tiles = detail::decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
-  // As many cp.async slots per warp as fit kSmemPerCta, 2 to 4.
   c.stages = 2;
+  // NOTE: fewer warps only where two stages of four do not fit the target at all (head dim 256
+  // on sm_86, sm_89 and sm_120: 136 KiB against 99), since four warps are what was measured (on
+  // an H200): the stages give way first. Neither is tuned on those targets.
+  const long long limit = target.max_shared_bytes_per_block();
+  while (c.warps > 1 && smem_bytes(problem, c) > limit) --c.warps;
+  // As many cp.async slots per warp as fit kSmemPerCta and the target, 2 to 4.
+  const long long budget = std::min(kSmemPerCta, limit);
   while (c.stages < 4) {
     DecodeConfig deeper = c;
     ++deeper.stages;
-    if (smem_bytes(problem, deeper) > kSmemPerCta) break;
+    if (smem_bytes(problem, deeper) > budget) break;
     c = deeper;
   }
   const long long step = static_cast<long long>(c.warps) * c.block_n;
@@ -99,7 +101,8 @@ std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeC
 std::vector<KernelSpec> decode_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!detail::is_sm80_or_newer(target)) return specs;
-  // A long cache on few sequences, so that the config is the split one.
+  // A long cache on few sequences, so that the config is the split one. The SM count steers
+  // only the splits, which no spec holds.
   constexpr int kBatch = 1, kHeadsKv = 8, kRows = 4, kSms = 132;
   constexpr long long kCapacity = 32768;
   for (DType dtype : {DType::bf16, DType::f16}) {
@@ -113,7 +116,7 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
                                     .batch = kBatch,
                                     .heads_kv = kHeadsKv,
                                     .capacity = kCapacity};
-        for (KernelSpec& spec : decode_specs(problem, choose(problem, kSms))) {
+        for (KernelSpec& spec : decode_specs(problem, choose(problem, target, kSms))) {
           specs.push_back(std::move(spec));
         }
       }
@@ -235,14 +238,15 @@ LaunchPlan merge_plan(DType in, DType out, int head_dim) {
   return {.spec = merge_spec(in, out, head_dim), .threads = kMergeThreads};
 }
 
-void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const DeviceInfo& device) {
+void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Target& target,
+                  const DeviceInfo& device) {
   if (const auto exceeded = exceeded_limit(plan, device)) {
     throw Error(ErrorCategory::unsupported,
                 fmt::format("decode config (block_n {}, warps {}, stages {}, m_tiles {}) needs {}: "
-                            "choose() plans decode for {} KiB of shared memory per CTA, which "
-                            "this device does not give; smaller head dims need less",
+                            "choose() planned it for the target {}, whose CTAs may take {} bytes; "
+                            "run with the device's own target ({})",
                             config.block_n, config.warps, config.stages, config.m_tiles, *exceeded,
-                            kSmemPerCta / 1024));
+                            target.name(), target.max_shared_bytes_per_block(), device.target));
   }
 }
 
@@ -323,7 +327,7 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
   // while the one before it finishes.
   const LaunchPlan attention = decode_attention_plan(problem, config);
   const Kernel kernel = runtime.kernel(attention.spec, stream);
-  require_fits(attention, config, runtime.device_info());
+  require_fits(attention, config, runtime.target(), runtime.device_info());
   kernel.launch(
       {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
                 static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},

@@ -34,9 +34,11 @@ LaunchPlan decode_attention_plan(const DecodeProblem& problem, const DecodeConfi
 LaunchPlan merge_plan(DType in, DType out, int head_dim);
 
 // Throws kiln::Error (unsupported) when `device` cannot run `plan`, the attention kernel of
-// `config` (the append and merge kernels take 128 threads and no shared memory: every device
-// runs them).
-void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const DeviceInfo& device);
+// `config` chosen for `target` (the append and merge kernels take kDecodeAppendThreads and
+// kMergeThreads, 128, and no shared memory: every device runs them). choose() plans within the
+// target's limits, so this fails only for a target that is not the device's (Options::target).
+void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Target& target,
+                  const DeviceInfo& device);
 
 // Runs a validated decode call: the append kernel when problem.append (which also writes the
 // rotated q into scratch when problem.rotary), then attention_decode, whose splits merge their

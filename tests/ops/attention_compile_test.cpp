@@ -216,6 +216,14 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling; none fo
   }
   CHECK(kiln::decode_default_specs("gfx90a").empty());
   CHECK(kiln::decode_default_specs("sm_75").empty());
+
+  // Where a CTA gets 99 KiB, head dim 256 streams with two warps (tests/ops/launch_plan_test.cpp).
+  const kiln::DecodeProblem d256{
+      .head_dim = 256, .head_dim_v = 256, .rows_per_kv_head = 8, .paged = true};
+  const kiln::DecodeConfig narrow = kiln::choose(d256, "sm_86", 84);
+  REQUIRE(narrow.warps == 2);
+  kiln::Runtime ampere = runtime_for(dir.path(), "sm_86");
+  check_compiled(ampere, kiln::decode_specs(d256, narrow));
 }
 
 TEST_CASE("a variant's code is in its spec and key, and its compile errors point at its lines",
@@ -257,7 +265,7 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
     }
     const kiln::DecodeProblem decode{
         .head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 4, .variant = variant};
-    for (kiln::KernelSpec& spec : kiln::decode_specs(decode, kiln::choose(decode, 132))) {
+    for (kiln::KernelSpec& spec : kiln::decode_specs(decode, kiln::choose(decode, "sm_90a", 132))) {
       specs.push_back(std::move(spec));
     }
   }

@@ -397,13 +397,13 @@ TEST_CASE("a decode problem gives its config and specs without a call", "[decode
                               .heads_kv = 8,
                               .capacity = 32768};
   // One sequence of many keys on 132 SMs: the heuristic splits them; a request caps the splits.
-  CHECK(kiln::choose(problem, 132).num_splits > 1);
+  CHECK(kiln::choose(problem, "sm_90a", 132).num_splits > 1);
   problem.requested_splits = 3;
-  CHECK(kiln::choose(problem, 132).num_splits == 3);
+  CHECK(kiln::choose(problem, "sm_90a", 132).num_splits == 3);
   problem.capacity = 16;  // one step of keys: one split whatever is asked
-  CHECK(kiln::choose(problem, 132).num_splits == 1);
+  CHECK(kiln::choose(problem, "sm_90a", 132).num_splits == 1);
   const std::vector<kiln::KernelSpec> specs =
-      kiln::decode_specs(problem, kiln::choose(problem, 132));
+      kiln::decode_specs(problem, kiln::choose(problem, "sm_90a", 132));
   REQUIRE(specs.size() == 2);
   CHECK(specs[0].source == "attention/decode/append.cuh");
   CHECK(specs[1].source == "attention/decode/attention.cuh");
@@ -462,7 +462,7 @@ TEST_CASE("decode split-KV over a long cache: 1, 2, 7, 64 splits and the heurist
                                                     .heads_kv = 2,
                                                     .capacity = 3005,
                                                     .requested_splits = splits},
-                                                   sms);
+                                                   rt.target(), sms);
     INFO("choose gives " << config.num_splits << " splits for " << splits << " asked");
     CHECK(config.num_splits >= 1);
     CHECK(config.num_splits <= (splits ? splits : 128));

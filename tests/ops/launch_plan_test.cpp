@@ -4,6 +4,7 @@
 
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -82,7 +83,7 @@ TEST_CASE("decode decides its row tiles once, in choose(), and plans from them",
         std::tuple{64, 256, 1}}) {
     INFO(rows << " rows, head dim " << dim);
     const DecodeProblem p = problem(rows, dim);
-    const DecodeConfig config = choose(p, 132);
+    const DecodeConfig config = choose(p, "sm_90a", 132);
     CHECK(config.m_tiles == m_tiles);
     CHECK(detail::decode_row_blocks(p, config) == (rows + 16 * m_tiles - 1) / (16 * m_tiles));
     const LaunchPlan plan = detail::decode_attention_plan(p, config);
@@ -93,15 +94,17 @@ TEST_CASE("decode decides its row tiles once, in choose(), and plans from them",
     check_registry_agrees(plan);
   }
   // d128, one row tile: 3 stages fit the 112 KiB a CTA aims at, 4 would not.
-  const DecodeConfig d128 = choose(problem(8, 128), 132);
+  const DecodeConfig d128 = choose(problem(8, 128), "sm_90a", 132);
   CHECK(d128.stages == 3);
   CHECK(detail::decode_attention_plan(problem(8, 128), d128).shared_bytes ==
         2 * (16 * 128 + 4 * 3 * 16 * 256));
 
-  // The append and merge kernels are written for 128 threads and take no shared memory.
+  // The append and merge kernels launch the threads their __launch_bounds__ name (params/decode.h)
+  // and take no shared memory.
+  CHECK(detail::decode_append_plan(problem(8, 128)).threads == kDecodeAppendThreads);
+  CHECK(detail::merge_plan(DType::f32, DType::bf16, 128).threads == kMergeThreads);
   for (const LaunchPlan& plan : {detail::decode_append_plan(problem(8, 128)),
                                  detail::merge_plan(DType::f32, DType::bf16, 128)}) {
-    CHECK(plan.threads == 128);
     CHECK(plan.shared_bytes == 0);
     check_registry_agrees(plan);
   }
@@ -125,17 +128,115 @@ TEST_CASE("a plan is checked against the device's threads and shared memory per 
       detail::exceeded_limit(tma, device_with(tma.threads, static_cast<int>(tma.shared_bytes))));
   CHECK_FALSE(detail::exceeded_limit(tma, device_with(0, 0)));
 
-  // Decode at d128 plans 100 KiB, over sm_86's 99.
+  // Decode at d128 planned for sm_80 takes 100 KiB, over sm_86's 99: a runtime whose target is
+  // not its device's (Options::target) is told to use the device's.
   const DecodeProblem d128{.head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 8};
-  const DecodeConfig config = choose(d128, 84);
+  const DecodeConfig config = choose(d128, "sm_80", 84);
   const LaunchPlan decode = detail::decode_attention_plan(d128, config);
   CHECK_THROWS_WITH(
-      detail::require_fits(decode, config, device_with(1024, sm86)),
+      detail::require_fits(decode, config, "sm_80", device_with(1024, sm86)),
       "decode config (block_n 16, warps 4, stages 3, m_tiles 1) needs 102400 bytes of dynamic "
-      "shared memory per CTA, but device 1 (Small GPU) allows at most 101376: choose() plans "
-      "decode for 112 KiB of shared memory per CTA, which this device does not give; smaller "
-      "head dims need less");
-  CHECK_NOTHROW(detail::require_fits(decode, config, device_with(1024, 227 * 1024)));
+      "shared memory per CTA, but device 1 (Small GPU) allows at most 101376: choose() planned "
+      "it for the target sm_80, whose CTAs may take 166912 bytes; run with the device's own "
+      "target (sm_86)");
+  CHECK_NOTHROW(detail::require_fits(decode, config, "sm_90a", device_with(1024, 227 * 1024)));
+}
+
+// The decode problems the tests run: every head dim they take, contiguous and paged, from one
+// query row per kv head to 128.
+std::vector<DecodeProblem> decode_problems() {
+  std::vector<DecodeProblem> problems;
+  for (const auto& [dim, dim_v] :
+       {std::pair{64, 64}, {72, 72}, {128, 128}, {192, 128}, {256, 256}}) {
+    for (bool paged : {false, true}) {
+      for (int rows : {1, 4, 8, 16, 32, 64, 128}) {
+        problems.push_back({.head_dim = dim,
+                            .head_dim_v = dim_v,
+                            .rows_per_kv_head = rows,
+                            .paged = paged,
+                            .batch = 1,
+                            .heads_kv = 8,
+                            .capacity = 32768});
+      }
+    }
+  }
+  return problems;
+}
+
+std::string describe(const DecodeProblem& p, const DecodeConfig& c) {
+  return fmt::format("d {}/{}, {} rows, paged {}: warps {}, stages {}, m_tiles {}", p.head_dim,
+                     p.head_dim_v, p.rows_per_kv_head, p.paged, c.warps, c.stages, c.m_tiles);
+}
+
+TEST_CASE("decode plans within each target's shared memory per CTA", "[decode][plan]") {
+  // Each target's opt-in limit, as a device of it reports it; prefill's configs fit them too.
+  for (const auto& [target, limit] : {std::pair{"sm_80", 163 * 1024},
+                                      {"sm_86", 99 * 1024},
+                                      {"sm_89", 99 * 1024},
+                                      {"sm_90a", 227 * 1024}}) {
+    INFO(target);
+    REQUIRE(Target(target).max_shared_bytes_per_block() == limit);
+    const DeviceInfo device = device_with(1024, limit);
+    for (const DecodeProblem& p : decode_problems()) {
+      const DecodeConfig config = choose(p, target, 132);
+      INFO(describe(p, config));
+      CHECK(config.stages >= 2);
+      CHECK(detail::decode_attention_plan(p, config).shared_bytes <= limit);
+      CHECK_NOTHROW(
+          detail::require_fits(detail::decode_attention_plan(p, config), config, target, device));
+    }
+    for (const int dim : {64, 128, 256}) {
+      for (const bool band : {false, true}) {
+        const AttentionProblem p{.head_dim = dim, .head_dim_v = dim, .band = band};
+        CHECK_FALSE(detail::exceeded_limit(detail::attention_plan(p, choose(p, target)), device));
+      }
+    }
+  }
+  // Where 99 KiB is all a CTA gets, d128 takes two stages, and d256 two warps of two stages
+  // (four warps would need 136 KiB).
+  const DecodeProblem d128{.head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 8};
+  CHECK(choose(d128, "sm_86", 84).stages == 2);
+  CHECK(choose(d128, "sm_120", 84).stages == 2);
+  const DecodeProblem d256{.head_dim = 256, .head_dim_v = 256, .rows_per_kv_head = 8};
+  const DecodeConfig narrow = choose(d256, "sm_89", 128);
+  CHECK(narrow.warps == 2);
+  CHECK(narrow.stages == 2);
+  CHECK(choose(d256, "sm_80", 108).warps == 4);
+}
+
+TEST_CASE("decode's choice for H100 (sm_90a) is the one made before plans knew the target",
+          "[decode][plan]") {
+  // Head dims, rows per kv head, paged, sequences, keys each holds; the config (splits on 132
+  // SMs). d256 takes 136 KiB, past the 112 a CTA aims at: two stages are the fewest.
+  const auto problem = [](int dim, int dim_v, int rows, bool paged, int batch, long long keys) {
+    return DecodeProblem{.head_dim = dim,
+                         .head_dim_v = dim_v,
+                         .rows_per_kv_head = rows,
+                         .paged = paged,
+                         .batch = batch,
+                         .heads_kv = 8,
+                         .capacity = keys};
+  };
+  const auto config = [](int splits, int stages, int m_tiles) {
+    return DecodeConfig{.num_splits = splits, .stages = stages, .m_tiles = m_tiles};
+  };
+  for (const auto& [p, want] : {std::pair{problem(64, 64, 4, false, 1, 32768), config(16, 4, 1)},
+                                {problem(64, 64, 64, false, 8, 8192), config(2, 4, 4)},
+                                {problem(72, 72, 8, true, 64, 4096), config(1, 4, 1)},
+                                {problem(128, 128, 4, false, 1, 32768), config(16, 3, 1)},
+                                {problem(128, 128, 32, true, 8, 8192), config(2, 3, 2)},
+                                {problem(128, 128, 128, false, 1, 32768), config(4, 3, 2)},
+                                {problem(192, 128, 16, true, 1, 32768), config(16, 2, 1)},
+                                {problem(256, 256, 8, false, 1, 32768), config(16, 2, 1)},
+                                {problem(256, 256, 64, true, 64, 4096), config(1, 2, 1)}}) {
+    const DecodeConfig got = choose(p, "sm_90a", 132);
+    INFO(describe(p, got));
+    CHECK(got.num_splits == want.num_splits);
+    CHECK(got.block_n == 16);
+    CHECK(got.warps == 4);
+    CHECK(got.stages == want.stages);
+    CHECK(got.m_tiles == want.m_tiles);
+  }
 }
 
 }  // namespace

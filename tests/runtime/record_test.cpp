@@ -154,7 +154,7 @@ TEST_CASE("KILN_RECORD writes a user variant's code beside the record and declar
   const kiln::DecodeProblem decode_problem{
       .head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 4, .variant = &variant};
   kiln::KernelSpec decode =
-      kiln::decode_specs(decode_problem, kiln::choose(decode_problem, 132))[0];
+      kiln::decode_specs(decode_problem, kiln::choose(decode_problem, "sm_90a", 132))[0];
   for (const kiln::KernelSpec& spec : {with_variant, specs()[0], decode, with_variant}) {
     try {
       rt.kernel(spec);  // compiles, then finds no device of sm_90a here (or loads on one)

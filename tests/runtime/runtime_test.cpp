@@ -184,6 +184,8 @@ TEST_CASE("device memory and device properties need the runtime's device, and sa
   const kiln::DeviceInfo info = rt.device_info();
   CHECK(info.multiprocessors > 0);
   CHECK(info.ordinal == rt.device());
+  // What decode plans for ahead of time, without the device, is what the device gives.
+  CHECK(kiln::Target(info.target).max_shared_bytes_per_block() == info.max_shared_bytes_per_block);
   void* scratch = rt.allocate_async(4096, nullptr);
   REQUIRE(scratch != nullptr);
   std::array<std::byte, 4096> host{};

@@ -109,6 +109,11 @@ struct MergeParams {
   int heads;
 };
 
+// Threads per CTA of decode_append and of merge_states_kernel: their __launch_bounds__ and their
+// launches. merge_states_kernel's warps take every (kMergeThreads / 32)th state.
+constexpr int kDecodeAppendThreads = 128;
+constexpr int kMergeThreads = 128;
+
 // Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
 // `stages` slots of (K tile, V tile) of block_n rows of round_up(dim, 16) elements (swizzled,
 // unpadded); plus the Q tile (16 * m_tiles rows) shared by the warps. The end of

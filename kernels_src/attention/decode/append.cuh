@@ -4,9 +4,9 @@
 // Spec constants: dtype (kiln::f16 or kiln::bf16), head_dim, head_dim_v, paged (keys go
 // through the block table), rotary (rotate k_new, and write the rotated q to q_rotated).
 //
-// Launch: grid (max(seqlen_new, rotary ? seqlen_q : 0), batch), 128 threads, no shared memory.
-// Block (t, b) writes token t of sequence b: its heads_kv key and value rows, and with rotary
-// its q rows. A tiny kernel next to the attention: plain element loops, fp32 rotation.
+// Launch: grid (max(seqlen_new, rotary ? seqlen_q : 0), batch), kDecodeAppendThreads (128) threads,
+// no shared memory. Block (t, b) writes token t of sequence b: its heads_kv key and value rows, and
+// with rotary its q rows. A tiny kernel next to the attention: plain element loops, fp32 rotation.
 #pragma once
 
 #include "common/prelude.cuh"
@@ -45,7 +45,8 @@ __device__ __forceinline__ float rotate(const T* x, int c, int position, const D
 }  // namespace decode
 
 template <class Spec>
-__global__ void __launch_bounds__(128) decode_append(const KILN_GRID_CONSTANT DecodeParams p) {
+__global__ void __launch_bounds__(kDecodeAppendThreads)
+    decode_append(const KILN_GRID_CONSTANT DecodeParams p) {
   using T = typename Spec::dtype;
   constexpr int head_dim = static_cast<int>(Spec::head_dim);
   constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);

@@ -1,9 +1,9 @@
 // Decode attention (flash-decoding): a few query rows per sequence against a long KV cache,
 // contiguous or paged, its keys split across CTAs and, within a CTA, across warps.
 //
-// GQA packing: the seqlen_q * (heads / heads_kv) query rows that share a kv head are one row
-// block (packed row r is query token r / group of head kv_head * group + r % group), so each
-// K/V tile feeds all of them through the tensor cores and is read from memory once.
+// GQA packing (packing.cuh): the query rows that share a kv head are packed rows, 16 * m_tiles
+// to a CTA, so each K/V tile feeds all of them through the tensor cores and is read from memory
+// once.
 //
 // Each warp streams its own K/V tiles (block_n keys, `stages` cp.async slots) with no CTA-wide
 // barrier in the loop: warp w takes tiles w, w + warps, ... of the CTA's key range. At the end
@@ -41,6 +41,7 @@
 #include "attention/core/tile_mma.cuh"
 #include "attention/core/traits.cuh"
 #include "attention/decode/merge_state.cuh"
+#include "attention/decode/packing.cuh"
 #include "common/mma.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/decode.h"
@@ -262,12 +263,10 @@ __device__ __forceinline__ bool publish_split(unsigned long long* flags, int spl
 // range of the keys any of those rows attends.
 struct DecodeBlock {
   int batch;
-  int kv_head;
   int split;
   int row_block;
-  int group;        // query heads per kv head
-  int packed_rows;  // seqlen_q * group
-  int row_begin;    // the block's packed rows [row_begin, row_end)
+  PackedRows packed;  // the kv head's rows
+  int row_begin;      // the block's packed rows [row_begin, row_end)
   int row_end;
   int seqlen_k;
   attention::Band band;
@@ -287,19 +286,18 @@ __device__ __forceinline__ DecodeBlock decode_block(const DecodeParams& p) {
   DecodeBlock b;
   b.split = static_cast<int>(blockIdx.x) % p.num_splits;
   b.row_block = static_cast<int>(blockIdx.x) / p.num_splits;
-  b.kv_head = blockIdx.y;
   b.batch = blockIdx.z;
-  b.group = p.heads / p.heads_kv;
-  b.packed_rows = p.seqlen_q * b.group;
+  const int group = p.heads / p.heads_kv;
+  b.packed = {static_cast<int>(blockIdx.y), group, p.seqlen_q * group};
   b.row_begin = b.row_block * Tr::rows;
-  b.row_end = min(b.row_begin + Tr::rows, b.packed_rows);
+  b.row_end = min(b.row_begin + Tr::rows, b.packed.count);
   b.seqlen_k = p.seqlens[b.batch] + p.seqlen_new;
   b.band = attention::make_band<Spec::band>(p.score, p.seqlen_q, b.seqlen_k);
 
   // The keys any row of the block attends, cut into num_splits ranges of whole CTA steps.
   constexpr int step = Tr::warps * Tr::block_n;
-  const int first_query = b.row_begin / b.group;
-  const int last_query = (b.row_end - 1) / b.group;
+  const int first_query = b.packed.at(b.row_begin).query;
+  const int last_query = b.packed.at(b.row_end - 1).query;
   const int lo = b.band.first_key(first_query);
   const int hi = b.band.last_key(last_query) + 1;
   const int steps = hi > lo ? (hi - lo + step - 1) / step : 0;
@@ -317,8 +315,11 @@ template <class Tr>
 __device__ __forceinline__ void gather_q(typename Tr::T* smem_q, const DecodeParams& p,
                                          const DecodeBlock& b, int thread) {
   using T = typename Tr::T;
-  const T* const q = static_cast<const T*>(p.q) + b.batch * p.q_batch_stride +
-                     b.kv_head * b.group * p.q_head_stride;
+  // NOTE: from the kv head's first query head, so that the base is uniform across the CTA and
+  // each row adds only its own offset.
+  const int first_head = b.packed.first_head();
+  const T* const q =
+      static_cast<const T*>(p.q) + b.batch * p.q_batch_stride + first_head * p.q_head_stride;
   constexpr int chunks_per_row = Tr::qk_dim / 8;
   constexpr int chunks = Tr::rows * chunks_per_row;
 #pragma unroll
@@ -327,9 +328,9 @@ __device__ __forceinline__ void gather_q(typename Tr::T* smem_q, const DecodePar
     if (chunks % Tr::threads != 0 && chunk >= chunks) break;
     const int row = chunk / chunks_per_row;
     const int col = chunk % chunks_per_row * 8;
-    const int r = b.row_begin + row;
-    const bool ok = r < b.row_end && col < Tr::head_dim;
-    const T* src = q + (r / b.group) * p.q_seq_stride + (r % b.group) * p.q_head_stride + col;
+    const bool ok = b.row_begin + row < b.row_end && col < Tr::head_dim;
+    const PackedRow r = b.packed.at(b.row_begin + row);
+    const T* src = q + r.query * p.q_seq_stride + (r.head - first_head) * p.q_head_stride + col;
     mma::cp_async_16(
         mma::smem_address(smem_q + attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(row, col)),
         ok ? src : q, ok);
@@ -349,10 +350,9 @@ struct RowTargets {
 
   template <class Spec>
   __device__ __forceinline__ void find(const DecodeParams& p, const DecodeBlock& b, int thread) {
+    const int kv_head = b.packed.kv_head;
     for (int row = thread; row < Tr::rows; row += Tr::threads) {
-      const int r = min(b.row_begin + row, b.packed_rows - 1);
-      const int query = r / b.group;
-      const int head = b.kv_head * b.group + r % b.group;
+      const auto [query, head] = b.packed.at_or_last(b.row_begin + row);
       state[row] = (static_cast<long long>(b.batch) * p.seqlen_q + query) * p.heads + head;
       out[row] = b.batch * p.out_batch_stride + query * p.out_seq_stride + head * p.out_head_stride;
       lse[row] = b.batch * p.lse_batch_stride + head * p.lse_head_stride + query;
@@ -360,7 +360,7 @@ struct RowTargets {
           b.split == 0
               ? attention::row_sink<Spec>(
                     p.score, attention::make_logit_row<Spec>(
-                                 p.score, {b.batch, head, b.kv_head, query, -1, b.band.offset}))
+                                 p.score, {b.batch, head, kv_head, query, -1, b.band.offset}))
               : attention::neg_inf();
     }
   }
@@ -383,7 +383,7 @@ struct KvStream {
 
   __device__ __forceinline__ KvStream(const DecodeParams& p, const DecodeBlock& b, T* smem_q,
                                       int warp, int lane_)
-      : cache(cache_rows<Spec::paged, T>(p, b.batch, b.kv_head)),
+      : cache(cache_rows<Spec::paged, T>(p, b.batch, b.packed.kv_head)),
         slots(smem_q + Tr::q_elems + warp * Tr::warp_elems),
         first(b.split_begin + warp * Tr::block_n),
         tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
@@ -614,11 +614,9 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
   int last_key[2 * Tr::m_tiles];
 #pragma unroll
   for (int r = 0; r < 2 * Tr::m_tiles; ++r) {
-    const int packed = min(b.row_begin + 8 * r + lane / 4, b.packed_rows - 1);
-    const int query = packed / b.group;
-    const int head = b.kv_head * b.group + packed % b.group;
+    const auto [query, head] = b.packed.at_or_last(b.row_begin + 8 * r + lane / 4);
     logits.rows[r] = attention::make_logit_row<Spec>(
-        p.score, {b.batch, head, b.kv_head, query, -1, b.band.offset});
+        p.score, {b.batch, head, b.packed.kv_head, query, -1, b.band.offset});
     first_key[r] = b.band.first_key(query);
     last_key[r] = min(b.split_end - 1, b.band.last_key(query));
   }
@@ -660,7 +658,8 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
 
   // Stage 4, publish the split; the one that finds every split of its row block done merges.
   unsigned long long* const flags =
-      p.split_flags + (static_cast<long long>(b.batch) * p.heads_kv + b.kv_head) * gridDim.x +
+      p.split_flags +
+      (static_cast<long long>(b.batch) * p.heads_kv + b.packed.kv_head) * gridDim.x +
       b.row_block * p.num_splits;
   __shared__ bool merges;
   __syncthreads();  // the CTA's partial state is written

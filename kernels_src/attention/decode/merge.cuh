@@ -5,7 +5,7 @@
 // Spec constants: dtype_in (kiln::f32, f16 or bf16: the states' v), dtype_out (out), head_dim
 // (a multiple of 4 up to 256).
 //
-// Launch: grid (seqlen * heads, batch), 128 threads, no dynamic shared memory, with
+// Launch: grid (seqlen * heads, batch), kMergeThreads (128) threads, no dynamic shared memory, with
 // LaunchConfig::overlap_previous (it waits for the previous grid first). One CTA merges
 // one (batch, token, head) row: its 4 warps take every 4th state, each lane 4 consecutive
 // elements (two quads at head dims above 128), with a running max so that one pass over the
@@ -20,13 +20,14 @@
 namespace kiln {
 
 template <class Spec>
-__global__ void __launch_bounds__(128) merge_states_kernel(const KILN_GRID_CONSTANT MergeParams p) {
+__global__ void __launch_bounds__(kMergeThreads)
+    merge_states_kernel(const KILN_GRID_CONSTANT MergeParams p) {
   using In = typename Spec::dtype_in;
   using Out = typename Spec::dtype_out;
   constexpr int head_dim = static_cast<int>(Spec::head_dim);
   static_assert(head_dim % 4 == 0 && head_dim >= 4 && head_dim <= 256,
                 "head_dim must be a multiple of 4 up to 256.");
-  constexpr int warps = 4;
+  constexpr int warps = kMergeThreads / 32;
   constexpr int quads = head_dim / 4 > 32 ? 2 : 1;  // per lane
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;

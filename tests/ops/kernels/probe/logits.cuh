@@ -3,7 +3,7 @@
 // band mask over it, and writes the logits and each row's sink. Three shapes, as the kernels use
 // the transform:
 //   logits         prefill's fragments: 16 rows, row r of a thread its row0 + 8 r (RowStep 8);
-//   packed_logits  decode's packed rows (attention/decode/attention.cuh): 16 * m_tiles rows of
+//   packed_logits  decode's packed rows (attention/decode/packing.cuh): 16 * m_tiles rows of
 //                  queries and heads of the last kv head, each row with its own coordinates
 //                  (RowStep 0), the rows past the last packed one standing in as it;
 //   row_logits     the portable kernel's whole rows: 32 rows, one per thread (float[Keys]).
@@ -16,6 +16,7 @@
 #pragma once
 
 #include "attention/core/logits.cuh"
+#include "attention/decode/packing.cuh"
 #include "common/mma.cuh"
 
 namespace probe {
@@ -93,8 +94,7 @@ __global__ void packed_logits(const KILN_GRID_CONSTANT kiln::AttentionParams p) 
   constexpr int rows = 2 * m_tiles;
   const int lane = static_cast<int>(threadIdx.x);
   const int group = p.heads / p.heads_kv;
-  const int kv_head = p.heads_kv - 1;
-  const int packed_rows = p.seqlen_q * group;
+  const kiln::decode::PackedRows packed{p.heads_kv - 1, group, p.seqlen_q * group};
   const Band band = make_band<Spec::band>(p.score, p.seqlen_q, p.seqlen_k);
   const int key0 = static_cast<int>(p.k_seq_stride) + 2 * (lane % 4);
   auto transform =
@@ -103,10 +103,10 @@ __global__ void packed_logits(const KILN_GRID_CONSTANT kiln::AttentionParams p) 
   int last_key[rows];
   float sink[rows];
   for (int r = 0; r < rows; ++r) {
-    const int packed = min(static_cast<int>(p.q_seq_stride) + 8 * r + lane / 4, packed_rows - 1);
-    const int query = packed / group;
-    const int head = kv_head * group + packed % group;
-    transform.rows[r] = make_logit_row<Spec>(p.score, {0, head, kv_head, query, -1, band.offset});
+    const auto [query, head] =
+        packed.at_or_last(static_cast<int>(p.q_seq_stride) + 8 * r + lane / 4);
+    transform.rows[r] =
+        make_logit_row<Spec>(p.score, {0, head, packed.kv_head, query, -1, band.offset});
     first_key[r] = band.first_key(query);
     last_key[r] = band.last_key(query);
     sink[r] = row_sink<Spec>(p.score, transform.rows[r]);
