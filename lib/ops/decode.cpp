@@ -461,19 +461,26 @@ void merge(bool many, std::initializer_list<States> inputs, const TensorView& v_
 }
 
 }  // namespace
+
+void attention_with_kvcache_planned_for(const Target& planned, const TensorView& q,
+                                        const KVCache& cache, const TensorView& out,
+                                        const DecodeOptions& options, void* stream,
+                                        Runtime& runtime) {
+  const Shape s = validate(q, cache, out, options, runtime.device());
+  if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
+  require_target(runtime.target());
+  const DecodeProblem problem = problem_of(s, q.dtype, options);
+  const DecodeConfig config = choose(problem, planned, runtime.device_info().multiprocessors);
+  if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
+  launch_decode(runtime, problem, config, params_of(q, cache, out, options, s), stream);
+}
+
 }  // namespace detail
 
 void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                             const DecodeOptions& options, void* stream, Runtime& runtime) {
-  const detail::Shape s = detail::validate(q, cache, out, options, runtime.device());
-  if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
-  const Target target = runtime.target();
-  detail::require_target(target);
-  const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
-  const DecodeConfig config = choose(problem, target, runtime.device_info().multiprocessors);
-  if (runtime.debug()) detail::check_cache_indices(runtime, cache, detail::bounds_of(s), stream);
-  detail::launch_decode(runtime, problem, config, detail::params_of(q, cache, out, options, s),
-                        stream);
+  detail::attention_with_kvcache_planned_for(runtime.target(), q, cache, out, options, stream,
+                                             runtime);
 }
 
 bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,

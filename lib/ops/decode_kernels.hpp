@@ -48,6 +48,14 @@ void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Targ
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
                    DecodeParams p, void* stream);
 
+// attention_with_kvcache with the config that choose() gives `planned`, not the runtime's own
+// target: tests run the plans of other targets (fewer warps or stages where less shared memory
+// fits) on the device at hand, whose kernels they launch.
+void attention_with_kvcache_planned_for(const Target& planned, const TensorView& q,
+                                        const KVCache& cache, const TensorView& out,
+                                        const DecodeOptions& options, void* stream,
+                                        Runtime& runtime);
+
 // Runs merge_states_kernel over a validated MergeParams; `in` is the dtype of the states' v.
 void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
                   void* stream);

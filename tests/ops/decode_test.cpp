@@ -12,9 +12,11 @@
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/stream_zeros.hpp"
@@ -22,6 +24,7 @@
 #include "gpu.hpp"
 #include "gpu_harness.hpp"
 #include "kiln/decode.hpp"
+#include "ops/decode_kernels.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
 
@@ -90,6 +93,8 @@ struct Case {
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
+  // The config choose() gives this target, not the device's own, launched on the device.
+  std::optional<kiln::Target> planned_for;
 
   int batch() const { return static_cast<int>(seqlens.size()); }
   int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
@@ -116,6 +121,7 @@ std::string describe(const Case& c) {
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
+  if (c.planned_for) s << " planned for " << c.planned_for->name();
   return s.str();
 }
 
@@ -245,6 +251,7 @@ struct DeviceDecode {
   TensorView q, out_view;
   kiln::KVCache cache;
   kiln::DecodeOptions options;
+  std::optional<kiln::Target> planned_for;
 
   void* keep(std::unique_ptr<DeviceBuffer> buffer) {
     inputs.push_back(std::move(buffer));
@@ -257,6 +264,7 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
   d.options.score = s.score;
   d.options.num_splits = c.num_splits;
+  d.planned_for = c.planned_for;
   if (c.seqlen_new > 0) {
     d.options.k_new = TensorView::contiguous(
         d.keep(upload_values(c.dtype, s.inputs.k_new)), c.dtype,
@@ -320,7 +328,12 @@ Downloaded download(const DeviceDecode& d) {
 Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
   d.out->poison();
   d.lse->poison();
-  kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, nullptr, rt);
+  if (d.planned_for) {
+    kiln::detail::attention_with_kvcache_planned_for(*d.planned_for, d.q, d.cache, d.out_view,
+                                                     d.options, nullptr, rt);
+  } else {
+    kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, nullptr, rt);
+  }
   kiln::test::sync_and_check();
   return download(d);
 }
@@ -623,6 +636,40 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
             .score = {.causal = true},
             .num_splits = 4},
            rng);
+}
+
+// What choose() plans for GPUs with 99 KiB of shared memory per CTA (sm_86, sm_89, sm_120):
+// two stages at head dim 128, and two warps of two stages at 256, three at 256/128 with two row
+// tiles; launched here on whatever device runs the test.
+TEST_CASE("decode with the configs of 99 KiB targets", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(86);
+  const kiln::Target sm89("sm_89");
+  // Head dims, queries (times 8 heads a kv head: the packed rows), and the warps and stages
+  // planned for sm_89.
+  for (const auto& [dim, dim_v, seqlen_q, warps, stages] :
+       {std::tuple{128, 128, 1, 4, 2}, std::tuple{256, 256, 1, 2, 2}, std::tuple{256, 256, 4, 2, 2},
+        std::tuple{256, 128, 4, 3, 2}}) {
+    const kiln::DecodeConfig planned = kiln::choose(
+        {.head_dim = dim, .head_dim_v = dim_v, .rows_per_kv_head = 8 * seqlen_q}, sm89, 132);
+    CHECK(planned.warps == warps);
+    CHECK(planned.stages == stages);
+    for (const int splits : {1, 3}) {
+      run_case(rt,
+               {.heads = 16,
+                .heads_kv = 2,
+                .head_dim = dim,
+                .head_dim_v = dim_v,
+                .seqlen_q = seqlen_q,
+                .seqlens = {0, 1, 77, 300, 1000},
+                .page_size = splits == 3 ? 16 : 0,
+                .score = {.causal = seqlen_q > 1},
+                .num_splits = splits,
+                .planned_for = sm89},
+               rng);
+    }
+  }
 }
 
 // Sinks count once per row whatever the split: split-KV puts them in split 0's state only.
