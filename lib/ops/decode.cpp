@@ -462,15 +462,17 @@ void merge(bool many, std::initializer_list<States> inputs, const TensorView& v_
 
 }  // namespace
 
-void attention_with_kvcache_planned_for(const Target& planned, const TensorView& q,
+void attention_with_kvcache_planned_for(const Target* planned, const TensorView& q,
                                         const KVCache& cache, const TensorView& out,
                                         const DecodeOptions& options, void* stream,
                                         Runtime& runtime) {
   const Shape s = validate(q, cache, out, options, runtime.device());
   if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
-  require_target(runtime.target());
+  const Target target = runtime.target();
+  require_target(target);
   const DecodeProblem problem = problem_of(s, q.dtype, options);
-  const DecodeConfig config = choose(problem, planned, runtime.device_info().multiprocessors);
+  const DecodeConfig config =
+      choose(problem, planned ? *planned : target, runtime.device_info().multiprocessors);
   if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
   launch_decode(runtime, problem, config, params_of(q, cache, out, options, s), stream);
 }
@@ -479,8 +481,7 @@ void attention_with_kvcache_planned_for(const Target& planned, const TensorView&
 
 void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                             const DecodeOptions& options, void* stream, Runtime& runtime) {
-  detail::attention_with_kvcache_planned_for(runtime.target(), q, cache, out, options, stream,
-                                             runtime);
+  detail::attention_with_kvcache_planned_for(nullptr, q, cache, out, options, stream, runtime);
 }
 
 bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,

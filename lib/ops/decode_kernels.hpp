@@ -48,10 +48,10 @@ void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Targ
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
                    DecodeParams p, void* stream);
 
-// attention_with_kvcache with the config that choose() gives `planned`, not the runtime's own
-// target: tests run the plans of other targets (fewer warps or stages where less shared memory
-// fits) on the device at hand, whose kernels they launch.
-void attention_with_kvcache_planned_for(const Target& planned, const TensorView& q,
+// attention_with_kvcache with the config that choose() gives `planned` (null: the runtime's
+// target, as attention_with_kvcache): tests run the plans of other targets (fewer warps or
+// stages where less shared memory fits) on the device at hand, whose kernels they launch.
+void attention_with_kvcache_planned_for(const Target* planned, const TensorView& q,
                                         const KVCache& cache, const TensorView& out,
                                         const DecodeOptions& options, void* stream,
                                         Runtime& runtime);

@@ -329,7 +329,7 @@ Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
   d.out->poison();
   d.lse->poison();
   if (d.planned_for) {
-    kiln::detail::attention_with_kvcache_planned_for(*d.planned_for, d.q, d.cache, d.out_view,
+    kiln::detail::attention_with_kvcache_planned_for(&*d.planned_for, d.q, d.cache, d.out_view,
                                                      d.options, nullptr, rt);
   } else {
     kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, nullptr, rt);
