@@ -4,6 +4,9 @@
 #include <dlfcn.h>
 #include <link.h>
 
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
 #include <cstdlib>
 #include <utility>
 
@@ -21,15 +24,6 @@ std::filesystem::path loaded_file(void* handle) {
   std::error_code ec;
   std::filesystem::path file = std::filesystem::canonical(map->l_name, ec);
   return ec ? std::filesystem::path(map->l_name) : file;
-}
-
-std::string join(std::span<const std::string> items) {
-  std::string text;
-  for (const std::string& item : items) {
-    if (!text.empty()) text += ", ";
-    text += item;
-  }
-  return text;
 }
 
 }  // namespace
@@ -56,8 +50,8 @@ DynLib DynLib::open(std::string_view what, std::span<const std::string> candidat
     }
   }
   throw Error(ErrorCategory::not_found, std::string(what) + " not found (tried " +
-                                            join(candidates) + load_errors +
-                                            "): " + std::string(fix));
+                                            fmt::format("{}", fmt::join(candidates, ", ")) +
+                                            load_errors + "): " + std::string(fix));
 }
 
 DynLib::DynLib(void* handle, std::string what, std::string fix)

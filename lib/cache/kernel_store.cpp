@@ -2,6 +2,7 @@
 #include "cache/kernel_store.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <fstream>
@@ -33,12 +34,6 @@ KernelInfo info_of(const Entry& entry) {
   info.compile_ms = entry.meta.compile_ms;
   info.log = entry.meta.log;
   return info;
-}
-
-std::string join(const std::vector<std::string>& words) {
-  std::string text;
-  for (const std::string& word : words) text += (text.empty() ? "" : " ") + word;
-  return text;
 }
 
 void write_text(const std::filesystem::path& path, std::string_view text) {
@@ -191,8 +186,8 @@ Entry KernelStore::compile_unit(const Unit& asked, bool hot_path) {
   const std::string dumped = dump(unit, result);
   if (!result.ok) {
     compile_failures_.fetch_add(1);
-    throw CompileError({result.log, unit.spec, join(unit.options), unit.key.hex(),
-                        dumped.empty() ? dump_failure(unit) : dumped});
+    throw CompileError({result.log, unit.spec, fmt::format("{}", fmt::join(unit.options, " ")),
+                        unit.key.hex(), dumped.empty() ? dump_failure(unit) : dumped});
   }
   const std::string details = fmt::format("key {}, {} registers, {} spill bytes", unit.key.hex(),
                                           result.usage.registers, result.usage.spill_bytes);
