@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <span>
 #include <string_view>
@@ -43,6 +44,9 @@ constexpr std::string_view kRoTrustHint =
     "or, to trust every read-only tier whatever its owners and modes, set KILN_CACHE_RO_TRUST=1";
 // How often lock() tries again for a key's lock that another process holds.
 constexpr std::chrono::milliseconds kLockRetry{10};
+// How long a store waits for the eviction lock before it skips evicting: a store that is running
+// holds it for milliseconds, and one stopped while it holds it must not stall every other store.
+constexpr std::chrono::milliseconds kEvictionWait{1000};
 std::string version_dir() {
   return fmt::format("v{}", kCacheFormatVersion);
 }
@@ -586,15 +590,28 @@ bool flock_within(int fd, std::chrono::milliseconds wait) {
 }
 
 // The tier's eviction lock, <root>/v<format>/evict.lock, held while the returned descriptor is
-// open; an empty Fd when it cannot be taken within `wait` (the store then goes on unlocked).
+// open; when another holds it beyond `wait`, an Fd whose error is EWOULDBLOCK (or that of the call
+// that failed).
 Fd lock_eviction(const Tier& tier, std::chrono::milliseconds wait) {
   const std::string name(kEvictLock);
   const TierDir dir = open_note_dir(tier, std::span(&name, 1), /*create=*/true);
   if (!dir.fd.ok()) return Fd();
   Fd file(
       ::openat(dir.fd.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kFileMode));
-  if (!file.ok() || !flock_within(file.get(), wait)) return Fd();
+  if (file.ok() && !flock_within(file.get(), wait)) return Fd(-1);
   return file;
+}
+
+void warn_eviction_skipped(const fs::path& root, std::uint64_t max_bytes) {
+  const fs::path lock = root / version_dir() / kEvictLock;
+  warn_once(
+      "cache-evict:" + root.string(),
+      fmt::format("stored a kernel in the cache at {} without evicting down to "
+                  "KILN_CACHE_MAX_BYTES ({} bytes): another store has held {} for over {} "
+                  "ms (a process stopped while it evicts?), so stores skip eviction until "
+                  "they can take it, and the cache may exceed its cap; resume or end that "
+                  "process (`fuser {}` names it), or run `kiln cache prune`",
+                  root.string(), max_bytes, lock.string(), kEvictionWait.count(), lock.string()));
 }
 
 // The whole of a regular file of at most `max_bytes`; nullopt otherwise or on a read error.
@@ -622,6 +639,8 @@ std::optional<std::string> read_text(int fd, std::size_t max_bytes) {
 struct DiskCache::Impl {
   DiskCacheConfig config;
   WritableRoot root;  // fd not ok(): memory-only
+  // The last store found the eviction lock held past kEvictionWait: the next one does not wait.
+  std::atomic<bool> eviction_stuck{false};
 
   Tier writable_tier() const { return Tier{root.fd.get(), *config.root, /*checked=*/true}; }
 };
@@ -669,14 +688,20 @@ void DiskCache::store(const Entry& entry) {
     return warn_store_failed(tier.path, shard.path, shard.fd.error());
   }
   // With a cap, a store publishes and evicts under the tier's eviction lock: two at once could
-  // otherwise each evict the other's entry, leaving neither.
+  // otherwise each evict the other's entry, leaving neither. Eviction is best-effort: a store
+  // that cannot take the lock in kEvictionWait skips it, and while the lock stays held so do the
+  // next ones, without waiting.
   const bool capped = impl_->config.max_bytes > 0;
-  const Fd eviction = capped ? lock_eviction(tier, impl_->config.lock_wait) : Fd();
+  const auto wait = impl_->eviction_stuck ? std::chrono::milliseconds(0) : kEvictionWait;
+  const Fd eviction = capped ? lock_eviction(tier, wait) : Fd();
+  const bool skip_eviction = capped && eviction.error() == EWOULDBLOCK;
+  if (capped) impl_->eviction_stuck = skip_eviction;
   const std::string name = entry_file(entry.key);
   if (const int error = publish(shard.fd.get(), name, kFileMode,
                                 [&](int fd) { return write_entry(fd, entry); })) {
     return warn_store_failed(tier.path, shard.path / name, error);
   }
+  if (skip_eviction) return warn_eviction_skipped(tier.path, impl_->config.max_bytes);
   if (capped) evict(tier, impl_->config.max_bytes, entry.key);
 }
 
