@@ -103,9 +103,6 @@ struct Recording {
   }
 };
 
-// A user other than the tests' own (root), as whom files are planted.
-constexpr uid_t kOtherUser = 65534;
-
 }  // namespace
 
 TEST_CASE("KILN_RECORD appends each spec once per runtime, from threads and processes at once",
@@ -288,17 +285,13 @@ TEST_CASE("KILN_RECORD writes through no link, and not in another user's directo
   SECTION("RECORD.variants made by another user, with links at the names kiln would write") {
     const std::string file = "shift-" + kiln::variant_hash(recording.variant.code) + ".cuh";
     fs::create_directory(variants);
-    REQUIRE(::chmod(variants.c_str(), 0777) == 0);
     fs::create_symlink(victim, variants / file);
     fs::create_symlink(victim, variants / fmt::format("{}.{}.tmp", file, ::getpid()));
-    REQUIRE(::lchown(variants.c_str(), kOtherUser, kOtherUser) == 0);
-    topic = variants.string() + " belongs to uid 65534";
+    topic = kiln::test::make_foreign(variants);
   }
   SECTION("the record made by another user, writable by everyone") {
     kiln::test::write_file(manifest, "");
-    REQUIRE(::chmod(manifest.c_str(), 0666) == 0);
-    REQUIRE(::lchown(manifest.c_str(), kOtherUser, kOtherUser) == 0);
-    topic = manifest.string() + " belongs to uid 65534";
+    topic = kiln::test::make_foreign(manifest);
   }
   SECTION("the record a link to another file") {
     fs::create_symlink(victim, manifest);
