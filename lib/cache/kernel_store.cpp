@@ -51,7 +51,7 @@ constexpr mode_t kDumpMode = 0600;
 // How many units of failed compiles the private dump directory keeps, the newest: enough for a
 // person to read the last few failures, and no pile-up over months of runs.
 constexpr std::size_t kKeptFailures = 16;
-constexpr Guarded kDumpGuarded{"kiln's compile dumps", "read, replace or remove the dumps there",
+constexpr Guarded kDumpGuarded{"kiln's compile dumps", "replace or remove the dumps there",
                                "rewrite it"};
 
 // Writes `text` to `name` in the open directory `dir`, published whole: whatever was at `name`
