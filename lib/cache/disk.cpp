@@ -1,7 +1,6 @@
 // The disk cache's tiers: where entries live, atomic publishing, checks on load, LRU eviction.
 #include "cache/disk.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <sys/file.h>
@@ -19,6 +18,7 @@
 #include <utility>
 
 #include "cache/entry_file.hpp"
+#include "cache/file_io.hpp"
 #include "cache/trust.hpp"
 #include "kiln/error.hpp"
 #include "log.hpp"
@@ -29,7 +29,6 @@ namespace {
 namespace fs = std::filesystem;
 
 constexpr std::string_view kEntrySuffix = ".kbin";
-constexpr std::string_view kTempSuffix = ".tmp";
 constexpr std::string_view kLockSuffix = ".lock";
 // The writable tier's eviction lock, at <root>/v<format>/ (lock_eviction).
 constexpr std::string_view kEvictLock = "evict.lock";
@@ -37,9 +36,6 @@ constexpr std::string_view kEvictLock = "evict.lock";
 // files are world-readable so that a copy of the cache works as a shared read-only bundle.
 constexpr mode_t kDirMode = 0700;
 constexpr mode_t kFileMode = 0644;
-// Temp names are unique per process already; retries only matter for a leftover of a dead
-// process with the same pid, or another host sharing the directory.
-constexpr int kTempAttempts = 100;
 // A temp file this old belongs to a publisher that died before its rename: publishing takes
 // milliseconds. Pids cannot tell, as they are per host and per namespace.
 constexpr std::chrono::hours kStaleTempAge{1};
@@ -48,37 +44,9 @@ constexpr std::string_view kRoTrustHint =
     "or, to trust every read-only tier whatever its owners and modes, set KILN_CACHE_RO_TRUST=1";
 // How often lock() tries again for a key's lock that another process holds.
 constexpr std::chrono::milliseconds kLockRetry{10};
-// An owned file descriptor, or the errno of the call that failed to open it.
-class Fd {
- public:
-  Fd() = default;
-  explicit Fd(int fd) : fd_(fd), error_(fd < 0 ? errno : 0) {}
-  Fd(Fd&& other) noexcept
-      : fd_(std::exchange(other.fd_, -1)), error_(std::exchange(other.error_, EBADF)) {}
-  Fd& operator=(Fd&& other) noexcept {
-    if (this != &other) {
-      if (fd_ >= 0) ::close(fd_);
-      fd_ = std::exchange(other.fd_, -1);
-      error_ = std::exchange(other.error_, EBADF);
-    }
-    return *this;
-  }
-  ~Fd() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-
-  bool ok() const { return fd_ >= 0; }
-  int get() const { return fd_; }
-  int error() const { return error_; }
-  int release() { return std::exchange(fd_, -1); }
-  // Closes now and returns the errno close reported: on NFS a failed write may surface only here.
-  int close() { return ::close(std::exchange(fd_, -1)) == 0 ? 0 : errno; }
-
- private:
-  int fd_ = -1;
-  int error_ = EBADF;
-};
-
+// How long a store waits for the eviction lock before it skips evicting: a store that is running
+// holds it for milliseconds, and one stopped while it holds it must not stall every other store.
+constexpr std::chrono::milliseconds kEvictionWait{1000};
 std::string version_dir() {
   return fmt::format("v{}", kCacheFormatVersion);
 }
@@ -101,48 +69,10 @@ bool is_shard_dir(std::string_view name) {
   return name.size() == 2 && is_hex(name[0]) && is_hex(name[1]);
 }
 
-std::string describe(int error) {
-  // NOTE: O_NOFOLLOW reports a symbolic link as ELOOP, whose usual text misleads here.
-  if (error == ELOOP) return "it is a symbolic link, which kiln never follows inside its cache";
-  return std::error_code(error, std::generic_category()).message();
-}
-
 // Read failures that say nothing about the entry: it is absent, or the file system is busy or
 // refusing this process for now.
 bool is_plain_miss(int error) {
   return error == ENOENT || error == ESTALE || error == EBUSY || error == EACCES;
-}
-
-Fd open_subdir(int dir, const std::string& name) {
-  Fd subdir(::openat(dir, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC));
-  // NOTE: with O_DIRECTORY, Linux reports a link as ENOTDIR; say ELOOP so that the warning can
-  // say it is a link.
-  struct stat info {};
-  if (subdir.error() == ENOTDIR && ::fstatat(dir, name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 &&
-      S_ISLNK(info.st_mode)) {
-    errno = ELOOP;
-    return Fd(-1);
-  }
-  return subdir;
-}
-
-Fd make_subdir(int dir, const std::string& name) {
-  if (::mkdirat(dir, name.c_str(), kDirMode) == 0) {
-    ::fsync(dir);  // NOTE: so that after a crash no synced entry is left without its directory
-  } else if (errno != EEXIST) {
-    return Fd(-1);
-  }
-  return open_subdir(dir, name);
-}
-
-// Why the open directory `dir` at `path` must not hold what kiln loads (cache/trust.hpp), or
-// empty.
-std::string untrusted_open_dir(int dir, const fs::path& path) {
-  struct stat info {};
-  if (::fstat(dir, &info) != 0) {
-    return fmt::format("{} cannot be checked ({})", path.string(), describe(errno));
-  }
-  return untrusted_path(path, info, ::geteuid(), TrustPlace::tier);
 }
 
 // A tier as the functions below reach it: its open root directory, its path for messages, and
@@ -165,12 +95,13 @@ struct TierDir {
 
 // The directory <root>/<parts...>, each component created (0700) where missing when `create`.
 TierDir open_tier_dir(const Tier& tier, std::span<const std::string> parts, bool create) {
-  const auto open = create ? make_subdir : open_subdir;
   TierDir dir{Fd(), tier.path, {}};
   for (const std::string& part : parts) {
     dir.path /= part;
-    Fd next = open(dir.fd.ok() ? dir.fd.get() : tier.fd, part);  // the root's first
-    if (next.ok() && tier.checked) dir.untrusted = untrusted_open_dir(next.get(), dir.path);
+    const int at = dir.fd.ok() ? dir.fd.get() : tier.fd;  // the root's first
+    Fd next = create ? make_subdir(at, part, kDirMode) : open_subdir(at, part);
+    if (next.ok() && tier.checked)
+      dir.untrusted = untrusted_open(next.get(), dir.path, TrustPlace::tier);
     if (!dir.untrusted.empty()) next = Fd();
     dir.fd = std::move(next);
     if (!dir.fd.ok()) break;
@@ -182,44 +113,6 @@ TierDir open_tier_dir(const Tier& tier, std::span<const std::string> parts, bool
 TierDir open_shard(const Tier& tier, const Key& key, bool create) {
   const std::string parts[] = {version_dir(), shard_dir(key)};
   return open_tier_dir(tier, parts, create);
-}
-
-struct TempFile {
-  std::string name;
-  Fd fd;
-};
-
-// A new empty file in `dir` whose name starts with `stem` and no other thread, process or host
-// is using (O_EXCL decides).
-TempFile create_temp(int dir, const std::string& stem) {
-  static std::atomic<std::uint64_t> sequence{0};
-  for (int attempt = 1;; ++attempt) {
-    std::string name = fmt::format("{}.{}.{}{}", stem, ::getpid(), sequence++, kTempSuffix);
-    Fd fd(::openat(dir, name.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC,
-                   kFileMode));
-    if (fd.ok() || fd.error() != EEXIST || attempt == kTempAttempts) {
-      return {std::move(name), std::move(fd)};
-    }
-  }
-}
-
-// Writes a temp file beside `name` with `write` (which returns an errno), syncs it, renames it
-// over `name` and syncs the directory, so readers see the old file or the whole new one, never a
-// part. Returns an errno.
-template <class Write>
-int publish(int dir, const std::string& name, Write&& write) {
-  TempFile temp = create_temp(dir, name);
-  if (!temp.fd.ok()) return temp.fd.error();
-  int error = write(temp.fd.get());
-  if (error == 0 && ::fsync(temp.fd.get()) != 0) error = errno;
-  if (const int close_error = temp.fd.close(); error == 0) error = close_error;
-  if (error == 0 && ::renameat(dir, temp.name.c_str(), dir, name.c_str()) != 0) error = errno;
-  if (error != 0) {
-    ::unlinkat(dir, temp.name.c_str(), 0);
-    return error;
-  }
-  ::fsync(dir);  // NOTE: makes the rename durable; syncing the file alone does not
-  return 0;
 }
 
 // What reading an entry may change: a load from the writable tier stamps a hit and removes a bad
@@ -238,12 +131,7 @@ bool remove_if_same(int dir, const std::string& name, const struct stat& seen) {
 // Why the open file `file` at `path` in a tier must not be read (cache/trust.hpp), or empty:
 // whoever else could write it could rewrite the binary, and the checksum is no seal.
 std::string untrusted_open_file(const Tier& tier, int file, const fs::path& path) {
-  if (!tier.checked) return {};
-  struct stat info {};
-  if (::fstat(file, &info) != 0) {
-    return fmt::format("{} cannot be checked ({})", path.string(), describe(errno));
-  }
-  return untrusted_path(path, info, ::geteuid(), TrustPlace::file);
+  return tier.checked ? untrusted_open(file, path, TrustPlace::file) : std::string();
 }
 
 // `key`'s entry from the file `name` in the tier's open shard directory `shard`, never through a
@@ -334,7 +222,7 @@ std::optional<Entry> load_from(const Tier& tier, const Key& key, std::string_vie
 std::string untrusted_root(const Tier& tier) {
   if (!tier.checked) return {};
   std::string why = untrusted_above(tier.path);
-  if (why.empty()) why = untrusted_open_dir(tier.fd, tier.path);
+  if (why.empty()) why = untrusted_open(tier.fd, tier.path, TrustPlace::tier);
   return why;
 }
 
@@ -378,32 +266,12 @@ bool is_full(int error) {
 // frees room (`kiln cache prune`, `clear`) need none.
 int probe_writable(int root, const fs::path& root_path, fs::path& failed) {
   failed = root_path / version_dir();
-  const Fd version = make_subdir(root, version_dir());
+  const Fd version = make_subdir(root, version_dir(), kDirMode);
   if (!version.ok()) return is_full(version.error()) ? 0 : version.error();
-  const TempFile probe = create_temp(version.get(), "probe");
+  const TempFile probe = create_temp(version.get(), "probe", kFileMode);
   if (!probe.fd.ok()) return is_full(probe.fd.error()) ? 0 : probe.fd.error();
   ::unlinkat(version.get(), probe.name.c_str(), 0);
   return 0;
-}
-
-std::vector<std::string> dir_names(int dir) {
-  std::vector<std::string> names;
-  // NOTE: fdopendir takes ownership of its descriptor, so it gets a duplicate. The duplicate
-  // shares the directory's read position, which the last listing left at the end: rewind.
-  const int copy = ::fcntl(dir, F_DUPFD_CLOEXEC, 0);
-  if (copy < 0) return names;
-  DIR* stream = ::fdopendir(copy);
-  if (stream == nullptr) {
-    ::close(copy);
-    return names;
-  }
-  ::rewinddir(stream);
-  while (const dirent* item = ::readdir(stream)) {
-    const std::string_view name = item->d_name;
-    if (name != "." && name != "..") names.emplace_back(name);
-  }
-  ::closedir(stream);
-  return names;
 }
 
 // Why the writable tier open at `tier.fd` must not be used although its root may: its
@@ -722,26 +590,28 @@ bool flock_within(int fd, std::chrono::milliseconds wait) {
 }
 
 // The tier's eviction lock, <root>/v<format>/evict.lock, held while the returned descriptor is
-// open; an empty Fd when it cannot be taken within `wait` (the store then goes on unlocked).
+// open; when another holds it beyond `wait`, an Fd whose error is EWOULDBLOCK (or that of the call
+// that failed).
 Fd lock_eviction(const Tier& tier, std::chrono::milliseconds wait) {
   const std::string name(kEvictLock);
   const TierDir dir = open_note_dir(tier, std::span(&name, 1), /*create=*/true);
   if (!dir.fd.ok()) return Fd();
   Fd file(
       ::openat(dir.fd.get(), name.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, kFileMode));
-  if (!file.ok() || !flock_within(file.get(), wait)) return Fd();
+  if (file.ok() && !flock_within(file.get(), wait)) return Fd(-1);
   return file;
 }
 
-int write_text(int fd, std::string_view text) {
-  while (!text.empty()) {
-    const ssize_t written = ::write(fd, text.data(), text.size());
-    if (written < 0 && errno == EINTR) continue;
-    if (written < 0) return errno;
-    if (written == 0) return EIO;
-    text.remove_prefix(static_cast<std::size_t>(written));
-  }
-  return 0;
+void warn_eviction_skipped(const fs::path& root, std::uint64_t max_bytes) {
+  const fs::path lock = root / version_dir() / kEvictLock;
+  warn_once(
+      "cache-evict:" + root.string(),
+      fmt::format("stored a kernel in the cache at {} without evicting down to "
+                  "KILN_CACHE_MAX_BYTES ({} bytes): another store has held {} for over {} "
+                  "ms (a process stopped while it evicts?), so stores skip eviction until "
+                  "they can take it, and the cache may exceed its cap; resume or end that "
+                  "process (`fuser {}` names it), or run `kiln cache prune`",
+                  root.string(), max_bytes, lock.string(), kEvictionWait.count(), lock.string()));
 }
 
 // The whole of a regular file of at most `max_bytes`; nullopt otherwise or on a read error.
@@ -769,6 +639,8 @@ std::optional<std::string> read_text(int fd, std::size_t max_bytes) {
 struct DiskCache::Impl {
   DiskCacheConfig config;
   WritableRoot root;  // fd not ok(): memory-only
+  // The last store found the eviction lock held past kEvictionWait: the next one does not wait.
+  std::atomic<bool> eviction_stuck{false};
 
   Tier writable_tier() const { return Tier{root.fd.get(), *config.root, /*checked=*/true}; }
 };
@@ -816,14 +688,20 @@ void DiskCache::store(const Entry& entry) {
     return warn_store_failed(tier.path, shard.path, shard.fd.error());
   }
   // With a cap, a store publishes and evicts under the tier's eviction lock: two at once could
-  // otherwise each evict the other's entry, leaving neither.
+  // otherwise each evict the other's entry, leaving neither. Eviction is best-effort: a store
+  // that cannot take the lock in kEvictionWait skips it, and while the lock stays held so do the
+  // next ones, without waiting.
   const bool capped = impl_->config.max_bytes > 0;
-  const Fd eviction = capped ? lock_eviction(tier, impl_->config.lock_wait) : Fd();
+  const auto wait = impl_->eviction_stuck ? std::chrono::milliseconds(0) : kEvictionWait;
+  const Fd eviction = capped ? lock_eviction(tier, wait) : Fd();
+  const bool skip_eviction = capped && eviction.error() == EWOULDBLOCK;
+  if (capped) impl_->eviction_stuck = skip_eviction;
   const std::string name = entry_file(entry.key);
-  if (const int error =
-          publish(shard.fd.get(), name, [&](int fd) { return write_entry(fd, entry); })) {
+  if (const int error = publish(shard.fd.get(), name, kFileMode,
+                                [&](int fd) { return write_entry(fd, entry); })) {
     return warn_store_failed(tier.path, shard.path / name, error);
   }
+  if (skip_eviction) return warn_eviction_skipped(tier.path, impl_->config.max_bytes);
   if (capped) evict(tier, impl_->config.max_bytes, entry.key);
 }
 
@@ -893,8 +771,8 @@ void DiskCache::write_note(std::string_view name, std::string_view text) {
   if (!writable()) return;
   const TierDir dir = open_note_dir(impl_->writable_tier(), parts, /*create=*/true);
   if (!dir.untrusted.empty()) return warn_unusable_dir(dir);
-  const int error = dir.fd.ok() ? publish(dir.fd.get(), parts.back(),
-                                          [&](int fd) { return write_text(fd, text); })
+  const int error = dir.fd.ok() ? publish(dir.fd.get(), parts.back(), kFileMode,
+                                          [&](int fd) { return write_all(fd, text); })
                                 : dir.fd.error();
   if (error == 0) return;
   const fs::path path = *impl_->config.root / version_dir() / name;

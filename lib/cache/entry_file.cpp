@@ -19,6 +19,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
+#include "cache/file_io.hpp"
 #include "kiln/error.hpp"
 #include "kiln/spec.hpp"
 
@@ -226,17 +227,6 @@ std::optional<PayloadLayout> check_header(const HeaderBytes& header, const Key& 
   }
   return PayloadLayout{meta_bytes, payload_bytes - meta_bytes,
                        get_le<std::uint64_t>(header, kChecksumAt)};
-}
-
-int write_all(int fd, std::span<const std::byte> bytes) {
-  while (!bytes.empty()) {
-    const ssize_t written = ::write(fd, bytes.data(), bytes.size());
-    if (written < 0 && errno == EINTR) continue;
-    if (written < 0) return errno;
-    if (written == 0) return EIO;
-    bytes = bytes.subspan(static_cast<std::size_t>(written));
-  }
-  return 0;
 }
 
 // Reads up to `out.size()` bytes at `offset`, stopping early only at the end of the file.

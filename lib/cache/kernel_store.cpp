@@ -4,11 +4,21 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include <filesystem>
-#include <fstream>
-#include <mutex>
-#include <utility>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <mutex>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "cache/file_io.hpp"
+#include "cache/trust.hpp"
 #include "elapsed.hpp"
 #include "kiln/error.hpp"
 #include "log.hpp"
@@ -36,10 +46,34 @@ KernelInfo info_of(const Entry& entry) {
   return info;
 }
 
-void write_text(const std::filesystem::path& path, std::string_view text) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  if (!out) warn_once(path.string(), fmt::format("cannot write {}", path.string()));
+// Compile dumps hold the user's variant code: only their owner may read them.
+constexpr mode_t kDumpMode = 0600;
+// How many units of failed compiles the private dump directory keeps, the newest: enough for a
+// person to read the last few failures, and no pile-up over months of runs.
+constexpr std::size_t kKeptFailures = 16;
+constexpr Guarded kDumpGuarded{"kiln's compile dumps", "replace or remove the dumps there",
+                               "rewrite it"};
+
+// Writes `text` to `name` in the open directory `dir`, published whole: whatever was at `name`
+// (a link, a FIFO) is replaced, never followed or waited on. Returns an errno.
+int dump_file(int dir, const std::string& name, std::string_view text) {
+  return publish(dir, name, kDumpMode, [&](int fd) { return write_all(fd, text); });
+}
+
+// Removes all but the newest `keep` units of failed compiles (kiln_<key>.cu) from `dir`.
+void keep_newest_failures(int dir, std::size_t keep) {
+  std::vector<std::pair<std::int64_t, std::string>> units;  // (mtime in ns, name)
+  for (std::string& name : dir_names(dir)) {
+    struct stat info {};
+    if (name.starts_with("kiln_") && name.ends_with(".cu") &&
+        ::fstatat(dir, name.c_str(), &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(info.st_mode)) {
+      units.emplace_back(info.st_mtim.tv_sec * 1'000'000'000 + info.st_mtim.tv_nsec,
+                         std::move(name));
+    }
+  }
+  if (units.size() <= keep) return;
+  std::sort(units.begin(), units.end(), std::greater<>());
+  for (std::size_t i = keep; i < units.size(); ++i) ::unlinkat(dir, units[i].second.c_str(), 0);
 }
 
 }  // namespace
@@ -217,31 +251,63 @@ Entry KernelStore::compile_unit(const Unit& asked, bool hot_path) {
   return entry;
 }
 
-// KILN_DUMP_DIR: the generated unit, log, intermediate and binary of each compile.
+// KILN_DUMP_DIR: the generated unit, log, intermediate and binary of each compile. Returns the
+// unit's path, or empty when it could not be written (one warning).
 std::string KernelStore::dump(const Unit& unit, const CompileResult& result) {
   if (!config_.dump_dir) return {};
+  const std::filesystem::path& dir_path = *config_.dump_dir;
   std::error_code ec;
-  std::filesystem::create_directories(*config_.dump_dir, ec);
-  const auto base = *config_.dump_dir / unit.key.hex();
-  const auto source = base.string() + ".cu";
-  write_text(source, unit.source);
-  write_text(base.string() + ".log", result.log);
-  if (!result.intermediate.empty()) write_text(base.string() + ".ptx", result.intermediate);
-  if (!result.binary.empty()) {
-    write_text(base.string() + (unit.target.amd() ? ".co" : ".cubin"),
-               {reinterpret_cast<const char*>(result.binary.data()), result.binary.size()});
+  std::filesystem::create_directories(dir_path, ec);
+  const Fd dir(::open(dir_path.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  const std::string base = unit.key.hex();
+  const std::string_view binary{reinterpret_cast<const char*>(result.binary.data()),
+                                result.binary.size()};
+  std::vector<std::pair<std::string_view, std::string_view>> files = {{".cu", unit.source},
+                                                                      {".log", result.log}};
+  // NOTE: a failed compile has no binary, and AMD's compiler no intermediate.
+  if (!result.intermediate.empty()) files.emplace_back(".ptx", result.intermediate);
+  if (!binary.empty()) files.emplace_back(unit.target.amd() ? ".co" : ".cubin", binary);
+  int error = dir.ok() ? 0 : dir.error();
+  for (const auto& [extension, text] : files) {
+    if (error == 0) error = dump_file(dir.get(), base + std::string(extension), text);
   }
-  return source;
+  if (error == 0) return (dir_path / (base + ".cu")).string();
+  warn_once("dump:" + dir_path.string(),
+            fmt::format("cannot write compile dumps to {} ({}): set KILN_DUMP_DIR to a directory "
+                        "you can write",
+                        dir_path.string(), describe(error)));
+  return {};
 }
 
-// With no dump directory, a failed compile still leaves its unit where a person can read it.
+// With no dump directory, a failed compile still leaves its unit where a person can read it:
+// <temp>/kiln-<uid>, a directory only this user may write (the rules of cache/trust.hpp), holding
+// the newest kKeptFailures. Returns the unit's path, or empty after one warning saying why not.
 std::string KernelStore::dump_failure(const Unit& unit) {
   std::error_code ec;
-  const auto path =
-      std::filesystem::temp_directory_path(ec) / fmt::format("kiln_{}.cu", unit.key.hex());
-  if (ec) return {};
-  write_text(path, unit.source);
-  return path.string();
+  const std::filesystem::path temp = std::filesystem::temp_directory_path(ec);
+  const std::string dir_name = fmt::format("kiln-{}", ::geteuid());
+  const std::string name = fmt::format("kiln_{}.cu", unit.key.hex());
+  std::string why = ec ? ec.message() : std::string();
+  if (why.empty()) {
+    CheckedDir parent = open_checked_parent(temp, kDumpGuarded);
+    const CheckedDir dir =
+        parent.fd.ok() ? open_checked_subdir(parent.fd.get(), temp, dir_name, 0700, kDumpGuarded)
+                       : std::move(parent);
+    int error = dir.fd.ok() ? 0 : dir.fd.error();
+    if (dir.untrusted.empty() && error == 0) error = dump_file(dir.fd.get(), name, unit.source);
+    if (dir.untrusted.empty() && error == 0) {
+      keep_newest_failures(dir.fd.get(), kKeptFailures);
+      return (temp / dir_name / name).string();
+    }
+    why = dir.untrusted.empty() ? describe(error) : dir.untrusted;
+  }
+  const std::filesystem::path dir_path = temp / dir_name;
+  warn_once("dump:" + dir_path.string(),
+            fmt::format("cannot keep the units of failed compiles in {} ({}); a compile error "
+                        "still carries its log: set KILN_DUMP_DIR to a directory of your own to "
+                        "keep them",
+                        dir_path.string(), why));
+  return {};
 }
 
 std::shared_ptr<LoadedKernel> KernelStore::load_entry(const Unit& unit, const Entry& entry) {

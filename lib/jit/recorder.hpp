@@ -20,12 +20,18 @@ class Recorder {
 
   // Appends `unit`'s canonical spec the first time it is asked for, whether or not it then loads
   // (so that a run refused under KILN_JIT=strict still names what to warm). A user variant's code
-  // goes beside the manifest, in <manifest>.variants/NAME-HASH.cuh, declared by a `variant NAME
-  // FILE` line before the first spec that names it, so that `kiln warm` builds the manifest as it
-  // is. A failure to write is one warning per file: recording never fails a call.
+  // goes beside the manifest, in <manifest>.variants/NAME-HASH.cuh (NAME cut to 64 characters),
+  // declared by a `variant NAME FILE` line before the first spec that names it, so that `kiln
+  // warm` builds the manifest as it is. Writes only where no other user could rewrite or replace
+  // what it writes (the rules of cache/trust.hpp), never through a link, never waiting on a
+  // FIFO, and no record that `kiln warm` could not read back. A failure is one warning:
+  // recording never fails a call.
   void record(const Unit& unit);
 
  private:
+  // Appends `unit`'s spec and, where new, its variant's declaration. Returns why not, or empty.
+  std::string write(const Unit& unit);
+
   std::optional<std::filesystem::path> manifest_;
   std::mutex mutex_;
   // Canonical specs (target included), and the variant code files written beside the manifest.

@@ -1,5 +1,6 @@
 // Tests of the disk cache under concurrency: processes, threads, and the per-key lock.
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -216,6 +217,43 @@ TEST_CASE("lock() gives up after lock_wait on a lock held by a stopped process",
   CHECK(contains(warning,
                  (test::entry_path(root, key).parent_path() / (key.hex() + ".lock")).string()));
   CHECK(contains(warning, "compiling it here too"));
+}
+
+TEST_CASE("stores skip eviction while its lock is held by a stopped process, and warn once",
+          "[cache]") {
+  using std::chrono::milliseconds;
+  using std::chrono::steady_clock;
+  TempDir dir;
+  const fs::path root = dir.path() / "cache";
+  DiskCacheConfig config{root};
+  config.max_bytes = 1;  // every store is over the cap
+  DiskCache cache(config);
+  REQUIRE(cache.writable());
+  // Held as by a process stopped while it evicts: a flock belongs to the open file, and this one
+  // is not the cache's.
+  const fs::path lock =
+      test::entry_path(root, sample_entry(70).key).parent_path().parent_path() / "evict.lock";
+  const int held = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  REQUIRE(held >= 0);
+  REQUIRE(::flock(held, LOCK_EX | LOCK_NB) == 0);
+
+  test::CapturedStderr captured;
+  // The first store waits a moment, as for a store that is running; the next ones do not wait.
+  auto start = steady_clock::now();
+  cache.store(sample_entry(70));
+  CHECK(steady_clock::now() - start < milliseconds(2500));
+  start = steady_clock::now();
+  for (int seed = 71; seed < 74; ++seed) cache.store(sample_entry(seed));
+  CHECK(steady_clock::now() - start < milliseconds(500));
+  const std::string text = captured.text();
+  INFO(text);
+  CHECK(test::count_of(text, "kiln warn:") == 1);
+  CHECK(contains(text, lock.string()));
+  CHECK(files_under(root, ".kbin").size() == 4);  // stored, none evicted
+
+  ::close(held);
+  cache.store(sample_entry(74));
+  CHECK(files_under(root, ".kbin").size() == 1);  // the next store evicts again
 }
 
 }  // namespace

@@ -149,6 +149,16 @@ std::vector<fs::path> files_under(const fs::path& dir, std::string_view suffix) 
   return files;
 }
 
+std::string make_foreign(const fs::path& path) {
+  constexpr uid_t kOtherUser = 65534;
+  if (::chmod(path.c_str(), 0777) != 0) throw std::runtime_error("cannot chmod " + path.string());
+  if (::geteuid() != 0) return path.string() + " is writable by group and others";
+  if (::lchown(path.c_str(), kOtherUser, kOtherUser) != 0) {
+    throw std::runtime_error("cannot give " + path.string() + " away");
+  }
+  return path.string() + " belongs to uid 65534";
+}
+
 CapturedStderr::CapturedStderr() : file_(std::tmpfile()), saved_(::dup(2)) {
   if (file_ == nullptr || saved_ < 0) throw std::runtime_error("cannot capture stderr");
   std::fflush(stderr);

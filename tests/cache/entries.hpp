@@ -52,6 +52,11 @@ void set_mtime(const std::filesystem::path& path, std::int64_t seconds);
 std::vector<std::filesystem::path> files_under(const std::filesystem::path& dir,
                                                std::string_view suffix = "");
 
+// Makes the file or directory `path` another user's as far as this process can: writable by
+// everyone, and given to uid 65534 when the tests run as root. Returns how kiln's trust rules
+// (lib/cache/trust.hpp) refuse it: the path and what is wrong with it.
+std::string make_foreign(const std::filesystem::path& path);
+
 // Collects what is written to stderr (file descriptor 2) while it lives, with warnings enabled.
 class CapturedStderr {
  public:

@@ -1,9 +1,12 @@
 // KILN_RECORD and Options::record: the specs Runtime::kernel is asked for, appended to a manifest
 // by many threads and processes at once; an unwritable file is one warning, never a failure.
+#include <fmt/format.h>
 #include <catch2/catch.hpp>
 
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -61,6 +64,44 @@ std::map<std::string, int> recorded(const fs::path& path) {
   }
   return counts;
 }
+
+// A runtime of sm_90a that never compiles, so that each call is refused quickly after its spec is
+// recorded, in a directory of the test's own.
+struct Recording {
+  kiln::test::TempDir dir;
+  kiln::Options options = [this] {
+    kiln::Options made = kiln::test::isolated_options(dir.path() / "cache", "sm_90a");
+    made.jit = kiln::JitMode::off;
+    return made;
+  }();
+  kiln::Variant variant{.name = "shift", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords&,
+                                float logit) { return logit + v.scalars[0]; }
+};)"};
+
+  kiln::KernelSpec with_variant() const {
+    const kiln::AttentionProblem problem{.head_dim = 128, .head_dim_v = 128, .variant = &variant};
+    return kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
+  }
+
+  // What asking a runtime of `options` for `spec` throws: the same, recorded or not.
+  static std::string error_of(const kiln::Options& options, const kiln::KernelSpec& spec) {
+    kiln::Runtime rt(options);
+    try {
+      rt.kernel(spec);
+    } catch (const kiln::Error& e) {
+      return fmt::format("{}: {}", static_cast<int>(e.category()), e.what());
+    }
+    return "no error";
+  }
+
+  // Asks for `spec` recording to `record`, and checks that the call fails as it does unrecorded.
+  void ask(const fs::path& record, const kiln::KernelSpec& spec) const {
+    kiln::Options recording = options;
+    recording.record = record;
+    CHECK(error_of(recording, spec) == error_of(options, spec));
+  }
+};
 
 }  // namespace
 
@@ -180,4 +221,109 @@ TEST_CASE("KILN_RECORD writes a user variant's code beside the record and declar
   CHECK(kiln::to_string(parsed[1]) == kiln::to_string(plain));
   CHECK(kiln::to_string(parsed[2]) == kiln::to_string(decode));
   CHECK(parsed[2].variant_code == variant.code);
+}
+
+TEST_CASE("a FIFO as the KILN_RECORD file is one warning, and never waited on", "[runtime]") {
+  Recording recording;
+  const fs::path fifo = recording.dir.path() / "specs.manifest";
+  REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+  // In a child, so that a call that waits for a reader fails the test instead of hanging it.
+  CHECK(kiln::test::in_process_within(std::chrono::seconds(30), [&] {
+    kiln::test::CapturedStderr captured;
+    recording.ask(fifo, specs()[0]);
+    recording.ask(fifo, specs()[1]);
+    const std::string text = captured.text();
+    return kiln::test::count_of(text, "kiln warn:") == 1 &&
+           kiln::test::contains(text, fifo.string() + ": it is not a regular file");
+  }));
+}
+
+TEST_CASE("a file in the place of RECORD.variants is one warning; the record still warms",
+          "[runtime][variant]") {
+  Recording recording;
+  const fs::path manifest = recording.dir.path() / "specs.manifest";
+  kiln::test::write_file(recording.dir.path() / "specs.manifest.variants", "in the way");
+  kiln::test::CapturedStderr captured;
+  recording.ask(manifest, recording.with_variant());
+  recording.ask(manifest, specs()[0]);
+  const std::string text = captured.text();
+  INFO(text);
+  CHECK(kiln::test::count_of(text, "kiln warn:") == 1);
+  CHECK(kiln::test::contains(text, "specs.manifest.variants (Not a directory)"));
+  // The spec whose code could not be written is left out, so the record reads back.
+  const std::vector<kiln::KernelSpec> parsed = kiln::detail::read_manifest(manifest);
+  REQUIRE(parsed.size() == 1);
+  kiln::KernelSpec plain = specs()[0];
+  plain.target = "sm_90a";
+  CHECK(kiln::to_string(parsed[0]) == kiln::to_string(plain));
+}
+
+TEST_CASE("a variant's name of 250 characters is recorded under a shorter file name",
+          "[runtime][variant]") {
+  Recording recording;
+  recording.variant.name = "v" + std::string(249, 'x');
+  const fs::path manifest = recording.dir.path() / "specs.manifest";
+  kiln::test::CapturedStderr captured;
+  recording.ask(manifest, recording.with_variant());
+  CHECK(captured.text().empty());
+  const std::vector<kiln::KernelSpec> parsed = kiln::detail::read_manifest(manifest);
+  REQUIRE(parsed.size() == 1);
+  CHECK(parsed[0].variant_name == recording.variant.name);
+  CHECK(parsed[0].variant_code == recording.variant.code);
+}
+
+TEST_CASE("KILN_RECORD writes through no link, and not in another user's directory or file",
+          "[runtime][variant]") {
+  Recording recording;
+  const fs::path victim = recording.dir.path() / "victim";
+  kiln::test::write_file(victim, "the victim's file");
+  const fs::path manifest = recording.dir.path() / "specs.manifest";
+  const fs::path variants = recording.dir.path() / "specs.manifest.variants";
+  const kiln::KernelSpec spec = recording.with_variant();
+  std::string topic;
+
+  SECTION("RECORD.variants made by another user, with links at the names kiln would write") {
+    const std::string file = "shift-" + kiln::variant_hash(recording.variant.code) + ".cuh";
+    fs::create_directory(variants);
+    fs::create_symlink(victim, variants / file);
+    fs::create_symlink(victim, variants / fmt::format("{}.{}.tmp", file, ::getpid()));
+    topic = kiln::test::make_foreign(variants);
+  }
+  SECTION("the record made by another user, writable by everyone") {
+    kiln::test::write_file(manifest, "");
+    topic = kiln::test::make_foreign(manifest);
+  }
+  SECTION("the record a link to another file") {
+    fs::create_symlink(victim, manifest);
+    topic = "symbolic link";
+  }
+  kiln::test::CapturedStderr captured;
+  recording.ask(manifest, spec);
+  recording.ask(manifest, specs()[0]);
+  const std::string text = captured.text();
+  INFO(text);
+  CHECK(kiln::test::count_of(text, "kiln warn:") == 1);
+  CHECK(kiln::test::contains(text, topic));
+  CHECK(kiln::test::read_file(victim) == "the victim's file");
+}
+
+TEST_CASE("a KILN_RECORD file name that `kiln warm` could not read back is refused",
+          "[runtime][variant]") {
+  Recording recording;
+  const std::string name =
+      GENERATE(as<std::string>{}, "a#b.manifest", "a\nb.manifest", " leading.manifest");
+  const fs::path manifest = recording.dir.path() / name;
+  kiln::test::CapturedStderr captured;
+  recording.ask(manifest, recording.with_variant());
+  recording.ask(manifest, specs()[0]);
+  const std::string text = captured.text();
+  INFO(text);
+  CHECK(kiln::test::count_of(text, "kiln warn:") == 1);
+  CHECK(kiln::test::contains(text, "`kiln warm` cannot read"));
+  CHECK_FALSE(fs::exists(manifest));
+  // A '#' in a directory's name is no trouble: only the file's name goes into the record.
+  const fs::path in_dir = recording.dir.path() / "a#b" / "specs.manifest";
+  fs::create_directory(in_dir.parent_path());
+  recording.ask(in_dir, recording.with_variant());
+  CHECK(kiln::detail::read_manifest(in_dir).size() == 1);
 }
