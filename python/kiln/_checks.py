@@ -3,10 +3,11 @@
 Two kinds of check, each naming the argument at fault:
 - the Python calls' arguments (kiln.interface): a tensor where a tensor goes, numbers and flags
   that kiln's C structs can hold, before anything reads their shapes or packs them;
-- each op's rules on its tensors (device, dtype, rank, head dim): one function per op, which the
-  op's real call and its fake kernel (torch.compile, FakeTensor, meta tensors) both call, so that
-  torch.compile traces only calls the real one runs. The C library checks everything again, with
-  the same words for the same rules (python/tests/test_fake.py compares them).
+- each op's rules on its tensors (device, dtype, rank, head dim): one function per op, the op's
+  fake kernel (torch.compile, FakeTensor, meta tensors), which the real call runs too when
+  libkiln refuses it (kiln.ops._op), so that torch.compile traces only calls the real one runs,
+  and a refusal has the same words either way. libkiln has the same rules, in the same words
+  (python/tests/test_fake.py compares them): the real call costs no Python check.
 
 A rule that needs sizes to agree (batch, sequence lengths) is left to the library: under dynamic
 shapes those sizes are symbols, and checking them here would specialize the trace.
@@ -74,10 +75,6 @@ def tensor(name, value):
     return value
 
 
-def maybe_tensor(name, value):
-    return None if value is None else tensor(name, value)
-
-
 def tensor_list(name, values):
     """`values` as a list of tensors, each named by its index."""
     if not isinstance(values, (list, tuple)):
@@ -108,6 +105,8 @@ def integer(name, value, low=INT_MIN, high=INT_MAX, meaning=""):
 
 def number(name, value, meaning=""):
     """`value` as a float a C float holds (finite, at most about 3.4e38 in magnitude)."""
+    if type(value) is float and -_FLOAT_MAX <= value <= _FLOAT_MAX:
+        return value  # the common case first: every call passes a few
     if isinstance(value, (str, bytes)):
         wrong_type(name, value, f"a number{meaning}")
     try:
@@ -149,7 +148,7 @@ def _on_gpu(t, name):
             f"{name}.cuda()")
 
 
-def _known(t, name):
+def known(t, name):
     """kiln's name of t's dtype; t is on a GPU, of a rank the C API takes."""
     _on_gpu(t, name)
     if not 1 <= t.dim() <= _capi.MAX_RANK:
@@ -164,7 +163,7 @@ def _known(t, name):
 def _all_known(named):
     for name, t in named:
         if t is not None:
-            _known(t, name)
+            known(t, name)
 
 
 def _dtypes(named, dtype, what):
@@ -206,7 +205,7 @@ def _tiles(q, named, what):
                     f"{DTYPE_NAMES[q.dtype]}: q, k, v and out must share one")
 
 
-def _variant(scalars, tensors):
+def variant(scalars, tensors):
     """A variant's scalars and tensors, of which its fields hold at most so many."""
     if len(scalars) > _capi.VARIANT_SCALARS:
         invalid(f"variant_scalars has {len(scalars)} values: a variant takes at most "
@@ -226,7 +225,7 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
     _all_known(tiles + (("lse", lse), ("bias", bias), ("alibi_slopes", alibi_slopes),
                         ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                         ("seqused_k", seqused_k), ("sinks", sinks)))
-    _variant(variant_scalars, variant_tensors)
+    variant(variant_scalars, variant_tensors)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     rank = 3 if varlen else 4
     if q.dim() != rank:
@@ -255,7 +254,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
                                ("cache_batch_idx", cache_batch_idx),
                                ("block_table", block_table), ("alibi_slopes", alibi_slopes),
                                ("sinks", sinks)))
-    _variant(variant_scalars, variant_tensors)
+    variant(variant_scalars, variant_tensors)
     if q.dim() != 4:
         invalid(f"q has rank {q.dim()} but must have rank 4: (batch, seqlen_q, heads, head_dim)")
     _tiles(q, tiles + news, "decode attention")

@@ -12,7 +12,7 @@ import torch
 
 from . import _capi, _checks, ops
 from ._capi import KILN_ERROR_NOT_FOUND, KILN_ERROR_UNSUPPORTED, KilnError
-from ._checks import flag, integer, maybe_tensor, number, tensor, with_rank
+from ._checks import flag, integer, number, tensor, with_rank
 from .variant import Variant
 
 
@@ -98,7 +98,10 @@ def _output(out, shape, like, name):
 
 def _optional(**tensors):
     """The optional tensor arguments `tensors`, each None or a torch.Tensor, in order."""
-    return [maybe_tensor(name, t) for name, t in tensors.items()]
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            tensor(name, t)
+    return tensors.values()
 
 
 def _run(op, first, *args):
@@ -109,8 +112,13 @@ def _run(op, first, *args):
         op(*args)
 
 
+_NO_VARIANT = (None, None, [], [])
+
+
 def _variant(variant, scalars, tensors):
     """The ops' variant arguments (name, code, scalars, tensors) from the calls' keywords."""
+    if variant is None and scalars == () and tensors == ():  # the defaults, first
+        return _NO_VARIANT
     if not isinstance(scalars, (list, tuple)):
         _checks.wrong_type("variant_scalars", scalars, "a list or tuple of up to 8 numbers")
     tensors = _checks.tensor_list("variant_tensors", tensors)
@@ -118,7 +126,7 @@ def _variant(variant, scalars, tensors):
         if scalars or tensors:
             _invalid("variant_scalars or variant_tensors without a variant: pass variant="
                      "kiln.Variant(name, code), or neither")
-        return None, None, [], []
+        return _NO_VARIANT
     if not isinstance(variant, Variant):
         _checks.wrong_type("variant", variant, "a kiln.Variant(name, code)")
     scalars = [number(f"variant_scalars[{i}]", x) for i, x in enumerate(scalars)]
@@ -154,8 +162,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     """
     _forward_only(dropout_p, return_attn_probs)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
-    q, k, v = (_stride1(with_rank(name, t, 4, _LAYOUT))
-               for name, t in (("q", q), ("k", k), ("v", v)))
+    q = _stride1(with_rank("q", q, 4, _LAYOUT))
+    k = _stride1(with_rank("k", k, 4, _LAYOUT))
+    v = _stride1(with_rank("v", v, 4, _LAYOUT))
     batch, seqlen_q, heads = q.shape[:3]
     out = _output(out, (batch, seqlen_q, heads, v.shape[-1]), q, "out")
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) \
@@ -188,8 +197,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         _unsupported("block_table", "<tensor>", "kiln's varlen attention reads contiguous k and "
                      "v; for a paged cache call flash_attn_with_kvcache")
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
-    q, k, v = (_stride1(with_rank(name, t, 3, _VARLEN_LAYOUT))
-               for name, t in (("q", q), ("k", k), ("v", v)))
+    q = _stride1(with_rank("q", q, 3, _VARLEN_LAYOUT))
+    k = _stride1(with_rank("k", k, 3, _VARLEN_LAYOUT))
+    v = _stride1(with_rank("v", v, 3, _VARLEN_LAYOUT))
     total_q, heads = q.shape[:2]
     out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
     lse = q.new_empty((heads, total_q), dtype=torch.float32) \

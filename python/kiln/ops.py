@@ -20,6 +20,7 @@ from typing import List, Optional
 import torch
 
 from . import _capi, _checks
+from ._capi import KilnError
 
 Tensor = torch.Tensor
 
@@ -52,9 +53,12 @@ except AttributeError:  # torch 2.4 has it in torch._dynamo
 
 
 def _tensor(slot, t, name):
-    """Packs torch tensor t, which its op's check (_checks) passed, into this thread's DLTensor
-    `slot`; returns its address."""
-    dtype = _DTYPES[t.dtype]
+    """Packs torch tensor t into this thread's DLTensor `slot`; returns its address. One that
+    cannot be packed (a dtype DLPack has no code for here, a rank beyond the slot's) is refused
+    by the rules (_checks), naming it."""
+    dtype = _DTYPES.get(t.dtype)
+    if dtype is None or t.dim() > _capi.MAX_RANK:
+        _checks.known(t, name)
     device = t.get_device()
     kind, device = (_GPU, device) if device >= 0 else _checks.cpu_device
     # data points at element 0 (data_ptr() includes a view's offset), so byte_offset is 0.
@@ -128,14 +132,20 @@ direct = {}
 
 
 def _op(fn, mutates_args, check):
-    """fn (named _<op>) as the custom op kiln::<op>. `check` (kiln._checks), which takes the
-    op's arguments, runs first in the real call and is the whole fake kernel: the op's outputs
-    are tensors its caller made, so there is no shape to compute and nothing to return, but what
-    the real call refuses, tracing refuses too."""
+    """fn (named _<op>) as the custom op kiln::<op>, with `check` (kiln._checks), which takes
+    the op's arguments, as its fake kernel: the op's outputs are tensors its caller made, so
+    there is no shape to compute and nothing to return, but what the real call refuses, tracing
+    refuses too. The real call asks libkiln first and, when it refuses, `check`: a refusal is
+    said in the same words traced or not, and a call libkiln takes pays for no Python check."""
     @functools.wraps(fn)  # the op's schema is read from fn's signature
     def checked(*args):
+        try:
+            fn(*args)
+            return
+        except KilnError as e:
+            refused = e
         check(*args)
-        fn(*args)
+        raise refused
 
     op = torch.library.custom_op(f"kiln::{fn.__name__[1:]}", checked, mutates_args=mutates_args)
     op.register_fake(check)
@@ -148,6 +158,8 @@ def _variant(name, code, scalars, tensors):
     into, which the caller keeps alive for the call."""
     if name is None and code is None and not scalars and not tensors:
         return _capi.NO_VARIANT, None
+    if len(scalars) > _capi.VARIANT_SCALARS or len(tensors) > _capi.VARIANT_TENSORS:
+        _checks.variant(scalars, tensors)  # more than the fields hold
     strings = tuple(None if text is None else _capi.c_string(text) for text in (name, code))
     addresses = [_tensor(_capi.VARIANT_SLOT + i, t, f"variant_tensors[{i}]")
                  for i, t in enumerate(tensors)]

@@ -8,7 +8,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln
-from kiln import ops
+from kiln import _checks, ops
 
 BF16, I32, F32 = torch.bfloat16, torch.int32, torch.float32
 VARIANT = kiln.Variant("scaled", """struct kiln_variant {
@@ -237,9 +237,11 @@ def library_verdict(q, k, v):
 
 
 def python_verdict(q, k, v):
+    """What the fake kernels' check (kiln._checks) says of the same call."""
     try:
-        ops.attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None, None,
-                      None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None, None, [], [])
+        _checks.attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None,
+                          None, None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None,
+                          None, [], [])
     except kiln.KilnError as e:
         return e.status, e.message
     return None
@@ -247,7 +249,8 @@ def python_verdict(q, k, v):
 
 def test_the_python_rules_are_the_librarys_word_for_word(as_gpu):
     # Every head dim from 0 to 264 for q and k, then for v, and every dtype kiln packs: the
-    # check the fake kernels share refuses exactly what libkiln refuses, in the same words.
+    # fake kernels' check refuses exactly what libkiln refuses, in the same words, so a real
+    # call, which asks libkiln first, is refused as its trace is.
     def qkv(d, dv, dtype=BF16):
         return (torch.empty(0, 5, 8, d, dtype=dtype), torch.empty(0, 7, 2, d, dtype=dtype),
                 torch.empty(0, 7, 2, dv, dtype=dtype))
