@@ -474,6 +474,23 @@ def test_gpu_models_match_eager(name, dtype, padded):
     assert (margin == 0).float().mean() >= 0.75, (tokens, margin)
 
 
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_model_in_training_mode_under_no_grad():
+    """Inference in training mode (dropout 0) on the real kernels: kiln's logits as eval
+    mode's, and with gradients on, the refusal says why."""
+    kiln_hf.register()
+    _, with_kiln = model_pair(llama_config, torch.bfloat16, device="cuda")
+    ids, mask = prompts("cuda")
+    with torch.no_grad():
+        evaluated = with_kiln(input_ids=ids, attention_mask=mask).logits
+        with_kiln.train()
+        trained = with_kiln(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(trained, evaluated)
+    with pytest.raises(kiln.KilnNotImplementedError, match="no backward yet"):
+        with_kiln(input_ids=ids, attention_mask=mask)
+
+
 def test_sinks_in_the_models_dtype_are_cast_once_per_value():
     """A bf16 sinks parameter is cast to float32 once, not per layer and step; an in-place update
     casts again; float32 sinks go as they are."""
