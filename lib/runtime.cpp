@@ -90,6 +90,11 @@ Runtime::~Runtime() = default;
 
 Kernel Runtime::kernel(const KernelSpec& spec, void* stream) {
   if (auto kernel = impl_->kernels.find(spec)) return Kernel(std::move(kernel));
+  // NOTE: a spec without a target takes the device's. Without a device, unit_of would advise
+  // giving a target, which compiles but cannot make this load: say what is missing instead.
+  if (spec.target.empty() && !impl_->config.target) {
+    impl_->backends.require_device(to_string(spec));
+  }
   const Unit unit = impl_->unit_of(spec);
   impl_->recorder.record(unit);
   return Kernel(impl_->kernels.load(spec, unit, stream));

@@ -2,7 +2,7 @@
 the Python call to kiln's return, kernel excluded.
 
 The problems are decode and prefill shapes with batch 0 on tensors sent as device 0's (see
-kiln.ops.cpu_device): kiln checks every shape, stride and dtype and returns before any launch,
+kiln._checks.cpu_device): kiln checks every shape, stride and dtype and returns before any launch,
 so a call costs what it costs on a GPU minus the launch (and minus the difference between
 allocating on the CPU and with torch's CUDA caching allocator, measured apart on a GPU).
 
@@ -18,7 +18,7 @@ import time
 import torch
 
 import kiln
-from kiln import _capi, ops
+from kiln import _capi, _checks, ops
 
 
 def per_call_us(fn, n=20000, runs=7):
@@ -34,7 +34,7 @@ def per_call_us(fn, n=20000, runs=7):
 
 
 def main():
-    ops.cpu_device = (ops._GPU, 0)
+    _checks.cpu_device = (ops._GPU, 0)
     plain_eager = ops.eager
     ops.eager = lambda t: type(t) is torch.Tensor and not ops._is_compiling()
     bf16, i32 = torch.bfloat16, torch.int32

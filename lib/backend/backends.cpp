@@ -3,12 +3,22 @@
 
 #include <fmt/format.h>
 
+#include <string>
 #include <utility>
 
 #include "backend/compiler_library.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
+namespace {
+
+// What a load without a device can do instead. NOTE: not "give a target": a load has one (or
+// would take the device's), and that advice sent callers in circles.
+std::string compile_only_fix() {
+  return fmt::format("; to compile without loading, use {}", knob_name(Knob::compile_only));
+}
+
+}  // namespace
 
 Backends::Backends(const Config& config, DiskCache& disk) : config_(config), disk_(disk) {
   backend_ = choose_backend();
@@ -83,7 +93,8 @@ Target Backends::default_target() {
 
 const DeviceInfo& Backends::device_info() {
   std::call_once(device_info_once_, [&] {
-    device_info_ = device_driver("read the device's properties", "").device(config_.device);
+    if (auto missing = missing_device()) throw Error(ErrorCategory::not_found, *missing);
+    device_info_ = driver()->device(config_.device);
   });
   return device_info_;
 }
@@ -109,16 +120,17 @@ Driver& Backends::device_driver(std::string_view doing, std::string_view fix) {
   return *driver();
 }
 
+void Backends::require_device(std::string_view spec) {
+  device_driver(fmt::format("load {}", spec), compile_only_fix());
+}
+
 void Backends::require_device(std::string_view spec, const Target& target) {
-  const std::string fix = fmt::format("; compile-only use needs an explicit target ({})",
-                                      knob_name(Knob::compile_only));
-  const std::string doing = fmt::format("load {}", spec);
-  device_driver(doing, fix);
+  require_device(spec);
   const auto& device = device_target();
   if (!device) {
     throw Error(ErrorCategory::not_found,
-                fmt::format("cannot {}: the {} driver does not name device {}'s target{}", doing,
-                            to_string(backend_), config_.device, fix));
+                fmt::format("cannot load {}: the {} driver does not name device {}'s target{}",
+                            spec, to_string(backend_), config_.device, compile_only_fix()));
   }
   if (*device != target) {
     throw Error(ErrorCategory::invalid_argument,

@@ -54,7 +54,8 @@ class Backends {
   // query there cost 4.6 us, and every call checks its target).
   const std::optional<Target>& device_target();
 
-  // The device, queried once: decode reads its SM count on every call. Throws as device_driver.
+  // The device, queried once: decode reads its SM count on every call. Throws kiln::Error
+  // (not_found) whose message is missing_device()'s.
   const DeviceInfo& device_info();
 
   // Why the device cannot be used, the root cause first (a driver that did not load, before the
@@ -65,9 +66,11 @@ class Backends {
   // `doing`, why, and then `fix`.
   Driver& device_driver(std::string_view doing, std::string_view fix);
 
-  // Throws kiln::Error, naming `spec`, unless the device is there and its target is `target`:
-  // (not_found) for no device, or a driver that does not name its target; (invalid_argument)
-  // for another target.
+  // Throws kiln::Error (not_found), naming `spec` and how to compile without loading, unless
+  // the device is there.
+  void require_device(std::string_view spec);
+  // And unless its target is `target`: (not_found) for a driver that does not name its target;
+  // (invalid_argument) for another target.
   void require_device(std::string_view spec, const Target& target);
 
   // Whether a kernel built for `target` loads on the device.

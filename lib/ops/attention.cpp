@@ -495,6 +495,8 @@ AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView
           .section_pairs = section_pairs};
 }
 
+constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
+
 // Runs a call with `config`, or with choose()'s when there is none.
 void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const AttentionOptions& options, const std::optional<AttentionConfig>& config,
@@ -502,7 +504,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Validated checked = validate(q, k, v, out, options, runtime.device());
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
-  const Target target = runtime.target();
+  const Target target = detail::target_to_run(runtime, kCall);
   if (config) check_config(*config, target);
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
@@ -519,8 +521,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     if (c.block_n == 176) c.block_n = 128;
   }
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
+  const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   const Kernel kernel = runtime.kernel(plan.spec, stream);
-  const DeviceInfo& device = runtime.device_info();
   require_fits(plan, c, device);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{

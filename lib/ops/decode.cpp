@@ -457,7 +457,8 @@ void merge(bool many, std::initializer_list<States> inputs, const TensorView& v_
   p.batch = 1;
   p.seqlen = static_cast<int>(m.tokens);
   p.heads = static_cast<int>(m.heads);
-  launch_merge(runtime, first.v.dtype, v_out.dtype, static_cast<int>(m.head_dim), p, stream);
+  const CallName call{"kiln::merge_states", many ? "kiln_merge_states_many" : "kiln_merge_states"};
+  launch_merge(runtime, call, first.v.dtype, v_out.dtype, static_cast<int>(m.head_dim), p, stream);
 }
 
 }  // namespace
@@ -468,11 +469,12 @@ void attention_with_kvcache_planned_for(const Target* planned, const TensorView&
                                         Runtime& runtime) {
   const Shape s = validate(q, cache, out, options, runtime.device());
   if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
-  const Target target = runtime.target();
+  const CallName call{"kiln::attention_with_kvcache", "kiln_attention_with_kvcache"};
+  const Target target = target_to_run(runtime, call);
   require_target(target);
+  const DeviceInfo& device = require_gpu(runtime, call);  // choose() reads its SM count
   const DecodeProblem problem = problem_of(s, q.dtype, options);
-  const DecodeConfig config =
-      choose(problem, planned ? *planned : target, runtime.device_info().multiprocessors);
+  const DecodeConfig config = choose(problem, planned ? *planned : target, device.multiprocessors);
   if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
   launch_decode(runtime, problem, config, params_of(q, cache, out, options, s), stream);
 }

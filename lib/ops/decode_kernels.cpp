@@ -250,8 +250,8 @@ void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Targ
   }
 }
 
-void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
-                  void* stream) {
+void launch_merge(Runtime& runtime, CallName call, DType in, DType out, int head_dim,
+                  const MergeParams& p, void* stream) {
   const long long rows = static_cast<long long>(p.seqlen) * p.heads;
   if (rows == 0 || p.batch == 0) return;
   if (rows > std::numeric_limits<std::int32_t>::max()) {
@@ -260,6 +260,7 @@ void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const Mer
                             p.seqlen, p.heads, std::numeric_limits<std::int32_t>::max()));
   }
   const LaunchPlan plan = merge_plan(in, out, head_dim);
+  require_gpu(runtime, call, &plan.spec);
   const Kernel kernel = runtime.kernel(plan.spec, stream);
   // The kernel waits for the previous grid before touching memory, so it may start early.
   kernel.launch({.grid = {static_cast<std::uint32_t>(rows), static_cast<std::uint32_t>(p.batch)},

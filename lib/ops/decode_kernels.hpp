@@ -56,8 +56,9 @@ void attention_with_kvcache_planned_for(const Target* planned, const TensorView&
                                         const DecodeOptions& options, void* stream,
                                         Runtime& runtime);
 
-// Runs merge_states_kernel over a validated MergeParams; `in` is the dtype of the states' v.
-void launch_merge(Runtime& runtime, DType in, DType out, int head_dim, const MergeParams& p,
-                  void* stream);
+// Runs merge_states_kernel over a validated MergeParams for `call`; `in` is the dtype of the
+// states' v.
+void launch_merge(Runtime& runtime, CallName call, DType in, DType out, int head_dim,
+                  const MergeParams& p, void* stream);
 
 }  // namespace kiln::detail

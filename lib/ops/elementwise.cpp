@@ -6,6 +6,7 @@
 #include "checked_math.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/elementwise.h"
+#include "ops/launch_plan.hpp"
 
 namespace kiln {
 namespace {
@@ -96,7 +97,9 @@ void unary(const UnaryArgs& args, Runtime& runtime) {
 void unary(const UnaryArgs& args, const UnaryConfig& config, Runtime& runtime) {
   validate(args, config);
   if (args.n == 0) return;
-  const Kernel kernel = runtime.kernel(unary_spec(args.op, args.dtype, config), args.stream);
+  const KernelSpec spec = unary_spec(args.op, args.dtype, config);
+  detail::require_gpu(runtime, {"kiln::unary", "kiln::unary"}, &spec);
+  const Kernel kernel = runtime.kernel(spec, args.stream);
   const std::int64_t per_block = std::int64_t{config.block_size} * config.items_per_thread;
   const std::int64_t blocks = detail::ceil_div(args.n, per_block);
   if (blocks > 0x7fffffff) {

@@ -7,7 +7,7 @@ FlashAttention's names, as torch custom ops that torch.compile and CUDA graphs a
 `import kiln` needs no torch (the version and the C API's binding load without it); the calls
 import torch on first use.
 """
-from ._capi import KilnError, KilnValueError
+from ._capi import KilnError, KilnNotImplementedError, KilnTypeError, KilnValueError
 from ._capi import version as _library_version
 from .variant import Variant
 
@@ -17,7 +17,8 @@ __version__ = _library_version()
 # The calls, from kiln.interface, which imports torch (and registers kiln's ops) on first use.
 _TORCH_NAMES = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
                 "merge_states", "warmup", "info")
-__all__ = ["KilnError", "KilnValueError", "Variant", "__version__", *_TORCH_NAMES]
+__all__ = ["KilnError", "KilnValueError", "KilnTypeError", "KilnNotImplementedError", "Variant",
+           "__version__", *_TORCH_NAMES]
 
 
 def __getattr__(name):

@@ -31,6 +31,7 @@ STATUS_NAMES = (
     "KILN_ERROR_DRIVER", "KILN_ERROR_CACHE", "KILN_ERROR_NOT_FOUND", "KILN_ERROR_INTERNAL",
 )
 KILN_OK, KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED = 0, 1, 2
+KILN_ERROR_NOT_FOUND = 6
 
 
 class KilnError(Exception):
@@ -45,14 +46,26 @@ class KilnError(Exception):
 
 
 class KilnValueError(KilnError, ValueError):
-    """A KilnError for an input kiln cannot take (KILN_ERROR_INVALID_ARGUMENT, or a check the
-    Python calls make before calling kiln): also a ValueError, as Python's bad arguments are."""
+    """A KilnError for an input kiln cannot take (KILN_ERROR_INVALID_ARGUMENT) or cannot run
+    (KILN_ERROR_UNSUPPORTED: a dtype, head dim or feature it lacks), whether kiln or the Python
+    calls found it: also a ValueError, as Python's bad arguments are."""
+
+
+class KilnTypeError(KilnValueError, TypeError):
+    """A KilnValueError for an argument of the wrong type (a list where a tensor goes, a string
+    where a number does): also a TypeError, as Python's are."""
+
+
+class KilnNotImplementedError(KilnError, NotImplementedError):
+    """A KilnError for what kiln does not do yet (KILN_ERROR_UNSUPPORTED), such as a backward
+    pass: also a NotImplementedError."""
 
 
 def error(status, message):
-    """The exception for `status`: a KilnValueError for invalid input, else a KilnError."""
-    kind = KilnValueError if status == KILN_ERROR_INVALID_ARGUMENT else KilnError
-    return kind(status, message)
+    """The exception for `status`: a KilnValueError for input kiln cannot take or run, else a
+    KilnError."""
+    bad_input = status in (KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED)
+    return (KilnValueError if bad_input else KilnError)(status, message)
 
 
 # --- layouts ---------------------------------------------------------------------------------

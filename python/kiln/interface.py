@@ -10,78 +10,98 @@ import os
 
 import torch
 
-from . import _capi, ops
-from ._capi import KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED, KilnError, KilnValueError
+from . import _capi, _checks, ops
+from ._capi import KILN_ERROR_NOT_FOUND, KILN_ERROR_UNSUPPORTED, KilnError
+from ._checks import flag, integer, number, tensor, with_rank
 from .variant import Variant
 
 
 def _unsupported(argument, value, instead):
-    raise KilnError(KILN_ERROR_UNSUPPORTED,
-                    f"{argument}={value!r} is not supported by kiln: {instead}")
+    raise _capi.KilnValueError(KILN_ERROR_UNSUPPORTED,
+                               f"{argument}={value!r} is not supported by kiln: {instead}")
 
 
-def _invalid(message):
-    raise KilnValueError(KILN_ERROR_INVALID_ARGUMENT, message)
-
+_invalid = _checks.invalid
 
 _UNBOUNDED = (-1, -1)
+_LAYOUT = "(batch, seqlen, heads, head_dim)"
+_VARLEN_LAYOUT = "(total_tokens, heads, head_dim), sequences at cu_seqlens"
 
 
 def _scale(softmax_scale):
     """kiln's softmax_scale argument: 0 means FlashAttention's default, 1 / sqrt(head_dim)."""
     if softmax_scale is None:
         return 0.0
-    if not softmax_scale > 0:  # also NaN
+    scale = number("softmax_scale", softmax_scale, ", or None for 1 / sqrt(head_dim)")
+    if not scale > 0:
         _invalid(f"softmax_scale={softmax_scale!r}: pass a positive scale, or None for "
                  f"1 / sqrt(head_dim)")
-    return float(softmax_scale)
+    return scale
 
 
 def _window(window_size):
     """(window_left, window_right) from FlashAttention's window_size: -1 is unbounded."""
     if window_size == _UNBOUNDED:  # the default, first: every call pays for this check
         return _UNBOUNDED
-    try:
-        left, right = window_size
-        if left == int(left) and right == int(right) and left >= -1 and right >= -1:
-            return int(left), int(right)
-    except (TypeError, ValueError):
-        pass
-    _invalid(f"window_size={window_size!r}: pass (left, right), each a key count >= 0 or -1 "
-             f"for unbounded")
+    fix = "pass (left, right), each a key count (a C int) >= 0 or -1 for unbounded"
+    if not isinstance(window_size, (tuple, list)) or not all(
+            isinstance(side, int) and not isinstance(side, bool) for side in window_size):
+        raise _capi.KilnTypeError(_capi.KILN_ERROR_INVALID_ARGUMENT,
+                                  f"window_size={window_size!r}: {fix}")
+    if len(window_size) != 2 or not all(-1 <= side <= _checks.INT_MAX for side in window_size):
+        _invalid(f"window_size={window_size!r}: {fix}")
+    return tuple(window_size)
 
 
 def _seqlen(name, value):
     # A tensor here would need .item(), a host sync that torch.compile and CUDA graphs refuse.
-    if isinstance(value, bool) or not isinstance(value, int):
-        _invalid(f"{name} is a {type(value).__name__}: pass a Python int, as FlashAttention "
-                 f"takes it (the longest sequence in the batch)")
-    return value
+    if isinstance(value, (bool, torch.Tensor)):
+        _checks.wrong_type(name, value, "a Python int, as FlashAttention takes it (the longest "
+                                        "sequence in the batch)")
+    return integer(name, value, 0, meaning=", the longest sequence in the batch")
 
 
 def _forward_only(dropout_p, return_attn_probs):
-    if dropout_p != 0.0:
+    if number("dropout_p", dropout_p) != 0.0:
         _unsupported("dropout_p", dropout_p, "kiln has no dropout; pass dropout_p=0.0 (as "
                      "FlashAttention asks for evaluation)")
-    if return_attn_probs:
+    if flag("return_attn_probs", return_attn_probs):
         _unsupported("return_attn_probs", return_attn_probs,
                      "kiln never forms the attention probabilities; for the softmax LSE pass "
                      "return_softmax_lse=True, which returns (out, softmax_lse)")
 
 
+def _score(softmax_scale, causal, window_size, softcap, top_left):
+    """The score's options, as the ops take them: scale, causal, left, right, top_left,
+    softcap."""
+    left, right = _window(window_size)
+    return (_scale(softmax_scale), flag("causal", causal), left, right,
+            flag("top_left", top_left), number("softcap", softcap))
+
+
 def _stride1(t):
-    """t with a unit stride on its last dim, as kiln needs (and FlashAttention makes)."""
-    return t if t is None or t.stride(-1) == 1 else t.contiguous()
+    """t with a unit stride on its last dim, as kiln needs (and FlashAttention makes); one of
+    rank 0, which kiln refuses, as it is."""
+    return t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
 def _output(out, shape, like, name):
     """`out` checked against the shape and dtype the call writes, or a new tensor."""
     if out is None:
         return like.new_empty(shape)
+    tensor(name, out)
     if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype:
         _invalid(f"{name} has shape {tuple(out.shape)} and dtype {out.dtype}: this call writes "
                  f"{tuple(shape)} {like.dtype}")
     return out
+
+
+def _optional(**tensors):
+    """The optional tensor arguments `tensors`, each None or a torch.Tensor, in order."""
+    for name, t in tensors.items():
+        if t is not None and not isinstance(t, torch.Tensor):
+            tensor(name, t)
+    return tensors.values()
 
 
 def _run(op, first, *args):
@@ -92,20 +112,25 @@ def _run(op, first, *args):
         op(*args)
 
 
+_NO_VARIANT = (None, None, [], [])
+
+
 def _variant(variant, scalars, tensors):
     """The ops' variant arguments (name, code, scalars, tensors) from the calls' keywords."""
+    if variant is None and scalars == () and tensors == ():  # the defaults, first
+        return _NO_VARIANT
+    if not isinstance(scalars, (list, tuple)):
+        _checks.wrong_type("variant_scalars", scalars, "a list or tuple of up to 8 numbers")
+    tensors = _checks.tensor_list("variant_tensors", tensors)
     if variant is None:
         if scalars or tensors:
             _invalid("variant_scalars or variant_tensors without a variant: pass variant="
                      "kiln.Variant(name, code), or neither")
-        return None, None, [], []
+        return _NO_VARIANT
     if not isinstance(variant, Variant):
-        _invalid(f"variant is a {type(variant).__name__}: pass a kiln.Variant(name, code)")
-    try:
-        scalars = [float(x) for x in scalars]
-    except (TypeError, ValueError):
-        _invalid(f"variant_scalars={scalars!r}: pass a sequence of up to 8 numbers")
-    return variant.name, variant.code, scalars, list(tensors)
+        _checks.wrong_type("variant", variant, "a kiln.Variant(name, code)")
+    scalars = [number(f"variant_scalars[{i}]", x) for i, x in enumerate(scalars)]
+    return variant.name, variant.code, scalars, tensors
 
 
 def _result(out, lse, what, inputs):
@@ -136,15 +161,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     through the result raises).
     """
     _forward_only(dropout_p, return_attn_probs)
-    left, right = _window(window_size)
-    q, k, v = _stride1(q), _stride1(k), _stride1(v)
+    score = _score(softmax_scale, causal, window_size, softcap, top_left)
+    q = _stride1(with_rank("q", q, 4, _LAYOUT))
+    k = _stride1(with_rank("k", k, 4, _LAYOUT))
+    v = _stride1(with_rank("v", v, 4, _LAYOUT))
     batch, seqlen_q, heads = q.shape[:3]
     out = _output(out, (batch, seqlen_q, heads, v.shape[-1]), q, "out")
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) if return_softmax_lse \
-        else None
+    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) \
+        if flag("return_softmax_lse", return_softmax_lse) else None
     hooks = _variant(variant, variant_scalars, variant_tensors)
+    bias, alibi_slopes, sinks = _optional(bias=bias, alibi_slopes=alibi_slopes, sinks=sinks)
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
-         _scale(softmax_scale), causal, left, right, top_left, softcap, sinks, *hooks)
+         *score, sinks, *hooks)
     return _result(out, lse, "flash_attn_func", (q, k, v, bias, sinks, *hooks[3]))
 
 
@@ -168,16 +196,21 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         _unsupported("block_table", "<tensor>", "kiln's varlen attention reads contiguous k and "
                      "v; for a paged cache call flash_attn_with_kvcache")
-    left, right = _window(window_size)
-    q, k, v = _stride1(q), _stride1(k), _stride1(v)
+    score = _score(softmax_scale, causal, window_size, softcap, top_left)
+    q = _stride1(with_rank("q", q, 3, _VARLEN_LAYOUT))
+    k = _stride1(with_rank("k", k, 3, _VARLEN_LAYOUT))
+    v = _stride1(with_rank("v", v, 3, _VARLEN_LAYOUT))
     total_q, heads = q.shape[:2]
     out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
-    lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else None
+    lse = q.new_empty((heads, total_q), dtype=torch.float32) \
+        if flag("return_softmax_lse", return_softmax_lse) else None
     hooks = _variant(variant, variant_scalars, variant_tensors)
-    _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-         seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
-         _seqlen("max_seqlen_k", max_seqlen_k), _scale(softmax_scale), causal, left, right,
-         top_left, softcap, sinks, *hooks)
+    bias, alibi_slopes, sinks, seqused_k = _optional(
+        bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, seqused_k=seqused_k)
+    _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes,
+         tensor("cu_seqlens_q", cu_seqlens_q), tensor("cu_seqlens_k", cu_seqlens_k), seqused_k,
+         _seqlen("max_seqlen_q", max_seqlen_q), _seqlen("max_seqlen_k", max_seqlen_k), *score,
+         sinks, *hooks)
     return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias, sinks, *hooks[3]))
 
 
@@ -207,25 +240,35 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     if cache_leftpad is not None:
         _unsupported("cache_leftpad", "<tensor>", "keep each sequence's keys from the start of "
                      "its cache rows (or pages)")
-    left, right = _window(window_size)
-    q, k, v = _stride1(q), _stride1(k), _stride1(v)
+    scale, causal, left, right, top_left, softcap = _score(softmax_scale, causal, window_size,
+                                                           softcap, top_left)
+    q = _stride1(with_rank("q", q, 4, "(batch, seqlen_q, heads, head_dim)"))
+    cache_layout = "(batch_cache, seqlen_cache, heads_kv, head_dim), or pages with a block_table"
+    k_cache = with_rank("k_cache", k_cache, 4, cache_layout)
+    v_cache = with_rank("v_cache", v_cache, 4, cache_layout)
+    k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, sinks = _optional(
+        k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
+        block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks)
+    k, v = _stride1(k), _stride1(v)
     batch, seqlen_q, heads = q.shape[:3]
     if cache_seqlens is None:
         if block_table is not None:
             _invalid("cache_seqlens is None with a block_table: pass the keys cached per "
                      "sequence (an int or an int32 tensor of batch entries)")
         cache_seqlens = k_cache.shape[1]
-    if isinstance(cache_seqlens, int):
-        cache_seqlens = torch.full((batch,), cache_seqlens, dtype=torch.int32,
-                                   device=k_cache.device)
+    if not isinstance(cache_seqlens, torch.Tensor):
+        cache_seqlens = torch.full(
+            (batch,), integer("cache_seqlens", cache_seqlens, 0,
+                              meaning=", or an int32 tensor of batch entries"),
+            dtype=torch.int32, device=k_cache.device)
     out = _output(out, (batch, seqlen_q, heads, v_cache.shape[-1]), q, "out")
-    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) if return_softmax_lse \
-        else None
+    lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) \
+        if flag("return_softmax_lse", return_softmax_lse) else None
     hooks = _variant(variant, variant_scalars, variant_tensors)
     _run(ops.attention_with_kvcache, q, q, k_cache, v_cache, cache_seqlens, out, lse, k, v,
-         rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes,
-         _scale(softmax_scale), causal, left, right, top_left, softcap, rotary_interleaved,
-         num_splits, sinks, *hooks)
+         rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, scale, causal,
+         left, right, top_left, softcap, flag("rotary_interleaved", rotary_interleaved),
+         integer("num_splits", num_splits, meaning=" (0: kiln's heuristic)"), sinks, *hooks)
     return _result(out, lse, "flash_attn_with_kvcache", (q, k, v, sinks, *hooks[3]))
 
 
@@ -238,14 +281,20 @@ def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):
     is not 1 are copied first), so the LSE of flash_attn_func (batch, heads, seqlen) fits as
     lse[b].transpose(0, 1), with out[b]."""
     many = v_b is None and lse_b is None
+    v_b, lse_b, out_lse = _optional(v_b=v_b, lse_b=lse_b, out_lse=out_lse)
     if many:
-        tokens, _, heads, dv = v_a.shape
+        tokens, _, heads, dv = with_rank("v_a", v_a, 4, "(tokens, states, heads, head_dim) "
+                                         "without v_b and lse_b").shape
+        with_rank("lse_a", lse_a, 3, "(tokens, states, heads) without v_b and lse_b")
     elif v_b is None or lse_b is None:
         _invalid("merge_states takes v_b with lse_b (two states) or neither (v_a holds many); "
                  f"got v_b {'None' if v_b is None else 'a tensor'} and lse_b "
                  f"{'None' if lse_b is None else 'a tensor'}")
     else:
-        tokens, heads, dv = v_a.shape
+        tokens, heads, dv = with_rank("v_a", v_a, 3, "(tokens, heads, head_dim) with v_b and "
+                                      "lse_b").shape
+        for name, lse in (("lse_a", lse_a), ("lse_b", lse_b)):
+            with_rank(name, lse, 2, "(tokens, heads) with v_b")
     out = _output(out, (tokens, heads, dv), v_a, "out")
     # kiln reads a token's LSEs contiguous (stride 1 over heads); others, such as
     # flash_attn_func's LSE taken as lse[b].transpose(0, 1), are copied so first.
@@ -262,13 +311,36 @@ def merge_states(v_a, lse_a, v_b=None, lse_b=None, *, out=None, out_lse=None):
 def _device_index(device):
     if device is None:
         return torch.cuda.current_device() if torch.cuda.is_available() else 0
-    if isinstance(device, int):
-        return device
-    device = torch.device(device)
+    if isinstance(device, int) and not isinstance(device, bool):
+        return integer("device", device, 0, meaning=" (a GPU ordinal)")
+    if not isinstance(device, (str, torch.device)):
+        _checks.wrong_type("device", device, "an int, 'cuda:N' or a torch.device")
+    try:
+        device = torch.device(device)
+    except (RuntimeError, ValueError) as e:
+        _invalid(f"device={device!r} is no device torch knows ({e}): pass an int, 'cuda:N' or a "
+                 f"torch.device of type cuda")
     if device.type != "cuda":
         _invalid(f"device={device}: kiln warms GPU devices; pass an int, 'cuda:N' or a "
                  f"torch.device of type cuda")
     return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _warmup_arguments(device, target, threads):
+    """warmup's arguments as kiln_warmup takes them; without a target to compile for, the GPU
+    to load on must be there, and the fix (a target) is said in Python."""
+    index = _device_index(device)
+    target = None if target is None else _checks.text("target", target, "sm_90a")
+    threads = integer("threads", threads, 0, meaning=" (0: one per hardware thread)")
+    if target is None and not os.environ.get("KILN_TARGET") \
+            and index >= torch.cuda.device_count():
+        seen = (f"torch sees {torch.cuda.device_count()} GPU(s)" if torch.cuda.is_available()
+                else "torch sees no GPU (torch.cuda.is_available() is False)")
+        raise KilnError(KILN_ERROR_NOT_FOUND,
+                        f"kiln.warmup() loads kernels onto GPU {index}, and {seen}: to compile "
+                        f"without a GPU, pass the target to compile for, e.g. "
+                        f"kiln.warmup(target='sm_90a') (sm_80, sm_90a, gfx90a, ...)")
+    return index, target, threads
 
 
 def warmup(device=None, target=None, threads=0):
@@ -276,7 +348,7 @@ def warmup(device=None, target=None, threads=0):
     (an int, 'cuda:N' or torch.device; None: torch's current device), so that later calls,
     CUDA graph capture included, load nothing. target ("sm_90a", "gfx90a") compiles for that
     target instead, with no GPU needed; threads 0: one per hardware thread."""
-    _capi.warmup(_device_index(device), target, threads)
+    _capi.warmup(*_warmup_arguments(device, target, threads))
 
 
 def info():

@@ -14,16 +14,17 @@ No autograd yet: torch refuses an autograd formula for an op that mutates its ar
 outputs that need one pass through NoBackward, whose backward raises.
 """
 import ctypes
+import functools
 from typing import List, Optional
 
 import torch
 
-from . import _capi
-from ._capi import KilnValueError
+from . import _capi, _checks
+from ._capi import KilnError
 
 Tensor = torch.Tensor
 
-# DLPack (code, bits) of the dtypes kiln's C API reads (kiln names the one it does not take).
+# DLPack (code, bits) of the dtypes kiln's C API reads (_checks refuses the others).
 _DTYPES = {
     torch.float16: (_capi.KDL_FLOAT, 16),
     torch.bfloat16: (_capi.KDL_BFLOAT, 16),
@@ -34,10 +35,6 @@ _DTYPES = {
 }
 # ROCm builds of torch call their devices "cuda" too.
 _GPU = _capi.KDL_ROCM if getattr(torch.version, "hip", None) else _capi.KDL_CUDA
-# What a CPU tensor is sent as: kDLCPU, which kiln refuses, naming it. The tests without a GPU
-# set (_GPU, 0) to have kiln check CPU tensors' shapes as a GPU's, with its own messages (an
-# empty problem then returns before any launch).
-cpu_device = (_capi.KDL_CPU, 0)
 _NULL = 0
 _scratch = _capi.scratch
 _PACKERS = _capi.TENSOR_PACKERS
@@ -56,14 +53,14 @@ except AttributeError:  # torch 2.4 has it in torch._dynamo
 
 
 def _tensor(slot, t, name):
-    """Packs torch tensor t into this thread's DLTensor `slot`; returns its address."""
+    """Packs torch tensor t into this thread's DLTensor `slot`; returns its address. One that
+    cannot be packed (a dtype DLPack has no code for here, a rank beyond the slot's) is refused
+    by the rules (_checks), naming it."""
     dtype = _DTYPES.get(t.dtype)
-    if dtype is None:
-        raise KilnValueError(_capi.KILN_ERROR_INVALID_ARGUMENT,
-                             f"{name} has dtype {t.dtype}: kiln takes float16 or bfloat16 data, "
-                             f"float32 LSE and ALiBi slopes, int32 indices")
+    if dtype is None or t.dim() > _capi.MAX_RANK:
+        _checks.known(t, name)
     device = t.get_device()
-    kind, device = (_GPU, device) if device >= 0 else cpu_device
+    kind, device = (_GPU, device) if device >= 0 else _checks.cpu_device
     # data points at element 0 (data_ptr() includes a view's offset), so byte_offset is 0.
     s = _scratch
     offset, address, sizes, strides = s.slots[slot]
@@ -122,28 +119,37 @@ class NoBackward(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, *grads):
-        raise NotImplementedError(
-            f"kiln.{ctx.what} has no backward yet: kiln computes the forward pass only (a "
-            f"backward pass is planned). Run it under torch.no_grad() or torch.inference_mode(), "
-            f"or use an attention with a backward (torch.nn.functional."
+        raise _capi.KilnNotImplementedError(
+            _capi.KILN_ERROR_UNSUPPORTED,
+            f"kiln.{ctx.what} has no backward yet: a backward pass is not yet supported, kiln "
+            f"computes the forward pass only. Run it under torch.no_grad() or "
+            f"torch.inference_mode(), or use an attention with a backward (torch.nn.functional."
             f"scaled_dot_product_attention) where gradients are needed")
-
-
-def _fake(*args):
-    """The fake kernel of every op: its outputs are tensors its caller made, so there is no
-    shape to compute and nothing to return."""
-    return None
 
 
 # The implementation behind each op, for eager calls (see the module's docstring).
 direct = {}
 
 
-def _op(fn, mutates_args):
-    """fn (named _<op>) as the custom op kiln::<op>, with its fake kernel."""
-    op = torch.library.custom_op(f"kiln::{fn.__name__[1:]}", fn, mutates_args=mutates_args)
-    op.register_fake(_fake)
-    direct[op] = fn
+def _op(fn, mutates_args, check):
+    """fn (named _<op>) as the custom op kiln::<op>, with `check` (kiln._checks), which takes
+    the op's arguments, as its fake kernel: the op's outputs are tensors its caller made, so
+    there is no shape to compute and nothing to return, but what the real call refuses, tracing
+    refuses too. The real call asks libkiln first and, when it refuses, `check`: a refusal is
+    said in the same words traced or not, and a call libkiln takes pays for no Python check."""
+    @functools.wraps(fn)  # the op's schema is read from fn's signature
+    def checked(*args):
+        try:
+            fn(*args)
+            return
+        except KilnError as e:
+            refused = e
+        check(*args)
+        raise refused
+
+    op = torch.library.custom_op(f"kiln::{fn.__name__[1:]}", checked, mutates_args=mutates_args)
+    op.register_fake(check)
+    direct[op] = checked
     return op
 
 
@@ -152,14 +158,8 @@ def _variant(name, code, scalars, tensors):
     into, which the caller keeps alive for the call."""
     if name is None and code is None and not scalars and not tensors:
         return _capi.NO_VARIANT, None
-    if len(scalars) > _capi.VARIANT_SCALARS:
-        raise KilnValueError(_capi.KILN_ERROR_INVALID_ARGUMENT,
-                             f"variant_scalars has {len(scalars)} values: a variant takes at "
-                             f"most {_capi.VARIANT_SCALARS}")
-    if len(tensors) > _capi.VARIANT_TENSORS:
-        raise KilnValueError(_capi.KILN_ERROR_INVALID_ARGUMENT,
-                             f"variant_tensors has {len(tensors)} tensors: a variant takes at "
-                             f"most {_capi.VARIANT_TENSORS}")
+    if len(scalars) > _capi.VARIANT_SCALARS or len(tensors) > _capi.VARIANT_TENSORS:
+        _checks.variant(scalars, tensors)  # more than the fields hold
     strings = tuple(None if text is None else _capi.c_string(text) for text in (name, code))
     addresses = [_tensor(_capi.VARIANT_SLOT + i, t, f"variant_tensors[{i}]")
                  for i, t in enumerate(tensors)]
@@ -190,7 +190,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
                            _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
 
-attention = _op(_attention, mutates_args=("out", "lse"))
+attention = _op(_attention, mutates_args=("out", "lse"), check=_checks.attention)
 
 
 # --- kiln_attention_with_kvcache -----------------------------------------------------------------
@@ -221,7 +221,8 @@ def _attention_with_kvcache(
 
 # NOTE: the cache is declared mutated even without k and v: a schema is fixed per op.
 attention_with_kvcache = _op(_attention_with_kvcache,
-                             mutates_args=("k_cache", "v_cache", "out", "lse"))
+                             mutates_args=("k_cache", "v_cache", "out", "lse"),
+                             check=_checks.attention_with_kvcache)
 
 
 # --- kiln_merge_states, kiln_merge_states_many -------------------------------------------------
@@ -234,7 +235,7 @@ def _merge_states(v_a: Tensor, lse_a: Tensor, v_b: Tensor, lse_b: Tensor, out: T
                               _stream(out)))
 
 
-merge_states = _op(_merge_states, mutates_args=("out", "out_lse"))
+merge_states = _op(_merge_states, mutates_args=("out", "out_lse"), check=_checks.merge_states)
 
 
 def _merge_states_many(v: Tensor, lse: Tensor, out: Tensor, out_lse: Optional[Tensor]) -> None:
@@ -243,4 +244,5 @@ def _merge_states_many(v: Tensor, lse: Tensor, out: Tensor, out_lse: Optional[Te
                                    _stream(out)))
 
 
-merge_states_many = _op(_merge_states_many, mutates_args=("out", "out_lse"))
+merge_states_many = _op(_merge_states_many, mutates_args=("out", "out_lse"),
+                        check=_checks.merge_states_many)

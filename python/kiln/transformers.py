@@ -28,7 +28,8 @@ What reaches kiln, and how:
 - softcap and the softmax scale pass through as FlashAttention's softcap and softmax_scale.
 - Attention sinks (gpt-oss's `s_aux`, a learned logit per head) pass through as kiln's sinks,
   in float32.
-- kiln has no backward and no dropout: a module in training mode, or dropout > 0, raises.
+- kiln has no backward and no dropout: dropout > 0 raises, and so does a module in training
+  mode with gradients enabled; training mode under torch.no_grad() with dropout 0 runs.
 """
 
 import math
@@ -37,6 +38,7 @@ import weakref
 import torch
 
 import kiln as _kiln
+from kiln import _capi
 from kiln import ops as _ops
 
 NAME = "kiln"
@@ -145,6 +147,30 @@ def _float_sinks(sinks):
     return cached[2]
 
 
+def _inference_only(module, dropout):
+    """Refuses what kiln cannot do: dropout, and a module in training mode with gradients on
+    (its backward would fail later). Training mode under torch.no_grad() with dropout 0 is
+    inference, and runs."""
+    fix = (
+        "call model.eval() or set the attention dropout to 0 for inference, or load the model "
+        "with attn_implementation='sdpa' to train it"
+    )
+    if dropout > 0:
+        raise _kiln.KilnNotImplementedError(
+            _capi.KILN_ERROR_UNSUPPORTED,
+            f"attn_implementation='kiln' has no dropout, and {type(module).__name__} asks for "
+            f"dropout={dropout} (in training mode: {module.training}): {fix}",
+        )
+    if module.training and torch.is_grad_enabled():
+        raise _kiln.KilnNotImplementedError(
+            _capi.KILN_ERROR_UNSUPPORTED,
+            f"attn_implementation='kiln' has no backward yet: a backward pass is not yet "
+            f"supported, and {type(module).__name__} is in training mode with gradients "
+            f"enabled. For inference run it under torch.no_grad() (training mode with dropout 0 "
+            f"is fine then) or {fix}",
+        )
+
+
 def attention_forward(
     module,
     query,
@@ -162,13 +188,7 @@ def attention_forward(
     value (batch, heads_kv, seqlen_k, d), attention_mask None or (batch or 1, 1, seqlen_q,
     >= seqlen_k). Returns (output (batch, seqlen_q, heads, d), None): kiln never forms the
     attention weights."""
-    if module.training or dropout > 0:
-        raise NotImplementedError(
-            f"attn_implementation='kiln' is inference-only: kiln has no backward and no dropout, "
-            f"and {type(module).__name__} is in training mode (dropout={dropout}). Call "
-            f"model.eval() for inference, or load the model with attn_implementation='sdpa' "
-            f"to train it"
-        )
+    _inference_only(module, dropout)
     q = query.transpose(1, 2)  # views: (batch, seqlen, heads, d)
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)

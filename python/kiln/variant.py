@@ -4,7 +4,7 @@ documents the hooks and their coordinates. Needs no torch."""
 import dataclasses
 import re
 
-from ._capi import KILN_ERROR_INVALID_ARGUMENT, KilnValueError
+from ._capi import KILN_ERROR_INVALID_ARGUMENT, KilnTypeError, KilnValueError
 
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -34,11 +34,21 @@ class Variant:
     code: str
 
     def __post_init__(self):
-        if not isinstance(self.name, str) or not _IDENTIFIER.fullmatch(self.name):
+        for field in ("name", "code"):
+            if not isinstance(getattr(self, field), str):
+                raise KilnTypeError(KILN_ERROR_INVALID_ARGUMENT,
+                                    f"Variant {field} {getattr(self, field)!r} is a "
+                                    f"{type(getattr(self, field)).__name__}: pass a str")
+        if not _IDENTIFIER.fullmatch(self.name):
             raise KilnValueError(KILN_ERROR_INVALID_ARGUMENT,
                                  f"Variant name {self.name!r} must be a C++ identifier, such as "
                                  f"'alibi'")
-        if not isinstance(self.code, str) or not self.code.strip():
+        if not self.code.strip():
             raise KilnValueError(KILN_ERROR_INVALID_ARGUMENT,
                                  f"Variant {self.name!r} has no code: give it the struct "
                                  f"kiln_variant its hooks live in")
+        if "\0" in self.code:
+            raise KilnValueError(KILN_ERROR_INVALID_ARGUMENT,
+                                 f"Variant {self.name!r} has a NUL character in its code, at "
+                                 f"offset {self.code.index(chr(0))}, where C would end it: "
+                                 f"remove it")

@@ -24,7 +24,7 @@ def as_gpu(monkeypatch):
     problem with an empty dim returns before any launch, so no GPU is needed."""
     import torch
 
-    from kiln import ops
-    monkeypatch.setattr(ops, "cpu_device", (ops._GPU, 0))
+    from kiln import _checks, ops
+    monkeypatch.setattr(_checks, "cpu_device", (ops._GPU, 0))
     monkeypatch.setattr(ops, "eager", lambda t: type(t) is torch.Tensor
                         and not ops._is_compiling())

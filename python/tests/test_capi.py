@@ -111,6 +111,9 @@ def test_errors_carry_kilns_status_and_message():
     assert str(caught.value).startswith("KILN_ERROR_INVALID_ARGUMENT: q is NULL")
     assert isinstance(caught.value, ValueError) and isinstance(caught.value, kiln.KilnError)
 
+    # What kiln cannot run (a dtype, a head dim) is bad input too, as the README promises.
     unsupported = _capi.error(_capi.KILN_ERROR_UNSUPPORTED, "x")
-    assert type(unsupported) is kiln.KilnError and not isinstance(unsupported, ValueError)
+    assert type(unsupported) is kiln.KilnValueError and isinstance(unsupported, ValueError)
+    missing = _capi.error(_capi.KILN_ERROR_NOT_FOUND, "z")
+    assert type(missing) is kiln.KilnError and not isinstance(missing, ValueError)
     assert str(_capi.error(42, "y")) == "status 42: y"

@@ -26,7 +26,8 @@ VARIANT = kiln.Variant("mine", "struct kiln_variant {};")
 
 
 def refused(kind, status, *words):
-    """pytest.raises for a KilnError of `kind` and `status` whose message has every word."""
+    """pytest.raises for a KilnError of `kind` and `status` whose message has every word; one
+    for input kiln cannot take or run is a ValueError too, as the README promises."""
     class Check:
         def __enter__(self):
             self.raises = pytest.raises(kind)
@@ -36,6 +37,8 @@ def refused(kind, status, *words):
         def __exit__(self, *exc):
             handled = self.raises.__exit__(*exc)
             assert self.info.value.status == status
+            if status in (_capi.KILN_ERROR_INVALID_ARGUMENT, _capi.KILN_ERROR_UNSUPPORTED):
+                assert isinstance(self.info.value, ValueError), repr(self.info.value)
             for word in words:
                 assert word in str(self.info.value), (word, str(self.info.value))
             return handled
@@ -84,7 +87,7 @@ INVALID = [
                                           softmax_scale=-1.0), "softmax_scale=-1.0"),
     ("max_seqlen_q a tensor",
      lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, torch.tensor(5), 0),
-     "max_seqlen_q is a Tensor: pass a Python int"),
+     "max_seqlen_q is a Tensor (tensor(5)): pass a Python int"),
     ("max_seqlen_k a bool",
      lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, True), "max_seqlen_k is a bool"),
     ("out of the wrong shape", lambda: kiln.flash_attn_func(Q, K, K, out=bf16(0, 5, 8, 32)),
@@ -112,7 +115,7 @@ INVALID = [
      lambda: kiln.flash_attn_func(Q, K, K, variant_scalars=[1.0]), "without a variant"),
     ("variant scalars that are no numbers",
      lambda: kiln.flash_attn_func(Q, K, K, variant=VARIANT, variant_scalars=["a"]),
-     "pass a sequence of up to 8 numbers"),
+     "variant_scalars[0] is a str ('a'): pass a number"),
     ("nine variant scalars",
      lambda: kiln.flash_attn_func(Q, K, K, variant=VARIANT, variant_scalars=[0.0] * 9),
      "variant_scalars has 9 values: a variant takes at most 8"),
@@ -165,10 +168,16 @@ def test_kilns_own_messages_are_surfaced(as_gpu, name, call, status, words):
         call()
 
 
-def test_cpu_tensors_are_refused_by_kiln_naming_the_device():
-    with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT,
-                 "q is on DLPack device type 1: kiln takes GPU memory"):
-        kiln.flash_attn_func(Q, K, K)
+def test_cpu_tensors_are_refused_in_words_not_dlpack_codes():
+    for call in (lambda: kiln.flash_attn_func(Q, K, K),
+                 lambda: kiln.flash_attn_func(Q.float(), K.float(), K.float()),  # CPU first
+                 lambda: kiln.ops.attention(Q, K, K, Q.clone(), None, None, None, None, None,
+                                            None, 0, 0, 0.0, False, -1, -1, False, 0.0, None,
+                                            None, None, [], [])):
+        with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT,
+                     "q is on the CPU; kiln runs on CUDA or ROCm GPUs", "q.cuda()") as error:
+            call()
+        assert "DLPack" not in str(error.value)
 
 
 def test_a_valid_call_passes_kilns_checks(as_gpu):
@@ -199,8 +208,11 @@ def test_backward_raises_naming_the_missing_piece(as_gpu, call):
     q = Q.clone().requires_grad_()
     out = call(q)
     assert out.requires_grad
-    with pytest.raises(NotImplementedError, match="has no backward yet"):
+    with pytest.raises(kiln.KilnNotImplementedError,
+                       match="has no backward yet: a backward pass is not yet supported") as error:
         out.float().sum().backward()
+    assert isinstance(error.value, kiln.KilnError) and isinstance(error.value, NotImplementedError)
+    assert error.value.status == _capi.KILN_ERROR_UNSUPPORTED
     with torch.no_grad():
         assert not call(q).requires_grad
 
@@ -211,3 +223,93 @@ def test_a_kernel_missing_during_graph_capture_names_kiln_warmup(as_gpu, monkeyp
     with pytest.raises(kiln.KilnError, match=r"during CUDA graph capture: call "
                                              r"kiln.warmup\(device\)"):
         kiln.flash_attn_func(Q, bf16(0, 7, 2, 32), K)
+
+
+# --- hostile arguments --------------------------------------------------------------------------
+
+class Opaque:
+    """An object kiln knows nothing of."""
+
+
+# Values no argument of kiln's takes, or that only some take: each must be accepted, or refused
+# with a KilnError that is a ValueError or TypeError naming the argument, never a bare IndexError,
+# struct.error, OverflowError or AttributeError from deep inside.
+HOSTILE = [2**64, -2**64, 2**32 - 1, 2**31, -2**31 - 1, -1, 1e300, -1e300, math.nan, math.inf,
+           "x", "sm_90a\0x", b"bytes", None, (), (1,), (1, 2, 3), (2**40, 0), (1.5, 0), [1, 2],
+           Opaque(), True, 3.5, torch.empty(()), torch.empty(5), torch.empty(2, 3, 4, 5, 6),
+           torch.empty(0, 5, 8, 64, dtype=torch.complex64)]
+
+# Each call on valid arguments (batch 0: checked, never launched), with every argument by
+# name, so that any one can be replaced.
+CALLS = {
+    "flash_attn_func": (kiln.flash_attn_func, dict(
+        q=Q, k=K, v=K, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+        softcap=0.0, alibi_slopes=None, deterministic=False, return_attn_probs=False, bias=None,
+        top_left=False, return_softmax_lse=False, out=None, sinks=None, variant=None,
+        variant_scalars=(), variant_tensors=())),
+    "flash_attn_varlen_func": (kiln.flash_attn_varlen_func, dict(
+        q=QV, k=KV, v=KV, cu_seqlens_q=CU, cu_seqlens_k=CU, max_seqlen_q=0, max_seqlen_k=0,
+        dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+        alibi_slopes=None, deterministic=False, return_attn_probs=False, block_table=None,
+        seqused_k=None, bias=None, top_left=False, return_softmax_lse=False, out=None,
+        sinks=None, variant=VARIANT, variant_scalars=(1.0,), variant_tensors=())),
+    "flash_attn_with_kvcache": (kiln.flash_attn_with_kvcache, dict(
+        q=Q[:, :1], k_cache=CACHE, v_cache=CACHE, k=None, v=None, rotary_cos=None,
+        rotary_sin=None, cache_seqlens=SEQLENS, cache_batch_idx=None, cache_leftpad=None,
+        block_table=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+        rotary_interleaved=True, alibi_slopes=None, num_splits=0, return_softmax_lse=False,
+        top_left=False, out=None, sinks=None, variant=None, variant_scalars=(),
+        variant_tensors=())),
+    "merge_states": (kiln.merge_states, dict(
+        v_a=bf16(0, 8, 32), lse_a=torch.empty(0, 8), v_b=bf16(0, 8, 32), lse_b=torch.empty(0, 8),
+        out=None, out_lse=None)),
+}
+CASES = [(call, argument) for call, (_, arguments) in CALLS.items() for argument in arguments]
+
+
+@pytest.mark.parametrize("call, argument", CASES, ids=[f"{c}-{a}" for c, a in CASES])
+def test_hostile_arguments_are_refused_naming_the_argument(as_gpu, call, argument):
+    fn, arguments = CALLS[call]
+    for value in HOSTILE:
+        try:
+            fn(**dict(arguments, **{argument: value}))
+        except kiln.KilnError as e:
+            assert isinstance(e, (ValueError, TypeError)), (value, repr(e))
+            assert argument in str(e), (value, str(e))
+        except Exception as e:  # noqa: BLE001 -- anything else is what this test is for
+            pytest.fail(f"{call}({argument}={value!r}) raised {e!r}")
+
+
+@pytest.mark.parametrize("arguments, words", [
+    (dict(target="sm_90a\0x"), "target='sm_90a\\x00x' holds a NUL character"),
+    (dict(target=90), "target is a int (90): pass a str such as 'sm_90a'"),
+    (dict(device=2**32 - 1), "device is 4294967295: pass 0 to 2147483647"),
+    (dict(device=-1), "device is -1: pass 0 to"),
+    (dict(device=1.5), "device is a float (1.5)"),
+    (dict(device="gpu:0"), "device='gpu:0' is no device torch knows"),
+    (dict(threads=2**40, target="sm_90a"), "threads is 1099511627776: pass 0 to 2147483647"),
+    (dict(threads="4", target="sm_90a"), "threads is a str ('4')"),
+], ids=["NUL in target", "target an int", "device 2**32 - 1", "device -1", "device a float",
+        "device a garbled name", "threads huge", "threads a str"])
+def test_warmup_arguments_are_checked_before_c_sees_them(monkeypatch, arguments, words):
+    def never(*args):
+        raise AssertionError(f"kiln_warmup called with {args}")
+    monkeypatch.setattr(_capi.lib, "kiln_warmup", never)
+    with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT, words):
+        kiln.warmup(**arguments)
+
+
+def test_warmup_without_a_gpu_says_so_in_python_words(monkeypatch):
+    # A device beyond torch's: with no GPU here, device 0; on a GPU machine, one past the last.
+    monkeypatch.delenv("KILN_TARGET", raising=False)
+    with refused(kiln.KilnError, _capi.KILN_ERROR_NOT_FOUND, "kiln.warmup() loads kernels onto",
+                 "to compile without a GPU", "kiln.warmup(target='sm_90a')") as error:
+        kiln.warmup(torch.cuda.device_count())
+    assert "kiln_warmup" not in str(error.value) and "KILN_TARGET" not in str(error.value)
+
+
+def test_variant_code_with_a_nul_is_refused():
+    with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT, "NUL"):
+        kiln.Variant("mine", "struct kiln_variant {};\0 garbage")
+    with refused(kiln.KilnTypeError, _capi.KILN_ERROR_INVALID_ARGUMENT, "Variant name"):
+        kiln.Variant(b"mine", "struct kiln_variant {};")

@@ -1,12 +1,14 @@
 """Shape inference with FakeTensorMode for every call and op, and torch.compile(fullgraph=True)
 tracing through kiln with no graph break and no .item(): no GPU needed (fake and meta tensors
 never reach kiln)."""
+import re
+
 import pytest
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import kiln
-from kiln import ops
+from kiln import _checks, ops
 
 BF16, I32, F32 = torch.bfloat16, torch.int32, torch.float32
 VARIANT = kiln.Variant("scaled", """struct kiln_variant {
@@ -161,3 +163,103 @@ def test_every_op_is_registered_with_a_fake_kernel_and_its_mutations():
         assert written == mutated, name
         assert torch._C._dispatch_has_kernel_for_dispatch_key(
             f"kiln::{name}", "Meta"), f"kiln::{name} has no fake/meta kernel"
+
+
+# --- what tracing refuses: what the real call refuses ---------------------------------------------
+
+def refusing_calls(device):
+    """Calls the real op refuses for a dtype or head dim, on `device`'s tensors."""
+    def t(*shape, dtype=BF16):
+        return torch.empty(*shape, dtype=dtype, device=device)
+    return {
+        "head dim 59": (lambda: kiln.flash_attn_func(t(2, 5, 8, 59), t(2, 7, 2, 59),
+                                                     t(2, 7, 2, 59)),
+                        "head_dim (q.size(-1)) is 59: kiln compiles every multiple of 8"),
+        "float32": (lambda: kiln.flash_attn_func(t(2, 5, 8, 64, dtype=F32),
+                                                 t(2, 7, 2, 64, dtype=F32),
+                                                 t(2, 7, 2, 64, dtype=F32)),
+                    "q has dtype f32: attention takes f16 or bf16"),
+        "v head dim 300": (lambda: kiln.flash_attn_varlen_func(t(9, 8, 64), t(11, 2, 64),
+                                                               t(11, 2, 300), t(3, dtype=I32),
+                                                               t(3, dtype=I32), 5, 7),
+                           "head_dim_v (v.size(-1)) is 300"),
+        "decode k of another dtype": (
+            lambda: kiln.flash_attn_with_kvcache(t(2, 1, 8, 64), t(4, 64, 2, 64),
+                                                 t(4, 64, 2, 64), t(2, 1, 2, 64, dtype=F32),
+                                                 t(2, 1, 2, 64, dtype=F32),
+                                                 cache_seqlens=t(2, dtype=I32)),
+            "k has dtype f32 but q has dtype bf16"),
+        "merge of int32 states": (
+            lambda: kiln.merge_states(t(6, 8, 32, dtype=I32), t(6, 8, dtype=F32),
+                                      t(6, 8, 32, dtype=I32), t(6, 8, dtype=F32)),
+            "v_a has dtype i32: merge_states takes f16, bf16 or f32"),
+        "int64 cache_seqlens": (
+            lambda: kiln.flash_attn_with_kvcache(t(2, 1, 8, 64), t(4, 64, 2, 64),
+                                                 t(4, 64, 2, 64),
+                                                 cache_seqlens=t(2, dtype=torch.int64)),
+            "cache_seqlens has dtype i64: it must be int32"),
+    }
+
+
+REFUSED = sorted(refusing_calls("meta"))
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_meta_and_fake_tensors_are_refused_as_the_real_call_refuses(name):
+    call, words = refusing_calls("meta")[name]
+    with pytest.raises(ValueError, match=re.escape(words)) as error:
+        call()
+    assert isinstance(error.value, kiln.KilnError)
+    with FakeTensorMode():
+        call, _ = refusing_calls("cuda")[name]
+        with pytest.raises(kiln.KilnError, match=re.escape(words)):
+            call()
+
+
+@pytest.mark.parametrize("name", REFUSED)
+def test_torch_compile_refuses_what_the_real_call_refuses(name):
+    call, words = refusing_calls("meta")[name]
+    compiled, graphs = compile_fullgraph(call)
+    with pytest.raises(Exception, match=re.escape(words)):
+        compiled()
+    assert not graphs
+
+
+def library_verdict(q, k, v):
+    """What libkiln itself says of flash_attn_func's q, k and v (batch 0: checked, never
+    launched), past kiln's Python checks: None, or (status, message)."""
+    try:
+        ops._attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None, None,
+                       None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None, None, [], [])
+    except kiln.KilnError as e:
+        return e.status, e.message
+    return None
+
+
+def python_verdict(q, k, v):
+    """What the fake kernels' check (kiln._checks) says of the same call."""
+    try:
+        _checks.attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None,
+                          None, None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None,
+                          None, [], [])
+    except kiln.KilnError as e:
+        return e.status, e.message
+    return None
+
+
+def test_the_python_rules_are_the_librarys_word_for_word(as_gpu):
+    # Every head dim from 0 to 264 for q and k, then for v, and every dtype kiln packs: the
+    # fake kernels' check refuses exactly what libkiln refuses, in the same words, so a real
+    # call, which asks libkiln first, is refused as its trace is.
+    def qkv(d, dv, dtype=BF16):
+        return (torch.empty(0, 5, 8, d, dtype=dtype), torch.empty(0, 7, 2, d, dtype=dtype),
+                torch.empty(0, 7, 2, dv, dtype=dtype))
+    cases = [qkv(d, 64) for d in range(265)] + [qkv(64, d) for d in range(1, 265)]
+    cases += [qkv(64, 64, dtype) for dtype in (torch.float16, F32, torch.float64, I32,
+                                                torch.int64)]
+    refused = 0
+    for q, k, v in cases:
+        expected = library_verdict(q, k, v)
+        assert python_verdict(q, k, v) == expected, (q.shape, v.shape, q.dtype)
+        refused += expected is not None
+    assert refused == 265 + 264 - 2 * 32 + 4

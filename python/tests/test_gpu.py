@@ -338,8 +338,25 @@ def test_capturing_a_call_whose_kernel_is_not_loaded_names_kiln_warmup():
 def test_backward_raises_on_the_gpu():
     q = randn(1, 16, 2, 64).requires_grad_()
     out = kiln.flash_attn_func(q, q.detach(), q.detach())
-    with pytest.raises(NotImplementedError, match="kiln.flash_attn_func has no backward yet"):
+    with pytest.raises(kiln.KilnNotImplementedError,
+                       match="kiln.flash_attn_func has no backward yet"):
         out.float().sum().backward()
+
+
+def test_refusals_on_the_gpu_are_the_fake_kernels_word_for_word():
+    # The real call asks libkiln, then the fake kernels' check (kiln._checks): the same
+    # exception and words as a trace of the same call on meta tensors.
+    from test_fake import refusing_calls
+    for name, (call, words) in refusing_calls("cuda").items():
+        with pytest.raises(kiln.KilnValueError, match=re.escape(words)) as real:
+            call()
+        with pytest.raises(kiln.KilnValueError) as traced:
+            refusing_calls("meta")[name][0]()
+        assert str(real.value) == str(traced.value), name
+    # The commonest mistake, in words: a CPU tensor among GPU ones.
+    q = randn(1, 16, 2, 64)
+    with pytest.raises(kiln.KilnValueError, match="k is on the CPU; kiln runs on CUDA or ROCm"):
+        kiln.flash_attn_func(q, q.cpu(), q)
 
 
 def test_warmup_and_info():

@@ -411,18 +411,26 @@ def test_kiln_accepts_every_call(as_gpu, monkeypatch, name, padded):
     assert made == {"func", "kvcache"} or (padded and made == {"func"}), made
 
 
-def test_training_and_dropout_raise(calls):
-    _, with_kiln = model_pair(llama_config)
+def test_training_mode_under_no_grad_runs_and_grad_or_dropout_raise(calls):
+    eager, with_kiln = model_pair(llama_config)
     ids, mask = prompts()
-    with_kiln.train()
-    with pytest.raises(NotImplementedError, match="inference-only.*model.eval"):
+    eager.train()
+    with_kiln.train()  # the attention dropout is 0: inference in training mode
+    with torch.no_grad():
+        logits_eager = eager(input_ids=ids, attention_mask=mask).logits
+        logits_kiln = with_kiln(input_ids=ids, attention_mask=mask).logits
+    assert calls.log, "attn_implementation='kiln' never called kiln"
+    torch.testing.assert_close(logits_kiln, logits_eager, rtol=1e-4, atol=1e-4)
+    with pytest.raises(kiln.KilnNotImplementedError,
+                       match="no backward yet.*training mode with gradients enabled.*no_grad"):
         with_kiln(input_ids=ids, attention_mask=mask)
     module = with_kiln.model.layers[0].self_attn
-    module.eval()
     q = torch.randn(1, 4, 3, 16)
     k = torch.randn(1, 2, 3, 16)
-    with pytest.raises(NotImplementedError, match="dropout=0.1"):
-        kiln_hf.attention_forward(module, q, k, k, None, dropout=0.1)
+    for training in (True, False):
+        module.train(training)
+        with torch.no_grad(), pytest.raises(NotImplementedError, match="dropout=0.1"):
+            kiln_hf.attention_forward(module, q, k, k, None, dropout=0.1)
 
 
 # --- GPU: the real kernels ----------------------------------------------------------------------
@@ -464,6 +472,23 @@ def test_gpu_models_match_eager(name, dtype, padded):
     print(f"{name} {dtype}: logits error {error:.3g}, bound {bound:.3g}; margins {margin.tolist()}")
     assert (margin <= 2 * bound).all(), (tokens, margin, bound)
     assert (margin == 0).float().mean() >= 0.75, (tokens, margin)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_model_in_training_mode_under_no_grad():
+    """Inference in training mode (dropout 0) on the real kernels: kiln's logits as eval
+    mode's, and with gradients on, the refusal says why."""
+    kiln_hf.register()
+    _, with_kiln = model_pair(llama_config, torch.bfloat16, device="cuda")
+    ids, mask = prompts("cuda")
+    with torch.no_grad():
+        evaluated = with_kiln(input_ids=ids, attention_mask=mask).logits
+        with_kiln.train()
+        trained = with_kiln(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(trained, evaluated)
+    with pytest.raises(kiln.KilnNotImplementedError, match="no backward yet"):
+        with_kiln(input_ids=ids, attention_mask=mask)
 
 
 def test_sinks_in_the_models_dtype_are_cast_once_per_value():

@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -17,6 +18,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpu.hpp"
@@ -306,6 +308,47 @@ TEST_CASE("threads driving different devices each get their device's runtime", "
 }
 
 // --- messages ---------------------------------------------------------------------------------
+
+TEST_CASE("a C call without a GPU says that it needs one, naming itself, not a target", "[capi]") {
+  // Device 63, which no machine has, with valid tensors: only the device is missing. Its
+  // runtime has no target unless KILN_TARGET gives one; either way the device comes first.
+  constexpr int kDevice = 63;
+  Call call(kDevice);
+  call.out.t().data = reinterpret_cast<void*>(0x4000000);
+  Tensor seqlens(0x5000000, kI32, {1}, kDevice);
+  kiln_kvcache cache;
+  kiln_kvcache_init(&cache);
+  cache.k = call.k.get();
+  cache.v = call.v.get();
+  cache.seqlens = seqlens.get();
+  constexpr DLDataType kF32{kDLFloat, 32, 1};
+  const Tensor states(0x6000000, kBf16, {3, 2, 2, 64}, kDevice),
+      states_lse(0x7000000, kF32, {3, 2, 2}, kDevice), v(0x8000000, kBf16, {3, 2, 64}, kDevice),
+      lse(0x9000000, kF32, {3, 2}, kDevice);
+  const std::pair<const char*, std::function<kiln_status()>> calls[] = {
+      {"kiln_attention", [&] { return call.run(); }},
+      {"kiln_attention_with_kvcache",
+       [&] {
+         return kiln_attention_with_kvcache(call.q.get(), &cache, call.out.get(), nullptr, nullptr,
+                                            nullptr);
+       }},
+      {"kiln_merge_states",
+       [&] {
+         return kiln_merge_states(v.get(), lse.get(), v.get(), lse.get(), v.get(), nullptr,
+                                  nullptr);
+       }},
+      {"kiln_merge_states_many", [&] {
+         return kiln_merge_states_many(states.get(), states_lse.get(), v.get(), nullptr, nullptr);
+       }}};
+  for (const auto& [name, run] : calls) {
+    check_status(run(), KILN_ERROR_NOT_FOUND,
+                 {(std::string(name) + " needs a GPU").c_str(), "device 63"});
+    CHECK(last_error().starts_with(name));
+    // Compile-only advice belongs to kiln_warmup; it would not make this call run.
+    CHECK_FALSE(contains(last_error(), "target"));
+    CHECK_FALSE(contains(last_error(), "compile"));
+  }
+}
 
 TEST_CASE("the C API's messages on malformed tensors say what is wrong and the fix", "[capi]") {
   Call null_q;

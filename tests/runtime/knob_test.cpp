@@ -3,11 +3,17 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
+#include <functional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/run_kiln.hpp"
 #include "config.hpp"
+#include "kiln/attention.hpp"
+#include "kiln/decode.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
@@ -90,6 +96,93 @@ TEST_CASE("no device and no target: the root cause first, then the caller's knob
   }
   const InterfaceScope cli(Interface::cli);
   CHECK(contains(target_error(), "give --target or KILN_TARGET"));
+}
+
+// What `call` throws: its message, which must be a not_found error.
+std::string not_found(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const Error& e) {
+    CHECK(e.category() == ErrorCategory::not_found);
+    return e.what();
+  }
+  FAIL("no error");
+  return {};
+}
+
+// The runtime of deviceless_runtime()'s device with a target to compile for: a call reaches the
+// kernel it would load.
+Runtime& deviceless_runtime_with_target() {
+  static TempDir cache;
+  static Runtime runtime = [] {
+    Options options = isolated_options(cache.path(), "sm_90a");
+    options.backend = "cuda";
+    options.device = 63;
+    return Runtime(options);
+  }();
+  return runtime;
+}
+
+// A call on tensors at fake addresses of device 63, which no machine has; each is valid, so only
+// the missing device stops it.
+struct DevicelessCall {
+  static TensorView tensor(std::uintptr_t address, DType dtype,
+                           std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(reinterpret_cast<void*>(address), dtype, shape, 63);
+  }
+  TensorView q = tensor(0x10000, DType::bf16, {1, 3, 2, 64});
+  TensorView k = tensor(0x20000, DType::bf16, {1, 17, 2, 64});
+  TensorView out = tensor(0x30000, DType::bf16, {1, 3, 2, 64});
+  TensorView seqlens = tensor(0x40000, DType::i32, {1});
+  TensorView lse = tensor(0x50000, DType::f32, {3, 2});
+  TensorView merged = tensor(0x60000, DType::bf16, {3, 2, 64});
+  TensorView merged_lse = tensor(0x70000, DType::f32, {3, 2});
+};
+
+TEST_CASE("a call that runs on a GPU says it needs one first, and gives no compile advice",
+          "[runtime]") {
+  const DevicelessCall c;
+  for (Runtime* runtime : {&deviceless_runtime(), &deviceless_runtime_with_target()}) {
+    const bool target = runtime == &deviceless_runtime_with_target();
+    if (!target && std::getenv("KILN_TARGET") != nullptr) continue;  // as above
+    INFO("a configured target: " << target);
+    const std::vector<std::pair<std::string, std::string>> messages = {
+        {"kiln::attention",
+         not_found([&] { attention(c.q, c.k, c.k, c.out, {}, nullptr, *runtime); })},
+        {"kiln::attention_with_kvcache", not_found([&] {
+           attention_with_kvcache(c.q, {.k = c.k, .v = c.k, .seqlens = c.seqlens}, c.out, {},
+                                  nullptr, *runtime);
+         })},
+        {"kiln::merge_states", not_found([&] {
+           merge_states(c.merged, c.lse, c.merged, c.lse, c.merged, &c.merged_lse, nullptr,
+                        *runtime);
+         })},
+        {"kiln::unary", not_found([&] {
+           unary({.op = UnaryOp::gelu, .in = c.q.data, .out = c.out.data, .n = 4}, *runtime);
+         })}};
+    for (const auto& [call, message] : messages) {
+      INFO(message);
+      CHECK(message.starts_with(call + " needs a GPU"));
+      CHECK(contains(message, "device 63"));
+      // Advice to compile without a GPU would not make the call run: warm-up's alone.
+      CHECK_FALSE(contains(message, "target"));
+      CHECK_FALSE(contains(message, "compile"));
+    }
+  }
+}
+
+TEST_CASE("Runtime::kernel without a device says so before any target advice", "[runtime]") {
+  KernelSpec spec = unary_default_specs().front();
+  spec.target.clear();
+  for (Runtime* runtime : {&deviceless_runtime(), &deviceless_runtime_with_target()}) {
+    const std::string message = not_found([&] { runtime->kernel(spec); });
+    INFO(message);
+    CHECK(message.starts_with("cannot load " + to_string(spec)));
+    CHECK(contains(message, "device 63"));
+    CHECK(contains(message, "to compile without loading, use Runtime::compile"));
+    CHECK_FALSE(contains(message, "Options::target"));
+    CHECK_FALSE(contains(message, "explicit target"));
+  }
 }
 
 TEST_CASE("a warm-up's worker threads name their caller's knobs", "[runtime]") {

@@ -1,0 +1,295 @@
+"""What kiln refuses, said in Python and checked where tensors may be fake.
+
+Two kinds of check, each naming the argument at fault:
+- the Python calls' arguments (kiln.interface): a tensor where a tensor goes, numbers and flags
+  that kiln's C structs can hold, before anything reads their shapes or packs them;
+- each op's rules on its tensors (device, dtype, rank, head dim): one function per op, the op's
+  fake kernel (torch.compile, FakeTensor, meta tensors), which the real call runs too when
+  libkiln refuses it (kiln.ops._op), so that torch.compile traces only calls the real one runs,
+  and a refusal has the same words either way. libkiln has the same rules, in the same words
+  (python/tests/test_fake.py compares them): the real call costs no Python check.
+
+A rule that needs sizes to agree (batch, sequence lengths) is left to the library: under dynamic
+shapes those sizes are symbols, and checking them here would specialize the trace.
+"""
+import operator
+
+import torch
+
+from . import _capi
+from ._capi import KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED, KilnTypeError
+from ._capi import KilnValueError
+
+# What a CPU tensor is sent to kiln as: refused here, naming it. The tests without a GPU set
+# (kiln.ops._GPU, 0) to have kiln check CPU tensors as a GPU's, with its own messages (an empty
+# problem then returns before any launch).
+cpu_device = (_capi.KDL_CPU, 0)
+
+# kiln::DType's names (to_string(DType)) of the dtypes the C API reads, as its messages say them.
+DTYPE_NAMES = {
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.int32: "i32",
+    torch.int64: "i64",
+}
+_HALF = (torch.float16, torch.bfloat16)
+# Head dims kiln compiles: every multiple of 8 from 8 to this (kMaxHeadDim in
+# lib/ops/tensor_checks.hpp).
+MAX_HEAD_DIM = 256
+# A C int, which kiln's option structs hold.
+INT_MIN, INT_MAX = -2**31, 2**31 - 1
+# A C float's largest finite value.
+_FLOAT_MAX = 3.4028234663852886e38
+
+
+def invalid(message):
+    raise KilnValueError(KILN_ERROR_INVALID_ARGUMENT, message)
+
+
+def unsupported(message):
+    raise KilnValueError(KILN_ERROR_UNSUPPORTED, message)
+
+
+def wrong_type(name, value, instead):
+    raise KilnTypeError(KILN_ERROR_INVALID_ARGUMENT,
+                        f"{name} is {_a(value)}: pass {instead}")
+
+
+def _a(value):
+    """`value`'s type as a message names it: "a str ('x')", "None"."""
+    if value is None:
+        return "None"
+    shown = repr(value)
+    shown = shown if len(shown) <= 40 else shown[:37] + "..."
+    return f"a {type(value).__name__} ({shown})"
+
+
+# --- the Python calls' arguments ----------------------------------------------------------------
+
+def tensor(name, value):
+    """`value`, which must be a torch.Tensor."""
+    if not isinstance(value, torch.Tensor):
+        wrong_type(name, value, "a torch.Tensor")
+    return value
+
+
+def tensor_list(name, values):
+    """`values` as a list of tensors, each named by its index."""
+    if not isinstance(values, (list, tuple)):
+        wrong_type(name, values, "a list or tuple of torch.Tensor")
+    return [tensor(f"{name}[{i}]", t) for i, t in enumerate(values)]
+
+
+def with_rank(name, t, rank, layout):
+    """Tensor `t`, of rank `rank` (layout: what its dims are), so that its shape can be read."""
+    tensor(name, t)
+    if t.dim() != rank:
+        invalid(f"{name} has rank {t.dim()} but must have rank {rank}: {layout}")
+    return t
+
+
+def integer(name, value, low=INT_MIN, high=INT_MAX, meaning=""):
+    """`value` as an int from `low` to `high` (a C int by default); `meaning` says what it is."""
+    if isinstance(value, bool):
+        wrong_type(name, value, f"an int{meaning}")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        wrong_type(name, value, f"an int{meaning}")
+    if not low <= value <= high:
+        invalid(f"{name} is {value}: pass {low} to {high}{meaning}")
+    return value
+
+
+def number(name, value, meaning=""):
+    """`value` as a float a C float holds (finite, at most about 3.4e38 in magnitude)."""
+    if type(value) is float and -_FLOAT_MAX <= value <= _FLOAT_MAX:
+        return value  # the common case first: every call passes a few
+    if isinstance(value, (str, bytes)):
+        wrong_type(name, value, f"a number{meaning}")
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        wrong_type(name, value, f"a number{meaning}")
+    if not -_FLOAT_MAX <= value <= _FLOAT_MAX:  # NaN too; no math.isnan, which dynamo breaks on
+        invalid(f"{name}={value!r}: pass a finite number a float32 holds{meaning}")
+    return value
+
+
+def flag(name, value):
+    """`value` as a bool: True, False, or an int 0 or 1."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    wrong_type(name, value, "True or False")
+
+
+def text(name, value, example):
+    """`value`, a str without NUL (C reads up to the first)."""
+    if not isinstance(value, str):
+        wrong_type(name, value, f"a str such as {example!r}")
+    if "\0" in value:
+        invalid(f"{name}={value!r} holds a NUL character, where C would end it: pass "
+                f"{example!r} or the like")
+    return value
+
+
+# --- the ops' rules, on real or fake tensors -----------------------------------------------------
+
+def _on_gpu(t, name):
+    """`t` is where kiln runs: a GPU (or a fake or meta tensor standing for one's)."""
+    if t.is_cuda or t.is_meta or (t.is_cpu and cpu_device[0] != _capi.KDL_CPU):
+        return
+    where = "the CPU" if t.is_cpu else f"device {t.device}"
+    invalid(f"{name} is on {where}; kiln runs on CUDA or ROCm GPUs: move it to one, e.g. "
+            f"{name}.cuda()")
+
+
+def known(t, name):
+    """kiln's name of t's dtype; t is on a GPU, of a rank the C API takes."""
+    _on_gpu(t, name)
+    if not 1 <= t.dim() <= _capi.MAX_RANK:
+        invalid(f"{name} has rank {t.dim()}: expected 1 to {_capi.MAX_RANK}")
+    dtype = DTYPE_NAMES.get(t.dtype)
+    if dtype is None:
+        invalid(f"{name} has dtype {t.dtype}: kiln takes float16 or bfloat16 data, float32 LSE "
+                f"and ALiBi slopes, int32 indices")
+    return dtype
+
+
+def _all_known(named):
+    for name, t in named:
+        if t is not None:
+            known(t, name)
+
+
+def _dtypes(named, dtype, what):
+    """Each tensor of `named` present has `dtype` (`what`, as kiln names it)."""
+    for name, t in named:
+        if t is not None and t.dtype != dtype:
+            invalid(f"{name} has dtype {DTYPE_NAMES[t.dtype]}: it must be {what}")
+
+
+def _lse(t, name, rank, layout):
+    if t is not None:
+        _dtypes(((name, t),), torch.float32, "f32")
+        if t.dim() != rank:
+            invalid(f"{name} has rank {t.dim()} but must have rank {rank}: {layout}")
+
+
+def head_dim(dim, what):
+    """The library's check_head_dim (lib/ops/tensor_checks.cpp), word for word."""
+    if dim % 8 == 0 and 8 <= dim <= MAX_HEAD_DIM:
+        return
+    pad = "; pad the head dim with zeros to the next multiple of 8" \
+        if 0 < dim < MAX_HEAD_DIM else ""
+    unsupported(f"{what} is {dim}: kiln compiles every multiple of 8 from 8 to {MAX_HEAD_DIM}"
+                f"{pad}")
+
+
+def _tiles(q, named, what):
+    """The rank, q's dtype (f16 or bf16: `what` takes those) and the shared dtype of the tile
+    tensors `named` (q first), as the library's check_qkv and check_tile_tensors say them."""
+    rank = q.dim()
+    for name, t in named[1:]:
+        if t.dim() != rank:
+            invalid(f"{name} has rank {t.dim()} but q has rank {rank}: they share one layout")
+    if q.dtype not in _HALF:
+        unsupported(f"q has dtype {DTYPE_NAMES[q.dtype]}: {what} takes f16 or bf16")
+    for name, t in named[1:]:
+        if t.dtype != q.dtype:
+            invalid(f"{name} has dtype {DTYPE_NAMES[t.dtype]} but q has dtype "
+                    f"{DTYPE_NAMES[q.dtype]}: q, k, v and out must share one")
+
+
+def variant(scalars, tensors):
+    """A variant's scalars and tensors, of which its fields hold at most so many."""
+    if len(scalars) > _capi.VARIANT_SCALARS:
+        invalid(f"variant_scalars has {len(scalars)} values: a variant takes at most "
+                f"{_capi.VARIANT_SCALARS}")
+    if len(tensors) > _capi.VARIANT_TENSORS:
+        invalid(f"variant_tensors has {len(tensors)} tensors: a variant takes at most "
+                f"{_capi.VARIANT_TENSORS}")
+    _all_known((f"variant_tensors[{i}]", t) for i, t in enumerate(tensors))
+
+
+def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+              max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+              top_left, softcap, sinks, variant_name, variant_code, variant_scalars,
+              variant_tensors):
+    """kiln::attention's op (kiln.ops.attention): its arguments, as the op takes them."""
+    tiles = (("q", q), ("k", k), ("v", v), ("out", out))
+    _all_known(tiles + (("lse", lse), ("bias", bias), ("alibi_slopes", alibi_slopes),
+                        ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+                        ("seqused_k", seqused_k), ("sinks", sinks)))
+    variant(variant_scalars, variant_tensors)
+    varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    rank = 3 if varlen else 4
+    if q.dim() != rank:
+        invalid(f"q has rank {q.dim()} but must have rank {rank}: "
+                + ("(total_tokens, heads, head_dim) with cu_seqlens" if varlen else
+                   "(batch, seqlen, heads, head_dim); for varlen call flash_attn_varlen_func"))
+    _tiles(q, tiles, "attention")
+    head_dim(q.shape[-1], "head_dim (q.size(-1))")
+    head_dim(v.shape[-1], "head_dim_v (v.size(-1))")
+    _dtypes((("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
+             ("seqused_k", seqused_k)), torch.int32, "int32")
+    _dtypes((("lse", lse), ("alibi_slopes", alibi_slopes), ("sinks", sinks)), torch.float32,
+            "f32")
+
+
+def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, rotary_cos,
+                           rotary_sin, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
+                           causal, window_left, window_right, top_left, softcap,
+                           rotary_interleaved, num_splits, sinks, variant_name, variant_code,
+                           variant_scalars, variant_tensors):
+    """kiln::attention_with_kvcache's op (kiln.ops.attention_with_kvcache)."""
+    tiles = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out))
+    news = tuple((name, t) for name, t in (("k", k), ("v", v)) if t is not None)
+    _all_known(tiles + news + (("cache_seqlens", cache_seqlens), ("lse", lse),
+                               ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
+                               ("cache_batch_idx", cache_batch_idx),
+                               ("block_table", block_table), ("alibi_slopes", alibi_slopes),
+                               ("sinks", sinks)))
+    variant(variant_scalars, variant_tensors)
+    if q.dim() != 4:
+        invalid(f"q has rank {q.dim()} but must have rank 4: (batch, seqlen_q, heads, head_dim)")
+    _tiles(q, tiles + news, "decode attention")
+    head_dim(q.shape[-1], "head_dim (q.size(-1))")
+    head_dim(v_cache.shape[-1], "head_dim_v (v_cache.size(-1))")
+    _dtypes((("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
+             ("block_table", block_table)), torch.int32, "int32")
+    _dtypes((("lse", lse), ("alibi_slopes", alibi_slopes), ("sinks", sinks)), torch.float32,
+            "f32")
+
+
+def _states(v, name, many):
+    if v.dim() != (4 if many else 3):
+        invalid(f"{name} has rank {v.dim()} but must have rank {4 if many else 3}: "
+                + ("(tokens, states, heads, head_dim)" if many else "(tokens, heads, head_dim)"))
+    if v.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        unsupported(f"{name} has dtype {DTYPE_NAMES[v.dtype]}: merge_states takes f16, bf16 or "
+                    f"f32")
+    head_dim(v.shape[-1], f"head_dim ({name}.size(-1))")
+
+
+def merge_states(v_a, lse_a, v_b, lse_b, out, out_lse):
+    """kiln::merge_states's op for two states (kiln.ops.merge_states)."""
+    _all_known((("v_a", v_a), ("lse_a", lse_a), ("v_b", v_b), ("lse_b", lse_b), ("out", out),
+                ("out_lse", out_lse)))
+    for name, t in (("v_a", v_a), ("v_b", v_b), ("out", out)):
+        _states(t, name, False)
+    for name, t in (("lse_a", lse_a), ("lse_b", lse_b), ("out_lse", out_lse)):
+        _lse(t, name, 2, "(tokens, heads)")
+
+
+def merge_states_many(v, lse, out, out_lse):
+    """kiln::merge_states's op for many states (kiln.ops.merge_states_many)."""
+    _all_known((("v", v), ("lse", lse), ("out", out), ("out_lse", out_lse)))
+    _states(v, "v", True)
+    _states(out, "out", False)
+    _lse(lse, "lse", 3, "(tokens, states, heads)")
+    _lse(out_lse, "out_lse", 2, "(tokens, heads)")
