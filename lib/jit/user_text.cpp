@@ -59,6 +59,35 @@ std::size_t utf8_length(std::string_view text) {
   return length;
 }
 
+// `text` with every control character (but tab) written as \xNN.
+std::string escaped(std::string_view text) {
+  std::string shown;
+  shown.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const std::size_t length = utf8_length(text.substr(i));
+    // NOTE: C1 controls (0x80-0x9f; 0x9b is CSI) act on terminals that read bytes as Latin-1,
+    // and as U+0080-U+009F (0xc2 0x80-0x9f) on UTF-8 ones; other multibyte characters are kept.
+    const bool c1 = length == 0   ? byte >= 0x80 && byte <= 0x9f
+                    : length == 2 ? byte == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f
+                                  : false;
+    const std::size_t taken = std::max<std::size_t>(length, 1);  // an ill-formed byte alone
+    if ((byte < 0x20 && byte != '\t') || byte == 0x7f || c1) {
+      for (const char c : text.substr(i, taken)) {
+        shown += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+      }
+    } else {
+      shown += text.substr(i, taken);
+    }
+    i += taken;
+  }
+  return shown;
+}
+
+bool is_continuation_byte(char c) {
+  return (static_cast<unsigned char>(c) & 0xc0) == 0x80;
+}
+
 }  // namespace
 
 std::optional<std::string> read_user_file(const std::filesystem::path& path, std::string_view what,
@@ -105,27 +134,35 @@ std::optional<std::string> read_user_file(const std::filesystem::path& path, std
 }
 
 std::string printable(std::string_view text) {
-  std::string shown;
-  shown.reserve(text.size());
-  for (std::size_t i = 0; i < text.size();) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    const std::size_t length = utf8_length(text.substr(i));
-    // NOTE: C1 controls (0x80-0x9f; 0x9b is CSI) act on terminals that read bytes as Latin-1,
-    // and as U+0080-U+009F (0xc2 0x80-0x9f) on UTF-8 ones; other multibyte characters are kept.
-    const bool c1 = length == 0   ? byte >= 0x80 && byte <= 0x9f
-                    : length == 2 ? byte == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f
-                                  : false;
-    const std::size_t taken = std::max<std::size_t>(length, 1);  // an ill-formed byte alone
-    if ((byte < 0x20 && byte != '\t') || byte == 0x7f || c1) {
-      for (const char c : text.substr(i, taken)) {
-        shown += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-      }
-    } else {
-      shown += text.substr(i, taken);
-    }
-    i += taken;
-  }
-  return shown;
+  if (text.size() <= kMaxEchoBytes) return escaped(text);
+  // The ends are kept, where a spec's name and a path's file are; each cut between characters.
+  std::size_t head = kMaxEchoBytes / 2;
+  while (head > 0 && is_continuation_byte(text[head])) --head;
+  std::size_t tail = text.size() - kMaxEchoBytes / 2;
+  while (tail < text.size() && is_continuation_byte(text[tail])) ++tail;
+  return fmt::format("{}[... {} bytes not shown ...]{}", escaped(text.substr(0, head)), tail - head,
+                     escaped(text.substr(tail)));
+}
+
+void require_no_nul(std::string_view text, std::string_view what) {
+  const std::size_t nul = text.find('\0');
+  if (nul == std::string_view::npos) return;
+  const std::size_t line_start = text.rfind('\n', nul) + 1;  // 0 when there is none
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} holds a NUL byte at line {}, column {}: the compiler would take the "
+                          "code to end there; remove it",
+                          what, std::count(text.begin(), text.begin() + nul, '\n') + 1,
+                          nul - line_start + 1));
+}
+
+bool is_safe_relative(std::string_view path) {
+  if (path.empty() || path.front() == '/') return false;
+  const std::filesystem::path p(path);
+  return std::none_of(p.begin(), p.end(), [](const auto& part) { return part == ".."; });
+}
+
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir) {
+  return std::mismatch(dir.begin(), dir.end(), path.begin(), path.end()).first == dir.end();
 }
 
 bool is_identifier(std::string_view name) {
