@@ -59,31 +59,6 @@ std::size_t utf8_length(std::string_view text) {
   return length;
 }
 
-// `text` with every control character (but tab) written as \xNN.
-std::string escaped(std::string_view text) {
-  std::string shown;
-  shown.reserve(text.size());
-  for (std::size_t i = 0; i < text.size();) {
-    const auto byte = static_cast<unsigned char>(text[i]);
-    const std::size_t length = utf8_length(text.substr(i));
-    // NOTE: C1 controls (0x80-0x9f; 0x9b is CSI) act on terminals that read bytes as Latin-1,
-    // and as U+0080-U+009F (0xc2 0x80-0x9f) on UTF-8 ones; other multibyte characters are kept.
-    const bool c1 = length == 0   ? byte >= 0x80 && byte <= 0x9f
-                    : length == 2 ? byte == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f
-                                  : false;
-    const std::size_t taken = std::max<std::size_t>(length, 1);  // an ill-formed byte alone
-    if ((byte < 0x20 && byte != '\t') || byte == 0x7f || c1) {
-      for (const char c : text.substr(i, taken)) {
-        shown += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
-      }
-    } else {
-      shown += text.substr(i, taken);
-    }
-    i += taken;
-  }
-  return shown;
-}
-
 bool is_continuation_byte(char c) {
   return (static_cast<unsigned char>(c) & 0xc0) == 0x80;
 }
@@ -131,6 +106,30 @@ std::optional<std::string> read_user_file(const std::filesystem::path& path, std
     if (text.size() + static_cast<std::size_t>(got) > max_bytes) throw too_large();
     text.append(buffer, static_cast<std::size_t>(got));
   }
+}
+
+std::string escaped(std::string_view text) {
+  std::string shown;
+  shown.reserve(text.size());
+  for (std::size_t i = 0; i < text.size();) {
+    const auto byte = static_cast<unsigned char>(text[i]);
+    const std::size_t length = utf8_length(text.substr(i));
+    // NOTE: C1 controls (0x80-0x9f; 0x9b is CSI) act on terminals that read bytes as Latin-1,
+    // and as U+0080-U+009F (0xc2 0x80-0x9f) on UTF-8 ones; other multibyte characters are kept.
+    const bool c1 = length == 0   ? byte >= 0x80 && byte <= 0x9f
+                    : length == 2 ? byte == 0xc2 && static_cast<unsigned char>(text[i + 1]) <= 0x9f
+                                  : false;
+    const std::size_t taken = std::max<std::size_t>(length, 1);  // an ill-formed byte alone
+    if ((byte < 0x20 && byte != '\t') || byte == 0x7f || c1) {
+      for (const char c : text.substr(i, taken)) {
+        shown += fmt::format("\\x{:02x}", static_cast<unsigned char>(c));
+      }
+    } else {
+      shown += text.substr(i, taken);
+    }
+    i += taken;
+  }
+  return shown;
 }
 
 std::string printable(std::string_view text) {

@@ -20,14 +20,17 @@ inline constexpr std::size_t kMaxUserFileBytes = std::size_t{16} << 20;
 std::optional<std::string> read_user_file(const std::filesystem::path& path, std::string_view what,
                                           std::size_t max_bytes = kMaxUserFileBytes);
 
+// `text` with every control character (but tab) written as \xNN, so that a message echoing a
+// user's text cannot move the cursor, clear the screen or retitle the terminal. For messages,
+// whose user text printable() has bounded already; printable() for the user's text itself.
+std::string escaped(std::string_view text);
+
 // The most of a user's text that printable() echoes: a message quoting a 15 MB manifest line
 // names it by its ends.
 inline constexpr std::size_t kMaxEchoBytes = 1024;
 
-// `text` with every control character (but tab) written as \xNN, so that a message echoing a
-// user's text cannot move the cursor, clear the screen or retitle the terminal; when it is
-// longer than kMaxEchoBytes, its first and last kMaxEchoBytes / 2 bytes around a note of how
-// many are left out.
+// escaped(text), and when `text` is longer than kMaxEchoBytes, only its first and last
+// kMaxEchoBytes / 2 bytes, around a note of how many are left out.
 std::string printable(std::string_view text);
 
 // Throws kiln::Error (invalid_argument) naming `what` and the line and column of the first NUL
