@@ -550,8 +550,10 @@ kiln_status kiln_warmup(int device, const char* target, int threads) {
     const auto report = runtime.warmup(kiln::default_specs(chosen), {.threads = threads});
     for (const kiln::WarmupItem& item : report.items) {
       if (item.status == kiln::WarmupStatus::failed) {
-        throw kiln::Error(kiln::ErrorCategory::compile,
-                          fmt::format("warm-up of {} failed: {}", item.spec, item.error));
+        const std::string message = fmt::format("warm-up of {} failed: {}", item.spec, item.error);
+        // Anything but a kiln::Error is an internal error.
+        if (!item.category) throw std::runtime_error(message);
+        throw kiln::Error(*item.category, message);
       }
     }
   });

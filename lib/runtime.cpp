@@ -124,6 +124,10 @@ WarmupReport Runtime::warmup(std::span<const KernelSpec> specs, const WarmupOpti
         item.spec = unit.spec;
         item.key = unit.key.hex();
         item.status = impl_->kernels.warm(unit, options.load);
+      } catch (const Error& e) {
+        item.status = WarmupStatus::failed;
+        item.error = e.what();
+        item.category = e.category();
       } catch (const std::exception& e) {
         item.status = WarmupStatus::failed;
         item.error = e.what();

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "kiln/error.hpp"
 #include "kiln/spec.hpp"
 #include "kiln/target.hpp"
 
@@ -123,8 +124,9 @@ struct WarmupItem {
   std::string spec;  // canonical
   std::string key;
   WarmupStatus status = WarmupStatus::failed;
-  double ms = 0;      // wall time for this item: lookup, compile and load
-  std::string error;  // the failure's message, when status is failed
+  double ms = 0;                          // wall time for this item: lookup, compile and load
+  std::string error;                      // the failure's message, when status is failed
+  std::optional<ErrorCategory> category;  // the failure's, when it was a kiln::Error
 };
 
 struct WarmupProgress {

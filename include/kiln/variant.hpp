@@ -48,7 +48,10 @@ namespace kiln {
 //
 // The code is part of each kernel's generated unit, so it is part of the cache key: changing it
 // compiles new kernels, changing a scalar or a tensor does not. A compile error in it names the
-// file "variant NAME" and the line within `code`.
+// file "variant NAME" and the line within `code`. Its macros would reach the kernels compiled
+// after it, so it may #define and #undef only names of its own: not a keyword (static_assert),
+// a name reserved to the implementation (__syncthreads, _X) or one of kiln's (kiln..., KILN...);
+// a NUL byte in it, where the compiler would take it to end, is refused too.
 struct Variant {
   std::string name;  // a C++ identifier: names the variant in kernel specs and compile errors
   std::string code;

@@ -18,7 +18,7 @@ std::string for_terminal(std::string_view message) {
   std::string shown;
   while (true) {
     const std::size_t newline = message.find('\n');
-    shown += kiln::detail::printable(message.substr(0, newline));
+    shown += kiln::detail::escaped(message.substr(0, newline));
     if (newline == std::string_view::npos) return shown;
     shown += '\n';
     message.remove_prefix(newline + 1);

@@ -19,6 +19,30 @@ std::string_view trim(std::string_view text) {
   return text.substr(first, text.find_last_not_of(" \t\r") - first + 1);
 }
 
+// The file `file` that a manifest in `dir` names for a variant's code. NOTE: kept to `dir`, so
+// that a manifest, which may come from elsewhere, cannot have kiln read any file its reader can
+// and print its hash.
+std::filesystem::path variant_file(const std::filesystem::path& dir, std::string_view file) {
+  const auto outside = [&](std::string_view how) {
+    return Error(ErrorCategory::invalid_argument,
+                 fmt::format("the variant file '{}' {} the manifest's directory: a manifest names "
+                             "its variants' files relative to its directory, and inside it; copy "
+                             "the file there",
+                             printable(file), how));
+  };
+  if (!is_safe_relative(file)) throw outside("leaves");
+  const std::filesystem::path path = dir / file;
+  std::error_code ec;
+  const std::filesystem::path real = std::filesystem::canonical(path, ec);
+  if (ec) return path;  // missing, or why it cannot be read: read_variant() says
+  const std::filesystem::path real_dir = std::filesystem::canonical(dir.empty() ? "." : dir, ec);
+  if (ec || !is_within(real, real_dir)) {
+    throw outside(
+        fmt::format("resolves through a symbolic link to {}, outside", printable(real.string())));
+  }
+  return real;
+}
+
 }  // namespace
 
 Variant read_variant(std::string_view name, const std::filesystem::path& file) {
@@ -48,7 +72,7 @@ std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view n
     if (spec.empty()) continue;
     try {
       if (spec.starts_with("variant ")) {
-        // `variant NAME FILE`, FILE relative to `dir`.
+        // `variant NAME FILE`, FILE relative to `dir` and inside it.
         const std::string_view rest = trim(spec.substr(8));
         const std::size_t space = rest.find(' ');
         if (space == std::string_view::npos) {
@@ -58,7 +82,7 @@ std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view n
                                   printable(spec)));
         }
         variants.push_back(
-            read_variant(rest.substr(0, space), dir / std::string(trim(rest.substr(space)))));
+            read_variant(rest.substr(0, space), variant_file(dir, trim(rest.substr(space)))));
         continue;
       }
       specs.push_back(parse_spec(spec, variants));

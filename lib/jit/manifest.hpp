@@ -13,9 +13,10 @@ namespace kiln::detail {
 // skipped. A line `variant NAME FILE` declares a user variant's code, the text of FILE (relative
 // to `dir`), for the specs after it that name the variant ({variant NAME HASH}: the declaration
 // of NAME whose code hashes to HASH). Throws kiln::Error (invalid_argument) naming `name`, the
-// line and what is wrong, a spec that does not match its kernel's schema (check_schema)
-// included, and (not_found) for a variant's file that does not exist or a spec whose variant is
-// not declared.
+// line and what is wrong, a spec that does not match its kernel's schema (check_schema) and a
+// variant's file outside `dir` (an absolute or `..` path, or a symbolic link out of it) included,
+// and (not_found) for a variant's file that does not exist or a spec whose variant is not
+// declared.
 std::vector<KernelSpec> parse_manifest(std::string_view text, std::string_view name,
                                        const std::filesystem::path& dir = {});
 

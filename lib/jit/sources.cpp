@@ -37,17 +37,6 @@ std::optional<std::filesystem::path> installed_tree() {
   return tree;
 }
 
-bool is_safe_relative(std::string_view path) {
-  if (path.empty() || path.front() == '/') return false;
-  const std::filesystem::path p(path);
-  return std::none_of(p.begin(), p.end(), [](const auto& part) { return part == ".."; });
-}
-
-// Whether `path` is `dir` or below it; both canonical.
-bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir) {
-  return std::mismatch(dir.begin(), dir.end(), path.begin(), path.end()).first == dir.end();
-}
-
 // NOTE: the compiler reads whatever an include names and kiln does not hand it, and the key
 // covers only what kiln hands it: an absolute or `..` path, or a name the compiler resolves by
 // itself (a computed include), would be compiled but not keyed, so an edit to it would be served
@@ -78,6 +67,46 @@ bool is_space(char c) {
 }
 bool is_identifier_char(char c) {
   return identifier_chars.find(c) != std::string_view::npos;
+}
+
+// NOTE: clang (hipRTC) takes '$' and UTF-8 letters into identifiers, NVRTC neither: a word is
+// read as the longer of the two, so that `$R"(` or `éR"(` is no raw string here (which each
+// compiler would read either as a raw string it then hides, or as an identifier that opens none).
+// Where they differ this sees more code than one compiler does, never less.
+std::size_t word_end(std::string_view text, std::size_t at) {
+  while (at < text.size() && (is_identifier_char(text[at]) || text[at] == '$' ||
+                              static_cast<unsigned char>(text[at]) >= 0x80)) {
+    ++at;
+  }
+  return at;
+}
+
+// The encoding prefixes of a raw string literal, each a whole preprocessing token: `XR"(` is an
+// identifier and an ordinary string, and hiding what follows it would hide it from kiln only.
+bool is_raw_prefix(std::string_view word) {
+  return word == "R" || word == "u8R" || word == "uR" || word == "UR" || word == "LR";
+}
+
+// Where the raw string whose R"... opens at `quote` (the quote's index) ends, or nullopt when
+// the compiler reads no raw string there. NOTE: a delimiter of more than 16 characters makes
+// NVRTC ignore the raw prefix and read on (so must kiln); one of characters the standard does
+// not allow, or no closing at all, is a compile error, which kiln takes for no raw string, so
+// that it sees more code than the compiler, never less.
+std::optional<std::size_t> raw_string_end(std::string_view text, std::size_t quote) {
+  constexpr std::size_t kMaxDelimiter = 16;
+  std::size_t paren = quote + 1;
+  while (paren < text.size() && paren - quote - 1 <= kMaxDelimiter && text[paren] != '(') {
+    const char c = text[paren];
+    if (c <= ' ' || c > '~' || c == ')' || c == '\\') return std::nullopt;
+    ++paren;
+  }
+  if (paren >= text.size() || text[paren] != '(' || paren - quote - 1 > kMaxDelimiter) {
+    return std::nullopt;
+  }
+  const std::string close = ")" + std::string(text.substr(quote + 1, paren - quote - 1)) + "\"";
+  const std::size_t found = text.find(close, paren + 1);
+  if (found == std::string_view::npos) return std::nullopt;
+  return found + close.size();
 }
 
 // NOTE: every directive that makes the compiler read a file, by GCC's and clang's names
@@ -124,19 +153,29 @@ PreprocessedText preprocessed(std::string_view raw, Reading reading) {
   std::string joined;
   joined.reserve(raw.size());
   std::size_t held_newlines = 0;
+  // NOTE: clang (hipRTC) also ends a line at a CR that no LF follows, NVRTC does not: it ends
+  // one here, so that the include in `// x<CR>#include "f"` is the one clang reads.
+  const auto is_newline = [&](std::size_t k) {
+    return raw[k] == '\n' || (raw[k] == '\r' && (k + 1 == raw.size() || raw[k + 1] != '\n'));
+  };
   for (std::size_t i = 0; i < raw.size(); ++i) {
     if (raw[i] == '\\') {
       std::size_t next = i + 1;
-      while (reading == Reading::gnu && next < raw.size() && is_space(raw[next])) ++next;
-      if (next < raw.size() && raw[next] == '\n') {
+      while (reading == Reading::gnu && next < raw.size() && is_space(raw[next]) &&
+             !is_newline(next)) {
+        ++next;
+      }
+      if (next < raw.size() && is_newline(next)) {
         ++held_newlines;
         i = next;
         continue;
       }
     }
-    if (raw[i] == '\n') {
+    if (is_newline(i)) {
       joined.append(held_newlines, '\n');
       held_newlines = 0;
+      joined += '\n';
+      continue;
     }
     joined += raw[i];
   }
@@ -188,23 +227,22 @@ PreprocessedText preprocessed(std::string_view raw, Reading reading) {
       }
       code += in.substr(i, end - i);
       i = end;
-    } else if (is_identifier_char(c)) {
-      const std::size_t end = std::min(in.find_first_not_of(identifier_chars, i), in.size());
+    } else if (word_end(in, i) > i) {
+      const std::size_t end = word_end(in, i);
       const std::string_view word = in.substr(i, end - i);
       code += word;
       i = end;
       if (is_include_probe(word)) out.probes.push_back(code.size());
       // R"delim( ... )delim", with any encoding prefix: may hold quotes, newlines, comment marks.
-      if (word.ends_with('R') && i < in.size() && in[i] == '"') {
-        const std::size_t paren = in.find_first_of("(\n", i + 1);
-        if (paren == in.npos || in[paren] != '(') continue;  // not raw; the literal is copied next
-        const std::string close = ")" + std::string(in.substr(i + 1, paren - i - 1)) + "\"";
-        const std::size_t found = in.find(close, paren + 1);
-        const std::size_t end_raw = found == in.npos ? in.size() : found + close.size();
+      // Anything else is not raw, and its literal is copied next.
+      const auto end_raw = is_raw_prefix(word) && i < in.size() && in[i] == '"'
+                               ? raw_string_end(in, i)
+                               : std::nullopt;
+      if (end_raw) {
         // Only its newlines are kept, so a line in it that starts with # is not a directive.
         code += "\"\"";
-        code.append(count_newlines(in.substr(i, end_raw - i)), '\n');
-        i = end_raw;
+        code.append(count_newlines(in.substr(i, *end_raw - i)), '\n');
+        i = *end_raw;
       }
     } else {
       if (c == '\n') {
@@ -217,6 +255,27 @@ PreprocessedText preprocessed(std::string_view raw, Reading reading) {
   }
   code.append(held_newlines, '\n');
   return out;
+}
+
+struct Directive {
+  std::string_view name;  // "include", "define", ...
+  std::size_t end;        // where its name ends
+};
+
+// The directive on the line [start, newline) of preprocessed() code, if it holds one.
+std::optional<Directive> directive_on(std::string_view code, std::size_t start,
+                                      std::size_t newline) {
+  std::size_t at = std::min(code.find_first_not_of(" \t\f\v\r", start), newline);
+  if (code.substr(at).starts_with('#')) {
+    at += 1;
+  } else if (code.substr(at).starts_with("%:")) {
+    at += 2;
+  } else {
+    return std::nullopt;
+  }
+  at = std::min(code.find_first_not_of(" \t\f\v\r", at), newline);
+  const std::size_t end = std::min(code.find_first_not_of(identifier_chars, at), newline);
+  return Directive{code.substr(at, end - at), end};
 }
 
 std::vector<Include> includes(std::string_view text, Reading reading) {
@@ -251,18 +310,40 @@ std::vector<Include> includes(std::string_view text, Reading reading) {
       at = std::min(code.find_first_not_of(" \t\f\v\r\n", at), code.size());
       operand(at, ")\n");
     }
-    std::size_t at = std::min(code.find_first_not_of(" \t\f\v\r", start), newline);
+    const std::optional<Directive> directive = directive_on(code, start, newline);
     start = newline + 1;
-    if (code.substr(at).starts_with('#')) {
-      at += 1;
-    } else if (code.substr(at).starts_with("%:")) {
-      at += 2;
-    } else {
-      continue;
+    if (directive && is_include_directive(directive->name)) operand(directive->end, "\n");
+  }
+  return found;
+}
+
+std::vector<MacroDirective> macro_directives(std::string_view text, Reading reading) {
+  std::vector<MacroDirective> found;
+  const std::string code = preprocessed(text, reading).text;
+  std::size_t line = 1;  // preprocessed() keeps the lines' numbers
+  for (std::size_t start = 0; start < code.size(); ++line) {
+    const std::size_t newline = std::min(code.find('\n', start), code.size());
+    const std::optional<Directive> directive = directive_on(code, start, newline);
+    start = newline + 1;
+    if (!directive || (directive->name != "define" && directive->name != "undef")) continue;
+    const std::size_t at = std::min(code.find_first_not_of(" \t\f\v\r", directive->end), newline);
+    const std::size_t end = std::min(word_end(code, at), newline);
+    // None is a compile error.
+    if (end > at) {
+      found.push_back({std::string(directive->name), std::string(code.substr(at, end - at)), line});
     }
-    at = std::min(code.find_first_not_of(" \t\f\v\r", at), newline);
-    const std::size_t name_end = std::min(code.find_first_not_of(identifier_chars, at), newline);
-    if (is_include_directive(code.substr(at, name_end - at))) operand(name_end, "\n");
+  }
+  return found;
+}
+
+// What `find` finds in `text` read either way, each once.
+template <class Find>
+auto in_both_readings(std::string_view text, Find find) {
+  auto found = find(text, Reading::gnu);
+  for (auto& item : find(text, Reading::strict)) {
+    if (std::find(found.begin(), found.end(), item) == found.end()) {
+      found.push_back(std::move(item));
+    }
   }
   return found;
 }
@@ -270,13 +351,13 @@ std::vector<Include> includes(std::string_view text, Reading reading) {
 }  // namespace
 
 std::vector<Include> includes(std::string_view text) {
-  std::vector<Include> found = includes(text, Reading::gnu);
-  for (Include& include : includes(text, Reading::strict)) {
-    if (std::find(found.begin(), found.end(), include) == found.end()) {
-      found.push_back(std::move(include));
-    }
-  }
-  return found;
+  return in_both_readings(text,
+                          [](std::string_view t, Reading reading) { return includes(t, reading); });
+}
+
+std::vector<MacroDirective> macro_directives(std::string_view text) {
+  return in_both_readings(
+      text, [](std::string_view t, Reading reading) { return macro_directives(t, reading); });
 }
 
 SourceTree SourceTree::locate(const std::optional<std::filesystem::path>& dir) {
@@ -348,6 +429,7 @@ std::vector<Header> SourceTree::closure(std::string_view unit, std::string_view 
                                       "include toolkit headers with <...>",
                                       from, printable(include.name), describe()));
       }
+      require_no_nul(*content, fmt::format("kernel file '{}'", printable(include.name)));
       files.push_back({std::move(include.name), std::move(*content)});
     }
   };

@@ -54,4 +54,16 @@ struct Include {
 // written (comments, joined lines, %:), and of __has_include and its kin.
 std::vector<Include> includes(std::string_view text);
 
+struct MacroDirective {
+  std::string directive;  // "define" or "undef"
+  std::string name;       // the macro's
+  std::size_t line = 0;   // of the text, from 1
+
+  friend bool operator==(const MacroDirective&, const MacroDirective&) = default;
+};
+
+// The #define and #undef directives of `text`, in order of appearance, found as includes() finds
+// includes (not those in comments or literals; those however written).
+std::vector<MacroDirective> macro_directives(std::string_view text);
+
 }  // namespace kiln::detail

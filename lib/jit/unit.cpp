@@ -82,6 +82,47 @@ bool is_allowed_option(std::string_view option) {
   return false;
 }
 
+// Whether a variant may #define or #undef `name`: not if the kernels compiled after it could
+// use it, as a keyword (static_assert, sizeof), a name reserved to the implementation
+// (__syncthreads, _X) or one of kiln's (kiln_spec, KILN_...).
+bool is_variants_own(std::string_view name) {
+  // C++20's keywords and alternative tokens, `defined`, and the identifiers with a special
+  // meaning (final, override, import, module), each between spaces.
+  constexpr std::string_view kKeywords =
+      " alignas alignof and and_eq asm auto bitand bitor bool break case catch char"
+      " char8_t char16_t char32_t class compl concept const consteval constexpr constinit"
+      " const_cast continue co_await co_return co_yield decltype default defined delete do"
+      " double dynamic_cast else enum explicit export extern false final float for friend"
+      " goto if import inline int long module mutable namespace new noexcept not not_eq"
+      " nullptr operator or or_eq override private protected public register"
+      " reinterpret_cast requires return short signed sizeof static static_assert"
+      " static_cast struct switch template this thread_local throw true try typedef typeid"
+      " typename union unsigned using virtual void volatile wchar_t while xor xor_eq ";
+  const bool reserved =
+      name.starts_with("__") ||
+      (name.size() > 1 && name[0] == '_' && std::isupper(static_cast<unsigned char>(name[1])) != 0);
+  std::string prefix(name.substr(0, 4));
+  for (char& c : prefix) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  return !reserved && prefix != "kiln" &&
+         kKeywords.find(fmt::format(" {} ", name)) == std::string_view::npos;
+}
+
+// The variant's code as kiln hands it to the compiler: a C string, whose macros leave the
+// kernels' names alone.
+void check_variant_code(const KernelSpec& spec) {
+  require_no_nul(spec.variant_code, fmt::format("variant {}'s code", printable(spec.variant_name)));
+  for (const MacroDirective& macro : macro_directives(spec.variant_code)) {
+    if (is_variants_own(macro.name)) continue;
+    bad(spec, fmt::format("variant {}'s line {} #{}s {}, which the kernels compiled after it "
+                          "may use: a variant may #define or #undef only names of its own, not "
+                          "a keyword, a name reserved to the implementation (__x, _X) or one of "
+                          "kiln's (kiln..., KILN...); rename the macro, or write a constexpr "
+                          "value or an inline function",
+                          printable(spec.variant_name), macro.line, macro.directive,
+                          printable(macro.name)));
+  }
+}
+
 void validate(const KernelSpec& spec, const Target& target, const Compiler& compiler) {
   if (!is_qualified_identifier(spec.entry)) {
     bad(spec, fmt::format("entry '{}' must be a qualified name such as kiln::unary",
@@ -103,6 +144,7 @@ void validate(const KernelSpec& spec, const Target& target, const Compiler& comp
       bad(spec,
           fmt::format("variant name '{}' must be a C++ identifier", printable(spec.variant_name)));
     }
+    check_variant_code(spec);
     constexpr std::string_view kTakeVariants[] = {"kiln::AttentionParams",
                                                   "kiln::AttentionTmaParams", "kiln::DecodeParams"};
     if (std::find(std::begin(kTakeVariants), std::end(kTakeVariants), spec.params) ==

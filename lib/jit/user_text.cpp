@@ -59,6 +59,10 @@ std::size_t utf8_length(std::string_view text) {
   return length;
 }
 
+bool is_continuation_byte(char c) {
+  return (static_cast<unsigned char>(c) & 0xc0) == 0x80;
+}
+
 }  // namespace
 
 std::optional<std::string> read_user_file(const std::filesystem::path& path, std::string_view what,
@@ -104,7 +108,7 @@ std::optional<std::string> read_user_file(const std::filesystem::path& path, std
   }
 }
 
-std::string printable(std::string_view text) {
+std::string escaped(std::string_view text) {
   std::string shown;
   shown.reserve(text.size());
   for (std::size_t i = 0; i < text.size();) {
@@ -126,6 +130,38 @@ std::string printable(std::string_view text) {
     i += taken;
   }
   return shown;
+}
+
+std::string printable(std::string_view text) {
+  if (text.size() <= kMaxEchoBytes) return escaped(text);
+  // The ends are kept, where a spec's name and a path's file are; each cut between characters.
+  std::size_t head = kMaxEchoBytes / 2;
+  while (head > 0 && is_continuation_byte(text[head])) --head;
+  std::size_t tail = text.size() - kMaxEchoBytes / 2;
+  while (tail < text.size() && is_continuation_byte(text[tail])) ++tail;
+  return fmt::format("{}[... {} bytes not shown ...]{}", escaped(text.substr(0, head)), tail - head,
+                     escaped(text.substr(tail)));
+}
+
+void require_no_nul(std::string_view text, std::string_view what) {
+  const std::size_t nul = text.find('\0');
+  if (nul == std::string_view::npos) return;
+  const std::size_t line_start = text.rfind('\n', nul) + 1;  // 0 when there is none
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} holds a NUL byte at line {}, column {}: the compiler would take the "
+                          "code to end there; remove it",
+                          what, std::count(text.begin(), text.begin() + nul, '\n') + 1,
+                          nul - line_start + 1));
+}
+
+bool is_safe_relative(std::string_view path) {
+  if (path.empty() || path.front() == '/') return false;
+  const std::filesystem::path p(path);
+  return std::none_of(p.begin(), p.end(), [](const auto& part) { return part == ".."; });
+}
+
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir) {
+  return std::mismatch(dir.begin(), dir.end(), path.begin(), path.end()).first == dir.end();
 }
 
 bool is_identifier(std::string_view name) {

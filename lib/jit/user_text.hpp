@@ -21,8 +21,28 @@ std::optional<std::string> read_user_file(const std::filesystem::path& path, std
                                           std::size_t max_bytes = kMaxUserFileBytes);
 
 // `text` with every control character (but tab) written as \xNN, so that a message echoing a
-// user's text cannot move the cursor, clear the screen or retitle the terminal.
+// user's text cannot move the cursor, clear the screen or retitle the terminal. For messages,
+// whose user text printable() has bounded already; printable() for the user's text itself.
+std::string escaped(std::string_view text);
+
+// The most of a user's text that printable() echoes: a message quoting a 15 MB manifest line
+// names it by its ends.
+inline constexpr std::size_t kMaxEchoBytes = 1024;
+
+// escaped(text), and when `text` is longer than kMaxEchoBytes, only its first and last
+// kMaxEchoBytes / 2 bytes, around a note of how many are left out.
 std::string printable(std::string_view text);
+
+// Throws kiln::Error (invalid_argument) naming `what` and the line and column of the first NUL
+// byte of `text`, when it holds one: the compilers take code as a C string, which ends there.
+void require_no_nul(std::string_view text, std::string_view what);
+
+// Whether `path` is relative and has no `..`, so that it names a file below the directory it is
+// taken from (symbolic links aside).
+bool is_safe_relative(std::string_view path);
+
+// Whether `path` is `dir` or below it; both canonical.
+bool is_within(const std::filesystem::path& path, const std::filesystem::path& dir);
 
 // Whether `name` is a C++ identifier: a letter or '_', then letters, digits and '_'.
 bool is_identifier(std::string_view name);

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <memory>
+#include <optional>
 
 #include <fmt/format.h>
 
@@ -440,8 +441,12 @@ bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
       if (t->size(d) == 0) return false;
     }
     for (int d = 0; d + 1 < t->rank; ++d) {
-      const std::int64_t bytes = t->stride(d) * 2;
-      if (bytes <= 0 || bytes % 16 != 0 || bytes >= (std::int64_t{1} << 40)) return false;
+      // NOTE: validation bounds the span, not a size-1 dim's stride, which may be near int64's
+      // maximum.
+      const std::optional<std::int64_t> bytes = detail::checked_mul<std::int64_t>(t->stride(d), 2);
+      if (!bytes || *bytes <= 0 || *bytes % 16 != 0 || *bytes >= (std::int64_t{1} << 40)) {
+        return false;
+      }
     }
   }
   return true;

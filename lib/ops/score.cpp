@@ -6,6 +6,7 @@
 
 #include <fmt/format.h>
 
+#include "jit/user_text.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln::detail {
@@ -78,7 +79,7 @@ VariantParams variant_params(const ScoreOptions& o, int device) {
     invalid(
         fmt::format("variant '{}' has no code: give it the kiln_variant struct its hook "
                     "lives in (kiln/variant.hpp)",
-                    o.variant->name));
+                    printable(o.variant->name)));
   }
   constexpr std::size_t kTensors = std::size(VariantParams{}.tensors);
   static_assert(TensorView::max_rank <= std::size(VariantTensor{}.strides));

@@ -513,5 +513,16 @@ TEST_CASE("kiln_warmup warms the runtime of the device it is given", "[capi]") {
                {"device -1 has no process-wide runtime"});
 }
 
+TEST_CASE("kiln_warmup for a target the compiler cannot build for is unsupported", "[capi]") {
+  const kiln_status status = kiln_warmup(0, "sm_200", 1);
+  const std::string message = kiln_last_error();
+  if (status == KILN_ERROR_NOT_FOUND && contains(message, "NVRTC")) {
+    WARN("skipped: " << message);
+    return;
+  }
+  check_status(status, KILN_ERROR_UNSUPPORTED,
+               {"target 'sm_200' is not one", "can build for: use one of", "sm_90a"});
+}
+
 }  // namespace
 }  // namespace kiln::test

@@ -8,6 +8,7 @@
 
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
+#include "kiln/attention.hpp"
 #include "kiln/error.hpp"
 #include "stub_compiler.hpp"
 #include "support.hpp"
@@ -210,4 +211,67 @@ TEST_CASE("a kernels dir that does not exist is an error naming it", "[jit][key]
     CHECK(e.category() == kiln::ErrorCategory::not_found);
     CHECK_THAT(e.what(), Catch::Contains("/nonexistent/kernels"));
   }
+}
+
+namespace {
+
+// The attention spec kiln would choose for sm_90a, running variant `v` of `code`.
+kiln::KernelSpec attention_with_variant(const std::string& code) {
+  kiln::KernelSpec spec = kiln::attention_default_specs(kiln::Target("sm_90a")).front();
+  spec.target = "sm_90a";
+  spec.variant_name = "v";
+  spec.variant_code = code;
+  return spec;
+}
+
+// The message the unit of attention_with_variant(code) is refused with (invalid_argument).
+std::string refusal(const std::string& code) {
+  try {
+    key_of(attention_with_variant(code));
+  } catch (const kiln::Error& e) {
+    CHECK(e.category() == kiln::ErrorCategory::invalid_argument);
+    return e.what();
+  }
+  FAIL("no error for: " << code);
+  return {};
+}
+
+}  // namespace
+
+// NOTE: a variant's macros reach the kernels compiled after it: `static_assert` defined away
+// would silence the Params layout check, `__syncthreads` a barrier.
+TEST_CASE("variant code may #define and #undef only names of its own", "[jit][key][variant]") {
+  const std::string kernel = "struct kiln_variant { static constexpr int k = 1; };\n";
+  const std::pair<std::string, std::string> refused[] = {
+      {"#define static_assert(...)\n", "line 1 #defines static_assert"},
+      {"#define __syncthreads()\n", "line 1 #defines __syncthreads"},
+      {"#define _Float 1\n", "line 1 #defines _Float"},
+      {"#define sizeof(x) 4\n", "line 1 #defines sizeof"},
+      {"#undef KILN_VENDOR_NVIDIA\n", "line 1 #undefs KILN_VENDOR_NVIDIA"},
+      {"#define kiln_spec other\n", "line 1 #defines kiln_spec"},
+      {"#define Kiln 1\n", "line 1 #defines Kiln"},
+      // However the preprocessor lets the directive be written.
+      {"int a;\n%: /* x */ define \\\n and &&\n", "line 2 #defines and"},
+      {"# \\\ndefine final\n", "line 1 #defines final"},
+  };
+  for (const auto& [macro, why] : refused) {
+    DYNAMIC_SECTION(macro) {
+      const std::string message = refusal(macro + kernel);
+      CHECK_THAT(message, Catch::Contains("variant v's " + why));
+      CHECK_THAT(message, Catch::Contains("a variant may #define or #undef only names of its own"));
+      CHECK_THAT(message, Catch::Contains("rename the macro"));
+    }
+  }
+  // Its own names, and directives in comments and literals, are its business.
+  CHECK_NOTHROW(key_of(attention_with_variant(
+      "#define V_SCALE 2.0f\n#undef V_SCALE\n#define scale_ 1\n// #define static_assert\n"
+      "/* #undef __syncthreads */ constexpr const char* s = \"#define KILN_X\";\n" +
+      kernel)));
+}
+
+TEST_CASE("variant code with a NUL byte is refused, naming where it is", "[jit][key][variant]") {
+  using namespace std::string_literals;
+  CHECK_THROWS_WITH(key_of(attention_with_variant("struct kiln_variant {\n  int a;\0 };\n"s)),
+                    Catch::Contains("variant v's code holds a NUL byte at line 2, column 9") &&
+                        Catch::Contains("remove it"));
 }

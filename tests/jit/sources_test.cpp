@@ -140,6 +140,52 @@ TEST_CASE("an include is refused however the preprocessor lets it be written", "
   }
 }
 
+// The compiler reads a raw string only after a whole R, u8R, uR, UR or LR token and before a
+// delimiter of at most 16 allowed characters that is closed later; an identifier ending in R
+// (macro-made or not) is none. Each reading that kiln would otherwise take for a raw string,
+// and so hide the include after it, must find the include.
+TEST_CASE("an include after what only looks like a raw string is found", "[jit]") {
+  const char* const forms[] = {
+      // The issue's: a macro XR, so that the preprocessor never sees R"(.
+      "#define XR\n#define S XR\"(\"\n#include \"/etc/hostname\"\n// )\"",
+      "auto s = XR\"(\";\n#include \"/etc/hostname\"\n// )\"",
+      "auto s = fooR\"(\";\n#include \"/etc/hostname\"\n// )\"",
+      "auto s = u8fooR\"(\";\n#include \"/etc/hostname\"\n// )\"",
+      // NVRTC reads \u00e9R as one identifier; clang reads $R and éR as one too.
+      "auto s = \\u00e9R\"(\";\n#include \"/etc/hostname\"\n// )\"",
+      "auto s = $R\"(\";\n#include \"/etc/hostname\"\n// )\"",
+      "auto s = \xc3\xa9R\"(\";\n#include \"/etc/hostname\"\n// )\"",
+      // NVRTC ignores a raw prefix whose delimiter is longer than 16 characters.
+      "auto s = R\"abcdefghijklmnopq(\";\n#include \"/etc/hostname\"\n// )abcdefghijklmnopq\"",
+      // A delimiter of characters the standard does not allow, and a raw string never closed,
+      // are errors, read here as code.
+      "auto s = R\"a b(\";\n#include \"/etc/hostname\"\n// )a b\"",
+      "auto s = R\"(\n#include \"/etc/hostname\"",
+      // clang ends a line at a lone CR, and so the comment.
+      "// a note\r#include \"/etc/hostname\"",
+  };
+  for (const char* line : forms) {
+    DYNAMIC_SECTION(printable(line)) {
+      const Tree tree(line);
+      check_refused(tree, ErrorCategory::invalid_argument, "\"/etc/hostname\"",
+                    "leaves the kernel tree");
+    }
+  }
+}
+
+TEST_CASE("includes skips raw strings of every prefix and of delimiters up to 16 characters",
+          "[jit]") {
+  for (const char* prefix : {"R", "u8R", "uR", "UR", "LR"}) {
+    INFO(prefix);
+    CHECK(includes(std::string("auto s = ") + prefix +
+                   "\"abcdefghijklmnop(\n#include \"/etc/hostname\"\n)abcdefghijklmnop\";\n")
+              .empty());
+  }
+  // CR LF ends one line.
+  CHECK(includes("// a note\r\n#include \"a.cuh\"\r\n") ==
+        std::vector<Include>{{"a.cuh", Include::Kind::quoted}});
+}
+
 TEST_CASE("includes keeps the usual forms and skips comments and literals", "[jit]") {
   using Kind = Include::Kind;
   CHECK(includes("#include \"a.cuh\"\n"
@@ -159,6 +205,15 @@ TEST_CASE("includes keeps the usual forms and skips comments and literals", "[ji
                              {"b/c.cuh", Kind::quoted},
                              {"d.cuh", Kind::quoted},
                              {"cuda_fp8.h", Kind::angled}});
+}
+
+TEST_CASE("a kernel file with a NUL byte is refused, naming where it is", "[jit]") {
+  using namespace std::string_literals;
+  const Tree tree("int a;\0"s);
+  const auto [message, category] = tree.refusal();
+  CHECK(category == ErrorCategory::invalid_argument);
+  CHECK_THAT(message, Catch::Contains("kernel file 'elementwise/unary.cuh' holds a NUL byte at "
+                                      "line 1, column 7"));
 }
 
 TEST_CASE("a link inside the tree to a file inside it is followed", "[jit]") {
@@ -210,6 +265,31 @@ TEST_CASE("printable escapes C1 controls, alone or UTF-8 encoded, and keeps othe
         "\xc2\xa0\xc3\xa9\xe2\x80\x94\xf0\x9f\x98\x80");
   // A stray continuation byte, a truncated sequence and an overlong one are not characters.
   CHECK(printable("\x80|\xe2\x80|\xe0\x80\x80") == "\\x80|\xe2\\x80|\xe0\\x80\\x80");
+}
+
+TEST_CASE("printable echoes a long text by its ends, cut between characters", "[jit]") {
+  // A 15 MB manifest line.
+  const std::string line = "head" + std::string(15 << 20, 'x') + "\x1btail";
+  const std::string shown = printable(line);
+  CHECK(shown.size() < kMaxEchoBytes + 64);
+  CHECK(shown.starts_with("headxxx"));
+  CHECK(shown.ends_with("xxx\\x1btail"));
+  CHECK_THAT(shown, Catch::Contains("xxx[... " + std::to_string(line.size() - kMaxEchoBytes) +
+                                    " bytes not shown ...]xxx"));
+  // A cut inside a character moves to its edge, at either end.
+  const std::string half(kMaxEchoBytes / 2 - 1, 'a');
+  CHECK(printable(half + "\xc3\xa9" + std::string(5000, 'b') + "\xc3\xa9" + half) ==
+        half + "[... 5004 bytes not shown ...]" + half);
+  CHECK(printable(std::string(kMaxEchoBytes, 'a')) == std::string(kMaxEchoBytes, 'a'));
+}
+
+TEST_CASE("require_no_nul names where the first NUL is", "[jit]") {
+  CHECK_NOTHROW(require_no_nul("struct kiln_variant {};", "variant v's code"));
+  using namespace std::string_literals;
+  CHECK_THROWS_WITH(require_no_nul("struct kiln_variant {\n  int a;\0\n};"s, "variant v's code"),
+                    Catch::Contains("variant v's code holds a NUL byte at line 2, column 9"));
+  CHECK_THROWS_WITH(require_no_nul("\0"s, "kernel file 'a.cuh'"),
+                    Catch::Contains("kernel file 'a.cuh' holds a NUL byte at line 1, column 1"));
 }
 
 }  // namespace

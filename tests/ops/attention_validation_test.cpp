@@ -311,6 +311,26 @@ TEST_CASE("attention refuses sizes beyond int32 and spans beyond 64-bit offsets"
   check_invalid(c, {"q", "64-bit offsets"});
 }
 
+// NOTE: a size-1 dim adds nothing to the span validation bounds, so its stride may be as large
+// as int64 holds; the check of whether TMA can tile it must not overflow (UBSan).
+TEST_CASE("attention takes a size-1 dim of stride 2^62 + 8 without TMA", "[attention]") {
+  Call c = padded_call();
+  c.q = reshaped(c.q, {1, 128, 8, 64});
+  c.k = reshaped(c.k, {1, 256, 2, 64});
+  c.v = reshaped(c.v, {1, 256, 2, 64});
+  c.out = reshaped(c.out, {1, 128, 8, 64});
+  c.q.strides[0] = (std::int64_t{1} << 62) + 8;
+  const kiln::AttentionConfig config = kiln::choose(
+      {.dtype = DType::bf16, .head_dim = 64, .head_dim_v = 64}, kiln::Target("sm_90a"));
+  REQUIRE(config.kernel == kiln::AttentionKernel::tma);
+  check_accepted(c);  // choose()'s tma config, run by the wgmma kernel
+  check_refusal(refusal([&] {
+                  kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr,
+                                  validating_runtime());
+                }),
+                ErrorCategory::unsupported, {"the tma kernel cannot tile q"});
+}
+
 TEST_CASE("attention refuses null tensors whose element count overflows int64", "[attention]") {
   // 2^15 x 2^30 x 2^15 x 256 elements (2^68) wrap to 0 in int64: with stride 0 they span one
   // row, so nothing else refuses them, and a wrapped count would pass them on to the kernel.

@@ -159,6 +159,10 @@ TEST_CASE("score_params carries a variant's scalars and tensors", "[params][scor
                     Catch::Contains("variant_tensors holds 1 tensors but there is no variant"));
   const Variant empty{.name = "e"};
   CHECK_THROWS_WITH(filled({.variant = &empty}), Catch::Contains("variant 'e' has no code"));
+  // The name is echoed without its control characters, which would reach the terminal.
+  const Variant escape{.name = "e\x1b[2J"};
+  CHECK_THROWS_WITH(filled({.variant = &escape}),
+                    Catch::Contains("variant 'e\\x1b[2J' has no code"));
   o.variant_tensors.assign(5, ids);
   CHECK_THROWS_WITH(filled(o), Catch::Contains("variant_tensors holds 5 tensors: a variant takes "
                                                "at most 4"));
