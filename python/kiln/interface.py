@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from . import _capi, ops
+from . import _capi, _progress, ops
 from ._capi import KILN_ERROR_INVALID_ARGUMENT, KILN_ERROR_UNSUPPORTED, KilnError, KilnValueError
 from .variant import Variant
 
@@ -271,12 +271,18 @@ def _device_index(device):
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def warmup(device=None, target=None, threads=0):
+def warmup(device=None, target=None, threads=0, *, progress=None):
     """Compiles (or finds in the disk cache) kiln's default kernel set and loads it on `device`
     (an int, 'cuda:N' or torch.device; None: torch's current device), so that later calls,
     CUDA graph capture included, load nothing. target ("sm_90a", "gfx90a") compiles for that
-    target instead, with no GPU needed; threads 0: one per hardware thread."""
-    _capi.warmup(_device_index(device), target, threads)
+    target instead, with no GPU needed; threads 0: one per hardware thread. progress: a bar on
+    stderr (True), none (False), or a bar when stderr is a terminal (None)."""
+    bar = _progress.bar_for(progress)
+    try:
+        _capi.warmup(_device_index(device), target, threads, bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def info():
