@@ -53,7 +53,7 @@ TEST_CASE("kiln cache and kiln warm refuse a cache that others can write, naming
   CHECK(fs::exists(entry_path(stored.cache, stored.a.key)));
 }
 
-TEST_CASE("kiln cache verify names a linked shard directory; --fix and clear remove the link",
+TEST_CASE("kiln cache verify names a linked shard directory, and --fix and clear remove the link",
           "[cli]") {
   const Stored stored;
   const fs::path outside = stored.scratch.path() / "outside";

@@ -93,7 +93,7 @@ TEST_CASE("kiln info names the cache directory, the JIT mode and the build", "[c
   CHECK(contains(result.out, fmt::format("\nbuild           {}\n", kiln_build_id())));
 }
 
-TEST_CASE("kiln info and kiln cache create no cache; a missing one is named, with the fix",
+TEST_CASE("kiln info and kiln cache create no cache, and a missing one is named, with the fix",
           "[cli]") {
   const Cli cli;
   const fs::path typo = cli.dir() / "TYPO";
