@@ -123,6 +123,11 @@ constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, s
                                            KILN_FIELD_END(kiln_decode_options, num_variant_tensors),
                                            KILN_FIELD_END(kiln_decode_options, variant_tensors)};
 
+constexpr std::array kWarmupOptionsEnds = {KILN_FIELD_END(kiln_warmup_options, target),
+                                           KILN_FIELD_END(kiln_warmup_options, threads),
+                                           KILN_FIELD_END(kiln_warmup_options, progress),
+                                           KILN_FIELD_END(kiln_warmup_options, progress_user)};
+
 constexpr std::array kKVCacheEnds = {
     KILN_FIELD_END(kiln_kvcache, k), KILN_FIELD_END(kiln_kvcache, v),
     KILN_FIELD_END(kiln_kvcache, seqlens), KILN_FIELD_END(kiln_kvcache, batch_idx),
@@ -178,6 +183,7 @@ constexpr bool lists_every_field(const std::array<std::size_t, N>& ends) {
 static_assert(lists_every_field<kiln_attention_options>(kAttentionOptionsEnds));
 static_assert(lists_every_field<kiln_decode_options>(kDecodeOptionsEnds));
 static_assert(lists_every_field<kiln_kvcache>(kKVCacheEnds));
+static_assert(lists_every_field<kiln_warmup_options>(kWarmupOptionsEnds));
 
 // `given` as a caller built against this or an older kiln.h filled it: its first struct_size
 // bytes over `defaults`, which the fields it lacks keep. A struct_size that is not the end of
@@ -217,6 +223,12 @@ kiln_attention_options attention_defaults() {
 kiln_decode_options decode_defaults() {
   kiln_decode_options options = options_defaults<kiln_decode_options>();
   options.rotary_interleaved = 1;  // FlashAttention's flash_attn_with_kvcache default
+  return options;
+}
+
+kiln_warmup_options warmup_defaults() {
+  kiln_warmup_options options{};
+  options.struct_size = sizeof(kiln_warmup_options);
   return options;
 }
 
@@ -543,11 +555,34 @@ kiln_status kiln_merge_states_many(const DLTensor* v, const DLTensor* s, const D
   });
 }
 
+void kiln_warmup_options_init_sized(kiln_warmup_options* options, size_t struct_size) {
+  kiln::init_sized(options, struct_size, kiln::warmup_defaults());
+}
+
 kiln_status kiln_warmup(int device, const char* target, int threads) {
+  kiln_warmup_options options = kiln::warmup_defaults();
+  options.target = target;
+  options.threads = threads;
+  return kiln_warmup_with(device, &options);
+}
+
+kiln_status kiln_warmup_with(int device, const kiln_warmup_options* options) {
   return kiln::guarded([&] {
+    const kiln_warmup_options c =
+        options == nullptr
+            ? kiln::warmup_defaults()
+            : kiln::read_sized(*options, kiln::warmup_defaults(), kiln::kWarmupOptionsEnds,
+                               "options", "kiln_warmup_options", "kiln_warmup_options_init");
     kiln::Runtime& runtime = kiln::default_runtime(device);
-    const kiln::Target chosen = target ? kiln::Target(target) : runtime.target();
-    const auto report = runtime.warmup(kiln::default_specs(chosen), {.threads = threads});
+    const kiln::Target chosen = c.target ? kiln::Target(c.target) : runtime.target();
+    kiln::WarmupOptions warmup{.threads = c.threads};
+    if (c.progress != nullptr) {
+      warmup.on_progress = [&c](const kiln::WarmupProgress& p) {
+        c.progress(c.progress_user, p.done, p.total, p.last->spec.c_str(), p.last->ms,
+                   p.last->status != kiln::WarmupStatus::failed);
+      };
+    }
+    const auto report = runtime.warmup(kiln::default_specs(chosen), warmup);
     for (const kiln::WarmupItem& item : report.items) {
       if (item.status == kiln::WarmupStatus::failed) {
         const std::string message = fmt::format("warm-up of {} failed: {}", item.spec, item.error);

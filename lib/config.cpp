@@ -189,6 +189,8 @@ Config resolve_config(const Options& options) {
     } else {
       config.cache_dir = default_cache_dir();
     }
+  } else if (config.cache_dir->empty()) {
+    config.cache_dir.reset();  // Options' way to ask for no disk cache
   }
   if (options.cache_ro_dirs) {
     config.cache_ro_dirs = *options.cache_ro_dirs;

@@ -170,6 +170,33 @@ kiln_status kiln_warmup(int device, const char* target, int threads);
 /* kiln_warmup on device 0. */
 kiln_status kiln_warmup_default(const char* target, int threads);
 
+/* Called by kiln_warmup_with after each kernel of the set is compiled or found: `done` of
+ * `total` (done counts up from 1 to total), `spec` the kernel's canonical spec (valid during the
+ * call only), `ms` the time it took, `ok` zero when it failed (kiln_warmup_with then fails once
+ * the set is done). Calls come one at a time, in order, but from whichever of kiln's threads
+ * finished the kernel: the callback must be thread-safe in that sense, and must not call kiln. */
+typedef void (*kiln_warmup_progress)(void* user, size_t done, size_t total, const char* spec,
+                                     double ms, int ok);
+
+/* Options of kiln_warmup_with. Call kiln_warmup_options_init first: it sets struct_size, and
+ * the rest to kiln_warmup's defaults (the device's target, one thread per hardware thread, no
+ * progress). */
+typedef struct kiln_warmup_options {
+  size_t struct_size;            /* sizeof(kiln_warmup_options), set by kiln_warmup_options_init */
+  const char* target;            /* "sm_90a", "gfx90a"; NULL: the device's */
+  int threads;                   /* 0: one per hardware thread */
+  kiln_warmup_progress progress; /* NULL: none */
+  void* progress_user;           /* passed to progress as `user` */
+} kiln_warmup_options;
+
+void kiln_warmup_options_init_sized(kiln_warmup_options* options, size_t struct_size);
+#define kiln_warmup_options_init(options) \
+  kiln_warmup_options_init_sized((options), sizeof(kiln_warmup_options))
+
+/* kiln_warmup with options, such as a progress callback (a warm-up takes tens of seconds);
+ * options NULL: kiln_warmup's defaults. */
+kiln_status kiln_warmup_with(int device, const kiln_warmup_options* options);
+
 /* This thread's message for the last failed call; "" when none failed. Valid until the next
  * kiln call on this thread. */
 const char* kiln_last_error(void);

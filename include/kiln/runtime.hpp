@@ -29,7 +29,7 @@ struct Options {
   std::optional<std::string> backend;  // "cuda" or "hip"; default: what is installed
   std::optional<std::string> target;   // "sm_90a", "gfx90a"; default: the device's
   std::optional<std::filesystem::path> kernels_dir;
-  std::optional<std::filesystem::path> cache_dir;
+  std::optional<std::filesystem::path> cache_dir;  // an empty path: none, memory-only
   std::optional<std::vector<std::filesystem::path>> cache_ro_dirs;
   // Load from the read-only tiers whatever their directories' owners and modes; default:
   // KILN_CACHE_RO_TRUST=1 (README, "Disk cache").
@@ -140,7 +140,11 @@ struct WarmupOptions {
   // Load each kernel on the runtime's device as well, when the spec targets it and a device is
   // present, so the hot path then finds it in memory.
   bool load = true;
-  std::function<void(const WarmupProgress&)> on_progress;  // called under a lock, in order
+  // Called once per spec as it finishes (failed ones too), with `done` counting up from 1 to
+  // `total`: calls come one at a time, under a lock, but from whichever warm-up thread finished
+  // the spec, so what it touches besides its argument must be safe to use from those threads. It
+  // must not call warmup() again; the item it is shown lives until warmup() returns.
+  std::function<void(const WarmupProgress&)> on_progress;
 };
 
 struct WarmupReport {

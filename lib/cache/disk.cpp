@@ -297,22 +297,36 @@ std::string untrusted_below_root(const Tier& tier) {
 struct WritableRoot {
   Fd fd;                  // not ok(): memory-only
   std::string untrusted;  // why, when the root could be used but must not be
+  bool missing = false;   // it does not exist, and was not to be created
 };
 
-// Opens the writable tier, creating it where missing; memory-only, after one warning, when it
-// cannot be created or written, or must not be trusted.
-WritableRoot open_writable_root(const fs::path& root) {
+// Whether this process may write in the open directory `dir`: the probe of a tier that must
+// not be written to just to look at it (DiskCacheConfig::create_root). A full disk passes.
+int check_writable(int dir) {
+  return ::faccessat(dir, ".", W_OK, AT_EACCESS) == 0 ? 0 : errno;
+}
+
+// Opens the writable tier, creating it where missing when `create`; memory-only, after one
+// warning, when it cannot be created or written, or must not be trusted.
+WritableRoot open_writable_root(const fs::path& root, bool create) {
   WritableRoot opened;
   fs::path failed = root;
-  int error = make_dirs(root, failed);
+  int error = create ? make_dirs(root, failed) : 0;
   if (error == 0) {
     opened.fd = Fd(::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
     error = opened.fd.error();
   }
+  if (!create && error == ENOENT) {
+    // NOTE: no warning: the caller asked only to look, and says what is missing.
+    opened.missing = true;
+    return opened;
+  }
   const Tier tier{opened.fd.get(), root, /*checked=*/true};
   // NOTE: the root is checked before the probe writes in it.
   if (error == 0) opened.untrusted = untrusted_root(tier);
-  if (error == 0 && opened.untrusted.empty()) error = probe_writable(tier.fd, root, failed);
+  if (error == 0 && opened.untrusted.empty()) {
+    error = create ? probe_writable(tier.fd, root, failed) : check_writable(tier.fd);
+  }
   if (error == 0 && opened.untrusted.empty()) opened.untrusted = untrusted_below_root(tier);
   if (error == 0 && opened.untrusted.empty()) return opened;
   opened.fd = Fd();
@@ -544,8 +558,6 @@ std::size_t evict(const Tier& tier, std::uint64_t max_bytes, const std::optional
   return removed;
 }
 
-constexpr std::size_t kMaxNoteBytes = std::size_t{1} << 20;
-
 // The components of a note's name. Throws kiln::Error (invalid_argument) for a name that could
 // leave its directory or hide among entries' temp files.
 std::vector<std::string> note_parts(std::string_view name) {
@@ -647,7 +659,9 @@ struct DiskCache::Impl {
 
 DiskCache::DiskCache(DiskCacheConfig config) : impl_(std::make_unique<Impl>()) {
   impl_->config = std::move(config);
-  if (impl_->config.root) impl_->root = open_writable_root(*impl_->config.root);
+  if (impl_->config.root) {
+    impl_->root = open_writable_root(*impl_->config.root, impl_->config.create_root);
+  }
 }
 
 DiskCache::~DiskCache() = default;
@@ -782,12 +796,43 @@ void DiskCache::write_note(std::string_view name, std::string_view text) {
                         path.string(), describe(error), impl_->config.root->string()));
 }
 
+void DiskCache::append_note(std::string_view name, std::string_view line) {
+  const std::vector<std::string> parts = note_parts(name);
+  if (!writable()) return;
+  const Tier tier = impl_->writable_tier();
+  const TierDir dir = open_note_dir(tier, parts, /*create=*/true);
+  if (!dir.untrusted.empty()) return warn_unusable_dir(dir);
+  if (!dir.fd.ok()) return;
+  // NOTE: O_NONBLOCK so that a FIFO planted under the note's name cannot block the open.
+  const Fd file(::openat(dir.fd.get(), parts.back().c_str(),
+                         O_WRONLY | O_APPEND | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC,
+                         kFileMode));
+  const fs::path path = dir.path / parts.back();
+  struct stat info {};
+  if (!file.ok() || ::fstat(file.get(), &info) != 0 || !S_ISREG(info.st_mode) ||
+      !untrusted_open_file(tier, file.get(), path).empty()) {
+    return warn_once("cache-note:" + path.string(),
+                     fmt::format("cannot append to the cache note {}: it cannot be opened, or is "
+                                 "no regular file of yours; remove it and kiln writes it again",
+                                 path.string()));
+  }
+  // NOTE: a failed write (a full disk) is silent: the note is a tally, never worth a warning
+  // per call.
+  if (static_cast<std::uint64_t>(info.st_size) + line.size() <= kMaxNoteBytes) {
+    write_text(file.get(), line);
+  }
+}
+
 bool DiskCache::writable() const {
   return impl_->root.fd.ok();
 }
 
 const std::string& DiskCache::untrusted() const {
   return impl_->root.untrusted;
+}
+
+bool DiskCache::root_missing() const {
+  return impl_->root.missing;
 }
 
 const std::optional<std::filesystem::path>& DiskCache::root() const {

@@ -49,6 +49,9 @@ struct EntryStatus {
   std::optional<EntryMeta> meta;  // when valid
 };
 
+// The most a note (DiskCache::read_note) may hold.
+inline constexpr std::size_t kMaxNoteBytes = std::size_t{1} << 20;
+
 // How long lock() waits for another process's compile of the same key before compiling too.
 inline constexpr std::chrono::milliseconds kLockWait{5000};
 
@@ -60,6 +63,11 @@ struct DiskCacheConfig {
   // (KILN_CACHE_RO_TRUST); otherwise they are held to the rules of cache/trust.hpp.
   bool trust_ro_roots = false;
   std::chrono::milliseconds lock_wait = kLockWait;
+  // Whether opening creates the writable tier's root where it is missing, and proves it writable
+  // by writing in it. False for `kiln cache` and `kiln info`, which inspect and must create
+  // nothing: a missing root is then unusable without a warning (root_missing() says so, for the
+  // caller to report), and writability is the permission check alone.
+  bool create_root = true;
 };
 
 // Files in the writable tier that hold no entry: temp files of publishers at work, or killed
@@ -118,11 +126,18 @@ class DiskCache {
   // does; its failure is at most one warning.
   std::optional<std::string> read_note(std::string_view name) const;
   void write_note(std::string_view name, std::string_view text);
+  // Appends `line` to a note, created where missing, in one write: lines that processes append
+  // at once never interleave on a local file system, and no lock is taken, so it never waits.
+  // Best-effort: a note that would grow past what read_note reads is left as it is, and any
+  // failure is at most one warning.
+  void append_note(std::string_view name, std::string_view line);
 
   bool writable() const;  // false: memory-only (the root was unusable, or none was given)
   // Why the root was refused although usable: a directory from which another user could have
   // planted a binary (cache/trust.hpp), named, with the fix. Empty otherwise.
   const std::string& untrusted() const;
+  // True when the root does not exist and the config said not to create it.
+  bool root_missing() const;
   const std::optional<std::filesystem::path>& root() const;
   const std::vector<std::filesystem::path>& ro_roots() const;
 

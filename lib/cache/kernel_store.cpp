@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cache/file_io.hpp"
+#include "cache/stats.hpp"
 #include "cache/trust.hpp"
 #include "elapsed.hpp"
 #include "kiln/error.hpp"
@@ -166,11 +167,14 @@ std::pair<KernelInfo, WarmupStatus> KernelStore::compiled(const Unit& unit) {
   return {info, computed ? status : WarmupStatus::memory_hit};
 }
 
+KernelStore::Obtained KernelStore::disk_hit(Entry entry) {
+  disk_hits_.fetch_add(1);
+  tally(disk_, CacheEvent::disk_hit, entry.meta.compile_ms);
+  return {std::move(entry), WarmupStatus::disk_hit};
+}
+
 KernelStore::Obtained KernelStore::obtain(const Unit& unit, bool hot_path) {
-  if (auto entry = disk_.load(unit.key, unit.spec)) {
-    disk_hits_.fetch_add(1);
-    return {std::move(*entry), WarmupStatus::disk_hit};
-  }
+  if (auto entry = disk_.load(unit.key, unit.spec)) return disk_hit(std::move(*entry));
   if (hot_path && config_.jit == JitMode::strict) {
     throw Error(ErrorCategory::not_found,
                 fmt::format("{} (key {}) is not cached and KILN_JIT=strict forbids compiling on "
@@ -179,10 +183,7 @@ KernelStore::Obtained KernelStore::obtain(const Unit& unit, bool hot_path) {
   }
   // Another process may be compiling the same key: wait for it, then look again.
   const auto lock = disk_.lock(unit.key);
-  if (auto entry = disk_.load(unit.key, unit.spec)) {
-    disk_hits_.fetch_add(1);
-    return {std::move(*entry), WarmupStatus::disk_hit};
-  }
+  if (auto entry = disk_.load(unit.key, unit.spec)) return disk_hit(std::move(*entry));
   Entry entry = compile_unit(unit, hot_path);
   disk_.store(entry);
   return {std::move(entry), WarmupStatus::compiled};
@@ -217,6 +218,7 @@ Entry KernelStore::compile_unit(const Unit& asked, bool hot_path) {
   });
   compiles_.fetch_add(1);
   add(compile_us_, result.ms);
+  tally(disk_, result.ok ? CacheEvent::compiled : CacheEvent::compile_failed, result.ms);
   const std::string dumped = dump(unit, result);
   if (!result.ok) {
     compile_failures_.fetch_add(1);

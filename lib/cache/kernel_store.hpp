@@ -71,6 +71,7 @@ class KernelStore {
   std::pair<KernelInfo, WarmupStatus> compiled(const Unit& unit);
   // Disk, then (under the key's disk lock) disk again, then compile and store.
   Obtained obtain(const Unit& unit, bool hot_path);
+  Obtained disk_hit(Entry entry);  // counted here and in the cache's tally
   Entry compile_unit(const Unit& asked, bool hot_path);
   std::string dump(const Unit& unit, const CompileResult& result);
   static std::string dump_failure(const Unit& unit);

@@ -27,11 +27,6 @@ std::size_t edit_distance(std::string_view a, std::string_view b) {
   return row[b.size()];
 }
 
-// The command's named subcommands (its option groups are nameless ones).
-std::vector<const CLI::App*> subcommands_of(const CLI::App& command) {
-  return command.get_subcommands([](const CLI::App* sub) { return !sub->get_name().empty(); });
-}
-
 // The message for `word`, which names none of `command`'s subcommands.
 std::string unknown(const CLI::App& command, const std::string& prefix, std::string_view word) {
   const std::vector<const CLI::App*> subs = subcommands_of(command);
@@ -57,22 +52,38 @@ std::string unknown(const CLI::App& command, const std::string& prefix, std::str
 
 }  // namespace
 
+std::vector<const CLI::App*> subcommands_of(const CLI::App& command) {
+  return command.get_subcommands([](const CLI::App* sub) { return !sub->get_name().empty(); });
+}
+
+std::variant<const CLI::App*, std::string> named_command(const CLI::App& app,
+                                                         const std::vector<std::string>& words) {
+  const CLI::App* command = &app;
+  std::string prefix;
+  for (const std::string& word : words) {
+    const std::vector<const CLI::App*> subs = subcommands_of(*command);
+    const auto found = std::find_if(subs.begin(), subs.end(),
+                                    [&](const CLI::App* sub) { return sub->check_name(word); });
+    if (found == subs.end()) return unknown(*command, prefix, word);
+    command = *found;
+    prefix += word + " ";
+  }
+  return command;
+}
+
 std::optional<std::string> unknown_command(const CLI::App& app, int argc, char** argv) {
   // NOTE: kiln's commands that hold subcommands take no option with a value, so the first word
   // that is not an option names the subcommand; below a leaf, words are the leaf's own.
   const CLI::App* command = &app;
-  std::string prefix;
+  std::vector<std::string> words;
   for (int i = 1; i < argc && !subcommands_of(*command).empty(); ++i) {
     const std::string_view word = argv[i];
-    if (word == "--") return std::nullopt;
+    if (word == "--") break;
     if (word.starts_with('-')) continue;
-    const std::vector<const CLI::App*> subs = subcommands_of(*command);
-    const auto found = std::find_if(subs.begin(), subs.end(), [&](const CLI::App* sub) {
-      return sub->check_name(std::string(word));
-    });
-    if (found == subs.end()) return unknown(*command, prefix, word);
-    command = *found;
-    prefix += std::string(word) + " ";
+    words.emplace_back(word);
+    const auto named = named_command(app, words);
+    if (const auto* error = std::get_if<std::string>(&named)) return *error;
+    command = std::get<const CLI::App*>(named);
   }
   return std::nullopt;
 }

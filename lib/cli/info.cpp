@@ -28,6 +28,9 @@ struct InfoArgs {
 struct Facts {
   RuntimeInfo runtime;
   std::string target_problem;  // why there is no default target, when there is none
+  std::optional<std::filesystem::path> cache_dir;  // nullopt: no HOME, no KILN_CACHE_DIR
+  std::string cache_problem;                       // why the cache cannot be used, when it cannot
+  bool cache_missing = false;                      // it is not there yet: a runtime would create it
   std::size_t cache_entries = 0;
   std::uint64_t cache_bytes = 0;
   std::uint64_t cache_max_bytes = 0;               // 0: no cap
@@ -49,7 +52,11 @@ std::map<std::string, std::string> kiln_variables() {
 
 Facts gather(const Options& options) {
   Facts facts;
-  Runtime runtime(options);
+  // NOTE: the cache is only looked at, never created nor written (the runtime's compiler memos
+  // would be): the runtime that reports on backends and targets is memory-only.
+  Options memory_only = options;
+  memory_only.cache_dir = std::filesystem::path();
+  Runtime runtime(memory_only);
   facts.runtime = runtime.info();
   if (facts.runtime.target.empty()) {
     try {
@@ -60,11 +67,17 @@ Facts gather(const Options& options) {
   }
   facts.cache_max_bytes = detail::resolve_config(options).cache_max_bytes;
   facts.environment = kiln_variables();
-  if (!facts.runtime.cache_dir.empty()) {
-    for (const auto& entry : open_disk_cache(options).list(/*verify=*/false)) {
-      ++facts.cache_entries;
-      facts.cache_bytes += entry.size;
-    }
+  const detail::DiskCache cache = open_disk_cache(options, /*create_root=*/false);
+  facts.cache_dir = cache.root();
+  facts.cache_missing = cache.root_missing();
+  try {
+    require_writable(cache);
+  } catch (const Error& e) {
+    facts.cache_problem = e.what();
+  }
+  for (const auto& entry : cache.list(/*verify=*/false)) {
+    ++facts.cache_entries;
+    facts.cache_bytes += entry.size;
   }
   return facts;
 }
@@ -113,7 +126,8 @@ Json to_json(const Facts& facts) {
           {"target_problem", facts.target_problem},
           {"kernels_dir", path_or_null(info.kernels_dir)},
           {"cache",
-           {{"dir", path_or_null(info.cache_dir)},
+           {{"dir", path_or_null(facts.cache_dir.value_or(""))},
+            {"problem", facts.cache_problem},
             {"entries", facts.cache_entries},
             {"bytes", facts.cache_bytes},
             {"max_bytes", facts.cache_max_bytes},
@@ -129,6 +143,7 @@ void print_field(std::string_view label, std::string_view value) {
 void print_text(const Facts& facts) {
   const RuntimeInfo& info = facts.runtime;
   print_field("kiln", KILN_VERSION);
+  print_field("build", kiln_build_id());
   print_field("backend", info.backend);
   std::vector<std::vector<std::string>> devices;
   for (const BackendInfo& backend : info.backends) {
@@ -156,10 +171,12 @@ void print_text(const Facts& facts) {
   print_field("target", info.target.empty() ? "none: " + facts.target_problem : info.target);
   print_field("kernels", info.kernels_dir.empty() ? "the copy embedded in libkiln"
                                                   : info.kernels_dir.string());
-  print_field("cache", info.cache_dir.empty()
-                           ? std::string("memory-only")
-                           : fmt::format("{} ({} entries, {})", info.cache_dir.string(),
-                                         facts.cache_entries, human_bytes(facts.cache_bytes)));
+  if (facts.cache_problem.empty()) {
+    print_field("cache", fmt::format("{} ({} entries, {})", facts.cache_dir->string(),
+                                     facts.cache_entries, human_bytes(facts.cache_bytes)));
+  } else {
+    print_field("cache", (facts.cache_missing ? "" : "memory-only: ") + facts.cache_problem);
+  }
   print_field("cache cap", facts.cache_max_bytes ? human_bytes(facts.cache_max_bytes)
                                                  : "none (KILN_CACHE_MAX_BYTES sets one)");
   if (info.cache_ro_dirs.empty()) print_field("read-only tiers", "none");

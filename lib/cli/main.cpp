@@ -26,13 +26,22 @@ std::string for_terminal(std::string_view message) {
 }
 
 // NOTE: CLI11 2.1.2 takes an empty argument for the name of a nameless option group (such as
-// "Common") and then spins forever on any unknown option after it (`kiln info "" --fix`), or
+// "Settings") and then spins forever on any unknown option after it (`kiln info "" --fix`), or
 // ignores it; no kiln argument can be empty, so it is refused before CLI11 sees it.
 int first_empty_argument(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     if (*argv[i] == '\0') return i;
   }
   return 0;
+}
+
+// Lists `command`'s commands, and theirs, under "Commands", as the usage calls them.
+void name_commands_so(CLI::App& command) {
+  for (CLI::App* sub : command.get_subcommands({})) {
+    if (sub->get_name().empty()) continue;  // an option group
+    sub->group("Commands");
+    name_commands_so(*sub);
+  }
 }
 
 int usage_error(std::string_view message) {
@@ -53,15 +62,25 @@ int main(int argc, char** argv) {
   CLI::App app("Compiles, caches and inspects kiln's run-time compiled GPU kernels.", "kiln");
   app.set_version_flag(
       "--version", fmt::format("kiln {} (libkiln built from {})", KILN_VERSION, kiln_build_id()));
-  app.require_subcommand(1);
+  app.get_formatter()->label("SUBCOMMAND", "COMMAND");
+  app.get_formatter()->label("SUBCOMMANDS", "COMMANDS");
   int exit_code = kSuccess;
   add_info_command(app, exit_code);
   add_warm_command(app, exit_code);
   add_compile_command(app, exit_code);
   add_cache_commands(app, exit_code);
+  add_help_command(app, exit_code);
+  name_commands_so(app);
+  // NOTE: one command at most; given none, kiln prints its usage and commands (below), as git
+  // does, and so does `kiln cache`.
+  app.require_subcommand(0, 1);
   if (const auto unknown = unknown_command(app, argc, argv)) return usage_error(*unknown);
   try {
     app.parse(argc, argv);
+    if (const CLI::App* lacking = lacking_command(app)) {
+      fmt::print("{}", help_of(*lacking));
+      return kFailure;
+    }
     return exit_code;
   } catch (const CLI::ParseError& e) {
     // NOTE: --help and --version arrive as ParseErrors with exit code 0.

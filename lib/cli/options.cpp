@@ -6,14 +6,29 @@
 
 namespace kiln::cli {
 
+namespace {
+
+CLI::Option_group* settings_group(CLI::App& command) {
+  return command.add_option_group("Settings", "Override the matching KILN_* environment variables");
+}
+
+void add_cache_options(CLI::Option_group& group, CommonArgs& args) {
+  group.add_option("--cache-dir", args.cache_dir, "Writable cache root (KILN_CACHE_DIR)")
+      ->type_name("DIR");
+  group.add_option("--log", args.log, "error, warn, info or debug (KILN_LOG)");
+}
+
+}  // namespace
+
+void add_cache_options(CLI::App& command, CommonArgs& args) {
+  add_cache_options(*settings_group(command), args);
+}
+
 void add_common_options(CLI::App& command, CommonArgs& args, TargetCount targets) {
-  CLI::Option_group* group =
-      command.add_option_group("Common", "Override the matching KILN_* environment variables");
+  CLI::Option_group* group = settings_group(command);
   group
       ->add_option("--kernels-dir", args.kernels_dir,
                    "Kernel source tree to compile from (KILN_KERNELS_DIR)")
-      ->type_name("DIR");
-  group->add_option("--cache-dir", args.cache_dir, "Writable cache root (KILN_CACHE_DIR)")
       ->type_name("DIR");
   CLI::Option* target = group->add_option(
       "--target", args.targets,
@@ -25,7 +40,7 @@ void add_common_options(CLI::App& command, CommonArgs& args, TargetCount targets
   if (targets == TargetCount::one) target->expected(1);
   group->add_option("--backend", args.backend, "cuda or hip (KILN_BACKEND)");
   group->add_option("--jit", args.jit, "on, strict or off (KILN_JIT)");
-  group->add_option("--log", args.log, "error, warn, info or debug (KILN_LOG)");
+  add_cache_options(*group, args);
 }
 
 Options to_options(const CommonArgs& args) {
@@ -39,12 +54,14 @@ Options to_options(const CommonArgs& args) {
   return options;
 }
 
-detail::DiskCache open_disk_cache(const Options& options) {
+detail::DiskCache open_disk_cache(const Options& options, bool create_root) {
   const detail::Config config = detail::resolve_config(options);
   // The cache's warnings then follow --log and KILN_LOG, as they do inside a Runtime.
   detail::set_log_level(config.log_level);
-  return detail::DiskCache(
-      detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes});
+  return detail::DiskCache(detail::DiskCacheConfig{.root = config.cache_dir,
+                                                   .ro_roots = config.cache_ro_dirs,
+                                                   .max_bytes = config.cache_max_bytes,
+                                                   .create_root = create_root});
 }
 
 }  // namespace kiln::cli

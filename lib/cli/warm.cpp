@@ -19,6 +19,7 @@
 #include "kiln/error.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/target.hpp"
+#include "params/registry.hpp"
 
 namespace kiln::cli {
 namespace {
@@ -109,15 +110,37 @@ void check_targets(const std::vector<KernelSpec>& specs, Runtime& runtime) {
   }
 }
 
-// What tells one spec from its neighbours: "unary<block_size=256,...,op=4> @sm_90a", without
-// the source and Params type, which follow from the kernel.
+// What tells one spec from its neighbours, for people, in the progress bar: "unary
+// block_size=256 dtype=f32 items_per_thread=4 op=sin @sm_90a", enumerations by name, without the
+// source and Params type, which follow from the kernel. Deliberately not spec syntax: the specs
+// to copy are those of the log lines, the summary and --report.
 std::string label(std::string_view spec) {
   const std::size_t entry = spec.find(':') + 1;
+  const std::size_t open = spec.find('<', entry);
   const std::size_t params = spec.rfind(">(");
   const std::size_t after = spec.find(')', params);
-  if (params == std::string_view::npos || after == std::string_view::npos) return std::string(spec);
-  std::string text(spec.substr(entry, params + 1 - entry));
-  if (text.starts_with("kiln::")) text.erase(0, 6);
+  if (open == std::string_view::npos || params == std::string_view::npos || params < open ||
+      after == std::string_view::npos) {
+    return std::string(spec);
+  }
+  const std::string_view name = spec.substr(entry, open - entry);
+  std::string text(name.starts_with("kiln::") ? name.substr(6) : name);
+  std::string_view constants = spec.substr(open + 1, params - open - 1);
+  while (!constants.empty()) {
+    const std::size_t comma = std::min(constants.find(','), constants.size());
+    const std::string_view item = constants.substr(0, comma);
+    constants.remove_prefix(std::min(comma + 1, constants.size()));
+    const std::size_t eq = item.find('=');
+    std::int64_t value = 0;
+    const std::string_view number = item.substr(eq + 1);
+    const bool integer = eq != std::string_view::npos &&
+                         std::from_chars(number.data(), number.data() + number.size(), value).ptr ==
+                             number.data() + number.size();
+    const std::string_view named =
+        integer ? detail::value_name(name, item.substr(0, eq), value) : std::string_view();
+    text +=
+        named.empty() ? fmt::format(" {}", item) : fmt::format(" {}={}", item.substr(0, eq), named);
+  }
   return text.append(spec.substr(after + 1));
 }
 
@@ -139,8 +162,9 @@ class Progress {
     if (quiet_) return;
     const WarmupItem& item = *progress.last;
     if (!terminal_) {
+      // NOTE: the whole spec, which `kiln compile` and manifests read back.
       fmt::print(stderr, "[{}/{}] {:<8} {:>8}  {}\n", progress.done, progress.total,
-                 to_string(item.status), human_ms(item.ms), label(item.spec));
+                 to_string(item.status), human_ms(item.ms), item.spec);
       return;
     }
     const std::size_t filled = kBarWidth * progress.done / progress.total;
@@ -284,7 +308,7 @@ int run(const WarmArgs& args) {
       args.manifest ? std::optional(detail::read_manifest(*args.manifest)) : std::nullopt;
   const Options options = to_options(args.common);
   // NOTE: warming fills the disk cache; without one it would compile for nothing.
-  const detail::DiskCache cache = open_disk_cache(options);
+  const detail::DiskCache cache = open_disk_cache(options, /*create_root=*/true);
   if (!args.list) require_writable(cache);
   Runtime runtime(options);
   std::size_t duplicates = 0;

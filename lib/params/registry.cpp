@@ -9,6 +9,7 @@
 #include <fmt/ranges.h>
 
 #include "jit/user_text.hpp"
+#include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
 #include "kiln/params/decode.h"
@@ -35,9 +36,15 @@ constexpr ConstantKind kInt = ConstantKind::integer;
 constexpr ConstantKind kBool = ConstantKind::boolean;
 constexpr ConstantKind kDType = ConstantKind::dtype;
 
+std::string_view unary_op_name(std::int64_t op) {
+  return to_string(static_cast<UnaryOp>(op));
+}
+
 // The constants each kernel's template reads (kernels_src), as lib/ops sets them.
-constexpr ConstantSchema kUnary[] = {
-    {"block_size", kInt}, {"dtype", kDType}, {"items_per_thread", kInt}, {"op", kInt}};
+constexpr ConstantSchema kUnary[] = {{"block_size", kInt},
+                                     {"dtype", kDType},
+                                     {"items_per_thread", kInt},
+                                     {"op", kInt, unary_op::count, unary_op_name}};
 constexpr ConstantSchema kAttentionForward[] = {
     {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
     {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
@@ -135,6 +142,20 @@ bool has_kind(const Constant& constant, ConstantKind kind) {
               fmt::format("kernel spec {} is invalid: {}", printable(to_string(spec)), why));
 }
 
+// Why the value of `constant`, of the kind `wanted` asks, is out of its range; empty when it is
+// in range or `wanted` gives none.
+std::string out_of_range(const Constant& constant, const ConstantSchema& wanted) {
+  if (wanted.values == 0) return {};
+  const std::int64_t value = std::get<std::int64_t>(constant.value);
+  if (value >= 0 && value < wanted.values) return {};
+  std::vector<std::string> allowed;
+  for (std::int64_t v = 0; v < wanted.values; ++v) {
+    allowed.push_back(fmt::format("{} ({})", v, wanted.value_name(v)));
+  }
+  return fmt::format("constant {} is {}: it must be one of {}", wanted.name, value,
+                     fmt::join(allowed, ", "));
+}
+
 // "block_size (an integer), dtype (a dtype ...)": what a kernel takes, for the fix.
 std::string signature(const KernelSchema& kernel) {
   std::vector<std::string> names;
@@ -189,6 +210,8 @@ void check_schema(const KernelSpec& spec) {
     } else if (!has_kind(*it, wanted.kind)) {
       problems.push_back(
           fmt::format("constant {} must be {}", wanted.name, kind_name(wanted.kind)));
+    } else if (std::string why = out_of_range(*it, wanted); !why.empty()) {
+      problems.push_back(std::move(why));
     }
   }
   if (!missing.empty()) {
@@ -208,6 +231,17 @@ void check_schema(const KernelSpec& spec) {
   }
   if (problems.empty()) return;
   bad(spec, fmt::format("{}; {}", fmt::join(problems, "; "), signature(*kernel)));
+}
+
+std::string_view value_name(std::string_view entry, std::string_view constant, std::int64_t value) {
+  const KernelSchema* kernel = kernel_schema(entry);
+  if (!kernel) return {};
+  for (const ConstantSchema& c : kernel->constants) {
+    if (c.name == constant && c.values > 0 && value >= 0 && value < c.values) {
+      return c.value_name(value);
+    }
+  }
+  return {};
 }
 
 std::optional<long long> dynamic_shared_bytes(const KernelSpec& spec) {

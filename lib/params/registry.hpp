@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <string_view>
@@ -26,6 +27,10 @@ enum class ConstantKind { integer, boolean, dtype };
 struct ConstantSchema {
   std::string_view name;
   ConstantKind kind;
+  // An integer constant that is an enumeration takes 0 to `values` - 1, which `value_name`
+  // names; 0: any integer.
+  std::int64_t values = 0;
+  std::string_view (*value_name)(std::int64_t value) = nullptr;
 };
 
 // One kernel of kiln's families, as its host code (lib/ops) builds specs for it.
@@ -42,7 +47,12 @@ struct KernelSchema {
 // tree, in its own namespace).
 const KernelSchema* kernel_schema(std::string_view entry);
 
-// Throws kiln::Error (invalid_argument) naming every missing, unknown or mistyped constant when
+// The name of `value` when the constant `constant` of kiln's kernel `entry` is an enumeration
+// that has it (kiln::unary's op: 4 is "sin"); empty otherwise.
+std::string_view value_name(std::string_view entry, std::string_view constant, std::int64_t value);
+
+// Throws kiln::Error (invalid_argument) naming every missing, unknown, mistyped or out-of-range
+// constant when
 // `spec` is for one of kiln's kernels, or for an entry in the kiln:: namespace that is none of
 // them, or names another Params type than its kernel takes. Specs for other kernels pass.
 void check_schema(const KernelSpec& spec);

@@ -143,6 +143,17 @@ class KVCache(ctypes.Structure):
         (name, ctypes.c_void_p) for name in ("k", "v", "seqlens", "batch_idx", "block_table")]
 
 
+# kiln_warmup_progress(user, done, total, spec, ms, ok)
+WARMUP_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
+                                   ctypes.c_char_p, ctypes.c_double, ctypes.c_int)
+
+
+class WarmupOptions(ctypes.Structure):
+    _fields_ = [("struct_size", ctypes.c_size_t), ("target", ctypes.c_char_p),
+                ("threads", ctypes.c_int), ("progress", WARMUP_PROGRESS),
+                ("progress_user", ctypes.c_void_p)]
+
+
 # The same layouts as struct formats (x86-64 and aarch64 Linux: no padding is needed, as the
 # test checks), so that one pack_into fills a whole struct. A tensor's slot holds its DLTensor,
 # then room for MAX_RANK sizes, then MAX_RANK strides: the same offsets whatever its rank, so
@@ -246,6 +257,8 @@ def _load():
             ("kiln_merge_states", [p] * 7, i),
             ("kiln_merge_states_many", [p] * 5, i),
             ("kiln_warmup", [i, ctypes.c_char_p, i], i),
+            ("kiln_warmup_with", [i, p], i),
+            ("kiln_warmup_options_init_sized", [p, ctypes.c_size_t], None),
             ("kiln_last_error", [], ctypes.c_char_p),
             ("kiln_attention_options_init_sized", [p, ctypes.c_size_t], None),
             ("kiln_decode_options_init_sized", [p, ctypes.c_size_t], None),
@@ -288,5 +301,14 @@ def build_id():
     return lib.kiln_build_id().decode("utf-8", "replace")
 
 
-def warmup(device, target, threads):
-    check(lib.kiln_warmup(device, target.encode() if target else None, threads))
+def warmup(device, target, threads, progress=None):
+    """kiln_warmup_with; progress(done, total), if given, after each kernel."""
+    options = WarmupOptions()
+    lib.kiln_warmup_options_init_sized(ctypes.addressof(options), ctypes.sizeof(options))
+    options.target = target.encode() if target else None
+    options.threads = threads
+    if progress is not None:
+        # NOTE: kept in `options` for the whole call, so it is not collected while kiln holds it.
+        options.progress = WARMUP_PROGRESS(lambda user, done, total, spec, ms, ok:
+                                           progress(done, total))
+    check(lib.kiln_warmup_with(device, ctypes.addressof(options)))

@@ -10,7 +10,7 @@ import os
 
 import torch
 
-from . import _capi, _checks, ops
+from . import _capi, _checks, _progress, ops
 from ._capi import KILN_ERROR_NOT_FOUND, KILN_ERROR_UNSUPPORTED, KilnError
 from ._checks import flag, integer, number, tensor, with_rank
 from .variant import Variant
@@ -343,12 +343,19 @@ def _warmup_arguments(device, target, threads):
     return index, target, threads
 
 
-def warmup(device=None, target=None, threads=0):
+def warmup(device=None, target=None, threads=0, *, progress=None):
     """Compiles (or finds in the disk cache) kiln's default kernel set and loads it on `device`
     (an int, 'cuda:N' or torch.device; None: torch's current device), so that later calls,
     CUDA graph capture included, load nothing. target ("sm_90a", "gfx90a") compiles for that
-    target instead, with no GPU needed; threads 0: one per hardware thread."""
-    _capi.warmup(*_warmup_arguments(device, target, threads))
+    target instead, with no GPU needed; threads 0: one per hardware thread. progress: a bar on
+    stderr (True), none (False), or a bar when stderr is a terminal (None)."""
+    arguments = _warmup_arguments(device, target, threads)
+    bar = _progress.bar_for(progress)
+    try:
+        _capi.warmup(*arguments, bar)
+    finally:
+        if bar is not None:
+            bar.close()
 
 
 def info():

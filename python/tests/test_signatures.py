@@ -64,7 +64,8 @@ def test_kilns_own_calls():
     assert shape(kiln.merge_states) == [
         ("v_a", EMPTY, P), ("lse_a", EMPTY, P), ("v_b", None, P), ("lse_b", None, P),
         ("out", None, K), ("out_lse", None, K)]
-    assert shape(kiln.warmup) == [("device", None, P), ("target", None, P), ("threads", 0, P)]
+    assert shape(kiln.warmup) == [("device", None, P), ("target", None, P), ("threads", 0, P),
+                                  ("progress", None, K)]
     assert shape(kiln.info) == []
     for name in list(FLASH_ATTN) + ["merge_states", "warmup", "info"]:
         assert getattr(kiln, name).__doc__, f"kiln.{name} has no docstring"

@@ -82,13 +82,57 @@ class Cli {
   TempDir scratch_;
 };
 
-TEST_CASE("kiln info names the cache directory and the JIT mode", "[cli]") {
+TEST_CASE("kiln info names the cache directory, the JIT mode and the build", "[cli]") {
   const Cli cli;
+  fs::create_directory(cli.cache());
   const Result result = cli.run({"info", "--jit", "strict"});
   INFO(result.out << result.err);
   CHECK(result.code == 0);
   CHECK(contains(result.out, cli.cache().string() + " (0 entries, 0 B)"));
   CHECK(std::regex_search(result.out, std::regex("\njit +strict\n")));
+  CHECK(contains(result.out, fmt::format("\nbuild           {}\n", kiln_build_id())));
+}
+
+TEST_CASE("kiln info and kiln cache create no cache, and a missing one is named, with the fix",
+          "[cli]") {
+  const Cli cli;
+  const fs::path typo = cli.dir() / "TYPO";
+  const std::string missing = "the cache directory " + typo.string() +
+                              " does not exist: check --cache-dir and KILN_CACHE_DIR (kiln "
+                              "creates it when it first stores a kernel)";
+  for (const std::vector<std::string>& command : {std::vector<std::string>{"cache", "ls"},
+                                                  {"cache", "stats"},
+                                                  {"cache", "verify"},
+                                                  {"cache", "prune", "--max-bytes", "1G"},
+                                                  {"cache", "clear"}}) {
+    CAPTURE(command);
+    std::vector<std::string> args = command;
+    args.insert(args.end(), {"--cache-dir", typo.string()});
+    const Result result = cli.run(args);
+    CHECK(result.code == 1);
+    CHECK(contains(result.err, "kiln: error: " + missing + "\n"));
+    CHECK(result.out.empty());
+    CHECK_FALSE(fs::exists(typo));
+    // From the environment, likewise.
+    CHECK(cli.run(command).code == 1);
+    CHECK_FALSE(fs::exists(cli.cache()));
+  }
+  const Result info = cli.run({"info", "--cache-dir", typo.string()});
+  CHECK(info.code == 0);
+  CHECK(contains(info.out, "\ncache           " + missing + "\n"));
+  const Result json = cli.run({"info", "--json"});
+  CHECK(json.code == 0);
+  CHECK(nlohmann::json::parse(json.out)["cache"]["dir"] == cli.cache().string());
+  CHECK_FALSE(fs::exists(typo));
+  CHECK_FALSE(fs::exists(cli.cache()));
+
+  // An existing root without this format's directory is an empty cache, and stays as it was.
+  fs::create_directory(typo);
+  const Result empty = cli.run({"cache", "ls", "--cache-dir", typo.string()});
+  CHECK(empty.code == 0);
+  CHECK(contains(empty.out, "0 entries, 0 B in " + typo.string()));
+  CHECK(cli.run({"info", "--cache-dir", typo.string()}).code == 0);
+  CHECK(fs::is_empty(typo));
 }
 
 TEST_CASE("kiln info --json reports backends, target, sources and cache", "[cli]") {
@@ -537,16 +581,65 @@ TEST_CASE("kiln warm --list prints the manifest it would compile, which warm the
   CHECK(contains(warmed.out, "compiled 4"));
 }
 
-TEST_CASE("kiln warm's progress shows the kernel, its constants and its target", "[cli]") {
+// The specs of `text`: each line's from its first word that parses as one ("[1/2] compiled 210 ms
+// SPEC", "failed: SPEC"), or a table row's last column.
+std::vector<std::string> specs_in(const std::string& text) {
+  static const std::regex spec_word("[^ \n]+\\.cuh:[^ \n]+\\)( \\[[^]\n]*\\])? @[^ \n]+");
+  std::vector<std::string> specs;
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), spec_word);
+       it != std::sregex_iterator(); ++it) {
+    specs.push_back(it->str());
+  }
+  return specs;
+}
+
+TEST_CASE("every spec kiln warm prints reads back as that spec, for kiln compile", "[cli]") {
   const Cli cli;
   const Result result = cli.warm_manifest();
   REQUIRE(result.code == 0);
+  // stderr is a file: one line per item, with its whole spec.
   CHECK(std::regex_search(
       result.err,
-      std::regex("\\[1/2\\] compiled +[0-9.]+ m?s  "
-                 "unary<block_size=256,dtype=f32,items_per_thread=4,op=[45]> @sm_90a\n")));
-  CHECK_FALSE(contains(result.err, "UnaryParams"));
-  CHECK_FALSE(contains(result.err, "elementwise/"));
+      std::regex("\\[1/2\\] compiled +[0-9.]+ m?s  elementwise/unary\\.cuh:kiln::unary<"
+                 "block_size=256,dtype=f32,items_per_thread=4,op=[45]>\\(kiln::UnaryParams\\) "
+                 "@sm_90a\n")));
+  const std::vector<std::string> printed = specs_in(result.err + result.out);
+  CHECK(printed.size() == 4);  // two progress lines, two rows of the slowest
+  for (const std::string& spec : printed) {
+    INFO(spec);
+    CHECK(to_string(parse_spec(spec)) == spec);
+    const Result compiled = cli.run({"compile", spec});
+    CHECK(compiled.code == 0);
+    CHECK(contains(compiled.out, "\nfrom          the disk cache\n"));
+  }
+}
+
+TEST_CASE("kiln warm's progress bar names the kernel, its constants by name and its target",
+          "[cli]") {
+  const Cli cli;
+  write_file(cli.dir() / "manifest.txt", kManifest);
+  const Result result =
+      run_kiln_on_terminal(cli.dir(), cli.cache(),
+                           {"warm", "--target", "sm_90a", (cli.dir() / "manifest.txt").string()});
+  INFO(result.out << result.err);
+  REQUIRE(result.code == 0);
+  CHECK(std::regex_search(
+      result.err, std::regex("\\] [12]/2  unary block_size=256 dtype=f32 items_per_thread=4 "
+                             "op=(sin|cos) @sm_90a [0-9.]+ m?s")));
+  CHECK_FALSE(contains(result.err, "op=4"));
+}
+
+TEST_CASE("kiln compile refuses an op out of range as a schema error, naming the ops", "[cli]") {
+  const Cli cli;
+  const Result result = cli.run(
+      {"compile",
+       "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f32,items_per_thread=4,op=42>"
+       "(kiln::UnaryParams) @sm_90a"});
+  CHECK(result.code == 2);
+  CHECK(contains(result.err, "constant op is 42: it must be one of 0 (neg), 1 (abs)"));
+  CHECK(contains(result.err, "11 (sqrt)"));
+  CHECK_FALSE(contains(result.err, "static_assert"));
+  CHECK(cli.entry_files().empty());
 }
 
 TEST_CASE("kiln warm --threads takes a count, or 0 for one per hardware thread", "[cli]") {
@@ -579,7 +672,7 @@ TEST_CASE("kiln names an unknown command and the one meant", "[cli]") {
   CHECK(far.code == 2);
   CHECK(contains(far.err,
                  "kiln: error: unknown command 'frobnicate': the commands are info, warm, compile, "
-                 "cache\n"));
+                 "cache, help\n"));
   // Below a command, words are its own: a manifest may be called "infos".
   CHECK_FALSE(contains(cli.run({"warm", "--target", "sm_90a", "infos"}).err, "unknown command"));
 }
@@ -653,6 +746,110 @@ TEST_CASE("kiln exits 2 on usage errors and prints its version", "[cli]") {
   CHECK(std::regex_search(version.out,
                           std::regex("^kiln [0-9]+\\.[0-9]+\\.[0-9]+ \\(libkiln built from " +
                                      std::string(kiln_build_id()) + "\\)\n")));
+}
+
+TEST_CASE("kiln help, bare kiln and bare kiln cache print the usage and the commands", "[cli]") {
+  const Cli cli;
+  const Result help = cli.run({"help"});
+  CHECK(help.code == 0);
+  CHECK(help.err.empty());
+  CHECK(contains(help.out, "Usage: kiln [OPTIONS] [COMMAND]"));
+  for (const char* command : {"info", "warm", "compile", "cache", "help"}) {
+    CHECK(std::regex_search(help.out, std::regex(fmt::format("\n  {} +[A-Z]", command))));
+  }
+  const Result bare = cli.run({});
+  CHECK(bare.code == 1);
+  CHECK(bare.out == help.out);
+
+  const Result cache = cli.run({"cache"});
+  CHECK(cache.code == 1);
+  CHECK(contains(cache.out, "Usage: kiln cache [OPTIONS] [COMMAND]"));
+  for (const char* command : {"ls", "stats", "verify", "prune", "clear"}) {
+    CHECK(std::regex_search(cache.out, std::regex(fmt::format("\n  {} +[A-Z]", command))));
+  }
+  CHECK(cli.run({"help", "cache"}).out == cache.out);
+
+  const Result ls = cli.run({"help", "cache", "ls"});
+  CHECK(ls.code == 0);
+  CHECK(contains(ls.out, "Usage: kiln cache ls [OPTIONS]"));
+  CHECK(ls.out == cli.run({"cache", "ls", "--help"}).out);
+
+  const Result typo = cli.run({"help", "cache", "lss"});
+  CHECK(typo.code == 2);
+  CHECK(contains(typo.err, "unknown command 'cache lss'; did you mean 'cache ls'?"));
+  CHECK_FALSE(fs::exists(cli.cache()));
+}
+
+TEST_CASE("each kiln command lists only the options that mean something to it", "[cli]") {
+  const Cli cli;
+  for (const char* command : {"ls", "stats", "verify", "prune", "clear"}) {
+    CAPTURE(command);
+    const Result help = cli.run({"cache", command, "--help"});
+    CHECK(help.code == 0);
+    CHECK(contains(help.out, "--cache-dir"));
+    CHECK(contains(help.out, "--log"));
+    for (const char* unrelated : {"--target", "--kernels-dir", "--backend", "--jit"}) {
+      CHECK_FALSE(contains(help.out, unrelated));
+    }
+    CHECK(cli.run({"cache", command, "--target", "sm_90a"}).code == 2);
+  }
+  for (const char* command : {"info", "warm", "compile"}) {
+    CAPTURE(command);
+    const Result help = cli.run({command, "--help"});
+    for (const char* option : {"--cache-dir", "--log", "--target", "--kernels-dir", "--jit"}) {
+      CHECK(contains(help.out, option));
+    }
+  }
+}
+
+TEST_CASE("kiln cache ls sorts by spec or by size, and calls no lock file a leftover", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  // A third entry, larger than the others: the same op for f64.
+  const std::string f64 =
+      "elementwise/unary.cuh:kiln::unary<block_size=256,dtype=f64,items_per_thread=4,op=0>"
+      "(kiln::UnaryParams) @sm_90a";
+  REQUIRE(cli.run({"compile", f64}).code == 0);
+  const Result by_name = cli.run({"cache", "ls"});
+  REQUIRE(by_name.code == 0);
+  std::vector<std::string> specs = specs_in(by_name.out);
+  REQUIRE(specs.size() == 3);
+  CHECK(std::is_sorted(specs.begin(), specs.end()));
+  CHECK_FALSE(contains(by_name.out, "lock file"));
+
+  const Result json = cli.run({"cache", "ls", "--json", "--sort", "size"});
+  REQUIRE(json.code == 0);
+  std::vector<std::uint64_t> sizes;
+  for (const auto& entry : nlohmann::json::parse(json.out)) sizes.push_back(entry["size"]);
+  REQUIRE(sizes.size() == 3);
+  CHECK(std::is_sorted(sizes.rbegin(), sizes.rend()));
+
+  const Result bad = cli.run({"cache", "ls", "--sort", "hash"});
+  CHECK(bad.code == 2);
+  CHECK(contains(bad.err, "--sort"));
+}
+
+TEST_CASE("kiln cache stats counts hits, misses and compile time over every process", "[cli]") {
+  const Cli cli;
+  cli.warm();
+  const Result first = cli.run({"cache", "stats"});
+  INFO(first.out << first.err);
+  REQUIRE(first.code == 0);
+  CHECK(std::regex_search(first.out, std::regex("\nhits +0 \\(saved 0 ms of compiling\\)\n")));
+  CHECK(std::regex_search(
+      first.out, std::regex("\nmisses +2 \\(2 compiled, 0 failed; [0-9.]+ m?s compiling\\)\n")));
+  CHECK(std::regex_search(first.out, std::regex("\nhit rate +0\\.0 %\n")));
+  CHECK(std::regex_search(first.out, std::regex("\nentries +2, ")));
+
+  // Another process finds both on disk: two hits, which saved what compiling them took.
+  cli.warm();
+  const Result second = cli.run({"cache", "stats"});
+  CHECK(std::regex_search(second.out,
+                          std::regex("\nhits +2 \\(saved [0-9.]+ m?s of compiling\\)\n")));
+  CHECK(std::regex_search(second.out, std::regex("\nhit rate +50\\.0 %\n")));
+
+  CHECK(cli.run({"cache", "stats", "--zero"}).code == 0);
+  CHECK(std::regex_search(cli.run({"cache", "stats"}).out, std::regex("\nhit rate +none yet\n")));
 }
 
 }  // namespace

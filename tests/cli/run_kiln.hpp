@@ -19,4 +19,10 @@ struct Result {
 Result run_kiln(const std::filesystem::path& scratch, const std::filesystem::path& cache,
                 const std::vector<std::string>& args, const std::vector<std::string>& env = {});
 
+// run_kiln with stderr a terminal (a pseudo-terminal, whose output is `err`), as a user sees it.
+Result run_kiln_on_terminal(const std::filesystem::path& scratch,
+                            const std::filesystem::path& cache,
+                            const std::vector<std::string>& args,
+                            const std::vector<std::string>& env = {});
+
 }  // namespace kiln::test

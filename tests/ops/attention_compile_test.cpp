@@ -200,7 +200,7 @@ TEST_CASE("attention with a given config: kernels are refused where they cannot 
   CHECK_THAT(call(wgmma, "sm_90a").message, Catch::Contains("attention/prefill/forward_wgmma.cuh"));
 }
 
-TEST_CASE("the default decode specs compile for sm_90a without spilling; none for gfx90a",
+TEST_CASE("the default decode specs compile for sm_90a without spilling, and none for gfx90a",
           "[decode][compile]") {
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");

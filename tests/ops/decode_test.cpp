@@ -1167,7 +1167,7 @@ Setup key_range(const Case& c, const Setup& full, const std::vector<int>& from,
 
 }  // namespace
 
-TEST_CASE("merge_states of attention over keys [0, m) and [m, n) is attention over [0, n)",
+TEST_CASE("merge_states of attention over keys 0..m and m..n is attention over keys 0..n",
           "[gpu][decode]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(kiln::test::gpu_options());

@@ -1,4 +1,6 @@
 // lib/params/registry.cpp: the schema of kiln's kernels, and every path that checks specs by it.
+#include <fmt/format.h>
+
 #include <catch2/catch.hpp>
 
 #include <set>
@@ -7,6 +9,7 @@
 #include "jit/manifest.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/params/attention.h"
+#include "kiln/params/elementwise.h"
 #include "ops/decode_kernels.hpp"
 #include "params/registry.hpp"
 #include "support.hpp"
@@ -106,6 +109,26 @@ TEST_CASE("a spec missing a constant, or with one its kernel does not take, is r
   own.set("anything", 1);
   CHECK_NOTHROW(check_schema(own));
   CHECK_FALSE(detail::dynamic_shared_bytes(own));
+}
+
+TEST_CASE("an enumeration constant out of its range is refused, naming every value",
+          "[params][schema]") {
+  for (const std::int64_t op :
+       {std::int64_t{42}, std::int64_t{-1}, std::int64_t{unary_op::count}}) {
+    KernelSpec spec = unary();
+    spec.set("op", op);
+    CHECK_THAT(refusal(spec),
+               Catch::Contains(fmt::format("constant op is {}: it must be one of 0 (neg), 1 (abs), "
+                                           "2 (exp)",
+                                           op)) &&
+                   Catch::Contains("10 (silu), 11 (sqrt)"));
+  }
+  for (int op = 0; op < unary_op::count; ++op) {
+    CHECK(detail::value_name("kiln::unary", "op", op) == to_string(static_cast<UnaryOp>(op)));
+  }
+  CHECK(detail::value_name("kiln::unary", "op", unary_op::count).empty());
+  CHECK(detail::value_name("kiln::unary", "block_size", 256).empty());
+  CHECK(detail::value_name("mine::unary", "op", 4).empty());
 }
 
 TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[params][schema]") {

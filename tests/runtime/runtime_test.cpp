@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cache/disk.hpp"
+#include "cache/stats.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
@@ -90,7 +91,7 @@ TEST_CASE("an unwritable cache root means memory-only, and compiles still work",
   CHECK(rt.stats().compiles == 1);
 }
 
-TEST_CASE("KILN_JIT=off refuses to compile; strict still compiles off the hot path", "[runtime]") {
+TEST_CASE("KILN_JIT=off refuses to compile, and strict still compiles off the hot path", "[runtime]") {
   kiln::test::TempDir dir;
   auto options = options_for(dir.path());
   options.jit = kiln::JitMode::off;
@@ -239,13 +240,21 @@ TEST_CASE("8 processes compiling the same keys leave one valid entry per key", "
   for (const auto& entry : listed) CHECK(entry.valid);
   std::size_t leftovers = 0;
   for (const auto& file : fs::recursive_directory_iterator(dir.path())) {
-    // The compiler fact memo (compilers/cuda.json) is meant to stay; temp files are not.
+    // The compiler fact memo (compilers/cuda.json) and the tally are meant to stay; temp files
+    // are not.
     if (file.is_regular_file() && file.path().extension() != ".kbin" &&
-        file.path().extension() != ".lock" && file.path().parent_path().filename() != "compilers") {
+        file.path().extension() != ".lock" && file.path().filename() != "stats.log" &&
+        file.path().parent_path().filename() != "compilers") {
       ++leftovers;
     }
   }
   CHECK(leftovers == 0);
+  // Each process found each key once, compiled or on disk, and the tally lost none of it.
+  const kiln::detail::DiskCache cache(kiln::detail::DiskCacheConfig{dir.path()});
+  const kiln::detail::CacheTally tally = kiln::detail::read_tally(cache);
+  CHECK(tally.compiles + tally.disk_hits == 8 * specs.size());
+  CHECK(tally.compiles >= specs.size());
+  CHECK(tally.compile_failures == 0);
 }
 
 TEST_CASE("warm-up compiles in parallel, reports each item and then hits", "[runtime]") {
