@@ -32,8 +32,9 @@ TEST_CASE("a note shows at the default level, warn, and not below it", "[runtime
   CHECK(captured.text() == "kiln note: compiled it\n");
 }
 
-TEST_CASE("a compile on the hot path is one line at the default level, and hits and warm-up are quiet",
-          "[gpu][runtime]") {
+TEST_CASE(
+    "a compile on the hot path is one line at the default level, and hits and warm-up are quiet",
+    "[gpu][runtime]") {
   KILN_REQUIRE_GPU();
   kiln::test::TempDir dir;
   kiln::Options options = kiln::test::isolated_options(dir.path());

@@ -91,7 +91,8 @@ TEST_CASE("an unwritable cache root means memory-only, and compiles still work",
   CHECK(rt.stats().compiles == 1);
 }
 
-TEST_CASE("KILN_JIT=off refuses to compile, and strict still compiles off the hot path", "[runtime]") {
+TEST_CASE("KILN_JIT=off refuses to compile, and strict still compiles off the hot path",
+          "[runtime]") {
   kiln::test::TempDir dir;
   auto options = options_for(dir.path());
   options.jit = kiln::JitMode::off;
