@@ -819,7 +819,7 @@ void DiskCache::append_note(std::string_view name, std::string_view line) {
   // NOTE: a failed write (a full disk) is silent: the note is a tally, never worth a warning
   // per call.
   if (static_cast<std::uint64_t>(info.st_size) + line.size() <= kMaxNoteBytes) {
-    write_text(file.get(), line);
+    write_all(file.get(), line);
   }
 }
 

@@ -238,7 +238,7 @@ TEST_CASE("a FIFO as the KILN_RECORD file is one warning, and never waited on", 
   }));
 }
 
-TEST_CASE("a file in the place of RECORD.variants is one warning; the record still warms",
+TEST_CASE("a file in the place of RECORD.variants is one warning, and the record still warms",
           "[runtime][variant]") {
   Recording recording;
   const fs::path manifest = recording.dir.path() / "specs.manifest";
