@@ -3,9 +3,9 @@
 # Release libkiln in a py3-none wheel: one wheel for every Python, loaded with ctypes), then
 # `auditwheel repair`, which checks that libkiln needs no library outside the manylinux policy
 # (it links libc and libstdc++ alone, and loads NVRTC, libcuda and hipRTC with dlopen) and tags
-# the wheel manylinux_2_N for the newest glibc symbol it uses. That wheel installs with no
-# compiler. N is that of the glibc here (Debian 12: 2.36); for a wheel that older systems
-# install, run this in an older manylinux image, as `pipx run cibuildwheel` does.
+# the wheel manylinux_2_N for the newest glibc symbol it uses (2_35 when built on Debian 12).
+# That wheel installs with no compiler. For one that older systems install, run this in an older
+# manylinux image, as `pipx run cibuildwheel` does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out="${1:-dist}"
