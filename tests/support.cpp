@@ -33,6 +33,28 @@ std::optional<std::string> gpu_unavailable_reason() {
   return reason;
 }
 
+std::optional<std::string> hiprtc_unavailable_reason() {
+  static const std::optional<std::string> reason = []() -> std::optional<std::string> {
+    try {
+      for (const BackendInfo& backend : Runtime().info().backends) {
+        if (backend.name == "hip") {
+          if (backend.compiler_found) return std::nullopt;
+          return backend.compiler;
+        }
+      }
+      return std::string("kiln has no hip backend");
+    } catch (const std::exception& e) {
+      return std::string(e.what());
+    }
+  }();
+  return reason;
+}
+
+bool env_is(const char* name, std::string_view value) {
+  const char* set = std::getenv(name);
+  return set != nullptr && value == set;
+}
+
 TempDir::TempDir() {
   std::string pattern = (std::filesystem::temp_directory_path() / "kiln-test-XXXXXX").string();
   if (mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");

@@ -117,6 +117,10 @@ TEST_CASE("targets are read where they come in: options, manifests, the default 
   for (const KernelSpec& spec : default_specs("sm_90a")) CHECK(spec.target == "sm_90a");
   CHECK(kiln_warmup(0, "sm90", 1) == KILN_ERROR_INVALID_ARGUMENT);
   CHECK_THAT(kiln_last_error(), Catch::Contains("did you mean sm_90 or sm_90a?"));
+  // A target that none of the default kernels runs on is refused, not warmed with nothing.
+  CHECK_THROWS_WITH(default_specs("gfx1100"), Catch::Contains("no default kernel runs on gfx1100"));
+  CHECK(kiln_warmup(0, "gfx1100", 1) == KILN_ERROR_UNSUPPORTED);
+  CHECK_THAT(kiln_last_error(), Catch::Contains("no default kernel runs on gfx1100"));
 }
 
 }  // namespace kiln::test

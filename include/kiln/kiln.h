@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include <dlpack/dlpack.h>
+#include "kiln/third_party/dlpack/dlpack.h"
 
 /* This header's version; CMakeLists.txt's project(kiln VERSION) is the source of truth, and the
  * library does not build when these differ from it. */

@@ -16,8 +16,11 @@
 
 namespace kiln {
 
-// The specs `kiln warm` compiles when given no manifest: every family's default set, for
-// `target` (sm_90a, gfx90a). A family that does not support the target contributes nothing.
+// The specs `kiln warm` (given no manifest) and kiln_warmup compile: the attention and decode
+// families' default sets, for `target` (sm_90a, gfx90a); a family that does not support the
+// target contributes nothing, and a target none supports is refused (unsupported). The
+// elementwise kernels are opt-in, as few programs call them: unary_default_specs(),
+// `kiln warm --elementwise`.
 std::vector<KernelSpec> default_specs(const Target& target);
 
 }  // namespace kiln

@@ -35,6 +35,7 @@ struct WarmArgs {
   int threads = 0;
   bool quiet = false;
   bool list = false;
+  bool elementwise = false;
   std::optional<std::filesystem::path> report;
 };
 
@@ -61,13 +62,22 @@ std::vector<KernelSpec> for_targets(const std::vector<KernelSpec>& specs,
   return all;
 }
 
-// Every family's default set for each target; no targets: for the runtime's default target.
-std::vector<KernelSpec> default_specs_for(const std::vector<std::string>& targets,
+// The default set for each target, with the elementwise kernels when asked for; no targets: for
+// the runtime's default target.
+std::vector<KernelSpec> default_specs_for(const std::vector<std::string>& targets, bool elementwise,
                                           const Runtime& runtime) {
-  if (targets.empty()) return default_specs(runtime.target());
   std::vector<KernelSpec> all;
-  for (const std::string& target : targets) {
-    for (KernelSpec& spec : default_specs(target)) all.push_back(std::move(spec));
+  if (targets.empty()) {
+    all = default_specs(runtime.target());
+  } else {
+    for (const std::string& target : targets) {
+      for (KernelSpec& spec : default_specs(target)) all.push_back(std::move(spec));
+    }
+  }
+  if (elementwise) {
+    for (KernelSpec& spec : for_targets(unary_default_specs(), targets, runtime)) {
+      all.push_back(std::move(spec));
+    }
   }
   return all;
 }
@@ -314,7 +324,7 @@ int run(const WarmArgs& args) {
   std::size_t duplicates = 0;
   const std::vector<KernelSpec> specs =
       without_duplicates(listed ? for_targets(*listed, args.common.targets, runtime)
-                                : default_specs_for(args.common.targets, runtime),
+                                : default_specs_for(args.common.targets, args.elementwise, runtime),
                          duplicates);
   check_targets(specs, runtime);
   if (args.list) {
@@ -354,12 +364,16 @@ void add_warm_command(CLI::App& app, int& exit_code) {
   CLI::App* command = app.add_subcommand(
       "warm", "Compile a list of kernel specs into the cache, in parallel, and time each");
   add_common_options(*command, args->common, TargetCount::many);
+  CLI::Option* manifest =
+      command->add_option("manifest", args->manifest,
+                          "File of canonical specs, one a line, `#` comments, `variant NAME FILE` "
+                          "lines giving user variants' code; default: the attention and decode "
+                          "kernels' default set");
+  manifest->type_name("FILE");
   command
-      ->add_option("manifest", args->manifest,
-                   "File of canonical specs, one a line, `#` comments, `variant NAME FILE` "
-                   "lines giving user variants' code; default: the default set of every kernel "
-                   "family")
-      ->type_name("FILE");
+      ->add_flag("--elementwise", args->elementwise,
+                 "Add every elementwise kernel (each unary op and dtype) to the default set")
+      ->excludes(manifest);
   command
       ->add_option("--threads", args->threads,
                    "Compile threads; default and 0: one per hardware thread")

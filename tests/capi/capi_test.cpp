@@ -3,8 +3,6 @@
 // call here is refused before anything could launch, GPU or not; the [gpu] case launches.
 #include <catch2/catch.hpp>
 
-#include <dlpack/dlpack.h>
-
 #include <array>
 #include <cmath>
 #include <cstddef>

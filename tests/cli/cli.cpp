@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include "cli/run_kiln.hpp"
 #include "kiln/kiln.h"
+#include "kiln/kiln.hpp"
 #include "kiln/spec.hpp"
 #include "support.hpp"
 
@@ -242,18 +244,10 @@ TEST_CASE("kiln warm escapes the control characters of a bad manifest line", "[c
 }
 
 TEST_CASE("kiln warm refuses an AMD target hipRTC cannot build, naming those it can", "[cli]") {
+  KILN_REQUIRE_HIPRTC();
   const Cli cli;
-  const Result info = cli.run({"info", "--json"});
-  REQUIRE(info.code == 0);
-  const auto backends = nlohmann::json::parse(info.out)["backends"];
-  if (std::none_of(backends.begin(), backends.end(), [](const nlohmann::json& backend) {
-        return backend["name"] == "hip" && backend["compiler_found"] == true;
-      })) {
-    WARN("skipped: needs hipRTC");
-    return;
-  }
-  // hipRTC of ROCm 5.2 aborted the process in comgr for each of these.
-  for (const char* target : {"gfx942", "gfx1100", "gfx9999"}) {
+  // hipRTC of ROCm 5.2 aborted the process in comgr for each of these; gfx9ff is no comgr's.
+  for (const char* target : {"gfx942", "gfx9ff"}) {
     const Result result = cli.run({"warm", "--quiet", "--target", target});
     CHECK(result.code == 1);
     // Once, up front, not for each spec.
@@ -579,6 +573,41 @@ TEST_CASE("kiln warm --list prints the manifest it would compile, which warm the
   const Result warmed = cli.run({"warm", (cli.dir() / "listed.txt").string()});
   CHECK(warmed.code == 0);
   CHECK(contains(warmed.out, "compiled 4"));
+}
+
+// The lines of `text` that start with `prefix`.
+std::size_t lines_starting(const std::string& text, std::string_view prefix) {
+  std::istringstream lines(text);
+  std::size_t count = 0;
+  for (std::string line; std::getline(lines, line);) count += line.starts_with(prefix) ? 1 : 0;
+  return count;
+}
+
+TEST_CASE("kiln warm's default set is attention and decode; --elementwise adds the rest", "[cli]") {
+  const Cli cli;
+  const Result defaults = cli.run({"warm", "--list", "--target", "sm_90a"});
+  INFO(defaults.out << defaults.err);
+  REQUIRE(defaults.code == 0);
+  CHECK(lines_starting(defaults.out, "attention/") > 0);
+  CHECK(lines_starting(defaults.out, "elementwise/") == 0);
+
+  const Result all = cli.run({"warm", "--list", "--elementwise", "--target", "sm_90a"});
+  INFO(all.out << all.err);
+  REQUIRE(all.code == 0);
+  CHECK(lines_starting(all.out, "elementwise/") == kiln::unary_default_specs().size());
+  CHECK(all.out.starts_with(defaults.out));
+
+  // A target that no default kernel runs on is refused, not warmed with nothing.
+  const Result none = cli.run({"warm", "--list", "--target", "gfx1100"});
+  CHECK(none.code == 1);
+  CHECK(contains(none.err, "no default kernel runs on gfx1100"));
+
+  // A manifest says what to compile: --elementwise with one is refused, not ignored.
+  write_file(cli.dir() / "manifest.txt", kManifest);
+  const Result refused = cli.run(
+      {"warm", "--elementwise", "--target", "sm_90a", (cli.dir() / "manifest.txt").string()});
+  CHECK(refused.code != 0);
+  CHECK(contains(refused.err, "manifest excludes --elementwise"));
 }
 
 // The specs of `text`: each line's from its first word that parses as one ("[1/2] compiled 210 ms

@@ -11,8 +11,6 @@
 // The seed is Catch's --rng-seed, or kSeed when it is 0 (the default); a failure prints it.
 #include <catch2/catch.hpp>
 
-#include <dlpack/dlpack.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>

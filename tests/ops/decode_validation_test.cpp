@@ -3,8 +3,6 @@
 // status and kiln_last_error()) that names the tensor, the values and the fix.
 #include <catch2/catch.hpp>
 
-#include <dlpack/dlpack.h>
-
 #include <cstdint>
 #include <cstring>
 #include <limits>

@@ -36,7 +36,7 @@ std::string refusal(const KernelSpec& spec) {
 
 // Every spec the ops build, for every kernel of every family.
 std::vector<KernelSpec> built_specs() {
-  std::vector<KernelSpec> specs;
+  std::vector<KernelSpec> specs = unary_default_specs();
   for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
     for (KernelSpec& spec : default_specs(target)) specs.push_back(std::move(spec));
   }

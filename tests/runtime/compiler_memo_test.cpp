@@ -170,6 +170,7 @@ TEST_CASE("another CUDA_HOME is another loader signature", "[runtime]") {
 }
 
 TEST_CASE("hipRTC keys come from its own memo too", "[runtime]") {
+  KILN_REQUIRE_HIPRTC();
   kiln::test::TempDir dir;
   const kiln::KernelInfo first = kiln::Runtime(options_for(dir.path(), "gfx90a")).compile(unary(9));
   CHECK_THAT(json::parse(kiln::test::read_file(memo_file(dir.path(), "hip")))["identity"]

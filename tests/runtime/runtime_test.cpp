@@ -292,6 +292,7 @@ TEST_CASE("warm-up compiles in parallel, reports each item and then hits", "[run
 }
 
 TEST_CASE("hipRTC compiles the elementwise family for gfx90a", "[runtime]") {
+  KILN_REQUIRE_HIPRTC();
   kiln::test::TempDir dir;
   kiln::Runtime rt(options_for(dir.path(), "gfx90a"));
   const kiln::KernelInfo info = rt.compile(unary(9, kiln::DType::bf16));
