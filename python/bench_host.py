@@ -65,7 +65,7 @@ def main():
     row("flash_attn_func(q, k, v, causal=True)",
         lambda: kiln.flash_attn_func(qp, kp, kp, causal=True))
     args = (q, k_cache, v_cache, seqlens, out, None, k_new, k_new, None, None, None, None, None,
-            0.0, True, -1, -1, False, 0.0, True, 0, None)
+            0.0, True, -1, -1, False, 0.0, True, 0, None, None, None, [], [])
     row("  packing and kiln_attention_with_kvcache alone (ops._attention_with_kvcache)",
         lambda: ops._attention_with_kvcache(*args))
     real = _capi.attention_with_kvcache
