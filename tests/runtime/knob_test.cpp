@@ -47,15 +47,18 @@ TEST_CASE("each interface names its own knobs, and the variables are common", "[
   CHECK(detail::current_interface() == Interface::cpp);
 }
 
-// A runtime on cuda device 63, which no machine has, and no target.
+// A runtime on cuda device 63, which no machine has, compiling for `target` ("": none).
+Runtime deviceless(const TempDir& cache, const std::string& target) {
+  Options options = isolated_options(cache.path(), target);
+  options.backend = "cuda";
+  options.device = 63;
+  return Runtime(options);
+}
+
+// deviceless() with no target.
 Runtime& deviceless_runtime() {
   static TempDir cache;
-  static Runtime runtime = [] {
-    Options options = isolated_options(cache.path(), "");
-    options.backend = "cuda";
-    options.device = 63;
-    return Runtime(options);
-  }();
+  static Runtime runtime = deviceless(cache, "");
   return runtime;
 }
 
@@ -114,12 +117,7 @@ std::string not_found(const std::function<void()>& call) {
 // kernel it would load.
 Runtime& deviceless_runtime_with_target() {
   static TempDir cache;
-  static Runtime runtime = [] {
-    Options options = isolated_options(cache.path(), "sm_90a");
-    options.backend = "cuda";
-    options.device = 63;
-    return Runtime(options);
-  }();
+  static Runtime runtime = deviceless(cache, "sm_90a");
   return runtime;
 }
 
