@@ -583,7 +583,8 @@ std::size_t lines_starting(const std::string& text, std::string_view prefix) {
   return count;
 }
 
-TEST_CASE("kiln warm's default set is attention and decode; --elementwise adds the rest", "[cli]") {
+TEST_CASE("kiln warm's default set is attention and decode, and --elementwise adds the rest",
+          "[cli]") {
   const Cli cli;
   const Result defaults = cli.run({"warm", "--list", "--target", "sm_90a"});
   INFO(defaults.out << defaults.err);
