@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -100,6 +101,18 @@ struct Recording {
     kiln::Options recording = options;
     recording.record = record;
     CHECK(error_of(recording, spec) == error_of(options, spec));
+  }
+
+  // What recording a variant's spec, then a plain one, to `record` writes to stderr, which
+  // must be one warning saying `why`.
+  void warns_once(const fs::path& record, std::string_view why) const {
+    kiln::test::CapturedStderr captured;
+    ask(record, with_variant());
+    ask(record, specs()[0]);
+    const std::string text = captured.text();
+    INFO(text);
+    CHECK(kiln::test::count_of(text, "kiln warn:") == 1);
+    CHECK(kiln::test::contains(text, why));
   }
 };
 
@@ -243,13 +256,7 @@ TEST_CASE("a file in the place of RECORD.variants is one warning, and the record
   Recording recording;
   const fs::path manifest = recording.dir.path() / "specs.manifest";
   kiln::test::write_file(recording.dir.path() / "specs.manifest.variants", "in the way");
-  kiln::test::CapturedStderr captured;
-  recording.ask(manifest, recording.with_variant());
-  recording.ask(manifest, specs()[0]);
-  const std::string text = captured.text();
-  INFO(text);
-  CHECK(kiln::test::count_of(text, "kiln warn:") == 1);
-  CHECK(kiln::test::contains(text, "specs.manifest.variants (Not a directory)"));
+  recording.warns_once(manifest, "specs.manifest.variants (Not a directory)");
   // The spec whose code could not be written is left out, so the record reads back.
   const std::vector<kiln::KernelSpec> parsed = kiln::detail::read_manifest(manifest);
   REQUIRE(parsed.size() == 1);
@@ -313,13 +320,7 @@ TEST_CASE("a KILN_RECORD file name that `kiln warm` could not read back is refus
   const std::string name =
       GENERATE(as<std::string>{}, "a#b.manifest", "a\nb.manifest", " leading.manifest");
   const fs::path manifest = recording.dir.path() / name;
-  kiln::test::CapturedStderr captured;
-  recording.ask(manifest, recording.with_variant());
-  recording.ask(manifest, specs()[0]);
-  const std::string text = captured.text();
-  INFO(text);
-  CHECK(kiln::test::count_of(text, "kiln warn:") == 1);
-  CHECK(kiln::test::contains(text, "`kiln warm` cannot read"));
+  recording.warns_once(manifest, "`kiln warm` cannot read");
   CHECK_FALSE(fs::exists(manifest));
   // A '#' in a directory's name is no trouble: only the file's name goes into the record.
   const fs::path in_dir = recording.dir.path() / "a#b" / "specs.manifest";
