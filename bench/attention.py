@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Forward attention benchmark: kiln (its Python package, kiln.flash_attn_func) next to PyTorch
 SDPA's flash, cuDNN and mem-efficient backends, in one process on one GPU (issue 3,
 "Performance"; issue 16: the package reaches the C API's TFLOP/s).

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the torch benchmarks (attention.py, decode.py, python_host.py) share: the start of a
 run, the kiln package, warm-up until fast, CUDA-event medians with the backends taking turns,
 table cells, results to $OUT."""

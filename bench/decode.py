@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Decode attention benchmark: kiln's flash_attn_with_kvcache (its Python package) on a
 contiguous and on paged KV caches, next to PyTorch SDPA's flash and cuDNN backends on the same
 keys, in one process on one GPU (issue 4, "Performance"; issue 16: the package reaches the C

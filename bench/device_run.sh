@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One GPU session's worth of checks and measurements, in one command (the lent GPU is scarce):
 # the [gpu] tests, compute-sanitizer's four tools over them, the demo, the runtime benchmarks,
 # then peers.py and the attention and decode benchmarks in the same run so their ratios compare.

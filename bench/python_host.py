@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host cost per call from Python of a decode step: kiln's Python calls next to
 torch.nn.functional.scaled_dot_product_attention, in one process on one GPU (issue 16,
 "Performance": under 10 us a call without CUDA graphs).

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Runs the runtime benchmarks in order, each from an empty cache; BUILD defaults to ./build.
 set -euo pipefail
 bench="${BUILD:-build}/bin/kiln_bench_runtime"

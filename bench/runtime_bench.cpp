@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runtime benchmarks: cold compile, first launch from a disk hit, memory-hit dispatch overhead
 // over a raw cuLaunchKernel, and warm-up throughput by thread count.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Times candidate configs of the forward kernels against choose()'s, on bench/attention.py's
 // shapes, to fill choose()'s tuning table from measurements. Each candidate's output is checked
 // against choose()'s on the same inputs (random, never zeros); a mismatch fails the run.

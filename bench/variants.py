@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A user variant against the built-in it reproduces (issue 17: within 3% of its time): ALiBi
 written as a kiln.Variant (examples/variants.hpp's `alibi`, its slope the row's state) next to
 the built-in alibi_slopes and to plain attention, through kiln's Python package, in prefill

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes OUTPUT, a C string literal naming the source this build compiles: the commit's short
 # hash, "-dirty" when tracked files differ from it, or "unknown" outside a git checkout. Run at
 # every build; OUTPUT is rewritten only when the id changes, so an unchanged id rebuilds nothing.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes a C++ file that holds every kernel source and Params header as bytes.
 # Inputs: KERNELS_DIR, PARAMS_DIR (include/kiln/params), OUTPUT.
 # Files of each directory in `dirs` matching the patterns, named `prefix` + their path below it.

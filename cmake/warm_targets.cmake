@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # The targets that the build's kernel check and scripts/main.sh compile for without a GPU: sm_90a,
 # and gfx90a where the kiln command KILN finds hipRTC (scripts/deps.sh installs it only when
 # KILN_WITH_HIP=1). With KILN_WITH_HIP=1, as in CI, hipRTC is required: its absence is an error,

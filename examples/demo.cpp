@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The README's example: y = gelu(x) on the GPU through kiln, checked against a CPU reference.
 #include <cuda_runtime_api.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Attention variants written by their user (kiln/variant.hpp), as examples: ALiBi, a document
 // mask, a relative position bias table and T5's bucketed relative bias (logit hooks), a key
 // padding mask (a mask hook) and softmax1 (a sink hook). tests/ops/attention_compile_test.cpp

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C API (include/kiln/kiln.h): DLPack tensors in, status codes and a thread-local message out.
 #include "kiln/kiln.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Arithmetic on sizes, strides, offsets and byte counts that come from callers: a product or sum
 // that wraps is undefined behaviour in signed types, and a wrapped size passes every check after
 // it, so each one is computed here and its overflow reported.

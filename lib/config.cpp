@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Reads KILN_* environment variables (README, "Knobs") and merges them with Options.
 #include "config.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one place that reads KILN_* environment variables and merges them with Options.
 #pragma once
 

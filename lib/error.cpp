@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Error and its categories.
 #include "kiln/error.hpp"
 

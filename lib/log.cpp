@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logging to stderr, with a process-wide level and once-only warnings.
 #include "log.hpp"
 

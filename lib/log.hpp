@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Logging to stderr at the level KILN_LOG (or Options::log_level) sets.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Runtime: spec -> unit -> memory, disk or compile -> loaded kernel.
 #include "kiln/runtime.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KernelSpec: setters, the canonical one-line form and its parser.
 #include "kiln/spec.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Target: the one place target names are read.
 #include "kiln/target.hpp"
 

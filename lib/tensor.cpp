@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TensorView helpers.
 #include "kiln/tensor.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Row-major strides, shared by TensorView::contiguous and the C API's views of DLPack tensors
 // that come without strides.
 #pragma once

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Host cost of one kiln call from Python, measured on the CPU (no GPU needed): the time from
 the Python call to kiln's return, kernel excluded.
 

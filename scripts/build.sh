@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Configures and builds kiln into ./build (BUILD overrides), warnings as errors. Arguments go to
 # cmake's configure step (scripts/test.sh adds -DKILN_SANITIZE=ON for its second build).
 set -euo pipefail

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Installs what kiln builds with, from Debian's packages (needs root). The CUDA toolkit (NVRTC,
 # headers, cudart for the tests) is expected on the machine already. KILN_WITH_HIP=1 adds ROCm's
 # hipRTC (with its LLVM, about 190 MB), which compiles for AMD targets: without it the build

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The main job: installs, builds, then with a GPU runs the demo (gelu checked against the CPU);
 # without one warms the default kernels (attention and decode) for sm_90a, and for gfx90a where
 # hipRTC is installed (KILN_WITH_HIP=1), and prints the report. Kernels go to ./cache

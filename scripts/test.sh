@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The test command: installs dependencies, builds, runs every test through ctest and the Python
 # package's pytest suite (scripts/test_python.sh); then builds again with AddressSanitizer and
 # UndefinedBehaviorSanitizer and runs the ctest tests once more. With no GPU the [gpu] tests

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The Python package's tests (python/tests, pytest), as scripts/test.sh runs them: a virtual
 # environment in build-python/venv with torch, transformers and pytest from PyPI, the package
 # installed into it from this checkout (`pip install .`), then pytest, the slow packaging tests

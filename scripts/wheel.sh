@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds kiln's wheel for PyPI into DIR (default dist/): `pip wheel .` (scikit-build-core, a
 # Release libkiln in a py3-none wheel: one wheel for every Python, loaded with ctypes), then
 # `auditwheel repair`, which checks that libkiln needs no library outside the manylinux policy

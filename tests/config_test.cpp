@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // lib/config.cpp: byte counts as KILN_CACHE_MAX_BYTES and `kiln cache prune --max-bytes` read
 // them (the CLI's side is in cli/cli.cpp).
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Device memory for the [gpu] tests, through the CUDA runtime, every call checked.
 #pragma once
 

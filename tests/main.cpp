@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Catch2 entry point. `--require-gpu` makes a run with no usable GPU exit 77, which ctest
 // reports as skipped, after printing why.
 #define CATCH_CONFIG_RUNNER

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A compiler that compiles nothing, for tests that need only what it says of itself: its vendor,
 // identity and options (cache keys) and the targets it accepts (the compiler memo).
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers shared by the tests: scratch directories, GPU detection, environment overrides.
 #pragma once
 

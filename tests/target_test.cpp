@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // lib/target.cpp: kiln::Target, read once from a target's name wherever one comes in.
 #include <catch2/catch.hpp>
 

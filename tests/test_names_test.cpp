@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The test cases' names, which ctest takes as one entry each (tests/CMakeLists.txt).
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::attention(): forward attention (FlashAttention-2 algorithm), compiled per problem.
 #pragma once
 

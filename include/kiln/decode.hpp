@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode attention over a KV cache (FlashAttention's flash_attn_with_kvcache semantics), and
 // merging attention states computed over disjoint key sets.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elementwise unary ops, y = op(x): the smallest kernel family, proving the JIT pipeline.
 #pragma once
 

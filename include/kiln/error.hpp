@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Error: the one exception type the library throws, with a category.
 #pragma once
 

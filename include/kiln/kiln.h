@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* kiln's C API over DLPack tensors: attention, decode over a KV cache and state merging, for
  * C, Python (ctypes), Rust or Go.
  *

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln: run-time compiled GPU kernels. Include this for the whole public C++ API.
 #pragma once
 

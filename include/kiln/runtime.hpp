@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Runtime: spec -> cached, compiled, loaded kernel; warm-up; statistics.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::ScoreOptions: how every attention family (attention(), attention_with_kvcache()) turns
 // q.k into the logits its softmax sees: scale, band mask, softcap, ALiBi and sinks.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KernelSpec: what one compiled kernel is, in a canonical and printable form.
 #pragma once
 

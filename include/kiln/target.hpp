@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Target: a GPU architecture kiln compiles for, parsed once from its name ("sm_90a",
 // "gfx90a") wherever a name comes in.
 #pragma once

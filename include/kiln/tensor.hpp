@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TensorView: a non-owning view of a strided tensor in device memory.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::Variant: attention written by its user. Device code, compiled into the call's kernels at
 // run time, that turns each logit into the one the softmax sees (a bias, a position encoding),
 // masks keys, or gives each row a sink: any function of the coordinates and of the variant's

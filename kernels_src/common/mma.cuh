@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CUDA PTX wrappers for tensor-core kernels (sm_80+): cp.async, ldmatrix, mma.sync m16n8k16,
 // fragment packing, quad reductions and warp votes, and the MUFU approximations (exp2, tanh,
 // reciprocal, log2) of the softmax and the merges.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Small compile-time helpers for kernels; device code only, no host or standard headers.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PTX wrappers for Hopper's asynchronous data movement (sm_90a): shared-memory mbarriers, TMA
 // tensor loads (cp.async.bulk.tensor) that signal them, register reallocation between warpgroups
 // (setmaxnreg) and named barriers, the pieces of a warp-specialized kernel.

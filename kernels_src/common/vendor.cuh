@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The device-side vendor layer: every CUDA/HIP difference in kernel code lives here.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // PTX wrappers for Hopper's warpgroup MMA (sm_90a): wgmma.mma_async m64nNk16 with fp32
 // accumulators, its fences and groups, and the shared-memory matrix descriptors of the
 // 128-byte-swizzled tiles it reads.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elementwise unary ops: y = op(x), one element per item, any size; the op is a constant.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the backends share: the default of drivers without TMA, and their messages.
 #include "backend/backend.hpp"
 

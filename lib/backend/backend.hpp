@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The two halves of a GPU stack that kiln needs: a run-time compiler and a driver that loads
 // and launches. CUDA (NVRTC + driver API) and HIP (hipRTC + module API) implement them; both
 // are opened with dlopen, so the library works on machines that have neither.

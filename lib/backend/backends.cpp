@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backends: compilers and drivers opened once per vendor, the backend's choice, and the device.
 #include "backend/backends.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Backends: each vendor's compiler and driver, opened once; the one that loads and launches; and
 // the runtime's device.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Opening a run-time compiler's library, counted.
 #include "backend/compiler_library.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // CompilerLibrary: the shared library a run-time compiler lives in, where it is looked for, and
 // opening it.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compiler fact memo: its JSON form and the checks that decide whether it can be trusted.
 #include "backend/compiler_memo.hpp"
 

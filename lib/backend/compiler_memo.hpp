@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compiler fact memo: what make_unit asks a compiler, kept between processes so that a key
 // can be computed without loading the compiler's library.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA driver API, opened with dlopen: devices, module loading and kernel launches.
 #include <array>
 #include <atomic>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DynLib: dlopen with a list of candidates, and symbol lookup that names what is missing.
 #include "backend/dynlib.hpp"
 

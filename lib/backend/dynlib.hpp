@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // DynLib: a shared library opened with dlopen, so kiln runs on machines without a GPU stack.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The HIP module API, opened with dlopen: devices, code object loading and kernel launches.
 // NOTE: no AMD GPU was at hand when this was written; it is compile-tested only.
 #include <array>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The HIP compiler: hipRTC, opened with dlopen, building code objects for one gfx target.
 #include <algorithm>
 #include <array>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LazyCompiler: the compiler's answers from the fact memo; its library loaded only when needed.
 #include "backend/lazy_compiler.hpp"
 

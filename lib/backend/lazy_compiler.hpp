@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LazyCompiler: a Compiler that answers make_unit from the compiler fact memo and loads the real
 // compiler's library only when it must.
 #pragma once

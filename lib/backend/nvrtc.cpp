@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CUDA compiler: NVRTC, opened with dlopen, building cubins for one sm_ target at a time.
 #include <algorithm>
 #include <array>

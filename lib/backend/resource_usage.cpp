@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resource usage read from ptxas and AMDGPU compiler logs.
 #include "backend/resource_usage.hpp"
 

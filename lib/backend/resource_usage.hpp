@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Registers, spills, shared memory and stack of one kernel, read from a compiler's log.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where ROCm's libraries live and how HIP writes versions.
 #include "backend/rocm.hpp"
 

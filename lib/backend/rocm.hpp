@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What hipRTC and the HIP driver share: where ROCm's libraries live and how HIP writes versions.
 #pragma once
 

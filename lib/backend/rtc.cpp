@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run-time compile sequence NVRTC and hipRTC share.
 #include "backend/rtc.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The run-time compile sequence NVRTC and hipRTC share: their C APIs match entry for entry.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Zero-filled device memory that each stream keeps from call to call.
 #include "backend/stream_zeros.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The disk cache's tiers: where entries live, atomic publishing, checks on load, LRU eviction.
 #include "cache/disk.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The disk cache: one writable tier and any number of read-only tiers of verified entries.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Encoding and verification of one cache entry file (layout in entry_file.hpp).
 #include "cache/entry_file.hpp"
 

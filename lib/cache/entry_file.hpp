@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The bytes of one cache entry file: a fixed little-endian header, metadata JSON, the binary.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Writing files that follow no link and wait on no FIFO (file_io.hpp).
 #include "cache/file_io.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Files kiln writes where another user may have been first: no link followed, no FIFO waited on,
 // every file created exclusively under a name no one can guess, and published whole.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KernelStore: memory, then disk, then compile; loaded once per key.
 #include "cache/kernel_store.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KernelStore: kernels from memory, the disk cache or a compile, loaded on the runtime's device.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cache key's text form (32 lowercase hex digits) and its hash for unordered containers.
 #include "cache/key.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cache key: XXH3-128 over everything that decides the compiled bytes.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Single-flight memoisation: one computation per key however many threads ask at once.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The tally of the disk cache's use: "<event> <ms>" lines in <root>/v<format>/stats.log.
 #include "cache/stats.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The disk cache's use across processes, for `kiln cache stats`: a tally of one line per disk
 // hit, compile and failed compile, appended by every runtime beside the entries.
 #pragma once

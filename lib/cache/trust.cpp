@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The owner and mode rules for the directories and files kiln trusts (trust.hpp).
 #include "cache/trust.hpp"
 

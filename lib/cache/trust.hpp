@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Whom a directory or file kiln reads or writes lets plant code: the owner and mode rules kiln
 // holds the cache, the spec record and the compile dumps to.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kiln cache ls|stats|verify|prune|clear`: inspects and trims the writable disk cache tier.
 #include <fmt/chrono.h>
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Names a mistyped subcommand, and the one meant, before CLI11 parses (it says only "A
 // subcommand is required").
 #include <fmt/format.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `kiln` command's subcommands and the options and output helpers they share.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kiln compile`: compiles one spec and prints what the compiler said about it.
 #include <fmt/format.h>
 

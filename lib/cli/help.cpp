@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kiln help [COMMAND...]`, and the usage that `kiln` and `kiln cache` print when given no command.
 #include <fmt/format.h>
 

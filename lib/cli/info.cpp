@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kiln info`: the backends, devices, default target, kernel sources, cache and JIT mode in use.
 #include <fmt/format.h>
 

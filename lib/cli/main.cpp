@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The `kiln` command: parses the command line, runs one subcommand, turns errors into exit codes.
 #include <fmt/format.h>
 

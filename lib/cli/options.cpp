@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The options every `kiln` subcommand takes, and the disk cache they resolve to.
 #include "cli/commands.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Formatting shared by the `kiln` subcommands: sizes, durations and tables.
 #include <fmt/format.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // `kiln warm`: compiles a manifest of specs (or the default set) into the cache, in parallel.
 #include <fmt/format.h>
 #include <sys/ioctl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Files compiled into the library: the kernel tree as it was at build time, and the Params
 // headers that every JIT compile gets from the library itself.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Manifests: reading and parsing lists of kernel specs.
 #include "jit/manifest.hpp"
 

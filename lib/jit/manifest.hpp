@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Manifests: lists of kernel specs to warm, one canonical spec a line, as `kiln warm` reads them.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recorder: KILN_RECORD's manifest of the specs a run asks for, written as they are asked for.
 #include "jit/recorder.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Recorder: the specs a run asks for, appended to the manifest KILN_RECORD names.
 #pragma once
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Finds kernels_src at run time and gathers a kernel's include closure.
 #include "jit/sources.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The kernel source tree: where kernels_src is found at run time, and the include closure of a
 // kernel file, handed to the compiler in memory.
 #pragma once

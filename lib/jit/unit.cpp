@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Spec -> generated unit -> key.
 #include "jit/unit.hpp"
 

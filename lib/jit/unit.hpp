@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A spec made concrete: the generated translation unit, its headers, options and cache key.
 #pragma once
 

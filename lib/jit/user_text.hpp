@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Text a user hands kiln (kernel sources, manifests, specs): read with bounds, echoed safely.
 #pragma once
 

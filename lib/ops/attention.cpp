@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Forward attention: validate -> problem -> choose -> plan -> params -> launch.
 #include "kiln/attention.hpp"
 

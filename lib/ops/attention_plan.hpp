@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The attention family's launch plan: (problem, config) -> spec, threads and shared memory.
 #pragma once
 

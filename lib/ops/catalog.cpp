@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The default warm-up set: what a model's attention and decode calls ask for most.
 #include "kiln/kiln.hpp"
 

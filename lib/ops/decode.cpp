@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode attention over a KV cache and state merging: validate -> problem -> choose -> params ->
 // (debug checks) -> launch. The kernels' side is in decode_kernels.cpp.
 #include "kiln/decode.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode family's kernels: config choice, specs and the launch sequence.
 #include "ops/decode_kernels.hpp"
 

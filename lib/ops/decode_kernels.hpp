@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode family's kernels as the host sees them: what decides each compiled variant, the
 // specs, and the launch sequences (append and split-KV attention; merge_states). Validation lives
 // in decode.cpp; everything here assumes validated inputs.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Elementwise unary ops: args -> choose -> spec -> launch.
 #include "kiln/elementwise.hpp"
 

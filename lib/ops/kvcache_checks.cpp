@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KILN_DEBUG's host-side checks of a KV cache's index tensors.
 #include "ops/kvcache_checks.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KILN_DEBUG's checks of a KV cache's index tensors (seqlens, batch_idx, block_table): values
 // the device reads without bounds checks, checked on the host against the cache's shape.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LaunchPlan against a device's limits.
 #include "ops/launch_plan.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // LaunchPlan: what a family's (problem, config) launches, and whether a device can run it.
 #pragma once
 

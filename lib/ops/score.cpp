@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The score model on the host: validation of ScoreOptions and the ScoreParams it fills.
 #include "ops/score.hpp"
 

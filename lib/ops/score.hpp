@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The score model on the host: from the ScoreOptions every attention family takes to the
 // ScoreParams its kernels read.
 #pragma once

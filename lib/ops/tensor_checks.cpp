@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Input checks the attention and decode families share.
 #include "ops/tensor_checks.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Input checks the attention and decode families share: each throws kiln::Error naming the
 // tensor, the expected and actual values, and the fix.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The table of Params structs and of kiln's kernels; a new kernel family adds its rows here.
 #include "params/registry.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The Params structs that kernels take, as the host library compiled them, and the schema of each
 // of kiln's kernels: the constants its template reads and the shared memory its launch asks for.
 #pragma once

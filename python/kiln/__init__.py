@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln: attention kernels compiled at run time (NVRTC / hipRTC), called from PyTorch with
 FlashAttention's names, as torch custom ops that torch.compile and CUDA graphs accept.
 

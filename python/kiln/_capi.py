@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln's C API (include/kiln/kiln.h) through ctypes: the loaded libkiln, its structs' layouts and
 a per-thread scratch block into which each call packs its DLTensors and options.
 

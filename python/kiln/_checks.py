@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What kiln refuses, said in Python and checked where tensors may be fake.
 
 Two kinds of check, each naming the argument at fault:

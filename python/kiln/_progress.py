@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The progress line of kiln.warmup(): a bar redrawn in place on stderr, with no dependency."""
 import sys
 import time

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """FlashAttention's calls (flash_attn 2.x's flash_attn_interface: names, argument order and
 defaults) over kiln's ops, plus kiln's own: merge_states, warmup, info.
 

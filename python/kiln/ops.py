@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln's torch custom ops (namespace kiln), one per C call, and the path an eager call takes
 around them.
 

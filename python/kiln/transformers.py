@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hugging Face transformers integration: after kiln.transformers.register(),
 `AutoModelForCausalLM.from_pretrained(..., attn_implementation="kiln")` runs attention on kiln.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln.Variant: attention hooks written by their user as device code (CUDA C++, or HIP on AMD),
 compiled into the call's kernels at run time; the C++ kiln::Variant (include/kiln/variant.hpp)
 documents the hooks and their coordinates. Needs no torch."""

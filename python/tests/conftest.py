@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shared pytest fixtures: the repository root, tensors that kiln checks as a GPU's without one,
 and the skip of GPU tests."""
 import pathlib

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Reference attention with FlashAttention's semantics, for testing kiln's kernels.
 
 `attention_ref` mirrors flash_attn_func / flash_attn_varlen_func (plus kiln's extras: additive

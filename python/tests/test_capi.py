@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The binding to kiln.h: packed layouts equal to the C structs' (as ctypes lays them out), the
 sizes the library's *_init_sized functions accept, errors carrying kiln's status and message."""
 import ctypes

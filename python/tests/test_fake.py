@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Shape inference with FakeTensorMode for every call and op, and torch.compile(fullgraph=True)
 tracing through kiln with no graph break and no .item(): no GPU needed (fake and meta tensors
 never reach kiln)."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln's calls on a GPU against a float64 reference with FlashAttention's tolerance rule
 (python/tests/reference.py: the error at most twice that of the same computation done plainly
 in the input dtype, plus 1e-5), on every GPU's ordinal or a second stream, under torch.compile,

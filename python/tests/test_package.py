@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The package as pip builds it: `pip wheel .` gives one py3-none wheel holding the Python
 sources, a Release libkiln and the licences alone, and `pip install .` into a fresh virtual
 environment (no torch) imports, with the version of libkiln and of CMakeLists.txt's project;

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln.warmup()'s progress bar: on stderr when asked or when stderr is a terminal, else quiet."""
 import os
 import pty

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """README.md's Python blocks: compiled here (ctest's readme_code_blocks compiles them too), run
 on a GPU."""
 import re

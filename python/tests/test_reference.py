@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The float64 reference itself, on the CPU, against hand-computed cases and against itself
 reshaped (GQA vs repeated heads, varlen vs dense, paged vs contiguous)."""
 

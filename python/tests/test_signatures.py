@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln's calls have FlashAttention's names, argument order and defaults (flash_attn 2.x's
 flash_attn_interface, written out here), and take kiln's extras as keyword-only arguments."""
 import inspect

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """kiln.transformers: attn_implementation="kiln" in Hugging Face transformers.
 
 On the CPU, kiln's calls are replaced by stand-ins built on the float64 reference

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the compiler fact memo: its JSON round trip, what it refuses, and when it is current.
 #include <catch2/catch.hpp>
 

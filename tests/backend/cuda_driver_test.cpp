@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the CUDA driver backend: devices, loading NVRTC cubins, launches.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for DynLib: which candidate opens, and what the errors say when none does.
 #include <catch2/catch.hpp>
 

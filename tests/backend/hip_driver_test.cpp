@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the HIP driver backend that run without an AMD GPU.
 #include <catch2/catch.hpp>
 

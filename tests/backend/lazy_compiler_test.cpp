@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for LazyCompiler over a stand-in compiler whose library is libc: answers from the memo,
 // loads counted, a memo corrected by the real compiler, no memo without a disk cache.
 #include <catch2/catch.hpp>

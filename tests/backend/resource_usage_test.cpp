@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for reading resource usage out of ptxas and AMDGPU logs.
 #include <catch2/catch.hpp>
 

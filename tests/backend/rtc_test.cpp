@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the run-time compilers, NVRTC and hipRTC: the same unit through each.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the disk cache under concurrency: processes, threads, and the per-key lock.
 #include <fcntl.h>
 #include <sys/file.h>

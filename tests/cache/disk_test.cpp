@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the disk cache's entries: round trips, the documented layout, and damaged files.
 #include "cache/disk.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the disk cache's tiers: the root, links, read-only tiers, eviction and maintenance.
 #include <fmt/format.h>
 

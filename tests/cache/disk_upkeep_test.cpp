@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the cache's upkeep: leftovers of killed publishers, full disks, listings while
 // another process evicts, and links where shard directories belong.
 #include <fcntl.h>

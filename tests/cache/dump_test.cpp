@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Where the units of failed compiles go: a directory only the user may write, files only the
 // user may read, never through a link or into a FIFO, and only the newest few kept.
 #include <sys/stat.h>

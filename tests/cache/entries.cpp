@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Helpers for the cache tests: sample entries, hand edits of entry files, captured warnings.
 #include "cache/entries.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the cache key's text form and hash.
 #include "cache/key.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of whom the disk cache trusts: owners and modes of its files, its directories and those
 // above them.
 #include "cache/trust.hpp"

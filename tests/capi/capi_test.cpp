@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The C API (kiln.h) as a C caller meets it: its version, structs that can grow, each call on
 // its tensors' device's runtime, and messages naming C's own knobs. Fake device addresses: every
 // call here is refused before anything could launch, GPU or not; the [gpu] case launches.

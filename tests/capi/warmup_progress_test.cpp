@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln_warmup_with: its sized options and the progress callback each kernel reports to.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of `kiln cache` (and `kiln warm`) against caches in odd states, made by hand.
 #include <sys/stat.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests of the `kiln` command, run as a subprocess against a private cache directory.
 #include <sys/stat.h>
 

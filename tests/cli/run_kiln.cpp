@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The built `kiln` run as a subprocess, for the tests of the command.
 #include "cli/run_kiln.hpp"
 

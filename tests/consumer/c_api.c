@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Uses an installed kiln from C: a call with no tensors is refused with a message, no GPU
  * needed. */
 #include <kiln/kiln.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Uses an installed kiln: compiles a kernel for sm_90a from the installed kernel sources.
 #include <kiln/kiln.hpp>
 

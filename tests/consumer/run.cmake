@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Builds the consumer project in SOURCE_DIR with find_package(kiln) against the kiln installed in
 # PREFIX and runs it, and its C program again with pkg-config's flags alone; when STRIPPED is
 # true, checks that nothing installed kept its debug info; when CLI is true, runs the installed

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # run(COMMAND...): runs a command as a user of the kiln installed in PREFIX would, with no
 # LD_LIBRARY_PATH (what is installed must find its own libraries) and a cache in WORK_DIR; stops
 # the script if it fails.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A bounded fuzz of the C and C++ APIs of attention, decode and merge_states: random ranks,
 // shapes, strides, dtypes, devices, null pointers, byte offsets, struct sizes and options, in
 // calls near a valid one and far from it. Every call must end in a kiln::Error (or a status with a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Fuzzing of spec and manifest parsing with a fixed seed and a fixed number of inputs: random
 // bytes, mutations of valid canonical specs, control characters, huge numbers, long lines. Each
 // input must parse into a spec that prints and parses back to itself, or throw kiln::Error with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The cache key: stable for equal inputs, different when anything that decides the binary does.
 #include <catch2/catch.hpp>
 

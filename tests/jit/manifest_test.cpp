@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Manifests: a variant's file is kept to the manifest's directory, and a line is echoed bounded.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The include closure: every file the compiler reads is one kiln read and keyed, or the spec is
 // refused naming the include; and kernel files are read with bounds.
 #include <catch2/catch.hpp>

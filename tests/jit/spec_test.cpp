@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KernelSpec's canonical form, its parser and the generated unit.
 #include <catch2/catch.hpp>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every attention and decode variant the hot path picks by default compiles with no GPU: the
 // tensor-core kernels (mma, wgmma) through NVRTC, the portable kernel through hipRTC for gfx90a
 // and NVRTC.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU attention reference: plain loops in fp64, and the same maths rounded to the input dtype.
 #include "attention_reference.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU attention reference the attention tests compare kiln against, with host images of the
 // 16-bit device formats and strided host layouts.
 #pragma once

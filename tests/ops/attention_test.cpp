@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::attention() on a GPU against the fp64 CPU reference, every case with both kernels (the
 // one choose() picks and the portable one AMD targets run): odd sizes, every head dim, both
 // dtypes, masks, GQA, strided layouts, softcap, ALiBi, bias, LSE, varlen and empty problems;

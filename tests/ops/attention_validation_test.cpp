@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::attention() input validation, with no GPU: every bad input is refused with a kiln::Error
 // that names the tensor and the values, before anything needs a device.
 #include <catch2/catch.hpp>

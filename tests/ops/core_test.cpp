@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The attention kernels' score model on its own: kernels_src/attention/core/logits.cuh's
 // LogitTransform and band mask, run over one tile by probe kernels
 // (tests/ops/kernels/probe/logits.cuh) in each shape the kernels hold it (prefill's fragments,

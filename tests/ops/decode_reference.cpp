@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU decode reference: the cache as slots, the append and rotary in fp64, each sequence's
 // keys gathered in order and handed to attention_reference as a varlen batch; and the merge.
 #include "decode_reference.hpp"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The CPU reference of decode over a KV cache (paged or contiguous slots, the append, rotary) and
 // of merging attention states; the attention itself is attention_reference's.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The decode and merge references against hand-computed cases (no GPU): cache slots, the append,
 // rotary positions and pairs, and merging states with empty ones.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::attention_with_kvcache() and merge_states() on a GPU against the fp64 CPU reference:
 // contiguous and paged caches, ragged lengths, GQA, speculative queries, split-KV, cache_batch_idx,
 // the append, rotary, masks, softcap, ALiBi, head dims, split hand-off over dirty scratch and on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // kiln::attention_with_kvcache() and kiln::merge_states() input validation, KILN_DEBUG's index
 // checks and their C API, with no GPU: every bad input is refused with a kiln::Error (or a
 // status and kiln_last_error()) that names the tensor, the values and the fix.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The elementwise family on a GPU: every op and dtype against a double-precision CPU reference,
 // bit-identical across configs, odd sizes, memory and disk hits, strict mode, bad arguments.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the attention and decode [gpu] tests share.
 #include "gpu_harness.hpp"
 

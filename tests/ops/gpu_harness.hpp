@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the attention and decode [gpu] tests share: a case's score model and its inputs (the fp64
 // reference's twin and the device's options), poisoned outputs with guards past their end, the
 // checks of out and lse against the reference, and the cache the tests compile into.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Each family's launch plan: the threads and shared memory its kernels declare, and the check
 // of a plan against a device's limits.
 #include <catch2/catch.hpp>

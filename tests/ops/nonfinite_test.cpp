@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Non-finite inputs on the GPU: a NaN attention sink makes its head's rows NaN, out and LSE, in
 // every prefill kernel and in decode, split or not, as the reference softmax it joins does; a NaN
 // state makes a merge NaN, even beside empty ones. Other heads and tokens are untouched: they

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the ops' validation tests share.
 #include "ops/validation_support.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the ops' validation tests share: fake device tensors, a runtime that validates but never
 // launches, and checks that a refusal names what it should.
 #pragma once

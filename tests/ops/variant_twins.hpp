@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The user variants the [gpu] tests run (examples/variants.hpp, and one of the tests' own), each
 // with random inputs on the device and its twin in the fp64 reference, for attention and decode
 // alike.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // lib/params/registry.cpp: the schema of kiln's kernels, and every path that checks specs by it.
 #include <fmt/format.h>
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // include/kiln/params/score.h and lib/ops/score.cpp: the one score model every attention family
 // holds, its ABI, the header JIT compiles get, and the function that fills it.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Turns every fenced code block of a Markdown file into something tests/readme/run.cmake checks:
 //
 //   ```cpp / ```c   a program: OUT/readme_L<line>.cpp (.c) and its target in OUT/CMakeLists.txt,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wrapper of the README's decode snippet: views of device tensors and a stream. The snippet needs
 // a GPU, so it is compiled and linked here, and not called.
 #include <kiln/kiln.hpp>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Checks every code block of README (see blocks.cpp): builds the C and C++ blocks against the kiln
 # installed in PREFIX and runs them; for each shell command, checks that what it names exists;
 # compiles the Python blocks.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Wrapper of the README's unary snippet: device buffers x and y of n floats, and a stream. The
 // snippet needs a GPU, so it is compiled and linked here, and not called.
 #include <cstdint>

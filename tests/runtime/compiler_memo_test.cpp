@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The compiler fact memo through the runtime: keys from a warm memo load no compiler, and a memo
 // that is stale, corrupt or wrong is never trusted to file a binary. Also the disk cache's notes,
 // where the memo is kept.

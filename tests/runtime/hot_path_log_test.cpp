@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A compile inside a call (Runtime::kernel) is one line at the default log level, with the spec
 // and its time; memory and disk hits and warm-up's compiles stay quiet.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Messages name the knobs of the interface the caller came through (lib/config.hpp, Knob), and
 // a missing device is explained by its root cause first.
 #include <catch2/catch.hpp>

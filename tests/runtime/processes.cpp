@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Runs test code in several processes at once.
 #include "runtime/processes.hpp"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KILN_RECORD and Options::record: the specs Runtime::kernel is asked for, appended to a manifest
 // by many threads and processes at once; an unwritable file is one warning, never a failure.
 #include <fmt/format.h>

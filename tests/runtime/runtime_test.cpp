@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime without a GPU: compile for an explicit target, disk hits, recovery, JIT modes,
 // single-flight, many processes, warm-up, dumps and compile errors.
 #include <catch2/catch.hpp>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Params of the decode family (append, split-KV attention, merge): public (a Kernel of the
 // family launches with them), compiled into the host library and injected into each JIT compile
 // as "kiln/params/decode.h".

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Params of the elementwise family: public (a Kernel of the family launches with them), compiled
 // into the host library and injected into each JIT compile as "kiln/params/elementwise.h", so
 // host and kernel always agree on the layout.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // KILN_PARAMS_FN marks the functions of Params headers (shared-memory sizes and the like): they
 // are compiled by the host compiler and by NVRTC/hipRTC, whose JIT mode refuses functions not
 // marked for the device.

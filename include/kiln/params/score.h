@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The score model every attention family's Params hold (AttentionParams::score,
 // DecodeParams::score): scale, band, softcap, ALiBi and sinks. Like every Params header, the host
 // includes it and JIT compiles are handed it by this one name, "kiln/params/score.h", so Params

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // From q.k scores to the logits the softmax sees: the optional softcap, ALiBi and additive bias
 // of a spec (each compiled only when on), then the band mask. Vendor-neutral: the tanh of the
 // softcap comes from the Math the kernel passes (mma::ApproxMath or LibraryMath).

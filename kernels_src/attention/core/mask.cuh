@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The one mask model: a band of keys around each query's diagonal (causal and sliding window
 // alike), bounded by seqlen_k, and the KV blocks it lets a row block skip or take unmasked.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Vendor-neutral arithmetic of the attention kernels: log-base constants, -inf, the library
 // exp2/tanh, and the online softmax's rules for masked rows. No inline assembly, so every kernel
 // may include it.

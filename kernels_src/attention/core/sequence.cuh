@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // One (batch, head) sequence of an attention call: its lengths and where its rows start in
 // q, k, v, out, lse and bias, hiding the padded-batch vs varlen layouts from the kernel.
 #pragma once

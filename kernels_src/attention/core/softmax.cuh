@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Online softmax (FlashAttention-2) over one warp's score fragments: running row max and sum in
 // fp32, rescaling the output accumulators when the max grows, normalizing once at the end.
 #pragma once

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Copying row tiles between global and shared memory in 16-byte pieces with plain loads and
 // stores: the zero-filling tile load of the portable kernel and the coalesced store of the
 // output tile. No inline assembly, so every kernel may include it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Moving row tiles from global to shared memory in 16-byte cp.async pieces that zero-fill past
 // the tensor's edges; the plain copies (the output store among them) are in tile_copy.cuh.
 #pragma once

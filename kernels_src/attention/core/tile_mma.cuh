@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The two tensor-core products of an attention step for one warp's m16 row tiles, over tiles in
 // shared memory: scores S = Q K^T and the output update O += P V. Shared by the forward and
 // decode kernels; Tr (their traits) gives T, m_tiles, s_tiles, o_tiles, qk_dim, qk_pitch,

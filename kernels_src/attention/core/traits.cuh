@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Compile-time shape of the forward kernels: what a spec's constants imply (tiles, fragments,
 // shared-memory layout), and the checks that refuse specs the kernel cannot run.
 #pragma once

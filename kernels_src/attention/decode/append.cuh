@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Appends k_new / v_new to a KV cache at each sequence's length, with the optional rotary
 // embedding of k_new and of q (into a contiguous copy the attention kernel then reads).
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode attention (flash-decoding): a few query rows per sequence against a long KV cache,
 // contiguous or paged, its keys split across CTAs and, within a CTA, across warps.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Merges attention states (output v and natural-log LSE s over disjoint key sets) into the
 // attention over their union: s_out = log(sum exp(s_i)), v_out = sum exp(s_i - s_out) v_i.
 // Split-KV's second stage and kiln::merge_states.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The running merge of attention states (output v and natural-log LSE over disjoint key sets)
 // that merge_states_kernel and attention_decode's in-kernel split merge share.
 #pragma once

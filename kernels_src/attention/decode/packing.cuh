@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Decode's GQA packing: the seqlen_q * (heads / heads_kv) query rows that share a kv head are
 // numbered as one run of packed rows, so that each K/V tile feeds all of them. The decode kernel
 // (attention.cuh) and the probe of its logits (tests/ops/kernels/probe/logits.cuh) map rows here.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Forward attention (FlashAttention-2): one CTA per (block_m query rows, head, batch) streams
 // K/V tiles through a cp.async pipeline, mma.sync on tensor cores, online softmax in fp32.
 //

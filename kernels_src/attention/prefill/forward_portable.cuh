@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Forward attention without tensor cores or inline assembly, for AMD targets and as a
 // cross-check of the AMD path on NVIDIA: one CTA per (block_m query rows, head, batch) stages
 // K/V tiles in shared memory with plain 16-byte loads; a group of neighbouring lanes owns each

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Forward attention on Hopper (sm_90a), warp-specialized: a producer warp streams Q, K and V
 // tiles with TMA (cp.async.bulk.tensor) into the 128-byte-swizzled layout wgmma reads, signalling
 // shared-memory mbarriers; block_m / 64 consumer warpgroups compute as forward_wgmma.cuh does,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Forward attention on Hopper's warpgroup MMA (sm_90a): FlashAttention-2's algorithm with
 // S = Q K^T and O += P V as wgmma.mma_async. Each warpgroup (4 warps) owns 64 query rows; the
 // CTA's warpgroups share K/V tiles streamed through a cp.async pipeline into 128-byte-swizzled

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Probes of the score model's device code on its own (tests/ops/core_test.cpp): one warp holds a
 // tile of fp32 scores as a kernel holds its own (core/logits.cuh), runs LogitTransform and the
 // band mask over it, and writes the logits and each row's sink. Three shapes, as the kernels use
