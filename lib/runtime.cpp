@@ -18,14 +18,14 @@
 #include "backend/stream_zeros.hpp"
 #include "cache/disk.hpp"
 #include "cache/kernel_store.hpp"
-#include "config.hpp"
-#include "elapsed.hpp"
+#include "core/config.hpp"
+#include "core/elapsed.hpp"
+#include "core/log.hpp"
 #include "jit/recorder.hpp"
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/target.hpp"
-#include "log.hpp"
 
 namespace kiln {
 

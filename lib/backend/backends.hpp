@@ -14,7 +14,7 @@
 #include "backend/backend.hpp"
 #include "backend/lazy_compiler.hpp"
 #include "cache/disk.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/runtime.hpp"
 #include "kiln/target.hpp"
 

@@ -6,7 +6,7 @@
 
 #include <utility>
 
-#include "log.hpp"
+#include "core/log.hpp"
 
 namespace kiln::detail {
 

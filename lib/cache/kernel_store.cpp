@@ -21,9 +21,9 @@
 #include "cache/file_io.hpp"
 #include "cache/stats.hpp"
 #include "cache/trust.hpp"
-#include "elapsed.hpp"
+#include "core/elapsed.hpp"
+#include "core/log.hpp"
 #include "kiln/error.hpp"
-#include "log.hpp"
 
 namespace kiln::detail {
 namespace {

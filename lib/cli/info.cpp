@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"

@@ -6,7 +6,7 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"

@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "config.hpp"
+#include "core/config.hpp"
 #include "jit/embedded.hpp"
 #include "jit/user_text.hpp"
 #include "kiln/error.hpp"

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
 #include "ops/kvcache_checks.hpp"

@@ -10,7 +10,7 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kiln/error.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"

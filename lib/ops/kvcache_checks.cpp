@@ -6,8 +6,8 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
-#include "config.hpp"
+#include "core/checked_math.hpp"
+#include "core/config.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln::detail {

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
-#include "config.hpp"
+#include "core/checked_math.hpp"
+#include "core/config.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
