@@ -7,7 +7,7 @@
 
 #include "cli/commands.hpp"
 #include "core/config.hpp"
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 

@@ -14,7 +14,7 @@
 #include "cache/file_io.hpp"
 #include "cache/trust.hpp"
 #include "core/log.hpp"
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/spec.hpp"
 
 namespace kiln::detail {

@@ -10,8 +10,8 @@
 #include <fmt/format.h>
 
 #include "core/config.hpp"
+#include "core/user_text.hpp"
 #include "jit/embedded.hpp"
-#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {

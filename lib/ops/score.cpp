@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln::detail {

@@ -9,7 +9,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
