@@ -17,7 +17,6 @@
 #include "backend/backends.hpp"
 #include "backend/stream_zeros.hpp"
 #include "cache/disk.hpp"
-#include "cache/kernel_store.hpp"
 #include "core/config.hpp"
 #include "core/elapsed.hpp"
 #include "core/log.hpp"
@@ -26,6 +25,7 @@
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/target.hpp"
+#include "runtime/kernel_store.hpp"
 
 namespace kiln {
 

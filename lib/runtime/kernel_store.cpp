@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // KernelStore: memory, then disk, then compile; loaded once per key.
-#include "cache/kernel_store.hpp"
+#include "runtime/kernel_store.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
