@@ -25,6 +25,7 @@
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/target.hpp"
+#include "runtime/disk_memos.hpp"
 #include "runtime/kernel_store.hpp"
 
 namespace kiln {
@@ -62,7 +63,8 @@ struct Runtime::Impl {
         sources(detail::SourceTree::locate(config.kernels_dir)),
         disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
                                      config.cache_ro_trust}),
-        backends(config, disk),
+        memos(disk),
+        backends(config, memos),
         kernels(config, sources, disk, backends),
         recorder(config.record) {
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
@@ -78,7 +80,8 @@ struct Runtime::Impl {
   Config config;
   detail::SourceTree sources;
   detail::DiskCache disk;
-  // NOTE: declared after `disk`, where the compilers keep their fact memos, and before what the
+  detail::DiskMemos memos;
+  // NOTE: declared after `memos`, where the compilers keep their fact memos, and before what the
   // drivers made (stream zeros' memory, loaded kernels), which must go back while they are open.
   detail::Backends backends;
   detail::StreamZeros stream_zeros;
