@@ -16,6 +16,7 @@
 #include "ops/kvcache_checks.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
+#include "runtime/device_calls.hpp"
 
 namespace kiln {
 namespace detail {
@@ -476,7 +477,7 @@ void attention_with_kvcache_planned_for(const Target* planned, const TensorView&
   const DeviceInfo& device = require_gpu(runtime, call);  // choose() reads its SM count
   const DecodeProblem problem = problem_of(s, q.dtype, options);
   const DecodeConfig config = choose(problem, planned ? *planned : target, device.multiprocessors);
-  if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
+  if (detail::debug(runtime)) check_cache_indices(runtime, cache, bounds_of(s), stream);
   launch_decode(runtime, problem, config, params_of(q, cache, out, options, s), stream);
 }
 
