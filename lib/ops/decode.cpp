@@ -462,29 +462,61 @@ void merge(bool many, std::initializer_list<States> inputs, const TensorView& v_
   launch_merge(runtime, call, first.v.dtype, v_out.dtype, static_cast<int>(m.head_dim), p, stream);
 }
 
-}  // namespace
-
-void attention_with_kvcache_planned_for(const Target* planned, const TensorView& q,
-                                        const KVCache& cache, const TensorView& out,
-                                        const DecodeOptions& options, void* stream,
-                                        Runtime& runtime) {
-  const Shape s = validate(q, cache, out, options, runtime.device());
-  if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
-  const CallName call{"kiln::attention_with_kvcache", "kiln_attention_with_kvcache"};
-  const Target target = target_to_run(runtime, call);
-  require_target(target);
-  const DeviceInfo& device = require_gpu(runtime, call);  // choose() reads its SM count
-  const DecodeProblem problem = problem_of(s, q.dtype, options);
-  const DecodeConfig config = choose(problem, planned ? *planned : target, device.multiprocessors);
-  if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
-  launch_decode(runtime, problem, config, params_of(q, cache, out, options, s), stream);
+// A caller's config: a kernel there is, with sizes the kernel takes (attention/decode/
+// attention.cuh asserts the same when it compiles).
+void check_config(const DecodeConfig& c) {
+  if (c.kernel != DecodeKernel::mma) {
+    invalid(fmt::format("config.kernel is {}, which is no DecodeKernel: use mma",
+                        static_cast<int>(c.kernel)));
+  }
+  if (c.num_splits < 1 || c.num_splits > kMaxDecodeSplits) {
+    invalid(fmt::format("config.num_splits is {}: use 1 (one pass) to {}", c.num_splits,
+                        kMaxDecodeSplits));
+  }
+  if (c.block_n < 16 || c.block_n > 128 || c.block_n % 16 != 0) {
+    invalid(fmt::format("config.block_n is {}: use a multiple of 16 from 16 to 128", c.block_n));
+  }
+  if (c.warps < 1 || c.warps > 16) {
+    invalid(fmt::format("config.warps is {}: use 1 to 16", c.warps));
+  }
+  if (c.stages < 2 || c.stages > 8) {
+    invalid(fmt::format("config.stages is {}: use 2 to 8", c.stages));
+  }
+  if (c.m_tiles != 1 && c.m_tiles != 2 && c.m_tiles != 4) {
+    invalid(fmt::format("config.m_tiles is {}: use 1, 2 or 4", c.m_tiles));
+  }
 }
 
+constexpr CallName kCall{"kiln::attention_with_kvcache", "kiln_attention_with_kvcache"};
+
+// Runs a call with `config`, or with choose()'s when there is none.
+void run(const TensorView& q, const KVCache& cache, const TensorView& out,
+         const DecodeOptions& options, const std::optional<DecodeConfig>& config, void* stream,
+         Runtime& runtime) {
+  const Shape s = validate(q, cache, out, options, runtime.device());
+  if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
+  const Target target = target_to_run(runtime, kCall);
+  require_target(target);
+  if (config) check_config(*config);
+  const DeviceInfo& device = require_gpu(runtime, kCall);  // choose() reads its SM count
+  const DecodeProblem problem = problem_of(s, q.dtype, options);
+  const DecodeConfig c = config ? *config : choose(problem, target, device.multiprocessors);
+  if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
+  launch_decode(runtime, problem, c, params_of(q, cache, out, options, s), stream);
+}
+
+}  // namespace
 }  // namespace detail
 
 void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                             const DecodeOptions& options, void* stream, Runtime& runtime) {
-  detail::attention_with_kvcache_planned_for(nullptr, q, cache, out, options, stream, runtime);
+  detail::run(q, cache, out, options, std::nullopt, stream, runtime);
+}
+
+void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
+                            const DecodeOptions& options, const DecodeConfig& config, void* stream,
+                            Runtime& runtime) {
+  detail::run(q, cache, out, options, config, stream, runtime);
 }
 
 bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,

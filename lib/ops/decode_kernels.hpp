@@ -49,14 +49,6 @@ void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Targ
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
                    DecodeParams p, void* stream);
 
-// attention_with_kvcache with the config that choose() gives `planned` (null: the runtime's
-// target, as attention_with_kvcache): tests run the plans of other targets (fewer warps or
-// stages where less shared memory fits) on the device at hand, whose kernels they launch.
-void attention_with_kvcache_planned_for(const Target* planned, const TensorView& q,
-                                        const KVCache& cache, const TensorView& out,
-                                        const DecodeOptions& options, void* stream,
-                                        Runtime& runtime);
-
 // Runs merge_states_kernel over a validated MergeParams for `call`; `in` is the dtype of the
 // states' v.
 void launch_merge(Runtime& runtime, CallName call, DType in, DType out, int head_dim,
