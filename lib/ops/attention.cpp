@@ -528,8 +528,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   }
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
+  require_fits(plan, c, device);  // before the compile: a refused call does nothing
   const Kernel kernel = runtime.kernel(plan.spec, stream);
-  require_fits(plan, c, device);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{
       .grid = {static_cast<std::uint32_t>(row_blocks), static_cast<std::uint32_t>(s.heads),

@@ -501,8 +501,12 @@ void run(const TensorView& q, const KVCache& cache, const TensorView& out,
   const DeviceInfo& device = require_gpu(runtime, kCall);  // choose() reads its SM count
   const DecodeProblem problem = problem_of(s, q.dtype, options);
   const DecodeConfig c = config ? *config : choose(problem, target, device.multiprocessors);
+  const DecodePlan plan = decode_plan(problem, c);
+  // Every kernel against the device before any is compiled or the append writes the cache: a
+  // refused call does nothing.
+  require_fits(plan, c, config ? nullptr : &target, device);
   if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
-  launch_decode(runtime, problem, c, params_of(q, cache, out, options, s), stream);
+  launch_decode(runtime, problem, c, plan, params_of(q, cache, out, options, s), stream);
 }
 
 }  // namespace
@@ -528,7 +532,7 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
     if (const DeviceInfo* device = detail::present_device(runtime)) {
       const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
       const DecodeConfig config = choose(problem, target, device->multiprocessors);
-      detail::require_fits(detail::decode_attention_plan(problem, config), config, target, *device);
+      detail::require_fits(detail::decode_plan(problem, config), config, &target, *device);
     }
     return true;
   } catch (const Error& e) {

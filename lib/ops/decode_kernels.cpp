@@ -239,15 +239,31 @@ LaunchPlan merge_plan(DType in, DType out, int head_dim) {
   return {.spec = merge_spec(in, out, head_dim), .threads = kMergeThreads};
 }
 
-void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Target& target,
+DecodePlan decode_plan(const DecodeProblem& problem, const DecodeConfig& config) {
+  DecodePlan plan{.attention = decode_attention_plan(problem, config)};
+  if (problem.append) plan.append = decode_append_plan(problem);
+  return plan;
+}
+
+void require_fits(const DecodePlan& plan, const DecodeConfig& config, const Target* planned,
                   const DeviceInfo& device) {
-  if (const auto exceeded = exceeded_limit(plan, device)) {
-    throw Error(ErrorCategory::unsupported,
-                fmt::format("decode config (block_n {}, warps {}, stages {}, m_tiles {}) needs {}: "
-                            "choose() planned it for the target {}, whose CTAs may take {} bytes; "
-                            "run with the device's own target ({})",
-                            config.block_n, config.warps, config.stages, config.m_tiles, *exceeded,
-                            target.name(), target.max_shared_bytes_per_block(), device.target));
+  for (const LaunchPlan* kernel : {plan.append ? &*plan.append : nullptr, &plan.attention}) {
+    if (!kernel) continue;
+    const std::optional<std::string> exceeded = exceeded_limit(*kernel, device);
+    if (!exceeded) continue;
+    const std::string fix =
+        planned ? fmt::format(
+                      "choose() planned it for the target {}, whose CTAs may take {} "
+                      "bytes; run with the device's own target ({})",
+                      planned->name(), planned->max_shared_bytes_per_block(), device.target)
+                : std::string(
+                      "pass a config with fewer warps or stages or a smaller block_n "
+                      "(or choose()'s config)");
+    throw Error(
+        ErrorCategory::unsupported,
+        fmt::format("decode config (block_n {}, warps {}, stages {}, m_tiles {}) needs {}: "
+                    "{}",
+                    config.block_n, config.warps, config.stages, config.m_tiles, *exceeded, fix));
   }
 }
 
@@ -272,7 +288,10 @@ void launch_merge(Runtime& runtime, CallName call, DType in, DType out, int head
 }
 
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
-                   DecodeParams p, void* stream) {
+                   const DecodePlan& plan, DecodeParams p, void* stream) {
+  // Both kernels before any memory is taken or written: a failed compile leaves nothing behind.
+  const Kernel append = plan.append ? runtime.kernel(plan.append->spec, stream) : Kernel();
+  const Kernel attention = runtime.kernel(plan.attention.spec, stream);
   const int splits = config.num_splits;
   const std::int64_t row_blocks = decode_row_blocks(problem, config);
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
@@ -293,15 +312,14 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
       runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + scratch_flag_bytes,
       stream);
 
-  if (problem.append) {
+  if (plan.append) {
     p.maybe_q_rotated = problem.rotary ? scratch.at(0) : nullptr;
     const int tokens = std::max(p.seqlen_new, problem.rotary ? p.seqlen_q : 0);
-    const LaunchPlan append = decode_append_plan(problem);
-    runtime.kernel(append.spec, stream)
-        .launch({.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
-                 .block = {static_cast<std::uint32_t>(append.threads)},
-                 .stream = stream},
-                p);
+    append.launch(
+        {.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
+         .block = {static_cast<std::uint32_t>(plan.append->threads)},
+         .stream = stream},
+        p);
   }
   if (problem.rotary) {
     p.q = p.maybe_q_rotated;
@@ -327,14 +345,11 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
 
   // The kernel waits for the previous grid before touching memory, so it may be scheduled
   // while the one before it finishes.
-  const LaunchPlan attention = decode_attention_plan(problem, config);
-  const Kernel kernel = runtime.kernel(attention.spec, stream);
-  require_fits(attention, config, runtime.target(), runtime.device_info());
-  kernel.launch(
+  attention.launch(
       {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
                 static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},
-       .block = {static_cast<std::uint32_t>(attention.threads)},
-       .shared_bytes = static_cast<std::uint32_t>(attention.shared_bytes),
+       .block = {static_cast<std::uint32_t>(plan.attention.threads)},
+       .shared_bytes = static_cast<std::uint32_t>(plan.attention.shared_bytes),
        .stream = stream,
        .overlap_previous = true},
       p);

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 
 #include "kiln/decode.hpp"
 #include "kiln/params/decode.h"
@@ -34,20 +35,29 @@ LaunchPlan decode_append_plan(const DecodeProblem& problem);
 LaunchPlan decode_attention_plan(const DecodeProblem& problem, const DecodeConfig& config);
 LaunchPlan merge_plan(DType in, DType out, int head_dim);
 
-// Throws kiln::Error (unsupported) when `device` cannot run `plan`, the attention kernel of
-// `config` chosen for `target` (the append and merge kernels take kDecodeAppendThreads and
-// kMergeThreads, 128, and no shared memory: every device runs them). choose() plans within the
-// target's limits, so this fails only for a target that is not the device's (Options::target).
-void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Target& target,
+// Every kernel one decode call launches, planned before any is fetched or run.
+struct DecodePlan {
+  std::optional<LaunchPlan> append;  // problem.append
+  LaunchPlan attention;
+};
+DecodePlan decode_plan(const DecodeProblem& problem, const DecodeConfig& config);
+
+// Throws kiln::Error (unsupported) when `device` cannot run a kernel of `plan`, made with
+// `config`: that choose() gave `planned` (the target it planned for, which may not be the
+// device's: Options::target), or, where `planned` is null, the caller's. The append and merge
+// kernels take kDecodeAppendThreads and kMergeThreads, 128, and no shared memory: every device
+// runs them; choose() plans the attention kernel within its target's limits.
+void require_fits(const DecodePlan& plan, const DecodeConfig& config, const Target* planned,
                   const DeviceInfo& device);
 
-// Runs a validated decode call: the append kernel when problem.append (which also writes the
-// rotated q into scratch when problem.rotary), then attention_decode, whose splits merge their
-// partial states into p.out and p.maybe_lse themselves. Scratch comes from
-// runtime.allocate_async on `stream` and goes back the same way. p.num_splits, partial_out,
-// partial_lse, split_flags, split_tag and maybe_q_rotated are filled in here.
+// Runs a validated decode call whose `plan` fits the device: fetches its kernels, then the
+// append kernel when problem.append (which also writes the rotated q into scratch when
+// problem.rotary), then attention_decode, whose splits merge their partial states into p.out and
+// p.maybe_lse themselves. Scratch comes from runtime.allocate_async on `stream` and goes back the
+// same way. p.num_splits, partial_out, partial_lse, split_flags, split_tag and maybe_q_rotated
+// are filled in here.
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
-                   DecodeParams p, void* stream);
+                   const DecodePlan& plan, DecodeParams p, void* stream);
 
 // Runs merge_states_kernel over a validated MergeParams for `call`; `in` is the dtype of the
 // states' v.

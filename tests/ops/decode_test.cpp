@@ -676,6 +676,45 @@ TEST_CASE("decode with the configs of 99 KiB targets", "[gpu][decode]") {
   }
 }
 
+// The counters that move when a call fetches a kernel: compiled, found on disk or in memory, or
+// loaded.
+std::uint64_t kernel_fetches(const kiln::Stats& s) {
+  return s.compiles + s.compile_failures + s.disk_hits + s.memory_hits + s.loads;
+}
+
+// A refused call changes nothing: the fit against the device comes before the append kernel
+// writes k_new and v_new into the cache, and before any kernel is compiled or fetched.
+TEST_CASE("decode with new keys and a config the device cannot run leaves the cache untouched",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(15);
+  // 16 warps of 8 stages of 128 keys at head dim 128 take 8 MiB of shared memory per CTA: within
+  // the kernel's ranges, past every device's.
+  for (const int page_size : {0, 16}) {
+    const Case c{.seqlens = {0, 17, 300},
+                 .seqlen_new = 3,
+                 .page_size = page_size,
+                 .config = kiln::DecodeConfig{.block_n = 128, .warps = 16, .stages = 8}};
+    INFO(describe(c));
+    const Setup s = make_setup(c, rng);
+    DeviceDecode d = upload_case(c, s);
+    d.out->poison();
+    d.lse->poison();
+    kiln::test::sync_and_check();
+    const Downloaded before = download(d);
+    const std::uint64_t fetches = kernel_fetches(rt.stats());
+    CHECK_THROWS_WITH(
+        kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, *c.config, nullptr, rt),
+        Catch::Contains("bytes of dynamic shared memory per CTA") &&
+            Catch::Contains("block_n 128, warps 16, stages 8"));
+    kiln::test::sync_and_check();
+    const bool unchanged = download(d) == before;  // the cache, out and lse, bit for bit
+    CHECK(unchanged);
+    CHECK(kernel_fetches(rt.stats()) == fetches);
+  }
+}
+
 // Sinks count once per row whatever the split: split-KV puts them in split 0's state only.
 TEST_CASE("decode sinks over contiguous and paged caches with split-KV GQA and windows",
           "[gpu][decode]") {
