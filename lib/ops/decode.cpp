@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decode attention over a KV cache and state merging: validate -> problem -> choose -> params ->
-// (debug checks) -> launch. The kernels' side is in decode_kernels.cpp.
+// Decode attention over a KV cache and state merging: validate -> choose -> plan -> fit ->
+// (debug checks) -> launch. The kernels' descriptions and tuning are in kernels/decode.cpp, the
+// launch sequences in decode_kernels.cpp.
 #include "kiln/decode.hpp"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "checked_math.hpp"
+#include "kernels/decode.hpp"
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
 #include "ops/kvcache_checks.hpp"
@@ -315,20 +317,6 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
   return p;
 }
 
-void require_target(const Target& target) {
-  if (target.amd()) {
-    unsupported(
-        fmt::format("decode attention on {} is not supported yet: its kernel uses NVIDIA "
-                    "tensor-core instructions; AMD support is planned",
-                    target.name()));
-  }
-  if (!is_sm80_or_newer(target)) {
-    unsupported(fmt::format(
-        "decode attention needs an sm_80 or newer GPU (bf16 tensor cores); the target is {}",
-        target.name()));
-  }
-}
-
 CacheBounds bounds_of(const Shape& s) {
   return {.capacity = s.capacity,
           .seqlen_new = s.seqlen_new,
@@ -460,31 +448,6 @@ void merge(bool many, std::initializer_list<States> inputs, const TensorView& v_
   p.heads = static_cast<int>(m.heads);
   const CallName call{"kiln::merge_states", many ? "kiln_merge_states_many" : "kiln_merge_states"};
   launch_merge(runtime, call, first.v.dtype, v_out.dtype, static_cast<int>(m.head_dim), p, stream);
-}
-
-// A caller's config: a kernel there is, with sizes the kernel takes (attention/decode/
-// attention.cuh asserts the same when it compiles).
-void check_config(const DecodeConfig& c) {
-  if (c.kernel != DecodeKernel::mma) {
-    invalid(fmt::format("config.kernel is {}, which is no DecodeKernel: use mma",
-                        static_cast<int>(c.kernel)));
-  }
-  if (c.num_splits < 1 || c.num_splits > kMaxDecodeSplits) {
-    invalid(fmt::format("config.num_splits is {}: use 1 (one pass) to {}", c.num_splits,
-                        kMaxDecodeSplits));
-  }
-  if (c.block_n < 16 || c.block_n > 128 || c.block_n % 16 != 0) {
-    invalid(fmt::format("config.block_n is {}: use a multiple of 16 from 16 to 128", c.block_n));
-  }
-  if (c.warps < 1 || c.warps > 16) {
-    invalid(fmt::format("config.warps is {}: use 1 to 16", c.warps));
-  }
-  if (c.stages < 2 || c.stages > 8) {
-    invalid(fmt::format("config.stages is {}: use 2 to 8", c.stages));
-  }
-  if (c.m_tiles != 1 && c.m_tiles != 2 && c.m_tiles != 4) {
-    invalid(fmt::format("config.m_tiles is {}: use 1, 2 or 4", c.m_tiles));
-  }
 }
 
 constexpr CallName kCall{"kiln::attention_with_kvcache", "kiln_attention_with_kvcache"};

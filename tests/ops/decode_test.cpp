@@ -25,7 +25,6 @@
 #include "gpu.hpp"
 #include "gpu_harness.hpp"
 #include "kiln/decode.hpp"
-#include "ops/decode_kernels.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
 

@@ -9,12 +9,12 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention.hpp"
+#include "kernels/decode.hpp"
 #include "kiln/attention.hpp"
 #include "kiln/decode.hpp"
 #include "kiln/params/attention.h"
 #include "kiln/params/decode.h"
-#include "ops/attention_plan.hpp"
-#include "ops/decode_kernels.hpp"
 #include "params/registry.hpp"
 #include "support.hpp"
 

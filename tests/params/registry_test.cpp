@@ -8,10 +8,11 @@
 #include <string>
 
 #include "jit/manifest.hpp"
+#include "kernels/decode.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/params/attention.h"
+#include "kiln/params/decode.h"
 #include "kiln/params/elementwise.h"
-#include "ops/decode_kernels.hpp"
 #include "params/registry.hpp"
 #include "support.hpp"
 
