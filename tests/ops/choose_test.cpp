@@ -5,7 +5,6 @@
 #include <catch2/catch.hpp>
 
 #include <fstream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -14,6 +13,7 @@
 #include "kiln/attention.hpp"
 #include "kiln/decode.hpp"
 #include "kiln/kiln.hpp"
+#include "ops/every_feature.hpp"
 
 namespace kiln {
 namespace {
@@ -102,14 +102,7 @@ std::vector<std::string> spec_lines() {
       lines.push_back(fmt::format("spec {}: {}", target, to_string(spec)));
     }
   }
-  const AttentionProblem all{.dtype = DType::f16,
-                             .head_dim = 96,
-                             .head_dim_v = 64,
-                             .band = true,
-                             .varlen = true,
-                             .softcap = true,
-                             .alibi = true,
-                             .bias = true};
+  const AttentionProblem all = test::every_attention_feature();
   for (const AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::wgmma,
                                        AttentionKernel::tma, AttentionKernel::portable}) {
     lines.push_back(fmt::format("spec {}: {}", name_of(kernel),
