@@ -50,11 +50,13 @@ typedef enum kiln_status {
  * functions, so that a newer library never writes past an older caller's struct either; callers
  * without the C preprocessor (ctypes, Rust) call those with their struct's size.
  *
- * kiln_score_options, the score's fields, is nested in both options structs right after their
- * struct_size and has a struct_size of its own, so that it grows as they do: a caller's own
- * fields start where its score ends, so the options *_init_sized functions take the caller's
- * sizeof(kiln_score_options) as well. (Version 0.2.0 nested it: the score's fields were flat in
- * 0.1.0's options structs, whose callers must be rebuilt.) */
+ * kiln_score_options, the score's fields, sits in both options structs right after their
+ * struct_size, with a struct_size of its own, so that it can grow as they do: a caller's own
+ * fields start where its score ends, and the options' *_init_sized functions take the caller's
+ * sizeof(kiln_score_options) too. Set the score's fields one by one after *_init (a whole
+ * kiln_score_options assigned from zeros has struct_size 0, which the call refuses). Version
+ * 0.2.0 nested it: 0.1.0's options structs held the score's fields flat, and their callers must
+ * be rebuilt. */
 
 /* The score's fields of kiln_attention_options and kiln_decode_options (kiln::ScoreOptions):
  * the scale, the band mask, softcap, ALiBi, sinks and a user variant. Set by the options'

@@ -137,6 +137,11 @@ def _struct(c_name, name, fields):
     return ctype
 
 
+def _tensors(*names):
+    """Described fields of DLTensor pointers, NULL by default."""
+    return tuple((name, ctypes.c_void_p, 0) for name in names)
+
+
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
 
@@ -181,26 +186,20 @@ ScoreOptions = _struct("kiln_score_options", "ScoreOptions", (
 
 AttentionOptions = _struct("kiln_attention_options", "AttentionOptions", (
     ("score", ScoreOptions, ScoreOptions.defaults),
-    ("bias", ctypes.c_void_p, 0),
-    ("cu_seqlens_q", ctypes.c_void_p, 0),
-    ("cu_seqlens_k", ctypes.c_void_p, 0),
-    ("seqused_k", ctypes.c_void_p, 0),
+    *_tensors("bias", "cu_seqlens_q", "cu_seqlens_k", "seqused_k"),
     ("max_seqlen_q", ctypes.c_int, 0),
     ("max_seqlen_k", ctypes.c_int, 0),
 ))
 
 DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (
     ("score", ScoreOptions, ScoreOptions.defaults),
-    ("k_new", ctypes.c_void_p, 0),
-    ("v_new", ctypes.c_void_p, 0),
-    ("rotary_cos", ctypes.c_void_p, 0),
-    ("rotary_sin", ctypes.c_void_p, 0),
+    *_tensors("k_new", "v_new", "rotary_cos", "rotary_sin"),
     ("rotary_interleaved", ctypes.c_int, 1),  # FlashAttention's default
     ("num_splits", ctypes.c_int, 0),
 ))
 
-KVCache = _struct("kiln_kvcache", "KVCache", [
-    (name, ctypes.c_void_p, 0) for name in ("k", "v", "seqlens", "batch_idx", "block_table")])
+KVCache = _struct("kiln_kvcache", "KVCache",
+                  _tensors("k", "v", "seqlens", "batch_idx", "block_table"))
 
 # kiln_warmup_progress(user, done, total, spec, ms, ok)
 WARMUP_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
