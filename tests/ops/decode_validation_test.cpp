@@ -861,16 +861,16 @@ TEST_CASE("kiln_decode_options_init leaves windows unbounded and every feature o
   o.num_splits = 7;
   o.k_new = reinterpret_cast<const DLTensor*>(&o);
   kiln_decode_options_init(&o);
-  CHECK(o.window_left == -1);
-  CHECK(o.window_right == -1);
-  CHECK(o.softmax_scale == 0);
-  CHECK(o.causal == 0);
-  CHECK(o.top_left == 0);
-  CHECK(o.softcap == 0);
+  CHECK(o.score.window_left == -1);
+  CHECK(o.score.window_right == -1);
+  CHECK(o.score.softmax_scale == 0);
+  CHECK(o.score.causal == 0);
+  CHECK(o.score.top_left == 0);
+  CHECK(o.score.softcap == 0);
   CHECK(o.num_splits == 0);
   CHECK(o.rotary_interleaved == 1);  // FlashAttention's default
   for (const DLTensor* t :
-       {o.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin, o.sinks}) {
+       {o.score.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin, o.score.sinks}) {
     CHECK(t == nullptr);
   }
   kiln_decode_options_init(nullptr);  // no crash
@@ -916,9 +916,9 @@ TEST_CASE("kiln_attention_with_kvcache reports bad inputs with a status and a me
   // Nothing to compute succeeds, with no device, and clears the message; causal takes any
   // window_right, as FlashAttention.
   CCall empty(0);
-  empty.options.causal = 1;
-  empty.options.window_left = 3;
-  empty.options.window_right = 3;
+  empty.options.score.causal = 1;
+  empty.options.score.window_left = 3;
+  empty.options.score.window_right = 3;
   check_status(empty.run(), KILN_OK, {});
   CHECK(std::string(kiln_last_error()).empty());
 }
