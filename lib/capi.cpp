@@ -57,7 +57,7 @@ kiln_status guarded(Body&& body) noexcept {
   return KILN_ERROR_INTERNAL;
 }
 
-// The parts of KILN_VERSION ("0.1.0", CMakeLists.txt's project version), for the check below.
+// The parts of KILN_VERSION ("0.2.0", CMakeLists.txt's project version), for the check below.
 constexpr std::array<int, 3> version_parts(std::string_view text) {
   std::array<int, 3> parts{};
   std::size_t part = 0;
@@ -83,46 +83,34 @@ static_assert(KILN_VERSION_MINOR < 100 && KILN_VERSION_PATCH < 100,
 // fields are only ever appended.
 #define KILN_FIELD_END(type, field) (offsetof(type, field) + sizeof(type::field))
 
-constexpr std::array kAttentionOptionsEnds = {
-    KILN_FIELD_END(kiln_attention_options, softmax_scale),
-    KILN_FIELD_END(kiln_attention_options, causal),
-    KILN_FIELD_END(kiln_attention_options, window_left),
-    KILN_FIELD_END(kiln_attention_options, window_right),
-    KILN_FIELD_END(kiln_attention_options, top_left),
-    KILN_FIELD_END(kiln_attention_options, softcap),
-    KILN_FIELD_END(kiln_attention_options, alibi_slopes),
-    KILN_FIELD_END(kiln_attention_options, bias),
-    KILN_FIELD_END(kiln_attention_options, cu_seqlens_q),
-    KILN_FIELD_END(kiln_attention_options, cu_seqlens_k),
-    KILN_FIELD_END(kiln_attention_options, seqused_k),
-    KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
-    KILN_FIELD_END(kiln_attention_options, max_seqlen_k),
-    KILN_FIELD_END(kiln_attention_options, sinks),
-    KILN_FIELD_END(kiln_attention_options, variant_name),
-    KILN_FIELD_END(kiln_attention_options, variant_code),
-    KILN_FIELD_END(kiln_attention_options, variant_scalars),
-    KILN_FIELD_END(kiln_attention_options, num_variant_tensors),
-    KILN_FIELD_END(kiln_attention_options, variant_tensors)};
+constexpr std::array kScoreOptionsEnds = {KILN_FIELD_END(kiln_score_options, softmax_scale),
+                                          KILN_FIELD_END(kiln_score_options, causal),
+                                          KILN_FIELD_END(kiln_score_options, window_left),
+                                          KILN_FIELD_END(kiln_score_options, window_right),
+                                          KILN_FIELD_END(kiln_score_options, top_left),
+                                          KILN_FIELD_END(kiln_score_options, softcap),
+                                          KILN_FIELD_END(kiln_score_options, alibi_slopes),
+                                          KILN_FIELD_END(kiln_score_options, sinks),
+                                          KILN_FIELD_END(kiln_score_options, variant_name),
+                                          KILN_FIELD_END(kiln_score_options, variant_code),
+                                          KILN_FIELD_END(kiln_score_options, variant_scalars),
+                                          KILN_FIELD_END(kiln_score_options, num_variant_tensors),
+                                          KILN_FIELD_END(kiln_score_options, variant_tensors)};
 
-constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, softmax_scale),
-                                           KILN_FIELD_END(kiln_decode_options, causal),
-                                           KILN_FIELD_END(kiln_decode_options, window_left),
-                                           KILN_FIELD_END(kiln_decode_options, window_right),
-                                           KILN_FIELD_END(kiln_decode_options, top_left),
-                                           KILN_FIELD_END(kiln_decode_options, softcap),
-                                           KILN_FIELD_END(kiln_decode_options, alibi_slopes),
-                                           KILN_FIELD_END(kiln_decode_options, k_new),
+// The options structs' own fields, after their score.
+constexpr std::array kAttentionOptionsEnds = {KILN_FIELD_END(kiln_attention_options, bias),
+                                              KILN_FIELD_END(kiln_attention_options, cu_seqlens_q),
+                                              KILN_FIELD_END(kiln_attention_options, cu_seqlens_k),
+                                              KILN_FIELD_END(kiln_attention_options, seqused_k),
+                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
+                                              KILN_FIELD_END(kiln_attention_options, max_seqlen_k)};
+
+constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, k_new),
                                            KILN_FIELD_END(kiln_decode_options, v_new),
                                            KILN_FIELD_END(kiln_decode_options, rotary_cos),
                                            KILN_FIELD_END(kiln_decode_options, rotary_sin),
                                            KILN_FIELD_END(kiln_decode_options, rotary_interleaved),
-                                           KILN_FIELD_END(kiln_decode_options, num_splits),
-                                           KILN_FIELD_END(kiln_decode_options, sinks),
-                                           KILN_FIELD_END(kiln_decode_options, variant_name),
-                                           KILN_FIELD_END(kiln_decode_options, variant_code),
-                                           KILN_FIELD_END(kiln_decode_options, variant_scalars),
-                                           KILN_FIELD_END(kiln_decode_options, num_variant_tensors),
-                                           KILN_FIELD_END(kiln_decode_options, variant_tensors)};
+                                           KILN_FIELD_END(kiln_decode_options, num_splits)};
 
 constexpr std::array kWarmupOptionsEnds = {KILN_FIELD_END(kiln_warmup_options, target),
                                            KILN_FIELD_END(kiln_warmup_options, threads),
@@ -134,95 +122,136 @@ constexpr std::array kKVCacheEnds = {
     KILN_FIELD_END(kiln_kvcache, seqlens), KILN_FIELD_END(kiln_kvcache, batch_idx),
     KILN_FIELD_END(kiln_kvcache, block_table)};
 
-// The score's fields, which kiln_attention_options and kiln_decode_options both hold right after
-// struct_size, in this order and of these types (kiln.h; their ends are checked below): one
-// reading of them serves both structs, with no code that takes "any struct with these names".
-struct CScoreFields {
-  float softmax_scale;
-  int causal;
-  int window_left;
-  int window_right;
-  int top_left;
-  float softcap;
-  const DLTensor* alibi_slopes;
-};
-
-constexpr std::array kScoreFieldsEnds = {
-    KILN_FIELD_END(CScoreFields, softmax_scale), KILN_FIELD_END(CScoreFields, causal),
-    KILN_FIELD_END(CScoreFields, window_left),   KILN_FIELD_END(CScoreFields, window_right),
-    KILN_FIELD_END(CScoreFields, top_left),      KILN_FIELD_END(CScoreFields, softcap),
-    KILN_FIELD_END(CScoreFields, alibi_slopes)};
-
 #undef KILN_FIELD_END
-
-// Where the score's fields start in both structs.
-constexpr std::size_t kScoreFieldsAt = offsetof(kiln_attention_options, softmax_scale);
-
-// Whether a struct whose fields end at `ends` opens with CScoreFields at kScoreFieldsAt.
-template <std::size_t N>
-constexpr bool opens_with_score_fields(const std::array<std::size_t, N>& ends) {
-  for (std::size_t i = 0; i < kScoreFieldsEnds.size(); ++i) {
-    if (ends[i] != kScoreFieldsAt + kScoreFieldsEnds[i]) return false;
-  }
-  return true;
-}
-static_assert(opens_with_score_fields(kAttentionOptionsEnds));
-static_assert(opens_with_score_fields(kDecodeOptionsEnds));
-
-template <class C>
-concept ScoreFieldsStruct =
-    std::same_as<C, kiln_attention_options> || std::same_as<C, kiln_decode_options>;
-
-// The score's defaults: windows unbounded (-1), which a zeroed struct would not give.
-constexpr CScoreFields kScoreDefaults{.window_left = -1, .window_right = -1};
 
 // A field appended to a struct but not to its list above would leave its full size unknown.
 template <class C, std::size_t N>
 constexpr bool lists_every_field(const std::array<std::size_t, N>& ends) {
   return sizeof(C) - ends.back() < alignof(C);
 }
+static_assert(lists_every_field<kiln_score_options>(kScoreOptionsEnds));
 static_assert(lists_every_field<kiln_attention_options>(kAttentionOptionsEnds));
 static_assert(lists_every_field<kiln_decode_options>(kDecodeOptionsEnds));
 static_assert(lists_every_field<kiln_kvcache>(kKVCacheEnds));
 static_assert(lists_every_field<kiln_warmup_options>(kWarmupOptionsEnds));
 
+// Whether `size` is a struct_size a caller of C may give: this header's sizeof(C), or an older
+// kiln.h's, which ended at one of the fields that end at `ends`, padded to C's alignment as its
+// sizeof was. Anything else is refused: 0 (no *_init), garbage, or a newer header's, whose
+// fields this library would ignore.
+template <class C, std::size_t N>
+bool known_size(std::size_t size, const std::array<std::size_t, N>& ends) {
+  return size == sizeof(C) || std::ranges::any_of(ends, [size](std::size_t end) {
+           return size == (end + alignof(C) - 1) / alignof(C) * alignof(C);
+         });
+}
+
+// `field` (a struct's struct_size) holds `size`, which known_size() refuses.
+template <class C>
+[[noreturn]] void refuse_size(std::string_view field, std::size_t size, std::string_view type,
+                              std::string_view init, std::string_view name) {
+  throw Error(ErrorCategory::invalid_argument,
+              fmt::format("{} is {}, which is no size of {} this libkiln ({}) knows ({} bytes, or "
+                          "an older kiln.h's prefix of it): call {}({}) before setting the fields "
+                          "(a caller built against a newer kiln.h needs a libkiln at least as new)",
+                          field, size, type, KILN_VERSION, sizeof(C), init, name));
+}
+
 // `given` as a caller built against this or an older kiln.h filled it: its first struct_size
-// bytes over `defaults`, which the fields it lacks keep. A struct_size that is not the end of
-// one of its fields (`ends`) nor this header's size is refused: 0 (no *_init), garbage, or a
-// newer header's, whose fields this library would ignore.
+// bytes over `defaults`, which the fields it lacks keep.
 template <class C, std::size_t N>
 C read_sized(const C& given, const C& defaults, const std::array<std::size_t, N>& ends,
              std::string_view name, std::string_view type, std::string_view init) {
   const std::size_t size = given.struct_size;
-  if (size != sizeof(C) && std::find(ends.begin(), ends.end(), size) == ends.end()) {
-    throw Error(ErrorCategory::invalid_argument,
-                fmt::format("{}->struct_size is {}, which is no size of {} this libkiln ({}) "
-                            "knows ({} bytes, or an older kiln.h's prefix of it): call {}({}) "
-                            "before setting the fields (a caller built against a newer kiln.h "
-                            "needs a libkiln at least as new)",
-                            name, size, type, KILN_VERSION, sizeof(C), init, name));
+  if (!known_size<C>(size, ends)) {
+    refuse_size<C>(fmt::format("{}->struct_size", name), size, type, init, name);
   }
   C c = defaults;
   std::memcpy(&c, &given, size);
   return c;
 }
 
-// A C options struct as its *_init leaves it: zeros, but for struct_size and the score's fields.
-template <ScoreFieldsStruct C>
-C options_defaults() {
-  C options{};
-  options.struct_size = sizeof(C);
-  std::memcpy(reinterpret_cast<unsigned char*>(&options) + kScoreFieldsAt, &kScoreDefaults,
-              sizeof kScoreDefaults);
-  return options;
+// The options structs hold their score right after struct_size, and the score's own struct_size
+// says where it ends, so that both can grow: a caller's own fields start where its score ends.
+template <class C>
+concept OptionsStruct =
+    std::same_as<C, kiln_attention_options> || std::same_as<C, kiln_decode_options>;
+
+constexpr std::size_t kScoreAt = sizeof(std::size_t);  // past struct_size
+static_assert(offsetof(kiln_attention_options, score) == kScoreAt &&
+              offsetof(kiln_decode_options, score) == kScoreAt);
+// NOTE: the own fields then start right after a score of any size (a multiple of its
+// alignment), at the same offsets from there: none of them is aligned more strictly.
+static_assert(alignof(kiln_attention_options) == alignof(kiln_score_options) &&
+              alignof(kiln_decode_options) == alignof(kiln_score_options));
+
+// Where a caller's options struct, or the library's, keeps its parts after struct_size.
+struct OptionsLayout {
+  std::size_t score_size;  // the score's bytes (its struct_size)
+  std::size_t own_size;    // the bytes of the fields after it
+};
+
+template <OptionsStruct C>
+constexpr OptionsLayout kLibraryLayout{sizeof(kiln_score_options),
+                                       sizeof(C) - kScoreAt - sizeof(kiln_score_options)};
+
+// Copies struct_size and as much of the score and of the own fields as both layouts hold, from
+// `from` laid out as `from_layout` into `to` laid out as `to_layout`.
+void copy_options(const void* from, OptionsLayout from_layout, void* to, OptionsLayout to_layout) {
+  const auto* source = static_cast<const unsigned char*>(from);
+  auto* target = static_cast<unsigned char*>(to);
+  std::memcpy(target, source, kScoreAt);
+  std::memcpy(target + kScoreAt, source + kScoreAt,
+              std::min(from_layout.score_size, to_layout.score_size));
+  std::memcpy(target + kScoreAt + to_layout.score_size, source + kScoreAt + from_layout.score_size,
+              std::min(from_layout.own_size, to_layout.own_size));
+}
+
+// `given` as read_sized() reads a struct, for an options struct: its score's struct_size is
+// checked as well, and each part is read over `defaults`.
+template <OptionsStruct C, std::size_t N>
+C read_options(const C& given, const C& defaults, const std::array<std::size_t, N>& ends,
+               std::string_view type, std::string_view init) {
+  const std::size_t size = given.struct_size;
+  // The score's struct_size is read only where the caller's struct holds it.
+  if (size < kScoreAt + sizeof(std::size_t)) {
+    refuse_size<C>("options->struct_size", size, type, init, "options");
+  }
+  const std::size_t score_size = given.score.struct_size;
+  if (!known_size<kiln_score_options>(score_size, kScoreOptionsEnds)) {
+    refuse_size<kiln_score_options>("options->score.struct_size", score_size, "kiln_score_options",
+                                    init, "options");
+  }
+  // The caller's own fields end where the library's would after a score of its size.
+  if (size < kScoreAt + score_size ||
+      !known_size<C>(size - score_size + sizeof(kiln_score_options), ends)) {
+    refuse_size<C>("options->struct_size", size, type, init, "options");
+  }
+  C c = defaults;
+  copy_options(&given, {score_size, size - kScoreAt - score_size}, &c, kLibraryLayout<C>);
+  return c;
+}
+
+// The C structs as their *_init leave them.
+kiln_score_options score_defaults() {
+  kiln_score_options score{};
+  score.struct_size = sizeof(kiln_score_options);
+  score.window_left = -1;  // unbounded, which a zeroed struct would not give
+  score.window_right = -1;
+  return score;
 }
 
 kiln_attention_options attention_defaults() {
-  return options_defaults<kiln_attention_options>();
+  kiln_attention_options options{};
+  options.struct_size = sizeof(kiln_attention_options);
+  options.score = score_defaults();
+  return options;
 }
 
 kiln_decode_options decode_defaults() {
-  kiln_decode_options options = options_defaults<kiln_decode_options>();
+  kiln_decode_options options{};
+  options.struct_size = sizeof(kiln_decode_options);
+  options.score = score_defaults();
   options.rotary_interleaved = 1;  // FlashAttention's flash_attn_with_kvcache default
   return options;
 }
@@ -248,17 +277,29 @@ void init_sized(C* c, std::size_t size, C defaults) {
   std::memcpy(static_cast<void*>(c), &defaults, std::min(size, sizeof(C)));
 }
 
-// `options` as read_sized() reads it, or the defaults when it is null.
+// init_sized() for an options struct, whose caller also gives the size of its score: each part
+// of `defaults` into the caller's, never past its `size` bytes. One too small to hold its
+// struct_size gets nothing.
+template <OptionsStruct C>
+void init_options(C* c, std::size_t size, std::size_t score_size, C defaults) {
+  if (c == nullptr || size < kScoreAt) return;
+  defaults.struct_size = size;
+  defaults.score.struct_size = score_size;
+  const std::size_t score_bytes = std::min(score_size, size - kScoreAt);
+  copy_options(&defaults, kLibraryLayout<C>, c, {score_bytes, size - kScoreAt - score_bytes});
+}
+
+// `options` as read_options() reads it, or the defaults when it is null.
 kiln_attention_options attention_options(const kiln_attention_options* options) {
   if (options == nullptr) return attention_defaults();
-  return read_sized(*options, attention_defaults(), kAttentionOptionsEnds, "options",
-                    "kiln_attention_options", "kiln_attention_options_init");
+  return read_options(*options, attention_defaults(), kAttentionOptionsEnds,
+                      "kiln_attention_options", "kiln_attention_options_init");
 }
 
 kiln_decode_options decode_options(const kiln_decode_options* options) {
   if (options == nullptr) return decode_defaults();
-  return read_sized(*options, decode_defaults(), kDecodeOptionsEnds, "options",
-                    "kiln_decode_options", "kiln_decode_options_init");
+  return read_options(*options, decode_defaults(), kDecodeOptionsEnds, "kiln_decode_options",
+                      "kiln_decode_options_init");
 }
 
 // --- tensors ----------------------------------------------------------------------------------
@@ -402,8 +443,8 @@ class CallTensors {
 
 // The user variant of `c`, into `variant` (which the options point to), with its scalars and
 // tensors (the call's).
-template <ScoreFieldsStruct C>
-void set_variant(const C& c, CallTensors& tensors, Variant& variant, ScoreOptions& o) {
+void set_variant(const kiln_score_options& c, CallTensors& tensors, Variant& variant,
+                 ScoreOptions& o) {
   std::copy(std::begin(c.variant_scalars), std::end(c.variant_scalars), o.variant_scalars.begin());
   if ((c.variant_name == nullptr) != (c.variant_code == nullptr)) {
     throw Error(ErrorCategory::invalid_argument,
@@ -412,7 +453,7 @@ void set_variant(const C& c, CallTensors& tensors, Variant& variant, ScoreOption
                             c.variant_name == nullptr ? "name" : "code",
                             c.variant_name == nullptr ? "code" : "name"));
   }
-  constexpr int kTensors = static_cast<int>(std::extent_v<decltype(C::variant_tensors)>);
+  constexpr int kTensors = static_cast<int>(std::extent_v<decltype(c.variant_tensors)>);
   if (c.num_variant_tensors < 0 || c.num_variant_tensors > kTensors) {
     throw Error(ErrorCategory::invalid_argument,
                 fmt::format("num_variant_tensors is {}: it must be 0 to {}", c.num_variant_tensors,
@@ -428,21 +469,18 @@ void set_variant(const C& c, CallTensors& tensors, Variant& variant, ScoreOption
   o.variant = &variant;
 }
 
-// The score's fields of `c` as ScoreOptions; the slopes and sinks are converted as the call's
-// tensors, and the user variant goes into `variant`.
-template <ScoreFieldsStruct C>
-ScoreOptions score_options(const C& c, CallTensors& tensors, Variant& variant) {
-  CScoreFields fields;
-  std::memcpy(&fields, reinterpret_cast<const unsigned char*>(&c) + kScoreFieldsAt, sizeof fields);
+// The score of either options struct as ScoreOptions; the slopes, sinks and variant tensors are
+// converted as the call's tensors, and the user variant goes into `variant`.
+ScoreOptions score_options(const kiln_score_options& c, CallTensors& tensors, Variant& variant) {
   ScoreOptions o;
-  if (fields.softmax_scale > 0) o.softmax_scale = fields.softmax_scale;
-  o.causal = fields.causal != 0;
-  o.window_left = fields.window_left;
-  o.window_right = fields.window_right;
-  o.top_left = fields.top_left != 0;
-  o.softcap = fields.softcap;
-  o.alibi_slopes = tensors.maybe(fields.alibi_slopes, "alibi_slopes");
-  o.sinks = tensors.maybe(c.sinks, "sinks");  // appended to both structs, past CScoreFields
+  if (c.softmax_scale > 0) o.softmax_scale = c.softmax_scale;
+  o.causal = c.causal != 0;
+  o.window_left = c.window_left;
+  o.window_right = c.window_right;
+  o.top_left = c.top_left != 0;
+  o.softcap = c.softcap;
+  o.alibi_slopes = tensors.maybe(c.alibi_slopes, "alibi_slopes");
+  o.sinks = tensors.maybe(c.sinks, "sinks");
   set_variant(c, tensors, variant, o);
   return o;
 }
@@ -462,8 +500,9 @@ const char* kiln_build_id(void) {
       ;
 }
 
-void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size) {
-  kiln::init_sized(options, struct_size, kiln::attention_defaults());
+void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size,
+                                       size_t score_struct_size) {
+  kiln::init_options(options, struct_size, score_struct_size, kiln::attention_defaults());
 }
 
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
@@ -476,7 +515,7 @@ kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor*
     const kiln_attention_options c = kiln::attention_options(options);
     kiln::AttentionOptions o;
     kiln::Variant variant;
-    o.score = kiln::score_options(c, tensors, variant);
+    o.score = kiln::score_options(c.score, tensors, variant);
     o.bias = tensors.maybe(c.bias, "bias");
     o.lse = tensors.maybe(lse, "lse");
     o.cu_seqlens_q = tensors.maybe(c.cu_seqlens_q, "cu_seqlens_q");
@@ -492,8 +531,9 @@ void kiln_kvcache_init_sized(kiln_kvcache* cache, size_t struct_size) {
   kiln::init_sized(cache, struct_size, kiln::kvcache_defaults());
 }
 
-void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size) {
-  kiln::init_sized(options, struct_size, kiln::decode_defaults());
+void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size,
+                                    size_t score_struct_size) {
+  kiln::init_options(options, struct_size, score_struct_size, kiln::decode_defaults());
 }
 
 kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* cache,
@@ -519,7 +559,7 @@ kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* c
     const kiln_decode_options c = kiln::decode_options(options);
     kiln::DecodeOptions o;
     kiln::Variant variant;
-    o.score = kiln::score_options(c, tensors, variant);
+    o.score = kiln::score_options(c.score, tensors, variant);
     o.k_new = tensors.maybe(c.k_new, "k_new");
     o.v_new = tensors.maybe(c.v_new, "v_new");
     o.rotary_cos = tensors.maybe(c.rotary_cos, "rotary_cos");

@@ -64,13 +64,19 @@ struct DecodeOptions {
   int num_splits = 0;
 };
 
+// The decode attention kernels attention_with_kvcache() can run.
+enum class DecodeKernel {
+  mma,  // attention/decode/attention.cuh: split-KV over mma.sync tensor cores, NVIDIA sm_80+
+};
+
 // How the decode kernel runs; every config gives results within the same tolerance.
 struct DecodeConfig {
-  int num_splits = 1;  // key ranges per sequence, merged by the combine kernel when > 1
-  int block_n = 16;    // keys per warp and step
-  int warps = 4;       // warps per CTA, each streaming its own keys (fewer where 4 do not fit)
-  int stages = 4;      // cp.async slots per warp
+  int num_splits = 1;  // key ranges per sequence, 1 to 128, merged by the kernel when > 1
+  int block_n = 16;    // keys per warp and step: a multiple of 16 from 16 to 128
+  int warps = 4;       // warps per CTA, 1 to 16, each streaming its own keys
+  int stages = 4;      // cp.async slots per warp, 2 to 8
   int m_tiles = 1;     // m16 row tiles per CTA, 1, 2 or 4: 16 * m_tiles query rows of a kv head
+  DecodeKernel kernel = DecodeKernel::mma;
 };
 
 // out (batch, seqlen_q, heads, head_dim_v) = attention of q (batch, seqlen_q, heads, head_dim)
@@ -83,6 +89,16 @@ struct DecodeConfig {
 void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                             const DecodeOptions& options = {}, void* stream = nullptr,
                             Runtime& runtime = default_runtime());
+
+// As above, with `config` instead of choose()'s: to test or tune a config, or to run on the
+// device at hand the config choose() gives another target (config = choose(problem, "sm_89",
+// 84)). options.num_splits, which steers choose(), is not read: config.num_splits is the split
+// count. A config out of range throws kiln::Error (invalid_argument), and one the device cannot
+// run (more shared memory or threads per CTA than it has) kiln::Error (unsupported), before
+// anything is compiled or written.
+void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
+                            const DecodeOptions& options, const DecodeConfig& config,
+                            void* stream = nullptr, Runtime& runtime = default_runtime());
 
 // Whether attention_with_kvcache() accepts these inputs, without compiling or launching.
 bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,
@@ -125,7 +141,9 @@ std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeC
 
 // The specs `kiln warm` compiles by default for decode on `target` (sm_80 or newer; none
 // elsewhere): bf16 and fp16, head dims 64 and 128, contiguous and paged caches, one query token
-// with GQA groups of up to 16 heads, and the merge of split-KV.
+// with GQA groups of up to 16 heads, and the merge of split-KV. Planned without a device, for
+// the SM count of a part of the target (an H100 SXM's 132 on sm_90a); the count steers only the
+// splits, which no spec holds.
 std::vector<KernelSpec> decode_default_specs(const Target& target);
 
 // Merging attention states. A state is an attention output v (fp16, bf16 or fp32) over some

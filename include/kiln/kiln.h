@@ -14,7 +14,7 @@
 /* This header's version; CMakeLists.txt's project(kiln VERSION) is the source of truth, and the
  * library does not build when these differ from it. */
 #define KILN_VERSION_MAJOR 0
-#define KILN_VERSION_MINOR 1
+#define KILN_VERSION_MINOR 2
 #define KILN_VERSION_PATCH 0
 #define KILN_VERSION_NUMBER \
   (KILN_VERSION_MAJOR * 10000 + KILN_VERSION_MINOR * 100 + KILN_VERSION_PATCH)
@@ -48,13 +48,21 @@ typedef enum kiln_status {
  * defaults), and refuses a struct_size it does not know (0, garbage, or a newer header's) rather
  * than read past the caller's struct. The macros pass the caller's sizeof to the *_init_sized
  * functions, so that a newer library never writes past an older caller's struct either; callers
- * without the C preprocessor (ctypes, Rust) call those with their struct's size. */
+ * without the C preprocessor (ctypes, Rust) call those with their struct's size.
+ *
+ * kiln_score_options, the score's fields, sits in both options structs right after their
+ * struct_size, with a struct_size of its own, so that it can grow as they do: a caller's own
+ * fields start where its score ends, and the options' *_init_sized functions take the caller's
+ * sizeof(kiln_score_options) too. Set the score's fields one by one after *_init (a whole
+ * kiln_score_options assigned from zeros has struct_size 0, which the call refuses). Version
+ * 0.2.0 nested it: 0.1.0's options structs held the score's fields flat, and their callers must
+ * be rebuilt. */
 
-/* Options of kiln_attention. Call kiln_attention_options_init first: it sets struct_size, and
- * windows default to -1 (unbounded), which a zeroed struct would not give. Pointers may be NULL
- * (feature off). */
-typedef struct kiln_attention_options {
-  size_t struct_size;  /* sizeof(kiln_attention_options), set by kiln_attention_options_init */
+/* The score's fields of kiln_attention_options and kiln_decode_options (kiln::ScoreOptions):
+ * the scale, the band mask, softcap, ALiBi, sinks and a user variant. Set by the options'
+ * *_init: windows default to -1 (unbounded), which a zeroed struct would not give. */
+typedef struct kiln_score_options {
+  size_t struct_size;  /* sizeof(kiln_score_options), set by the options' *_init */
   float softmax_scale; /* <= 0: 1 / sqrt(head_dim) */
   int causal;          /* nonzero: window_right = 0 (bottom-right aligned unless top_left) */
   int window_left;     /* -1: unbounded */
@@ -62,12 +70,6 @@ typedef struct kiln_attention_options {
   int top_left;        /* nonzero: the band is aligned top-left instead of bottom-right */
   float softcap;       /* > 0: logits = softcap * tanh(logits / softcap) */
   const DLTensor* alibi_slopes; /* fp32 (heads) or (batch, heads) */
-  const DLTensor* bias;         /* q's dtype, (batch, heads, seqlen_q, seqlen_k), any strides */
-  const DLTensor* cu_seqlens_q; /* int32 (batch + 1): varlen offsets into q's token dim */
-  const DLTensor* cu_seqlens_k; /* int32 (batch + 1): varlen offsets into k's token dim */
-  const DLTensor* seqused_k;    /* int32 (batch): keys used per sequence */
-  int max_seqlen_q;             /* varlen: the longest query sequence */
-  int max_seqlen_k;             /* varlen: the longest key sequence */
   const DLTensor* sinks;        /* fp32 (heads): a logit per head added to each row's softmax
                                    denominator with no value (kiln::ScoreOptions::sinks) */
   /* A user variant (kiln/variant.hpp): attention hooks written as device code, compiled into the
@@ -78,11 +80,26 @@ typedef struct kiln_attention_options {
   float variant_scalars[8];           /* v.scalars in the hooks */
   int num_variant_tensors;            /* 0 to 4: how many of variant_tensors are given */
   const DLTensor* variant_tensors[4]; /* v.tensors in the hooks: any dtype, rank 1 to 4 */
+} kiln_score_options;
+
+/* Options of kiln_attention. Call kiln_attention_options_init first. Pointers may be NULL
+ * (feature off). */
+typedef struct kiln_attention_options {
+  size_t struct_size;       /* sizeof(kiln_attention_options), set by kiln_attention_options_init */
+  kiln_score_options score; /* first: its struct_size tells where the fields below start */
+  const DLTensor* bias;     /* q's dtype, (batch, heads, seqlen_q, seqlen_k), any strides */
+  const DLTensor* cu_seqlens_q; /* int32 (batch + 1): varlen offsets into q's token dim */
+  const DLTensor* cu_seqlens_k; /* int32 (batch + 1): varlen offsets into k's token dim */
+  const DLTensor* seqused_k;    /* int32 (batch): keys used per sequence */
+  int max_seqlen_q;             /* varlen: the longest query sequence */
+  int max_seqlen_k;             /* varlen: the longest key sequence */
 } kiln_attention_options;
 
-void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size);
-#define kiln_attention_options_init(options) \
-  kiln_attention_options_init_sized((options), sizeof(kiln_attention_options))
+void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size,
+                                       size_t score_struct_size);
+#define kiln_attention_options_init(options)                                   \
+  kiln_attention_options_init_sized((options), sizeof(kiln_attention_options), \
+                                    sizeof(kiln_score_options))
 
 /* Forward attention, FlashAttention's layouts: q (batch, seqlen_q, heads, head_dim), k and v
  * (batch, seqlen_k, heads_kv, head_dim / head_dim_v), out like q with head_dim_v; varlen drops
@@ -116,32 +133,21 @@ void kiln_kvcache_init_sized(kiln_kvcache* cache, size_t struct_size);
 /* Options of kiln_attention_with_kvcache. Call kiln_decode_options_init first. Pointers may be
  * NULL (feature off). */
 typedef struct kiln_decode_options {
-  size_t struct_size;           /* sizeof(kiln_decode_options), set by kiln_decode_options_init */
-  float softmax_scale;          /* <= 0: 1 / sqrt(head_dim) */
-  int causal;                   /* nonzero: window_right = 0 */
-  int window_left;              /* -1: unbounded */
-  int window_right;             /* -1: unbounded */
-  int top_left;                 /* nonzero: band aligned top-left instead of bottom-right */
-  float softcap;                /* > 0: logits = softcap * tanh(logits / softcap) */
-  const DLTensor* alibi_slopes; /* fp32 (heads) or (batch, heads) */
-  const DLTensor* k_new;        /* (batch, seqlen_new, heads_kv, head_dim): appended first */
-  const DLTensor* v_new;        /* (batch, seqlen_new, heads_kv, head_dim_v) */
-  const DLTensor* rotary_cos;   /* (seqlen_ro, rotary_dim / 2), q's dtype; needs k_new */
-  const DLTensor* rotary_sin;   /* like rotary_cos */
-  int rotary_interleaved;       /* nonzero (the default, as FlashAttention's): pairs (2i, 2i + 1)
-                                   (GPT-J); 0: (i, i + rotary_dim / 2) (GPT-NeoX) */
-  int num_splits;               /* 0: heuristic; n >= 1: at most n key splits (<= 128) */
-  const DLTensor* sinks;        /* fp32 (heads), as kiln_attention_options' */
-  const char* variant_name;     /* a user variant, as kiln_attention_options' */
-  const char* variant_code;
-  float variant_scalars[8];
-  int num_variant_tensors;
-  const DLTensor* variant_tensors[4];
+  size_t struct_size;         /* sizeof(kiln_decode_options), set by kiln_decode_options_init */
+  kiln_score_options score;   /* first, as in kiln_attention_options */
+  const DLTensor* k_new;      /* (batch, seqlen_new, heads_kv, head_dim): appended first */
+  const DLTensor* v_new;      /* (batch, seqlen_new, heads_kv, head_dim_v) */
+  const DLTensor* rotary_cos; /* (seqlen_ro, rotary_dim / 2), q's dtype; needs k_new */
+  const DLTensor* rotary_sin; /* like rotary_cos */
+  int rotary_interleaved;     /* nonzero (the default, as FlashAttention's): pairs (2i, 2i + 1)
+                                 (GPT-J); 0: (i, i + rotary_dim / 2) (GPT-NeoX) */
+  int num_splits;             /* 0: heuristic; n >= 1: at most n key splits (<= 128) */
 } kiln_decode_options;
 
-void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size);
+void kiln_decode_options_init_sized(kiln_decode_options* options, size_t struct_size,
+                                    size_t score_struct_size);
 #define kiln_decode_options_init(options) \
-  kiln_decode_options_init_sized((options), sizeof(kiln_decode_options))
+  kiln_decode_options_init_sized((options), sizeof(kiln_decode_options), sizeof(kiln_score_options))
 
 /* Decode attention over a KV cache (FlashAttention's flash_attn_with_kvcache): q (batch,
  * seqlen_q, heads, head_dim), out (batch, seqlen_q, heads, head_dim_v), lse (may be NULL) fp32

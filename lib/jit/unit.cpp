@@ -146,13 +146,12 @@ void validate(const KernelSpec& spec, const Target& target, const Compiler& comp
           fmt::format("variant name '{}' must be a C++ identifier", printable(spec.variant_name)));
     }
     check_variant_code(spec);
-    constexpr std::string_view kTakeVariants[] = {"kiln::AttentionParams",
-                                                  "kiln::AttentionTmaParams", "kiln::DecodeParams"};
-    if (std::find(std::begin(kTakeVariants), std::end(kTakeVariants), spec.params) ==
-        std::end(kTakeVariants)) {
+    const std::vector<std::string_view> takes_variants = variant_params();
+    if (std::find(takes_variants.begin(), takes_variants.end(), spec.params) ==
+        takes_variants.end()) {
       bad(spec, fmt::format("a variant is for attention kernels, whose Params are {}; {} holds no "
                             "score",
-                            fmt::join(kTakeVariants, ", "), printable(spec.params)));
+                            fmt::join(takes_variants, ", "), printable(spec.params)));
     }
   }
   for (const std::string& option : spec.options) {

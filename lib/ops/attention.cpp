@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// Forward attention: validate -> problem -> choose -> plan -> params -> launch.
+// Forward attention: validate -> choose -> plan -> fit -> launch. The kernels' descriptions and
+// tuning tables are in kernels/attention.cpp.
 #include "kiln/attention.hpp"
 
 #include <algorithm>
@@ -11,12 +12,12 @@
 #include <fmt/format.h>
 
 #include "core/checked_math.hpp"
+#include "kernels/attention.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
-#include "ops/attention_plan.hpp"
+#include "ops/launch_plan.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
-#include "params/registry.hpp"
 #include "runtime/device_calls.hpp"
 
 namespace kiln {
@@ -31,10 +32,6 @@ using detail::require_int32;
 using detail::require_rank;
 using detail::require_size;
 using detail::unsupported;
-
-// The most block_m, block_n and stages of a given AttentionConfig, and its most warps.
-constexpr int kMaxConfigValue = 1024;
-constexpr int kMaxWarps = 32;
 
 // The sizes of one call, read off the validated tensors, and its checked score.
 struct Shape {
@@ -241,199 +238,6 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   return p;
 }
 
-std::string_view kernel_name(AttentionKernel kernel) {
-  switch (kernel) {
-    case AttentionKernel::mma: return "mma";
-    case AttentionKernel::wgmma: return "wgmma";
-    case AttentionKernel::tma: return "tma";
-    case AttentionKernel::portable: return "portable";
-  }
-  return "unknown";
-}
-
-// AMD targets attention runs on: gfx9 (GCN and CDNA), whose wavefronts have the 64 lanes that
-// kernels_src/common/vendor.cuh assumes for every AMD target.
-bool amd_target_supported(const Target& target) {
-  return target.arch() >= 0x900 && target.arch() <= 0x9ff;  // gfx9xx
-}
-
-bool runs_on(const Target& target) {
-  return target.amd() ? amd_target_supported(target) : detail::is_sm80_or_newer(target);
-}
-
-// Hopper's arch-specific target, the one with wgmma (the wgmma and tma kernels).
-bool is_sm90a(const Target& target) {
-  return target.nvidia() && target.arch() == 90 && target.arch_specific();
-}
-
-void require_target(const Target& target, AttentionKernel kernel) {
-  if (target.amd()) {
-    if (!amd_target_supported(target)) {
-      unsupported(
-          fmt::format("attention on {} is not supported: on AMD it runs on gfx9 targets "
-                      "(wave64, such as gfx90a) that the loaded hipRTC can build",
-                      target.name()));
-    }
-    if (kernel != AttentionKernel::portable) {
-      unsupported(
-          fmt::format("the {} attention kernel uses NVIDIA instructions and cannot run on {}: "
-                      "use a portable config (AttentionKernel::portable), as choose() gives AMD "
-                      "targets",
-                      kernel_name(kernel), target.name()));
-    }
-    return;
-  }
-  if (!detail::is_sm80_or_newer(target)) {
-    unsupported(
-        fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores) or an AMD gfx9 "
-                    "one; the target is {}",
-                    target.name()));
-  }
-  if ((kernel == AttentionKernel::wgmma || kernel == AttentionKernel::tma) && !is_sm90a(target)) {
-    unsupported(fmt::format(
-        "the {} attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
-        "the mma kernel (AttentionKernel::mma)",
-        kernel_name(kernel), target.name()));
-  }
-}
-
-}  // namespace
-
-AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
-  const bool amd = target.amd();
-  require_target(target, amd ? AttentionKernel::portable : AttentionKernel::mma);
-  const int widest = std::max(problem.head_dim, problem.head_dim_v);
-  if (amd) {
-    // The portable kernel, not tuned on AMD hardware: CTAs of 256 threads (4 wavefronts) with
-    // 4, 8 or 16 lanes on each query row, so that every lane holds at most 2 chunks (16
-    // columns) of q and of the output. 32 keys a step: with 64, hipRTC gave head dim 128 417
-    // VGPRs on gfx90a (260 with 32).
-    constexpr AttentionKernel portable = AttentionKernel::portable;
-    if (widest <= 64) return {.block_m = 64, .block_n = 32, .warps = 8, .kernel = portable};
-    if (widest <= 128) return {.block_m = 32, .block_n = 32, .warps = 8, .kernel = portable};
-    return {.block_m = 16, .block_n = 32, .warps = 8, .kernel = portable};
-  }
-  // Measured on an H100 (bench/RESULTS.md, runs 13 to 16; kiln_bench_tune times the
-  // candidates): the tma kernel runs 0.71-1.18x cuDNN where the wgmma kernel ran 0.65-0.79x (head
-  // dims 128 and 256) and mma 0.65-0.71x (64); at 80 and 96, padded to 128, it still beats the
-  // mma kernel. Below 64 the padding would double the work: mma. At 64 three consumer warpgroups
-  // (192 rows) share each K/V tile without a mask (15-20% faster than two); with one, two
-  // warpgroups, and 192 keys a step from kLongSeqlenK keys (2-6% faster there, 6-10% slower at
-  // 1024); 192 x 192 spills. From 65 to 128 two warpgroups, and 176 keys a step from
-  // kLongSeqlenK (2-5% faster there; 10-19% slower at 512 and 1024 with a mask); a third stage
-  // or warpgroup gained nothing, and a single stage lost 10-30%. 192 KiB of smem at 256 holds
-  // only 64 keys a step (one stage of 64 or 128 keys lost 30-70%). Inputs TMA cannot tile (a
-  // stride of 0) run the wgmma kernel on the same tiles (run()).
-  if (is_sm90a(target) && problem.head_dim >= 64 && problem.head_dim_v >= 64) {
-    constexpr AttentionKernel tma = AttentionKernel::tma;
-    const bool long_keys = problem.seqlen_k >= kLongSeqlenK;
-    if (widest <= 64) {
-      if (!problem.band) return {.block_m = 192, .block_n = 128, .stages = 3, .kernel = tma};
-      return {.block_m = 128, .block_n = long_keys ? 192 : 128, .stages = 2, .kernel = tma};
-    }
-    if (widest <= 128) {
-      return {.block_m = 128, .block_n = long_keys ? 176 : 128, .stages = 2, .kernel = tma};
-    }
-    return {.block_m = 128, .block_n = 64, .stages = 2, .kernel = tma};
-  }
-  // The mma kernel, tuned on an H200 (kernels_src/attention/prefill/forward.cuh has the reasoning);
-  // every sm_80+ part fits these, sm_86/89's 99 KiB included.
-  if (widest <= 64)
-    return problem.band ? AttentionConfig{128, 128, 4, 2} : AttentionConfig{128, 64, 4, 2};
-  if (widest <= 128) return {128, 64, 4, 1};
-  return {64, 64, 4, 1};
-}
-
-KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {
-  KernelSpec spec{.params = "kiln::AttentionParams"};
-  switch (config.kernel) {
-    case AttentionKernel::mma:
-      spec.source = "attention/prefill/forward.cuh";
-      spec.entry = "kiln::attention_forward";
-      break;
-    case AttentionKernel::wgmma:
-      spec.source = "attention/prefill/forward_wgmma.cuh";
-      spec.entry = "kiln::attention_forward_wgmma";
-      break;
-    case AttentionKernel::tma:
-      spec.source = "attention/prefill/forward_tma.cuh";
-      spec.entry = "kiln::attention_forward_tma";
-      spec.params = "kiln::AttentionTmaParams";
-      break;
-    case AttentionKernel::portable:
-      spec.source = "attention/prefill/forward_portable.cuh";
-      spec.entry = "kiln::attention_forward_portable";
-      break;
-  }
-  spec.set("dtype", problem.dtype)
-      .set("head_dim", problem.head_dim)
-      .set("head_dim_v", problem.head_dim_v)
-      .set("block_m", config.block_m)
-      .set("block_n", config.block_n);
-  const bool warpgroups =
-      config.kernel == AttentionKernel::wgmma || config.kernel == AttentionKernel::tma;
-  if (!warpgroups) spec.set("warps", config.warps);
-  if (config.kernel != AttentionKernel::portable) spec.set("stages", config.stages);
-  spec.set("band", problem.band)
-      .set("varlen", problem.varlen)
-      .set("has_softcap", problem.softcap)
-      .set("has_alibi", problem.alibi)
-      .set("has_bias", problem.bias);
-  detail::set_variant(spec, problem.variant);
-  return spec;
-}
-
-namespace {
-
-// A caller's config: a kernel there is, that `target` runs, with sizes in range.
-void check_config(const AttentionConfig& config, const Target& target) {
-  const AttentionKernel kernel = config.kernel;
-  if (kernel != AttentionKernel::mma && kernel != AttentionKernel::wgmma &&
-      kernel != AttentionKernel::tma && kernel != AttentionKernel::portable) {
-    invalid(
-        fmt::format("config.kernel is {}, which is no AttentionKernel: use mma, wgmma, tma or "
-                    "portable",
-                    static_cast<int>(kernel)));
-  }
-  require_target(target, kernel);
-  // NOTE: the upper bounds keep the launch's thread count and shared memory, products of these,
-  // from overflowing; no kernel takes more.
-  const auto in = [](int value, int most) { return value >= 1 && value <= most; };
-  if (!in(config.block_m, kMaxConfigValue) || !in(config.block_n, kMaxConfigValue) ||
-      !in(config.warps, kMaxWarps) || !in(config.stages, kMaxConfigValue)) {
-    invalid(fmt::format(
-        "config (block_m {}, block_n {}, warps {}, stages {}) has a value out of range: "
-        "block_m, block_n and stages must be from 1 to {}, warps from 1 to {} (a CTA has at "
-        "most {} threads)",
-        config.block_m, config.block_n, config.warps, config.stages, kMaxConfigValue, kMaxWarps,
-        kMaxWarps * 32));
-  }
-}
-
-// The CTA each kernel declares (kernels_src/attention/prefill).
-int threads_of(const AttentionConfig& c) {
-  switch (c.kernel) {
-    case AttentionKernel::wgmma: return c.block_m * 2;      // a warpgroup per 64 rows
-    case AttentionKernel::tma: return c.block_m * 2 + 128;  // and the producer warpgroup
-    case AttentionKernel::mma:
-    case AttentionKernel::portable: break;
-  }
-  return c.warps * 32;
-}
-
-// Throws kiln::Error (unsupported) when `device` cannot run `plan`, the launch of `config`.
-void require_fits(const detail::LaunchPlan& plan, const AttentionConfig& config,
-                  const DeviceInfo& device) {
-  if (const auto exceeded = detail::exceeded_limit(plan, device)) {
-    unsupported(fmt::format(
-        "attention config (kernel {}, block_m {}, block_n {}, warps {}, stages {}) needs {}: "
-        "pass a config with a smaller block_m or block_n, or fewer stages or warps (or "
-        "choose()'s config, where this one is not)",
-        kernel_name(config.kernel), config.block_m, config.block_n, config.warps, config.stages,
-        *exceeded));
-  }
-}
-
 // Whether TMA can tile these tensors: data to point at, no empty dim, and every stride but the
 // last a nonzero multiple of 16 bytes below 2^40 (a broadcast input, stride 0, is not one).
 bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
@@ -512,7 +316,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
   const Target target = detail::target_to_run(runtime, kCall);
-  if (config) check_config(*config, target);
+  if (config) detail::check_config(*config, target);
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
     if (config) {
@@ -522,15 +326,12 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
           "(AttentionKernel::wgmma), or choose()'s config, which does so itself",
           q.describe(), k.describe(), v.describe()));
     }
-    // The same tiles, loaded without TMA; 176 keys a step is the tma kernel's alone (the wgmma
-    // kernel steps by 64s).
-    c.kernel = AttentionKernel::wgmma;
-    if (c.block_n == 176) c.block_n = 128;
+    c = detail::without_tma(c);
   }
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
+  detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
   const Kernel kernel = runtime.kernel(plan.spec, stream);
-  require_fits(plan, c, device);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{
       .grid = {static_cast<std::uint32_t>(row_blocks), static_cast<std::uint32_t>(s.heads),
@@ -572,44 +373,13 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
     const Validated checked = validate(q, k, v, out, options, runtime.device());
     const AttentionConfig config = choose(checked.problem, runtime.target());
     if (const DeviceInfo* device = detail::present_device(runtime)) {
-      require_fits(detail::attention_plan(checked.problem, config), config, *device);
+      detail::require_fits(detail::attention_plan(checked.problem, config), config, *device);
     }
     return true;
   } catch (const Error& e) {
     if (why) *why = e.what();
     return false;
   }
-}
-
-namespace detail {
-
-LaunchPlan attention_plan(const AttentionProblem& problem, const AttentionConfig& config) {
-  LaunchPlan plan{.spec = attention_spec(problem, config), .threads = threads_of(config)};
-  plan.shared_bytes = *dynamic_shared_bytes(plan.spec);
-  return plan;
-}
-
-}  // namespace detail
-
-std::vector<KernelSpec> attention_default_specs(const Target& target) {
-  std::vector<KernelSpec> specs;
-  if (!runs_on(target)) return specs;
-  for (DType dtype : {DType::bf16, DType::f16}) {
-    for (int dim : {64, 128, 256}) {
-      for (bool band : {false, true}) {
-        for (long long seqlen_k : {0LL, kLongSeqlenK}) {
-          const AttentionProblem problem{.dtype = dtype,
-                                         .head_dim = dim,
-                                         .head_dim_v = dim,
-                                         .band = band,
-                                         .seqlen_k = seqlen_k};
-          const KernelSpec spec = attention_spec(problem, choose(problem, target));
-          if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
-        }
-      }
-    }
-  }
-  return specs;
 }
 
 }  // namespace kiln

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Decode attention over a KV cache and state merging: validate -> problem -> choose -> params ->
-// (debug checks) -> launch. The kernels' side is in decode_kernels.cpp.
+// Decode attention over a KV cache and state merging: validate -> choose -> plan -> fit ->
+// (debug checks) -> launch. The kernels' descriptions and tuning are in kernels/decode.cpp, the
+// launch sequences in decode_kernels.cpp.
 #include "kiln/decode.hpp"
 
 #include <algorithm>
@@ -11,6 +12,7 @@
 #include <fmt/format.h>
 
 #include "core/checked_math.hpp"
+#include "kernels/decode.hpp"
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
 #include "ops/kvcache_checks.hpp"
@@ -316,20 +318,6 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
   return p;
 }
 
-void require_target(const Target& target) {
-  if (target.amd()) {
-    unsupported(
-        fmt::format("decode attention on {} is not supported yet: its kernel uses NVIDIA "
-                    "tensor-core instructions; AMD support is planned",
-                    target.name()));
-  }
-  if (!is_sm80_or_newer(target)) {
-    unsupported(fmt::format(
-        "decode attention needs an sm_80 or newer GPU (bf16 tensor cores); the target is {}",
-        target.name()));
-  }
-}
-
 CacheBounds bounds_of(const Shape& s) {
   return {.capacity = s.capacity,
           .seqlen_new = s.seqlen_new,
@@ -463,29 +451,40 @@ void merge(bool many, std::initializer_list<States> inputs, const TensorView& v_
   launch_merge(runtime, call, first.v.dtype, v_out.dtype, static_cast<int>(m.head_dim), p, stream);
 }
 
-}  // namespace
+constexpr CallName kCall{"kiln::attention_with_kvcache", "kiln_attention_with_kvcache"};
 
-void attention_with_kvcache_planned_for(const Target* planned, const TensorView& q,
-                                        const KVCache& cache, const TensorView& out,
-                                        const DecodeOptions& options, void* stream,
-                                        Runtime& runtime) {
+// Runs a call with `config`, or with choose()'s when there is none.
+void run(const TensorView& q, const KVCache& cache, const TensorView& out,
+         const DecodeOptions& options, const std::optional<DecodeConfig>& config, void* stream,
+         Runtime& runtime) {
   const Shape s = validate(q, cache, out, options, runtime.device());
   if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
-  const CallName call{"kiln::attention_with_kvcache", "kiln_attention_with_kvcache"};
-  const Target target = target_to_run(runtime, call);
+  const Target target = target_to_run(runtime, kCall);
   require_target(target);
-  const DeviceInfo& device = require_gpu(runtime, call);  // choose() reads its SM count
+  if (config) check_config(*config);
+  const DeviceInfo& device = require_gpu(runtime, kCall);  // choose() reads its SM count
   const DecodeProblem problem = problem_of(s, q.dtype, options);
-  const DecodeConfig config = choose(problem, planned ? *planned : target, device.multiprocessors);
+  const DecodeConfig c = config ? *config : choose(problem, target, device.multiprocessors);
+  const DecodePlan plan = decode_plan(problem, c);
+  // Every kernel against the device before any is compiled or the append writes the cache: a
+  // refused call does nothing.
+  require_fits(plan, c, config ? nullptr : &target, device);
   if (detail::debug(runtime)) check_cache_indices(runtime, cache, bounds_of(s), stream);
-  launch_decode(runtime, problem, config, params_of(q, cache, out, options, s), stream);
+  launch_decode(runtime, problem, c, plan, params_of(q, cache, out, options, s), stream);
 }
 
+}  // namespace
 }  // namespace detail
 
 void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
                             const DecodeOptions& options, void* stream, Runtime& runtime) {
-  detail::attention_with_kvcache_planned_for(nullptr, q, cache, out, options, stream, runtime);
+  detail::run(q, cache, out, options, std::nullopt, stream, runtime);
+}
+
+void attention_with_kvcache(const TensorView& q, const KVCache& cache, const TensorView& out,
+                            const DecodeOptions& options, const DecodeConfig& config, void* stream,
+                            Runtime& runtime) {
+  detail::run(q, cache, out, options, config, stream, runtime);
 }
 
 bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& out,
@@ -497,7 +496,7 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
     if (const DeviceInfo* device = detail::present_device(runtime)) {
       const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
       const DecodeConfig config = choose(problem, target, device->multiprocessors);
-      detail::require_fits(detail::decode_attention_plan(problem, config), config, target, *device);
+      detail::require_fits(detail::decode_plan(problem, config), config, &target, *device);
     }
     return true;
   } catch (const Error& e) {

@@ -1,135 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
-// The decode family's kernels: config choice, specs and the launch sequence.
+// The decode family's launch sequences: append and split-KV attention, and merge_states.
 #include "ops/decode_kernels.hpp"
 
 #include <algorithm>
 #include <atomic>
-#include <cmath>
 #include <cstdint>
 #include <limits>
 
 #include <fmt/format.h>
 
-#include "core/checked_math.hpp"
 #include "kiln/error.hpp"
-#include "ops/score.hpp"
-#include "ops/tensor_checks.hpp"
 #include "runtime/device_calls.hpp"
 
-namespace kiln {
-namespace {
-
-// The heuristic gives each split at least this many keys: a CTA's fixed costs (Q, the first
-// tiles' latency, the warp merge) need that much streaming to hide. Measured on an H200 at
-// 1 x 32768 (8 kv heads): 16 splits of 2048 keys ran at 3.0 TB/s, 33 splits at 2.7.
-constexpr long long kMinSplitKeys = 2048;
-// Shared memory one CTA aims to stay under, so that two fit an SM of sm_90 (227 KiB); choose()
-// takes the target's limit where that is less.
-constexpr long long kSmemPerCta = 112 * 1024;
-
-using detail::ceil_div;
-
-long long smem_bytes(const DecodeProblem& problem, const DecodeConfig& c) {
-  return attention_decode_smem_bytes(problem.head_dim, problem.head_dim_v, c.m_tiles, c.block_n,
-                                     c.warps, c.stages);
-}
-
-// The fewest splits whose grid fills `slots` CTA places within 95% of the best any split
-// count achieves: a partial last wave leaves places empty, and an SM running more CTAs than
-// the others finishes last.
-int split_heuristic(long long ctas, long long slots, int max_splits) {
-  if (ctas >= slots * 4 / 5) return 1;
-  auto efficiency = [&](int splits) {
-    const double waves = static_cast<double>(ctas * splits) / static_cast<double>(slots);
-    return waves / std::ceil(waves);
-  };
-  double best = 0;
-  for (int s = 1; s <= max_splits; ++s) best = std::max(best, efficiency(s));
-  for (int s = 1; s <= max_splits; ++s) {
-    if (efficiency(s) >= 0.95 * best) return s;
-  }
-  return 1;
-}
-
-}  // namespace
-
-DecodeConfig choose(const DecodeProblem& problem, const Target& target, int multiprocessors) {
-  DecodeConfig c;
-  c.m_tiles = detail::decode_m_tiles(problem.rows_per_kv_head, problem.head_dim_v);
-  c.stages = 2;
-  // NOTE: fewer warps only where two stages of four do not fit the target at all (head dim 256
-  // on sm_86, sm_89 and sm_120: 136 KiB against 99), since four warps are what was measured (on
-  // an H200): the stages give way first. Neither is tuned on those targets.
-  const long long limit = target.max_shared_bytes_per_block();
-  while (c.warps > 1 && smem_bytes(problem, c) > limit) --c.warps;
-  // As many cp.async slots per warp as fit kSmemPerCta and the target, 2 to 4.
-  const long long budget = std::min(kSmemPerCta, limit);
-  while (c.stages < 4) {
-    DecodeConfig deeper = c;
-    ++deeper.stages;
-    if (smem_bytes(problem, deeper) > budget) break;
-    c = deeper;
-  }
-  const long long step = static_cast<long long>(c.warps) * c.block_n;
-  const long long keys = std::max(problem.capacity, 0LL);
-  const int max_splits =
-      static_cast<int>(std::clamp<long long>(ceil_div(keys, step), 1, detail::kMaxDecodeSplits));
-  if (problem.requested_splits > 0) {
-    c.num_splits = std::min(problem.requested_splits, max_splits);
-    return c;
-  }
-  // NOTE: callers may pass any ints: a negative count counts as none, and a CTA count beyond
-  // int64 saturates (so many CTAs need no splits).
-  const std::int64_t groups =
-      std::int64_t{std::max(problem.batch, 0)} * std::max(problem.heads_kv, 0);
-  const std::int64_t ctas = detail::checked_mul(groups, detail::decode_row_blocks(problem, c))
-                                .value_or(std::numeric_limits<std::int64_t>::max());
-  const int worthwhile =
-      static_cast<int>(std::clamp<long long>(ceil_div(keys, kMinSplitKeys), 1, max_splits));
-  // One CTA per SM, though two fit: measured on an H200 (32q/8kv, d128), 8 x 8192 ran at 3.60
-  // TB/s with 2 splits (128 CTAs) against 3.52 with 4, and 1 x 32768 at 2.92 with 16 splits
-  // against 2.76 with 28.
-  c.num_splits = split_heuristic(ctas, std::max(1, multiprocessors), worthwhile);
-  return c;
-}
-
-std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config) {
-  std::vector<KernelSpec> specs;
-  if (problem.append) specs.push_back(detail::decode_append_spec(problem));
-  specs.push_back(detail::decode_attention_spec(problem, config));
-  return specs;
-}
-
-std::vector<KernelSpec> decode_default_specs(const Target& target) {
-  std::vector<KernelSpec> specs;
-  if (!detail::is_sm80_or_newer(target)) return specs;
-  // A long cache on few sequences, so that the config is the split one. The SM count steers
-  // only the splits, which no spec holds.
-  constexpr int kBatch = 1, kHeadsKv = 8, kRows = 4, kSms = 132;
-  constexpr long long kCapacity = 32768;
-  for (DType dtype : {DType::bf16, DType::f16}) {
-    for (int dim : {64, 128}) {
-      for (bool paged : {false, true}) {
-        const DecodeProblem problem{.dtype = dtype,
-                                    .head_dim = dim,
-                                    .head_dim_v = dim,
-                                    .rows_per_kv_head = kRows,
-                                    .paged = paged,
-                                    .batch = kBatch,
-                                    .heads_kv = kHeadsKv,
-                                    .capacity = kCapacity};
-        for (KernelSpec& spec : decode_specs(problem, choose(problem, target, kSms))) {
-          specs.push_back(std::move(spec));
-        }
-      }
-      // merge_states over the outputs of two such calls.
-      specs.push_back(detail::merge_spec(dtype, dtype, dim));
-    }
-  }
-  return specs;
-}
-
-namespace detail {
+namespace kiln::detail {
 namespace {
 
 // Device scratch of one call, handed back on the stream however the call ends.
@@ -178,81 +61,6 @@ unsigned long long next_split_tag() {
 
 }  // namespace
 
-int decode_m_tiles(int rows_per_kv_head, int head_dim_v) {
-  // Output accumulators a thread holds: m_tiles * round_up(head_dim_v, 16) / 2; at most 128.
-  const int most = head_dim_v <= 64 ? 4 : head_dim_v <= 128 ? 2 : 1;
-  return std::min(most, rows_per_kv_head <= 16 ? 1 : rows_per_kv_head <= 32 ? 2 : 4);
-}
-
-std::int64_t decode_row_blocks(const DecodeProblem& problem, const DecodeConfig& config) {
-  return ceil_div(std::max(problem.rows_per_kv_head, 0), 16 * config.m_tiles);
-}
-
-KernelSpec decode_append_spec(const DecodeProblem& problem) {
-  KernelSpec spec{.source = "attention/decode/append.cuh",
-                  .entry = "kiln::decode_append",
-                  .params = "kiln::DecodeParams"};
-  spec.set("dtype", problem.dtype)
-      .set("head_dim", problem.head_dim)
-      .set("head_dim_v", problem.head_dim_v)
-      .set("paged", problem.paged)
-      .set("rotary", problem.rotary);
-  return spec;
-}
-
-KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config) {
-  KernelSpec spec{.source = "attention/decode/attention.cuh",
-                  .entry = "kiln::attention_decode",
-                  .params = "kiln::DecodeParams"};
-  spec.set("dtype", problem.dtype)
-      .set("head_dim", problem.head_dim)
-      .set("head_dim_v", problem.head_dim_v)
-      .set("m_tiles", config.m_tiles)
-      .set("block_n", config.block_n)
-      .set("warps", config.warps)
-      .set("stages", config.stages)
-      .set("paged", problem.paged)
-      .set("band", problem.band)
-      .set("has_softcap", problem.softcap)
-      .set("has_alibi", problem.alibi);
-  set_variant(spec, problem.variant);
-  return spec;
-}
-
-KernelSpec merge_spec(DType in, DType out, int head_dim) {
-  KernelSpec spec{.source = "attention/decode/merge.cuh",
-                  .entry = "kiln::merge_states_kernel",
-                  .params = "kiln::MergeParams"};
-  spec.set("dtype_in", in).set("dtype_out", out).set("head_dim", head_dim);
-  return spec;
-}
-
-LaunchPlan decode_append_plan(const DecodeProblem& problem) {
-  return {.spec = decode_append_spec(problem), .threads = kDecodeAppendThreads};
-}
-
-LaunchPlan decode_attention_plan(const DecodeProblem& problem, const DecodeConfig& config) {
-  return {.spec = decode_attention_spec(problem, config),
-          .threads = config.warps * 32,
-          .shared_bytes = smem_bytes(problem, config)};
-}
-
-LaunchPlan merge_plan(DType in, DType out, int head_dim) {
-  return {.spec = merge_spec(in, out, head_dim), .threads = kMergeThreads};
-}
-
-void require_fits(const LaunchPlan& plan, const DecodeConfig& config, const Target& target,
-                  const DeviceInfo& device) {
-  if (const auto exceeded = exceeded_limit(plan, device)) {
-    throw Error(ErrorCategory::unsupported,
-                fmt::format("decode config (block_n {}, warps {}, stages {}, m_tiles {}) needs {}: "
-                            "choose() planned it for the target {}, whose CTAs may take {} bytes; "
-                            "run with the device's own target ({})",
-                            config.block_n, config.warps, config.stages, config.m_tiles, *exceeded,
-                            target.name(), target.max_shared_bytes_per_block(), device.target));
-  }
-}
-
 void launch_merge(Runtime& runtime, CallName call, DType in, DType out, int head_dim,
                   const MergeParams& p, void* stream) {
   const long long rows = static_cast<long long>(p.seqlen) * p.heads;
@@ -274,7 +82,10 @@ void launch_merge(Runtime& runtime, CallName call, DType in, DType out, int head
 }
 
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,
-                   DecodeParams p, void* stream) {
+                   const DecodePlan& plan, DecodeParams p, void* stream) {
+  // Both kernels before any memory is taken or written: a failed compile leaves nothing behind.
+  const Kernel append = plan.append ? runtime.kernel(plan.append->spec, stream) : Kernel();
+  const Kernel attention = runtime.kernel(plan.attention.spec, stream);
   const int splits = config.num_splits;
   const std::int64_t row_blocks = decode_row_blocks(problem, config);
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
@@ -295,15 +106,14 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
       runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + scratch_flag_bytes,
       stream);
 
-  if (problem.append) {
+  if (plan.append) {
     p.maybe_q_rotated = problem.rotary ? scratch.at(0) : nullptr;
     const int tokens = std::max(p.seqlen_new, problem.rotary ? p.seqlen_q : 0);
-    const LaunchPlan append = decode_append_plan(problem);
-    runtime.kernel(append.spec, stream)
-        .launch({.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
-                 .block = {static_cast<std::uint32_t>(append.threads)},
-                 .stream = stream},
-                p);
+    append.launch(
+        {.grid = {static_cast<std::uint32_t>(tokens), static_cast<std::uint32_t>(p.batch)},
+         .block = {static_cast<std::uint32_t>(plan.append->threads)},
+         .stream = stream},
+        p);
   }
   if (problem.rotary) {
     p.q = p.maybe_q_rotated;
@@ -329,18 +139,14 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
 
   // The kernel waits for the previous grid before touching memory, so it may be scheduled
   // while the one before it finishes.
-  const LaunchPlan attention = decode_attention_plan(problem, config);
-  const Kernel kernel = runtime.kernel(attention.spec, stream);
-  require_fits(attention, config, runtime.target(), runtime.device_info());
-  kernel.launch(
+  attention.launch(
       {.grid = {static_cast<std::uint32_t>(row_blocks * splits),
                 static_cast<std::uint32_t>(p.heads_kv), static_cast<std::uint32_t>(p.batch)},
-       .block = {static_cast<std::uint32_t>(attention.threads)},
-       .shared_bytes = static_cast<std::uint32_t>(attention.shared_bytes),
+       .block = {static_cast<std::uint32_t>(plan.attention.threads)},
+       .shared_bytes = static_cast<std::uint32_t>(plan.attention.shared_bytes),
        .stream = stream,
        .overlap_previous = true},
       p);
 }
 
-}  // namespace detail
-}  // namespace kiln
+}  // namespace kiln::detail

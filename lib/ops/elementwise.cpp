@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "core/checked_math.hpp"
+#include "kernels/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/elementwise.h"
 #include "ops/launch_plan.hpp"
@@ -81,16 +82,6 @@ UnaryConfig choose(const UnaryArgs& args) {
   return {256, size_of(args.dtype) >= 8 ? 2 : 4};
 }
 
-KernelSpec unary_spec(UnaryOp op, DType dtype, const UnaryConfig& config) {
-  KernelSpec spec{
-      .source = "elementwise/unary.cuh", .entry = "kiln::unary", .params = "kiln::UnaryParams"};
-  spec.set("block_size", config.block_size)
-      .set("items_per_thread", config.items_per_thread)
-      .set("op", static_cast<int>(op))
-      .set("dtype", dtype);
-  return spec;
-}
-
 void unary(const UnaryArgs& args, Runtime& runtime) {
   unary(args, choose(args), runtime);
 }
@@ -111,7 +102,7 @@ void unary(const UnaryArgs& args, const UnaryConfig& config, Runtime& runtime) {
   }
   const UnaryParams params{args.in, args.out, args.n};
   kernel.launch({.grid = {static_cast<std::uint32_t>(blocks)},
-                 .block = {static_cast<std::uint32_t>(config.block_size)},
+                 .block = {static_cast<std::uint32_t>(detail::kUnaryKernel.threads(config))},
                  .stream = args.stream},
                 params);
 }

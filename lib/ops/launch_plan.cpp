@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// LaunchPlan against a device's limits.
+// Where a call runs: the runtime's target and device.
 #include "ops/launch_plan.hpp"
 
 #include <fmt/format.h>
@@ -8,20 +8,6 @@
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
-
-std::optional<std::string> exceeded_limit(const LaunchPlan& plan, const DeviceInfo& device) {
-  const auto over = [](long long needed, int limit) { return limit > 0 && needed > limit; };
-  if (over(plan.threads, device.max_threads_per_block)) {
-    return fmt::format("{} threads per CTA, but device {} ({}) runs at most {}", plan.threads,
-                       device.ordinal, device.name, device.max_threads_per_block);
-  }
-  if (over(plan.shared_bytes, device.max_shared_bytes_per_block)) {
-    return fmt::format(
-        "{} bytes of dynamic shared memory per CTA, but device {} ({}) allows at most {}",
-        plan.shared_bytes, device.ordinal, device.name, device.max_shared_bytes_per_block);
-  }
-  return std::nullopt;
-}
 
 const DeviceInfo* present_device(Runtime& runtime) {
   try {

@@ -1,29 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
-// LaunchPlan: what a family's (problem, config) launches, and whether a device can run it.
+// Where a call runs: the runtime's target and device, as each interface names the call.
 #pragma once
 
 #include <optional>
 #include <string>
 #include <string_view>
 
+#include "kernels/kernel.hpp"
 #include "kiln/runtime.hpp"
 #include "kiln/spec.hpp"
 #include "kiln/target.hpp"
 
 namespace kiln::detail {
-
-// One kernel launch as its family plans it from (problem, config): the spec to compile and the
-// CTA the kernel declares. The launch reads it, and is_supported() checks it against the device.
-struct LaunchPlan {
-  KernelSpec spec;
-  int threads = 0;             // per CTA
-  long long shared_bytes = 0;  // dynamic shared memory per CTA
-};
-
-// What of `plan` `device` cannot run, as "N threads per CTA, but device D (NAME) runs at most
-// M"; nullopt when it fits, or where the driver did not report the limit. A couple of compares
-// when it fits: the hot path asks before each launch.
-std::optional<std::string> exceeded_limit(const LaunchPlan& plan, const DeviceInfo& device);
 
 // The runtime's device, or null for a runtime without one (compile-only use), which has no
 // limits to check.

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The table of Params structs and of kiln's kernels; a new kernel family adds its rows here.
+// The table of Params structs and of kiln's kernels, read from the families' descriptions
+// (lib/kernels); a new kernel family adds its Params and its descriptions here.
 #include "params/registry.hpp"
 
 #include <algorithm>
@@ -10,7 +11,9 @@
 #include <fmt/ranges.h>
 
 #include "core/user_text.hpp"
-#include "kiln/elementwise.hpp"
+#include "kernels/attention.hpp"
+#include "kernels/decode.hpp"
+#include "kernels/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
 #include "kiln/params/decode.h"
@@ -21,104 +24,32 @@ namespace kiln::detail {
 namespace {
 
 constexpr ParamsLayout kLayouts[] = {
-    {"kiln::UnaryParams", "kiln/params/elementwise.h", sizeof(UnaryParams), alignof(UnaryParams)},
+    {"kiln::UnaryParams", "kiln/params/elementwise.h", sizeof(UnaryParams), alignof(UnaryParams),
+     false},
     {"kiln::AttentionParams", "kiln/params/attention.h", sizeof(AttentionParams),
-     alignof(AttentionParams)},
+     alignof(AttentionParams), true},
     {"kiln::AttentionTmaParams", "kiln/params/attention.h", sizeof(AttentionTmaParams),
-     alignof(AttentionTmaParams)},
-    {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams), alignof(DecodeParams)},
-    {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams), alignof(MergeParams)},
+     alignof(AttentionTmaParams), true},
+    {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams), alignof(DecodeParams),
+     true},
+    {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams), alignof(MergeParams), false},
     // Held by AttentionParams and DecodeParams, taken alone by no kernel of kiln's; a kernel of
     // the caller's own may take it.
-    {"kiln::ScoreParams", "kiln/params/score.h", sizeof(ScoreParams), alignof(ScoreParams)},
+    {"kiln::ScoreParams", "kiln/params/score.h", sizeof(ScoreParams), alignof(ScoreParams), false},
 };
 
-constexpr ConstantKind kInt = ConstantKind::integer;
-constexpr ConstantKind kBool = ConstantKind::boolean;
-constexpr ConstantKind kDType = ConstantKind::dtype;
-
-std::string_view unary_op_name(std::int64_t op) {
-  return to_string(static_cast<UnaryOp>(op));
+// Every one of kiln's kernels, in the families' order.
+const std::vector<const KernelSchema*>& kernels() {
+  static const std::vector<const KernelSchema*> all = [] {
+    std::vector<const KernelSchema*> list{&kUnaryKernel.schema};
+    for (const AttentionDescription& d : attention_descriptions()) list.push_back(&d.schema);
+    list.push_back(&kDecodeAppendKernel.schema);
+    for (const DecodeDescription& d : decode_descriptions()) list.push_back(&d.schema);
+    list.push_back(&kMergeStatesKernel.schema);
+    return list;
+  }();
+  return all;
 }
-
-// The constants each kernel's template reads (kernels_src), as lib/ops sets them.
-constexpr ConstantSchema kUnary[] = {{"block_size", kInt},
-                                     {"dtype", kDType},
-                                     {"items_per_thread", kInt},
-                                     {"op", kInt, unary_op::count, unary_op_name}};
-constexpr ConstantSchema kAttentionForward[] = {
-    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
-    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
-    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool},      {"warps", kInt}};
-constexpr ConstantSchema kAttentionForwardWgmma[] = {
-    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
-    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
-    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool}};
-constexpr ConstantSchema kAttentionForwardPortable[] = {
-    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
-    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
-    {"head_dim_v", kInt}, {"varlen", kBool},   {"warps", kInt}};
-constexpr ConstantSchema kDecodeAppend[] = {{"dtype", kDType},
-                                            {"head_dim", kInt},
-                                            {"head_dim_v", kInt},
-                                            {"paged", kBool},
-                                            {"rotary", kBool}};
-constexpr ConstantSchema kAttentionDecode[] = {
-    {"band", kBool},        {"block_n", kInt},  {"dtype", kDType},    {"has_alibi", kBool},
-    {"has_softcap", kBool}, {"head_dim", kInt}, {"head_dim_v", kInt}, {"m_tiles", kInt},
-    {"paged", kBool},       {"stages", kInt},   {"warps", kInt}};
-constexpr ConstantSchema kMergeStates[] = {
-    {"dtype_in", kDType}, {"dtype_out", kDType}, {"head_dim", kInt}};
-
-// The value of the integer constant `name` of a spec that passed check_schema().
-long long integer(const KernelSpec& spec, std::string_view name) {
-  const auto it = std::find_if(spec.constants.begin(), spec.constants.end(),
-                               [&](const Constant& c) { return c.name == name; });
-  return std::get<std::int64_t>(it->value);
-}
-
-long long no_shared_memory(const KernelSpec&) {
-  return 0;
-}
-
-// The wgmma and tma kernels share their tiles' layout.
-long long wgmma_shared_bytes(const KernelSpec& s) {
-  return attention_forward_wgmma_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
-                                            integer(s, "block_m"), integer(s, "block_n"),
-                                            integer(s, "stages"));
-}
-
-// The launches in lib/ops ask for exactly these.
-constexpr KernelSchema kKernels[] = {
-    {"kiln::unary", "kiln::UnaryParams", kUnary, no_shared_memory},
-    {"kiln::attention_forward", "kiln::AttentionParams", kAttentionForward,
-     [](const KernelSpec& s) {
-       return attention_forward_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
-                                           integer(s, "block_m"), integer(s, "block_n"),
-                                           integer(s, "stages"));
-     }},
-    {"kiln::attention_forward_wgmma", "kiln::AttentionParams", kAttentionForwardWgmma,
-     wgmma_shared_bytes},
-    {"kiln::attention_forward_tma", "kiln::AttentionTmaParams", kAttentionForwardWgmma,
-     [](const KernelSpec& s) {
-       return attention_forward_tma_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
-                                               integer(s, "block_m"), integer(s, "block_n"),
-                                               integer(s, "stages"));
-     }},
-    {"kiln::attention_forward_portable", "kiln::AttentionParams", kAttentionForwardPortable,
-     [](const KernelSpec& s) {
-       return attention_forward_portable_smem_bytes(
-           integer(s, "head_dim"), integer(s, "head_dim_v"), integer(s, "block_n"));
-     }},
-    {"kiln::decode_append", "kiln::DecodeParams", kDecodeAppend, no_shared_memory},
-    {"kiln::attention_decode", "kiln::DecodeParams", kAttentionDecode,
-     [](const KernelSpec& s) {
-       return attention_decode_smem_bytes(integer(s, "head_dim"), integer(s, "head_dim_v"),
-                                          integer(s, "m_tiles"), integer(s, "block_n"),
-                                          integer(s, "warps"), integer(s, "stages"));
-     }},
-    {"kiln::merge_states_kernel", "kiln::MergeParams", kMergeStates, no_shared_memory},
-};
 
 std::string_view kind_name(ConstantKind kind) {
   switch (kind) {
@@ -178,9 +109,17 @@ const ParamsLayout& params_layout(std::string_view type) {
                           type, known));
 }
 
+std::vector<std::string_view> variant_params() {
+  std::vector<std::string_view> types;
+  for (const ParamsLayout& layout : kLayouts) {
+    if (layout.holds_score) types.push_back(layout.type);
+  }
+  return types;
+}
+
 const KernelSchema* kernel_schema(std::string_view entry) {
-  for (const KernelSchema& kernel : kKernels) {
-    if (kernel.entry == entry) return &kernel;
+  for (const KernelSchema* kernel : kernels()) {
+    if (kernel->entry == entry) return kernel;
   }
   return nullptr;
 }
@@ -192,7 +131,7 @@ void check_schema(const KernelSpec& spec) {
     // a typo, which would otherwise surface as a compile error about the name expression.
     if (!spec.entry.starts_with("kiln::")) return;
     std::vector<std::string_view> entries;
-    for (const KernelSchema& k : kKernels) entries.push_back(k.entry);
+    for (const KernelSchema* k : kernels()) entries.push_back(k->entry);
     bad(spec, fmt::format("kiln has no kernel '{}': use one of {}, or a namespace of your own for "
                           "a kernel of your own",
                           printable(spec.entry), fmt::join(entries, ", ")));

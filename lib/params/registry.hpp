@@ -1,14 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // The Params structs that kernels take, as the host library compiled them, and the schema of each
-// of kiln's kernels: the constants its template reads and the shared memory its launch asks for.
+// of kiln's kernels (the constants its template reads and the shared memory its launch asks for),
+// as the families' descriptions (lib/kernels) give them.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string_view>
+#include <vector>
 
+#include "kernels/kernel.hpp"
 #include "kiln/spec.hpp"
 
 namespace kiln::detail {
@@ -18,31 +20,14 @@ struct ParamsLayout {
   std::string_view header;  // "kiln/params/elementwise.h", injected into the JIT compile
   std::size_t size;         // sizeof on the host; the generated unit static_asserts it
   std::size_t alignment;    // alignof on the host; asserted likewise
+  bool holds_score;         // holds a ScoreParams: a kernel taking it may take a user variant
 };
 
 // Throws kiln::Error (invalid_argument) listing the known types when `type` is not one.
 const ParamsLayout& params_layout(std::string_view type);
 
-enum class ConstantKind { integer, boolean, dtype };
-
-struct ConstantSchema {
-  std::string_view name;
-  ConstantKind kind;
-  // An integer constant that is an enumeration takes 0 to `values` - 1, which `value_name`
-  // names; 0: any integer.
-  std::int64_t values = 0;
-  std::string_view (*value_name)(std::int64_t value) = nullptr;
-};
-
-// One kernel of kiln's families, as its host code (lib/ops) builds specs for it.
-struct KernelSchema {
-  std::string_view entry;                     // "kiln::unary"
-  std::string_view params;                    // "kiln::UnaryParams"
-  std::span<const ConstantSchema> constants;  // every one required, no other allowed
-  // The dynamic shared memory the family launches it with, in bytes, from a spec that passed
-  // check_schema().
-  long long (*shared_bytes)(const KernelSpec& spec);
-};
+// The Params types that hold a score, whose kernels take user variants ("kiln::AttentionParams").
+std::vector<std::string_view> variant_params();
 
 // The schema of `entry`; null when it is not one of kiln's kernels (a kernel of the caller's own
 // tree, in its own namespace).

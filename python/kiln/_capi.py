@@ -70,8 +70,77 @@ def error(status, message):
 
 
 # --- layouts ---------------------------------------------------------------------------------
-# ctypes mirrors of kiln.h's structs, field for field: the reference for the packed layouts
-# below (python/tests/test_capi.py checks that they agree) and for the *_init_sized sizes.
+# kiln.h's structs, each described once, field for field in the header's order: the ctypes
+# Structures, the struct formats that fill one in a single pack_into, and the values *_init
+# gives are all made from these descriptions (python/tests/test_capi.py compiles kiln.h to check
+# every field's offset and size, and the library's *_init against the defaults).
+
+def _code(kind):
+    """The '=' struct code of a ctypes scalar: its float, or an integer of its size (unsigned for
+    pointers)."""
+    kind_code = getattr(kind, "_type_", None)
+    if kind_code in ("f", "d"):
+        return kind_code
+    code = {1: "b", 2: "h", 4: "i", 8: "q"}[ctypes.sizeof(kind)]
+    return code if kind_code in ("b", "h", "i", "l", "q") else code.upper()
+
+
+def _scalars(kind, at=0):
+    """[(offset, struct code)] of each scalar of a ctypes type at `at`: an array's elements and a
+    nested struct's fields each."""
+    if issubclass(kind, ctypes.Structure):
+        return [scalar for name, field in kind._fields_
+                for scalar in _scalars(field, at + getattr(kind, name).offset)]
+    if issubclass(kind, ctypes.Array):
+        step = ctypes.sizeof(kind._type_)
+        return [scalar for i in range(kind._length_)
+                for scalar in _scalars(kind._type_, at + i * step)]
+    return [(at, _code(kind))]
+
+
+def _layout_format(ctype):
+    """ctype's layout as a struct format: '=' with a pad ('x') wherever ctypes pads, so that one
+    pack_into fills the struct as C lays it out."""
+    parts, at = [], 0
+    # The struct's end comes last, an empty code, so that a padded tail gets its pad too.
+    for offset, code in _scalars(ctype) + [(ctypes.sizeof(ctype), "")]:
+        if offset > at:
+            parts.append(f"{offset - at}x")
+        parts.append(code)
+        at = offset + struct.calcsize("=" + code)
+    return "=" + "".join(parts)
+
+
+def _flat_defaults(fields):
+    """The defaults of described fields, in the packer's order."""
+    values = []
+    for _, kind, default in fields:
+        if isinstance(default, tuple):
+            values += default
+        else:
+            values += [default] * getattr(kind, "_length_", 1)
+    return tuple(values)
+
+
+def _struct(c_name, name, fields):
+    """The ctypes Structure of kiln.h's struct `c_name`, described by `fields`: (field, ctype,
+    default) after its struct_size, a nested struct's default being its .defaults. It has .c_name,
+    .size (its sizeof), .packer (a struct.Struct of its layout) and .defaults: the values *_init
+    gives it, in the packer's order (struct_size, then each field's, an array's elements and a
+    nested struct's fields each)."""
+    fields = (("struct_size", ctypes.c_size_t, None),) + tuple(fields)
+    ctype = type(name, (ctypes.Structure,), {"_fields_": [(f, kind) for f, kind, _ in fields]})
+    ctype.c_name = c_name
+    ctype.size = ctypes.sizeof(ctype)
+    ctype.packer = struct.Struct(_layout_format(ctype))
+    ctype.defaults = (ctype.size,) + _flat_defaults(fields[1:])
+    return ctype
+
+
+def _tensors(*names):
+    """Described fields of DLTensor pointers, NULL by default."""
+    return tuple((name, ctypes.c_void_p, 0) for name in names)
+
 
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int), ("device_id", ctypes.c_int)]
@@ -93,86 +162,67 @@ class DLTensor(ctypes.Structure):
     ]
 
 
-_SCORE_FIELDS = [
-    ("struct_size", ctypes.c_size_t),
-    ("softmax_scale", ctypes.c_float),
-    ("causal", ctypes.c_int),
-    ("window_left", ctypes.c_int),
-    ("window_right", ctypes.c_int),
-    ("top_left", ctypes.c_int),
-    ("softcap", ctypes.c_float),
-    ("alibi_slopes", ctypes.c_void_p),
-]
-
-# A user variant's fields, at the end of both options structs.
+# A user variant's fields, at the end of the score.
 VARIANT_SCALARS, VARIANT_TENSORS = 8, 4
-_VARIANT_FIELDS = [
-    ("variant_name", ctypes.c_void_p),
-    ("variant_code", ctypes.c_void_p),
-    ("variant_scalars", ctypes.c_float * VARIANT_SCALARS),
-    ("num_variant_tensors", ctypes.c_int),
-    ("variant_tensors", ctypes.c_void_p * VARIANT_TENSORS),
-]
+_VARIANT_FIELDS = (
+    ("variant_name", ctypes.c_void_p, 0),
+    ("variant_code", ctypes.c_void_p, 0),
+    ("variant_scalars", ctypes.c_float * VARIANT_SCALARS, 0.0),
+    ("num_variant_tensors", ctypes.c_int, 0),
+    ("variant_tensors", ctypes.c_void_p * VARIANT_TENSORS, 0),
+)
+NO_VARIANT = _flat_defaults(_VARIANT_FIELDS)
 
+ScoreOptions = _struct("kiln_score_options", "ScoreOptions", (
+    ("softmax_scale", ctypes.c_float, 0.0),
+    ("causal", ctypes.c_int, 0),
+    ("window_left", ctypes.c_int, -1),
+    ("window_right", ctypes.c_int, -1),
+    ("top_left", ctypes.c_int, 0),
+    ("softcap", ctypes.c_float, 0.0),
+    ("alibi_slopes", ctypes.c_void_p, 0),
+    ("sinks", ctypes.c_void_p, 0),
+) + _VARIANT_FIELDS)
 
-class AttentionOptions(ctypes.Structure):
-    _fields_ = _SCORE_FIELDS + [
-        ("bias", ctypes.c_void_p),
-        ("cu_seqlens_q", ctypes.c_void_p),
-        ("cu_seqlens_k", ctypes.c_void_p),
-        ("seqused_k", ctypes.c_void_p),
-        ("max_seqlen_q", ctypes.c_int),
-        ("max_seqlen_k", ctypes.c_int),
-        ("sinks", ctypes.c_void_p),
-    ] + _VARIANT_FIELDS
+AttentionOptions = _struct("kiln_attention_options", "AttentionOptions", (
+    ("score", ScoreOptions, ScoreOptions.defaults),
+    *_tensors("bias", "cu_seqlens_q", "cu_seqlens_k", "seqused_k"),
+    ("max_seqlen_q", ctypes.c_int, 0),
+    ("max_seqlen_k", ctypes.c_int, 0),
+))
 
+DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (
+    ("score", ScoreOptions, ScoreOptions.defaults),
+    *_tensors("k_new", "v_new", "rotary_cos", "rotary_sin"),
+    ("rotary_interleaved", ctypes.c_int, 1),  # FlashAttention's default
+    ("num_splits", ctypes.c_int, 0),
+))
 
-class DecodeOptions(ctypes.Structure):
-    _fields_ = _SCORE_FIELDS + [
-        ("k_new", ctypes.c_void_p),
-        ("v_new", ctypes.c_void_p),
-        ("rotary_cos", ctypes.c_void_p),
-        ("rotary_sin", ctypes.c_void_p),
-        ("rotary_interleaved", ctypes.c_int),
-        ("num_splits", ctypes.c_int),
-        ("sinks", ctypes.c_void_p),
-    ] + _VARIANT_FIELDS
-
-
-class KVCache(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t)] + [
-        (name, ctypes.c_void_p) for name in ("k", "v", "seqlens", "batch_idx", "block_table")]
-
+KVCache = _struct("kiln_kvcache", "KVCache",
+                  _tensors("k", "v", "seqlens", "batch_idx", "block_table"))
 
 # kiln_warmup_progress(user, done, total, spec, ms, ok)
 WARMUP_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
                                    ctypes.c_char_p, ctypes.c_double, ctypes.c_int)
 
+WarmupOptions = _struct("kiln_warmup_options", "WarmupOptions", (
+    ("target", ctypes.c_char_p, 0),
+    ("threads", ctypes.c_int, 0),
+    ("progress", WARMUP_PROGRESS, 0),
+    ("progress_user", ctypes.c_void_p, 0),
+))
 
-class WarmupOptions(ctypes.Structure):
-    _fields_ = [("struct_size", ctypes.c_size_t), ("target", ctypes.c_char_p),
-                ("threads", ctypes.c_int), ("progress", WARMUP_PROGRESS),
-                ("progress_user", ctypes.c_void_p)]
-
-
-# The same layouts as struct formats (x86-64 and aarch64 Linux: no padding is needed, as the
-# test checks), so that one pack_into fills a whole struct. A tensor's slot holds its DLTensor,
-# then room for MAX_RANK sizes, then MAX_RANK strides: the same offsets whatever its rank, so
-# that only the format depends on the rank ('x' skips the unused sizes).
+# A tensor's slot holds its DLTensor, then room for MAX_RANK sizes, then MAX_RANK strides: the
+# same offsets whatever its rank, so that only the format depends on the rank ('x' skips the
+# unused sizes).
 MAX_RANK = 4  # kiln::TensorView::max_rank
-DLTENSOR = struct.Struct("=QiiiBBHQQQ")
+DLTENSOR = struct.Struct(_layout_format(DLTensor))
 TENSOR_SLOT = DLTENSOR.size + 2 * 8 * MAX_RANK
 TENSOR_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q{8 * (MAX_RANK - n)}x{n}q").pack_into
                   for n in range(MAX_RANK + 1)]
 # A row-major tensor goes without strides (a NULL strides pointer means compact in DLPack),
 # which saves reading them from torch.
 COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in range(MAX_RANK + 1)]
-# kiln_attention_options and kiln_decode_options have the same field types in the same order.
-OPTIONS = struct.Struct("=QfiiiifQQQQQiiQQQ8fi4x4Q")
-KVCACHE = struct.Struct("=QQQQQQ")
-ATTENTION_OPTIONS_SIZE = ctypes.sizeof(AttentionOptions)
-DECODE_OPTIONS_SIZE = ctypes.sizeof(DecodeOptions)
-KVCACHE_SIZE = ctypes.sizeof(KVCache)
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
 # block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, then the
@@ -180,8 +230,8 @@ KVCACHE_SIZE = ctypes.sizeof(KVCache)
 VARIANT_SLOT = 14
 MAX_TENSORS = VARIANT_SLOT + VARIANT_TENSORS
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
-_CACHE_AT = _OPTIONS_AT + OPTIONS.size
-_SCRATCH_SIZE = _CACHE_AT + KVCACHE.size
+_CACHE_AT = _OPTIONS_AT + max(AttentionOptions.size, DecodeOptions.size)
+_SCRATCH_SIZE = _CACHE_AT + KVCache.size
 
 
 class Scratch(threading.local):
@@ -205,20 +255,23 @@ class Scratch(threading.local):
 scratch = Scratch()
 
 
-NO_VARIANT = (0, 0) + (0.0,) * VARIANT_SCALARS + (0,) * (1 + VARIANT_TENSORS)
+def _options_packer(ctype):
+    """pack(score, *fields), which writes options struct `ctype` into this thread's block and
+    returns its address: `score` holds the score's fields after its struct_size (its variant's
+    last) and `fields` the struct's own, each in the header's order, flattened as .defaults."""
+    pack_into, size, score_size = ctype.packer.pack_into, ctype.size, ScoreOptions.size
+
+    # NOTE: one tuple and one pack_into a call, which costs no more than the flat structs did.
+    def pack(score, *fields):
+        s = scratch
+        pack_into(s.buffer, _OPTIONS_AT, size, score_size, *score, *fields)
+        return s.options
+    return pack
 
 
-def pack_options(size, scale, causal, window_left, window_right, top_left, softcap, alibi,
-                 p0, p1, p2, p3, i0, i1, sinks, variant=NO_VARIANT):
-    """Writes kiln_attention_options (p0..p3: bias, cu_seqlens_q, cu_seqlens_k, seqused_k; i0, i1:
-    max_seqlen_q, max_seqlen_k) or kiln_decode_options (k_new, v_new, rotary_cos, rotary_sin;
-    rotary_interleaved, num_splits), then sinks and the variant's fields (name and code
-    addresses, the scalars, the tensor count and addresses), into this thread's block; returns
-    its address."""
-    s = scratch
-    OPTIONS.pack_into(s.buffer, _OPTIONS_AT, size, scale, causal, window_left, window_right,
-                      top_left, softcap, alibi, p0, p1, p2, p3, i0, i1, sinks, *variant)
-    return s.options
+pack_attention_options = _options_packer(AttentionOptions)
+pack_decode_options = _options_packer(DecodeOptions)
+_pack_cache = KVCache.packer.pack_into
 
 
 @functools.lru_cache(maxsize=64)
@@ -231,7 +284,7 @@ def c_string(text):
 def pack_cache(k, v, seqlens, batch_idx, block_table):
     """Writes kiln_kvcache into this thread's block; returns its address."""
     s = scratch
-    KVCACHE.pack_into(s.buffer, _CACHE_AT, KVCACHE_SIZE, k, v, seqlens, batch_idx, block_table)
+    _pack_cache(s.buffer, _CACHE_AT, KVCache.size, k, v, seqlens, batch_idx, block_table)
     return s.cache
 
 
@@ -261,8 +314,8 @@ def _load():
             ("kiln_warmup_with", [i, p], i),
             ("kiln_warmup_options_init_sized", [p, ctypes.c_size_t], None),
             ("kiln_last_error", [], ctypes.c_char_p),
-            ("kiln_attention_options_init_sized", [p, ctypes.c_size_t], None),
-            ("kiln_decode_options_init_sized", [p, ctypes.c_size_t], None),
+            ("kiln_attention_options_init_sized", [p, ctypes.c_size_t, ctypes.c_size_t], None),
+            ("kiln_decode_options_init_sized", [p, ctypes.c_size_t, ctypes.c_size_t], None),
             ("kiln_kvcache_init_sized", [p, ctypes.c_size_t], None)):
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = args, result

@@ -155,8 +155,8 @@ def _op(fn, mutates_args, check):
 
 
 def _variant(name, code, scalars, tensors):
-    """A user variant's fields of the options (_capi.pack_options), and the strings they point
-    into, which the caller keeps alive for the call."""
+    """A user variant's fields of the options' score (_capi.pack_attention_options), and the
+    strings they point into, which the caller keeps alive for the call."""
     if name is None and code is None and not scalars and not tensors:
         return _capi.NO_VARIANT, None
     if len(scalars) > _capi.VARIANT_SCALARS or len(tensors) > _capi.VARIANT_TENSORS:
@@ -181,12 +181,12 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
                variant_name: Optional[str], variant_code: Optional[str],
                variant_scalars: List[float], variant_tensors: List[Tensor]) -> None:
     variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
-    options = _capi.pack_options(
-        _capi.ATTENTION_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
-        softcap, _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(6, bias, "bias"),
-        _maybe(7, cu_seqlens_q, "cu_seqlens_q"), _maybe(8, cu_seqlens_k, "cu_seqlens_k"),
-        _maybe(9, seqused_k, "seqused_k"), max_seqlen_q, max_seqlen_k,
-        _maybe(10, sinks, "sinks"), variant)
+    score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
+             _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(10, sinks, "sinks")) + variant
+    options = _capi.pack_attention_options(
+        score, _maybe(6, bias, "bias"), _maybe(7, cu_seqlens_q, "cu_seqlens_q"),
+        _maybe(8, cu_seqlens_k, "cu_seqlens_k"), _maybe(9, seqused_k, "seqused_k"), max_seqlen_q,
+        max_seqlen_k)
     _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
                            _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
@@ -211,11 +211,11 @@ def _attention_with_kvcache(
                              _tensor(3, cache_seqlens, "cache_seqlens"),
                              _maybe(4, cache_batch_idx, "cache_batch_idx"),
                              _maybe(5, block_table, "block_table"))
-    options = _capi.pack_options(
-        _capi.DECODE_OPTIONS_SIZE, softmax_scale, causal, window_left, window_right, top_left,
-        softcap, _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(7, k, "k"), _maybe(8, v, "v"),
-        _maybe(9, rotary_cos, "rotary_cos"), _maybe(10, rotary_sin, "rotary_sin"),
-        rotary_interleaved, num_splits, _maybe(13, sinks, "sinks"), variant)
+    score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
+             _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(13, sinks, "sinks")) + variant
+    options = _capi.pack_decode_options(
+        score, _maybe(7, k, "k"), _maybe(8, v, "v"), _maybe(9, rotary_cos, "rotary_cos"),
+        _maybe(10, rotary_sin, "rotary_sin"), rotary_interleaved, num_splits)
     _check(_capi.attention_with_kvcache(_tensor(0, q, "q"), cache, _tensor(11, out, "out"),
                                         options, _maybe(12, lse, "lse"), _stream(q)))
 

@@ -1,8 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
-"""The binding to kiln.h: packed layouts equal to the C structs' (as ctypes lays them out), the
-sizes the library's *_init_sized functions accept, errors carrying kiln's status and message."""
+"""The binding to kiln.h: the described layouts equal to the C structs' (as a C compiler lays them
+out) and their packers to the ctypes structs', the defaults the library's *_init_sized functions
+give, errors carrying kiln's status and message."""
 import ctypes
+import os
 import re
+import shutil
+import subprocess
 
 import pytest
 
@@ -19,11 +23,60 @@ def test_version_is_the_libraries_and_the_cmake_projects():
     assert kiln.__version__ == f"{number // 10000}.{number // 100 % 100}.{number % 100}"
 
 
+# kiln.h's structs as _capi describes them, and DLPack's DLTensor, by their C names.
+STRUCTS = {ctype: ctype.c_name for ctype in (
+    _capi.ScoreOptions, _capi.AttentionOptions, _capi.DecodeOptions, _capi.KVCache,
+    _capi.WarmupOptions)}
+STRUCTS[_capi.DLTensor] = "DLTensor"
+
+
+def fields(ctype):
+    """(path, offset, size) of each field of a ctypes struct, a nested struct's fields each
+    (path "score.causal")."""
+    out = []
+    for name, kind in ctype._fields_:
+        field = getattr(ctype, name)
+        if issubclass(kind, ctypes.Structure):
+            out += [(f"{name}.{path}", field.offset + at, size) for path, at, size in fields(kind)]
+        else:
+            out.append((name, field.offset, field.size))
+    return out
+
+
+def test_the_described_layouts_are_kiln_hs(tmp_path):
+    # A C program compiled against kiln.h prints the offset and size of every field described
+    # here, and each struct's size: a field the header lacks does not compile, one moved or
+    # resized differs.
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None:
+        pytest.skip("no C compiler (cc, or $CC) to compile kiln.h with")
+    expected, prints = {}, []
+    for ctype, c_name in STRUCTS.items():
+        expected[c_name] = f"{ctypes.sizeof(ctype)}"
+        prints.append(f'printf("{c_name} %zu\\n", sizeof({c_name}));')
+        for path, offset, size in fields(ctype):
+            expected[f"{c_name}.{path}"] = f"{offset} {size}"
+            prints.append(f'printf("{c_name}.{path} %zu %zu\\n", offsetof({c_name}, {path}), '
+                          f'sizeof((({c_name}*)0)->{path}));')
+    source = tmp_path / "layouts.c"
+    source.write_text("#include <stddef.h>\n#include <stdio.h>\n#include \"kiln/kiln.h\"\n"
+                      "int main(void) {\n" + "\n".join(prints) + "\nreturn 0;\n}\n")
+    program = tmp_path / "layouts"
+    subprocess.run([compiler, "-std=c11", f"-I{REPO / 'include'}", str(source), "-o",
+                    str(program)], check=True)
+    printed = subprocess.run([str(program)], check=True, capture_output=True, text=True).stdout
+    assert dict(line.split(" ", 1) for line in printed.splitlines()) == expected
+
+
 def offsets(ctype):
-    """The offset of each field of a ctypes struct, an array's elements each."""
+    """The offset of each scalar of a ctypes struct: an array's elements and a nested struct's
+    fields each."""
     out = []
     for name, kind in ctype._fields_:
         at = getattr(ctype, name).offset
+        if issubclass(kind, ctypes.Structure):
+            out += [at + offset for offset in offsets(kind)]
+            continue
         n = getattr(kind, "_length_", 1)
         out += [at + i * ctypes.sizeof(kind) // n for i in range(n)]
     return out
@@ -43,24 +96,15 @@ def packed_offsets(fmt):
     return out
 
 
-@pytest.mark.parametrize("ctype, packer", [
-    (_capi.AttentionOptions, _capi.OPTIONS),
-    (_capi.DecodeOptions, _capi.OPTIONS),
-    (_capi.KVCache, _capi.KVCACHE),
-])
-def test_packed_options_have_the_c_layout(ctype, packer):
-    assert packer.size == ctypes.sizeof(ctype)
-    assert packed_offsets(packer.format) == offsets(ctype)
+@pytest.mark.parametrize("ctype", list(STRUCTS)[:-1])
+def test_packers_have_the_c_layout(ctype):
+    assert ctype.packer.size == ctypes.sizeof(ctype)
+    assert packed_offsets(ctype.packer.format) == offsets(ctype)
+    assert len(ctype.defaults) == len(offsets(ctype))
 
 
 def test_packed_dltensor_has_the_c_layout():
-    flat = [0] + [_capi.DLTensor.device.offset + f.offset for f in
-                  (_capi.DLDevice.device_type, _capi.DLDevice.device_id)]
-    flat += [_capi.DLTensor.ndim.offset]
-    flat += [_capi.DLTensor.dtype.offset + getattr(_capi.DLDataType, n).offset
-             for n in ("code", "bits", "lanes")]
-    flat += [getattr(_capi.DLTensor, n).offset for n in ("shape", "strides", "byte_offset")]
-    assert packed_offsets(_capi.DLTENSOR.format) == flat
+    assert packed_offsets(_capi.DLTENSOR.format) == offsets(_capi.DLTensor)
     assert _capi.DLTENSOR.size == ctypes.sizeof(_capi.DLTensor)
 
 
@@ -87,19 +131,17 @@ def test_a_packed_tensor_reads_back_as_the_dltensor_kiln_gets(as_gpu):
     (_capi.AttentionOptions, "kiln_attention_options_init_sized"),
     (_capi.DecodeOptions, "kiln_decode_options_init_sized"),
     (_capi.KVCache, "kiln_kvcache_init_sized"),
+    (_capi.WarmupOptions, "kiln_warmup_options_init_sized"),
 ])
-def test_the_library_fills_our_struct_sizes_with_its_defaults(ctype, init):
+def test_the_library_fills_our_struct_sizes_with_the_described_defaults(ctype, init):
     # The library writes at most our size and echoes it: kiln.h's contract for an older
     # caller's struct, and no read past ours.
-    buffer = (ctypes.c_char * (ctypes.sizeof(ctype) + 8))(*([b"\xab"] * (ctypes.sizeof(ctype) + 8)))
-    getattr(_capi.lib, init)(ctypes.addressof(buffer), ctypes.sizeof(ctype))
-    value = ctype.from_buffer(buffer)
-    assert value.struct_size == ctypes.sizeof(ctype)
-    assert bytes(buffer[ctypes.sizeof(ctype):]) == b"\xab" * 8
-    if ctype is not _capi.KVCache:
-        assert (value.window_left, value.window_right, value.softmax_scale) == (-1, -1, 0.0)
-    if ctype is _capi.DecodeOptions:
-        assert value.rotary_interleaved == 1  # FlashAttention's default
+    size = ctypes.sizeof(ctype)
+    buffer = (ctypes.c_char * (size + 8))(*([b"\xab"] * (size + 8)))
+    sizes = (size, _capi.ScoreOptions.size) if hasattr(ctype, "score") else (size,)
+    getattr(_capi.lib, init)(ctypes.addressof(buffer), *sizes)
+    assert ctype.packer.unpack_from(buffer) == ctype.defaults
+    assert bytes(buffer[size:]) == b"\xab" * 8
 
 
 def test_errors_carry_kilns_status_and_message():

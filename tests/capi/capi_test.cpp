@@ -138,6 +138,48 @@ class OlderStruct {
   std::vector<std::byte> bytes_;
 };
 
+// An options struct as a caller built against an older kiln.h holds it: struct_size, its score
+// of `score_size` bytes (the first of kiln's), then the first `own_size` bytes of its own fields,
+// which start where its score ends; in a heap block of exactly that size.
+template <class C>
+class OlderOptions {
+ public:
+  static constexpr std::size_t kScoreAt = offsetof(C, score);
+  static constexpr std::size_t kOwnAt = kScoreAt + sizeof(kiln_score_options);
+
+  OlderOptions(const C& full, std::size_t score_size, std::size_t own_size)
+      : score_size_(score_size), bytes_(kScoreAt + score_size + own_size) {
+    const auto* from = reinterpret_cast<const std::byte*>(&full);
+    std::memcpy(bytes_.data() + kScoreAt, from + kScoreAt, score_size);
+    std::memcpy(bytes_.data() + kScoreAt + score_size, from + kOwnAt, own_size);
+    set(0, bytes_.size());      // struct_size
+    set(kScoreAt, score_size);  // score.struct_size
+  }
+  // A block of `size` bytes for *_init_sized to fill, every byte 0xab.
+  OlderOptions(std::size_t score_size, std::size_t size)
+      : score_size_(score_size), bytes_(size, std::byte{0xab}) {}
+
+  C* get() { return reinterpret_cast<C*>(bytes_.data()); }
+  std::size_t size() const { return bytes_.size(); }
+
+  // The value of the field at `offset` in kiln's C, read where this caller keeps it.
+  template <class T>
+  T at(std::size_t offset) const {
+    T value;
+    const std::size_t here = offset < kOwnAt ? offset : offset - kOwnAt + kScoreAt + score_size_;
+    std::memcpy(&value, bytes_.data() + here, sizeof value);
+    return value;
+  }
+
+ private:
+  void set(std::size_t offset, std::size_t value) {
+    std::memcpy(bytes_.data() + offset, &value, sizeof value);
+  }
+
+  std::size_t score_size_;
+  std::vector<std::byte> bytes_;
+};
+
 // --- version ----------------------------------------------------------------------------------
 
 TEST_CASE("kiln_build_id names a commit or says it is unknown", "[capi]") {
@@ -160,14 +202,18 @@ TEST_CASE("the C structs' init macros set struct_size and the defaults", "[capi]
   std::memset(&a, 0xab, sizeof a);
   kiln_attention_options_init(&a);
   CHECK(a.struct_size == sizeof(kiln_attention_options));
-  CHECK(a.window_left == -1);
-  CHECK(a.window_right == -1);
+  CHECK(a.score.struct_size == sizeof(kiln_score_options));
+  CHECK(a.score.window_left == -1);
+  CHECK(a.score.window_right == -1);
+  CHECK(a.score.variant_name == nullptr);
   CHECK(a.bias == nullptr);
 
   kiln_decode_options d;
   std::memset(&d, 0xab, sizeof d);
   kiln_decode_options_init(&d);
   CHECK(d.struct_size == sizeof(kiln_decode_options));
+  CHECK(d.score.struct_size == sizeof(kiln_score_options));
+  CHECK(d.score.window_left == -1);
   CHECK(d.rotary_interleaved == 1);  // FlashAttention's flash_attn_with_kvcache default
 
   kiln_kvcache c;
@@ -178,14 +224,38 @@ TEST_CASE("the C structs' init macros set struct_size and the defaults", "[capi]
     CHECK(t == nullptr);
   }
   kiln_kvcache_init(nullptr);  // no crash
+}
 
-  // An older kiln.h's smaller struct: only its bytes are written.
-  const std::size_t older = offsetof(kiln_decode_options, rotary_interleaved);
-  std::vector<std::byte> bytes(older);
-  auto* prefix = reinterpret_cast<kiln_decode_options*>(bytes.data());
-  kiln_decode_options_init_sized(prefix, older);
-  CHECK(prefix->struct_size == older);
-  CHECK(prefix->window_left == -1);
+TEST_CASE("an older kiln.h's smaller options get the defaults at its own offsets, no further",
+          "[capi]") {
+  using Older = OlderOptions<kiln_decode_options>;
+  // Its score ends at alibi_slopes, so its own fields start 96 bytes before kiln's; it has them
+  // all, and its sizeof is padded as a compiler pads it.
+  const std::size_t score_size = offsetof(kiln_score_options, sinks);
+  const std::size_t size =
+      Older::kScoreAt + score_size + (sizeof(kiln_decode_options) - Older::kOwnAt);
+  Older older(score_size, size + 8);  // 8 bytes past it that must stay 0xab
+  kiln_decode_options_init_sized(older.get(), size, score_size);
+  CHECK(older.at<std::size_t>(0) == size);
+  CHECK(older.at<std::size_t>(Older::kScoreAt) == score_size);
+  CHECK(older.at<int>(offsetof(kiln_decode_options, score.window_left)) == -1);
+  CHECK(older.at<int>(offsetof(kiln_decode_options, score.window_right)) == -1);
+  CHECK(older.at<const DLTensor*>(offsetof(kiln_decode_options, k_new)) == nullptr);
+  CHECK(older.at<int>(offsetof(kiln_decode_options, rotary_interleaved)) == 1);
+  CHECK(older.at<int>(offsetof(kiln_decode_options, num_splits)) == 0);
+  std::array<std::byte, 8> past{};
+  std::memcpy(past.data(), reinterpret_cast<const std::byte*>(older.get()) + size, past.size());
+  CHECK(past == std::array<std::byte, 8>{std::byte{0xab}, std::byte{0xab}, std::byte{0xab},
+                                         std::byte{0xab}, std::byte{0xab}, std::byte{0xab},
+                                         std::byte{0xab}, std::byte{0xab}});
+
+  // Sizes that cannot hold what they claim write nothing past them, and the call refuses them.
+  Older tiny(sizeof(kiln_score_options), 4);
+  kiln_decode_options_init_sized(tiny.get(), 4, sizeof(kiln_score_options));
+  CHECK(
+      tiny.at<std::array<std::byte, 4>>(0) ==
+      std::array<std::byte, 4>{std::byte{0xab}, std::byte{0xab}, std::byte{0xab}, std::byte{0xab}});
+  kiln_attention_options_init_sized(nullptr, 8, 8);  // no crash
 }
 
 TEST_CASE("a struct_size kiln does not know is refused, naming it and the fix", "[capi]") {
@@ -209,23 +279,82 @@ TEST_CASE("a struct_size kiln does not know is refused, naming it and the fix", 
   }
 }
 
+TEST_CASE("a score struct_size kiln does not know is refused, naming it and the fix", "[capi]") {
+  // 0: the score overwritten by a zeroed one after *_init; 100: the end of a field, but not a
+  // size the struct's padding gives it.
+  for (const std::size_t size :
+       {std::size_t{0}, std::size_t{13}, offsetof(kiln_score_options, variant_tensors) - 4,
+        sizeof(kiln_score_options) + 8, std::size_t{0xdeadbeef}}) {
+    INFO("score.struct_size " << size);
+    Call a;
+    a.options.score.struct_size = size;
+    check_status(a.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {("options->score.struct_size is " + std::to_string(size)).c_str(),
+                  "no size of kiln_score_options", "call kiln_attention_options_init(options)"});
+    DecodeCall d;
+    d.options.score.struct_size = size;
+    check_status(d.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {("options->score.struct_size is " + std::to_string(size)).c_str(),
+                  "call kiln_decode_options_init(options)"});
+  }
+  // A struct_size too small for the score it says it holds.
+  Call a;
+  a.options.struct_size = offsetof(kiln_attention_options, bias);
+  check_status(a.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {("options->struct_size is " + std::to_string(a.options.struct_size)).c_str()});
+}
+
 TEST_CASE("an older kiln.h's smaller struct is read to its struct_size, the rest from defaults",
           "[capi]") {
   Tensor host(0x5000000, kBf16, {1, 2, 3, 17});
   host.set_device(kDLCPU, 0);  // refused wherever it is read
+  constexpr std::size_t kScore = sizeof(kiln_score_options);
+  using OlderAttention = OlderOptions<kiln_attention_options>;
+  using OlderDecode = OlderOptions<kiln_decode_options>;
 
+  // Own fields cut short.
   Call a;
-  a.options.bias = host.get();
-  check_status(a.run(), KILN_ERROR_INVALID_ARGUMENT, {"bias is on DLPack device type 1"});
-  const OlderStruct older_a(a.options, offsetof(kiln_attention_options, bias));
+  a.options.seqused_k = host.get();
+  check_status(a.run(), KILN_ERROR_INVALID_ARGUMENT, {"seqused_k is on DLPack device type 1"});
+  OlderAttention older_a(a.options, kScore,
+                         offsetof(kiln_attention_options, seqused_k) - OlderAttention::kOwnAt);
   check_status(a.run(older_a.get()), KILN_ERROR_INVALID_ARGUMENT, {"out has a null data"});
 
   DecodeCall d;
-  d.options.k_new = host.get();
-  check_status(d.run(), KILN_ERROR_INVALID_ARGUMENT, {"k_new is on DLPack device type 1"});
-  const OlderStruct older_d(d.options, offsetof(kiln_decode_options, k_new));
+  d.options.rotary_sin = host.get();
+  check_status(d.run(), KILN_ERROR_INVALID_ARGUMENT, {"rotary_sin is on DLPack device type 1"});
+  OlderDecode older_d(d.options, kScore,
+                      offsetof(kiln_decode_options, rotary_sin) - OlderDecode::kOwnAt);
   check_status(d.run(&d.cache, older_d.get()), KILN_ERROR_INVALID_ARGUMENT,
                {"out has a null data"});
+
+  // A score cut short: its fields past it are the defaults, and the own fields are read where
+  // the caller keeps them, right after its score, not where kiln's are.
+  const std::size_t short_score = offsetof(kiln_score_options, sinks);
+  Call s;
+  s.options.score.sinks = host.get();
+  check_status(s.run(), KILN_ERROR_INVALID_ARGUMENT, {"sinks is on DLPack device type 1"});
+  const std::size_t own = sizeof(kiln_attention_options) - OlderAttention::kOwnAt;
+  OlderAttention older_s(s.options, short_score, own);
+  check_status(s.run(older_s.get()), KILN_ERROR_INVALID_ARGUMENT, {"out has a null data"});
+  s.options.bias = host.get();
+  OlderAttention older_bias(s.options, short_score, own);
+  check_status(s.run(older_bias.get()), KILN_ERROR_INVALID_ARGUMENT,
+               {"bias is on DLPack device type 1"});
+
+  // A score that ended with num_variant_tensors, whose sizeof is padded past that field.
+  DecodeCall v;
+  v.options.score.num_variant_tensors = 9;
+  check_status(v.run(), KILN_ERROR_INVALID_ARGUMENT, {"num_variant_tensors is 9"});
+  const std::size_t padded = offsetof(kiln_score_options, variant_tensors);
+  OlderDecode older_v(v.options, padded, sizeof(kiln_decode_options) - OlderDecode::kOwnAt);
+  check_status(v.run(&v.cache, older_v.get()), KILN_ERROR_INVALID_ARGUMENT,
+               {"num_variant_tensors is 9"});
+  v.options.score.num_variant_tensors = 0;
+  v.options.rotary_sin = host.get();
+  OlderDecode older_rotary(v.options, padded, sizeof(kiln_decode_options) - OlderDecode::kOwnAt);
+  check_status(v.run(&v.cache, older_rotary.get()), KILN_ERROR_INVALID_ARGUMENT,
+               {"rotary_sin is on DLPack device type 1"});
 
   DecodeCall c;
   c.cache.block_table = host.get();
@@ -377,44 +506,44 @@ TEST_CASE("the score's fields of both C options structs reach the call", "[capi]
     // With an output, validation reaches the score.
     call.out.t().data = reinterpret_cast<void*>(0x5000000);
     init(&call.options);
-    call.options.softmax_scale = std::numeric_limits<float>::infinity();
+    call.options.score.softmax_scale = std::numeric_limits<float>::infinity();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"softmax_scale is inf"});
     init(&call.options);
-    call.options.softcap = -2;
+    call.options.score.softcap = -2;
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"softcap is -2"});
     init(&call.options);
-    call.options.window_left = -3;
+    call.options.score.window_left = -3;
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"window (-3, -1)"});
     init(&call.options);
-    call.options.causal = 1;
-    call.options.window_right = -4;
+    call.options.score.causal = 1;
+    call.options.score.window_right = -4;
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"window (-1, -4)"});
     init(&call.options);
-    call.options.top_left = 1;
-    call.options.alibi_slopes = slopes.get();
+    call.options.score.top_left = 1;
+    call.options.score.alibi_slopes = slopes.get();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"alibi_slopes.size(-1) is 5"});
     init(&call.options);
-    call.options.sinks = slopes.get();
+    call.options.score.sinks = slopes.get();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"sinks.size(-1) is 5"});
     init(&call.options);
-    call.options.variant_code = "struct kiln_variant {};";
+    call.options.score.variant_code = "struct kiln_variant {};";
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
                  {"variant_name is NULL but variant_code is set", "set both, or neither"});
     init(&call.options);
-    call.options.variant_name = "mine";
-    call.options.variant_code = "struct kiln_variant {};";
-    call.options.num_variant_tensors = 5;
+    call.options.score.variant_name = "mine";
+    call.options.score.variant_code = "struct kiln_variant {};";
+    call.options.score.num_variant_tensors = 5;
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"num_variant_tensors is 5", "0 to 4"});
-    call.options.num_variant_tensors = 2;
-    call.options.variant_tensors[0] = slopes.get();
+    call.options.score.num_variant_tensors = 2;
+    call.options.score.variant_tensors[0] = slopes.get();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"variant_tensors[1] is NULL"});
     init(&call.options);
-    call.options.num_variant_tensors = 1;
-    call.options.variant_tensors[0] = slopes.get();
+    call.options.score.num_variant_tensors = 1;
+    call.options.score.variant_tensors[0] = slopes.get();
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
                  {"variant_tensors holds 1 tensors but there is no variant"});
-    call.options.variant_name = "mine";
-    call.options.variant_code = "";
+    call.options.score.variant_name = "mine";
+    call.options.score.variant_code = "";
     check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT, {"variant 'mine' has no code"});
   };
   Call attention;
@@ -467,10 +596,10 @@ TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal
   const std::vector<std::int64_t> keep = {1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1, 0, 1, 1, 1, 1, 1};
   const auto dkeep = upload(keep);
   Tensor keep_tensor(reinterpret_cast<std::uintptr_t>(dkeep->get()), {kDLInt, 64, 1}, {1, 17});
-  call.options.variant_name = kiln::examples::key_padding_variant().name.c_str();
-  call.options.variant_code = kiln::examples::key_padding_variant().code.c_str();
-  call.options.num_variant_tensors = 1;
-  call.options.variant_tensors[0] = keep_tensor.get();
+  call.options.score.variant_name = kiln::examples::key_padding_variant().name.c_str();
+  call.options.score.variant_code = kiln::examples::key_padding_variant().code.c_str();
+  call.options.score.num_variant_tensors = 1;
+  call.options.score.variant_tensors[0] = keep_tensor.get();
   dout.poison();
   check_status(call.run(), KILN_OK, {});
   sync_and_check();

@@ -474,10 +474,8 @@ void check_status(kiln_status status, Outcomes& outcomes) {
   ++outcomes.refused;
 }
 
-// The fields kiln_attention_options and kiln_decode_options share, C++ to C (0: the default
-// scale).
-template <class COptions>
-void copy_score_options(const ScoreOptions& o, COptions& c, ToDLPack& dl) {
+// The score of kiln_attention_options and kiln_decode_options, C++ to C (0: the default scale).
+void copy_score_options(const ScoreOptions& o, kiln_score_options& c, ToDLPack& dl) {
   c.softmax_scale = o.softmax_scale.value_or(0.f);
   c.causal = o.causal;
   c.window_left = o.window_left;
@@ -493,7 +491,7 @@ void run_c(const AttentionCall& c, Random& r, Outcomes& outcomes) {
   const AttentionOptions& o = c.options;
   kiln_attention_options options;
   kiln_attention_options_init(&options);
-  copy_score_options(o.score, options, dl);
+  copy_score_options(o.score, options.score, dl);
   options.bias = dl(o.bias);
   options.cu_seqlens_q = dl(o.cu_seqlens_q);
   options.cu_seqlens_k = dl(o.cu_seqlens_k);
@@ -501,6 +499,7 @@ void run_c(const AttentionCall& c, Random& r, Outcomes& outcomes) {
   options.max_seqlen_q = o.max_seqlen_q;
   options.max_seqlen_k = o.max_seqlen_k;
   options.struct_size = dl.struct_size(options.struct_size);
+  options.score.struct_size = dl.struct_size(options.score.struct_size);
   const DLTensor *q = dl(c.q), *k = dl(c.k), *v = dl(c.v), *out = dl.output(c.out),
                  *lse = dl.output(o.lse);
   check_status(kiln_attention(r.chance(0.05) ? nullptr : q, k, v, out,
@@ -513,7 +512,7 @@ void run_c(const DecodeCall& c, Random& r, Outcomes& outcomes) {
   const DecodeOptions& o = c.options;
   kiln_decode_options options;
   kiln_decode_options_init(&options);
-  copy_score_options(o.score, options, dl);
+  copy_score_options(o.score, options.score, dl);
   options.k_new = dl(o.k_new);
   options.v_new = dl(o.v_new);
   options.rotary_cos = dl(o.rotary_cos);
@@ -521,6 +520,7 @@ void run_c(const DecodeCall& c, Random& r, Outcomes& outcomes) {
   options.rotary_interleaved = o.rotary_interleaved;
   options.num_splits = o.num_splits;
   options.struct_size = dl.struct_size(options.struct_size);
+  options.score.struct_size = dl.struct_size(options.score.struct_size);
   const kiln_kvcache cache{.struct_size = dl.struct_size(sizeof(kiln_kvcache)),
                            .k = dl(c.cache.k),
                            .v = dl(c.cache.v),

@@ -1405,6 +1405,36 @@ TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA ca
   CHECK(nan == a.end());
 }
 
+// A refused call changes nothing: the fit against the device comes before the kernel is
+// compiled or fetched, and before anything is written.
+TEST_CASE("attention with a config the device cannot run compiles and writes nothing",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(16);
+  const std::int64_t batch = 1, seqlen = 300, heads = 2, dim = 128;
+  const auto q_buffer = kiln::test::upload(random_bf16(batch * seqlen * heads * dim, rng));
+  const auto q =
+      kiln::TensorView::contiguous(q_buffer->get(), DType::bf16, {batch, seqlen, heads, dim});
+  DeviceBuffer out(static_cast<std::size_t>(batch * seqlen * heads * dim) * 2);
+  out.poison();
+  const auto poisoned = out.download<std::uint16_t>();
+  const auto out_view =
+      kiln::TensorView::contiguous(out.get(), DType::bf16, {batch, seqlen, heads, dim});
+  // 256 x 256 tiles of 4 stages at head dim 128 take 612 KiB of shared memory per CTA.
+  const kiln::AttentionConfig config{.block_m = 256, .block_n = 256, .warps = 8, .stages = 4};
+  const kiln::Stats before = rt.stats();
+  CHECK_THROWS_WITH(kiln::attention(q, q, q, out_view, {}, config, nullptr, rt),
+                    Catch::Contains("bytes of dynamic shared memory per CTA") &&
+                        Catch::Contains("block_m 256, block_n 256, warps 8, stages 4"));
+  const kiln::Stats after = rt.stats();
+  CHECK(after.compiles + after.compile_failures == before.compiles + before.compile_failures);
+  CHECK(after.disk_hits + after.memory_hits + after.loads ==
+        before.disk_hits + before.memory_hits + before.loads);
+  kiln::test::sync_and_check();
+  CHECK(out.download<std::uint16_t>() == poisoned);
+}
+
 // What the keys past a sequence's end hold (rows past seqused_k, or past the last sequence's
 // keys in a varlen buffer larger than cu_seqlens_k says) must not reach the output: every kernel
 // gives the same bits whether those rows are NaN or random numbers.

@@ -25,7 +25,6 @@
 #include "gpu.hpp"
 #include "gpu_harness.hpp"
 #include "kiln/decode.hpp"
-#include "ops/decode_kernels.hpp"
 #include "runtime/device_calls.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
@@ -95,8 +94,8 @@ struct Case {
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
-  // The config choose() gives this target, not the device's own, launched on the device.
-  std::optional<kiln::Target> planned_for;
+  // A config of the test's instead of choose()'s, launched on the device.
+  std::optional<kiln::DecodeConfig> config;
 
   int batch() const { return static_cast<int>(seqlens.size()); }
   int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
@@ -123,7 +122,11 @@ std::string describe(const Case& c) {
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
-  if (c.planned_for) s << " planned for " << c.planned_for->name();
+  if (c.config) {
+    s << " config (splits " << c.config->num_splits << ", block_n " << c.config->block_n
+      << ", warps " << c.config->warps << ", stages " << c.config->stages << ", m_tiles "
+      << c.config->m_tiles << ")";
+  }
   return s.str();
 }
 
@@ -253,7 +256,7 @@ struct DeviceDecode {
   TensorView q, out_view;
   kiln::KVCache cache;
   kiln::DecodeOptions options;
-  std::optional<kiln::Target> planned_for;
+  std::optional<kiln::DecodeConfig> config;
 
   void* keep(std::unique_ptr<DeviceBuffer> buffer) {
     inputs.push_back(std::move(buffer));
@@ -266,7 +269,7 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
   d.options.score = s.score;
   d.options.num_splits = c.num_splits;
-  d.planned_for = c.planned_for;
+  d.config = c.config;
   if (c.seqlen_new > 0) {
     d.options.k_new = TensorView::contiguous(
         d.keep(upload_values(c.dtype, s.inputs.k_new)), c.dtype,
@@ -330,9 +333,8 @@ Downloaded download(const DeviceDecode& d) {
 Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
   d.out->poison();
   d.lse->poison();
-  if (d.planned_for) {
-    kiln::detail::attention_with_kvcache_planned_for(&*d.planned_for, d.q, d.cache, d.out_view,
-                                                     d.options, nullptr, rt);
+  if (d.config) {
+    kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, *d.config, nullptr, rt);
   } else {
     kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, nullptr, rt);
   }
@@ -642,7 +644,7 @@ TEST_CASE("decode head dims 64, 72, 128, 256 and 192/128", "[gpu][decode]") {
 
 // What choose() plans for GPUs with 99 KiB of shared memory per CTA (sm_86, sm_89, sm_120):
 // two stages at head dim 128, and two warps of two stages at 256, three at 256/128 with two row
-// tiles; launched here on whatever device runs the test.
+// tiles; launched here on whatever device runs the test, through the config overload.
 TEST_CASE("decode with the configs of 99 KiB targets", "[gpu][decode]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(kiln::test::gpu_options());
@@ -653,11 +655,12 @@ TEST_CASE("decode with the configs of 99 KiB targets", "[gpu][decode]") {
   for (const auto& [dim, dim_v, seqlen_q, warps, stages] :
        {std::tuple{128, 128, 1, 4, 2}, std::tuple{256, 256, 1, 2, 2}, std::tuple{256, 256, 4, 2, 2},
         std::tuple{256, 128, 4, 3, 2}}) {
-    const kiln::DecodeConfig planned = kiln::choose(
+    kiln::DecodeConfig planned = kiln::choose(
         {.head_dim = dim, .head_dim_v = dim_v, .rows_per_kv_head = 8 * seqlen_q}, sm89, 132);
     CHECK(planned.warps == warps);
     CHECK(planned.stages == stages);
     for (const int splits : {1, 3}) {
+      planned.num_splits = splits;
       run_case(rt,
                {.heads = 16,
                 .heads_kv = 2,
@@ -667,10 +670,48 @@ TEST_CASE("decode with the configs of 99 KiB targets", "[gpu][decode]") {
                 .seqlens = {0, 1, 77, 300, 1000},
                 .page_size = splits == 3 ? 16 : 0,
                 .score = {.causal = seqlen_q > 1},
-                .num_splits = splits,
-                .planned_for = sm89},
+                .config = planned},
                rng);
     }
+  }
+}
+
+// The counters that move when a call fetches a kernel: compiled, found on disk or in memory, or
+// loaded.
+std::uint64_t kernel_fetches(const kiln::Stats& s) {
+  return s.compiles + s.compile_failures + s.disk_hits + s.memory_hits + s.loads;
+}
+
+// A refused call changes nothing: the fit against the device comes before the append kernel
+// writes k_new and v_new into the cache, and before any kernel is compiled or fetched.
+TEST_CASE("decode with new keys and a config the device cannot run leaves the cache untouched",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(15);
+  // 16 warps of 8 stages of 128 keys at head dim 128 take 8 MiB of shared memory per CTA: within
+  // the kernel's ranges, past every device's.
+  for (const int page_size : {0, 16}) {
+    const Case c{.seqlens = {0, 17, 300},
+                 .seqlen_new = 3,
+                 .page_size = page_size,
+                 .config = kiln::DecodeConfig{.block_n = 128, .warps = 16, .stages = 8}};
+    INFO(describe(c));
+    const Setup s = make_setup(c, rng);
+    DeviceDecode d = upload_case(c, s);
+    d.out->poison();
+    d.lse->poison();
+    kiln::test::sync_and_check();
+    const Downloaded before = download(d);
+    const std::uint64_t fetches = kernel_fetches(rt.stats());
+    CHECK_THROWS_WITH(
+        kiln::attention_with_kvcache(d.q, d.cache, d.out_view, d.options, *c.config, nullptr, rt),
+        Catch::Contains("bytes of dynamic shared memory per CTA") &&
+            Catch::Contains("block_n 128, warps 16, stages 8"));
+    kiln::test::sync_and_check();
+    const bool unchanged = download(d) == before;  // the cache, out and lse, bit for bit
+    CHECK(unchanged);
+    CHECK(kernel_fetches(rt.stats()) == fetches);
   }
 }
 

@@ -557,6 +557,36 @@ TEST_CASE("decode refuses bad scalar options and split counts", "[decode]") {
   }
 }
 
+TEST_CASE("decode with a given config refuses one out of range, naming the value and the fix",
+          "[decode]") {
+  const DecodeCall c = contiguous_call();
+  const auto refused = [&](const DecodeConfig& config) {
+    return refusal([&] {
+      kiln::attention_with_kvcache(c.q, c.cache, c.out, c.options, config, nullptr,
+                                   validating_runtime());
+    });
+  };
+  const auto invalid = [&](const DecodeConfig& config, std::initializer_list<const char*> words) {
+    check_refusal(refused(config), ErrorCategory::invalid_argument, words);
+  };
+  invalid({.kernel = static_cast<DecodeKernel>(3)}, {"config.kernel is 3", "no DecodeKernel"});
+  invalid({.num_splits = 0}, {"config.num_splits is 0", "1 (one pass) to 128"});
+  invalid({.num_splits = 129}, {"config.num_splits is 129"});
+  invalid({.block_n = 24}, {"config.block_n is 24", "multiple of 16 from 16 to 128"});
+  invalid({.block_n = 144}, {"config.block_n is 144"});
+  invalid({.warps = 0}, {"config.warps is 0", "1 to 16"});
+  invalid({.warps = 17}, {"config.warps is 17"});
+  invalid({.stages = 1}, {"config.stages is 1", "2 to 8"});
+  invalid({.m_tiles = 3}, {"config.m_tiles is 3", "1, 2 or 4"});
+  // The target is checked first, as without a config; a good config gets as far as the device.
+  check_refusal(refusal([&] {
+                  kiln::attention_with_kvcache(c.q, c.cache, c.out, c.options, DecodeConfig{},
+                                               nullptr, validating_runtime("gfx90a"));
+                }),
+                ErrorCategory::unsupported, {"gfx90a", "not supported yet"});
+  CHECK(refused({}).category == ErrorCategory::not_found);
+}
+
 TEST_CASE("decode refuses targets without bf16 tensor cores, and AMD targets for now", "[decode]") {
   const DecodeCall c = contiguous_call();
   check_refused(c, ErrorCategory::unsupported, {"gfx90a", "not supported yet"},
@@ -831,16 +861,16 @@ TEST_CASE("kiln_decode_options_init leaves windows unbounded and every feature o
   o.num_splits = 7;
   o.k_new = reinterpret_cast<const DLTensor*>(&o);
   kiln_decode_options_init(&o);
-  CHECK(o.window_left == -1);
-  CHECK(o.window_right == -1);
-  CHECK(o.softmax_scale == 0);
-  CHECK(o.causal == 0);
-  CHECK(o.top_left == 0);
-  CHECK(o.softcap == 0);
+  CHECK(o.score.window_left == -1);
+  CHECK(o.score.window_right == -1);
+  CHECK(o.score.softmax_scale == 0);
+  CHECK(o.score.causal == 0);
+  CHECK(o.score.top_left == 0);
+  CHECK(o.score.softcap == 0);
   CHECK(o.num_splits == 0);
   CHECK(o.rotary_interleaved == 1);  // FlashAttention's default
   for (const DLTensor* t :
-       {o.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin, o.sinks}) {
+       {o.score.alibi_slopes, o.k_new, o.v_new, o.rotary_cos, o.rotary_sin, o.score.sinks}) {
     CHECK(t == nullptr);
   }
   kiln_decode_options_init(nullptr);  // no crash
@@ -886,9 +916,9 @@ TEST_CASE("kiln_attention_with_kvcache reports bad inputs with a status and a me
   // Nothing to compute succeeds, with no device, and clears the message; causal takes any
   // window_right, as FlashAttention.
   CCall empty(0);
-  empty.options.causal = 1;
-  empty.options.window_left = 3;
-  empty.options.window_right = 3;
+  empty.options.score.causal = 1;
+  empty.options.score.window_left = 3;
+  empty.options.score.window_right = 3;
   check_status(empty.run(), KILN_OK, {});
   CHECK(std::string(kiln_last_error()).empty());
 }

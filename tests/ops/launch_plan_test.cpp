@@ -9,12 +9,12 @@
 
 #include <fmt/format.h>
 
+#include "kernels/attention.hpp"
+#include "kernels/decode.hpp"
 #include "kiln/attention.hpp"
 #include "kiln/decode.hpp"
 #include "kiln/params/attention.h"
 #include "kiln/params/decode.h"
-#include "ops/attention_plan.hpp"
-#include "ops/decode_kernels.hpp"
 #include "params/registry.hpp"
 #include "support.hpp"
 
@@ -133,14 +133,19 @@ TEST_CASE("a plan is checked against the device's threads and shared memory per 
   // not its device's (Options::target) is told to use the device's.
   const DecodeProblem d128{.head_dim = 128, .head_dim_v = 128, .rows_per_kv_head = 8};
   const DecodeConfig config = choose(d128, "sm_80", 84);
-  const LaunchPlan decode = detail::decode_attention_plan(d128, config);
+  const detail::DecodePlan decode = detail::decode_plan(d128, config);
+  const Target sm80("sm_80"), sm90a("sm_90a");
   CHECK_THROWS_WITH(
-      detail::require_fits(decode, config, "sm_80", device_with(1024, sm86)),
+      detail::require_fits(decode, config, &sm80, device_with(1024, sm86)),
       "decode config (block_n 16, warps 4, stages 3, m_tiles 1) needs 102400 bytes of dynamic "
       "shared memory per CTA, but device 1 (Small GPU) allows at most 101376: choose() planned "
       "it for the target sm_80, whose CTAs may take 166912 bytes; run with the device's own "
       "target (sm_86)");
-  CHECK_NOTHROW(detail::require_fits(decode, config, "sm_90a", device_with(1024, 227 * 1024)));
+  CHECK_NOTHROW(detail::require_fits(decode, config, &sm90a, device_with(1024, 227 * 1024)));
+  // A caller's config (no target planned it) is told to take a smaller one.
+  CHECK_THROWS_WITH(detail::require_fits(decode, config, nullptr, device_with(1024, sm86)),
+                    Catch::EndsWith("allows at most 101376: pass a config with fewer warps or "
+                                    "stages or a smaller block_n (or choose()'s config)"));
 }
 
 // The decode problems the tests run: every head dim they take, contiguous and paged, from one
@@ -183,8 +188,8 @@ TEST_CASE("decode plans within each target's shared memory per CTA", "[decode][p
       INFO(describe(p, config));
       CHECK(config.stages >= 2);
       CHECK(detail::decode_attention_plan(p, config).shared_bytes <= limit);
-      CHECK_NOTHROW(
-          detail::require_fits(detail::decode_attention_plan(p, config), config, target, device));
+      const Target planned(target);
+      CHECK_NOTHROW(detail::require_fits(detail::decode_plan(p, config), config, &planned, device));
     }
     for (const int dim : {64, 128, 256}) {
       for (const bool band : {false, true}) {

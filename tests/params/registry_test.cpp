@@ -8,10 +8,12 @@
 #include <string>
 
 #include "jit/manifest.hpp"
+#include "kernels/decode.hpp"
 #include "kiln/kiln.hpp"
 #include "kiln/params/attention.h"
+#include "kiln/params/decode.h"
 #include "kiln/params/elementwise.h"
-#include "ops/decode_kernels.hpp"
+#include "ops/every_feature.hpp"
 #include "params/registry.hpp"
 #include "support.hpp"
 
@@ -41,14 +43,7 @@ std::vector<KernelSpec> built_specs() {
   for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
     for (KernelSpec& spec : default_specs(target)) specs.push_back(std::move(spec));
   }
-  const AttentionProblem all{.dtype = DType::f16,
-                             .head_dim = 96,
-                             .head_dim_v = 64,
-                             .band = true,
-                             .varlen = true,
-                             .softcap = true,
-                             .alibi = true,
-                             .bias = true};
+  const AttentionProblem all = every_attention_feature();
   for (AttentionKernel kernel :
        {AttentionKernel::mma, AttentionKernel::wgmma, AttentionKernel::portable}) {
     specs.push_back(attention_spec(all, {.kernel = kernel}));

@@ -1,0 +1,382 @@
+// SPDX-License-Identifier: Apache-2.0
+// The forward kernels' descriptions, the tuning tables choose() reads, and the specs and launch
+// plans made from them.
+#include "kernels/attention.hpp"
+
+#include <algorithm>
+#include <array>
+
+#include <fmt/format.h>
+
+#include "kiln/error.hpp"
+#include "kiln/params/attention.h"
+// NOTE: up into ops/ for set_variant and the checks (invalid, unsupported, is_sm80_or_newer,
+// kMaxHeadDim) that still live there (cmake/check_layers.cmake allows it).
+#include "ops/score.hpp"
+#include "ops/tensor_checks.hpp"
+
+namespace kiln {
+namespace detail {
+namespace {
+
+// The most block_m, block_n and stages of a given AttentionConfig, and its most warps.
+constexpr int kMaxConfigValue = 1024;
+constexpr int kMaxWarps = 32;
+
+// --- Descriptions ----------------------------------------------------------------------------
+
+constexpr ConstantKind kInt = ConstantKind::integer;
+constexpr ConstantKind kBool = ConstantKind::boolean;
+constexpr ConstantKind kDType = ConstantKind::dtype;
+
+// The constants each kernel's template reads (kernels_src/attention/prefill).
+constexpr ConstantSchema kMmaConstants[] = {
+    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
+    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool},      {"warps", kInt}};
+// wgmma and tma: a warpgroup per 64 rows, so no warps.
+constexpr ConstantSchema kWarpgroupConstants[] = {
+    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
+    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool}};
+// portable: one K/V slot, so no stages.
+constexpr ConstantSchema kPortableConstants[] = {
+    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
+    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"varlen", kBool},   {"warps", kInt}};
+
+int warps_threads(const AttentionConfig& c) {
+  return c.warps * 32;
+}
+
+// A spec that arrives as text, parsed once into the typed problem and config that its kernel's
+// shared memory is computed from.
+template <AttentionKernel kernel>
+long long spec_shared_bytes(const KernelSpec& spec) {
+  const AttentionDescription& d = describe(kernel);
+  const AttentionProblem problem{
+      .head_dim = static_cast<int>(integer_constant(spec, "head_dim")),
+      .head_dim_v = static_cast<int>(integer_constant(spec, "head_dim_v"))};
+  AttentionConfig config{.block_m = static_cast<int>(integer_constant(spec, "block_m")),
+                         .block_n = static_cast<int>(integer_constant(spec, "block_n")),
+                         .kernel = kernel};
+  if (takes(d.schema, "warps")) config.warps = static_cast<int>(integer_constant(spec, "warps"));
+  if (takes(d.schema, "stages")) config.stages = static_cast<int>(integer_constant(spec, "stages"));
+  return d.shared_bytes(problem, config);
+}
+
+constexpr AttentionDescription kDescriptions[] = {
+    {.kernel = AttentionKernel::mma,
+     .name = "mma",
+     .schema = {"attention/prefill/forward.cuh", "kiln::attention_forward", "kiln::AttentionParams",
+                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>},
+     .targets = AttentionTargets::sm80,
+     .threads = warps_threads,
+     .shared_bytes =
+         [](const AttentionProblem& p, const AttentionConfig& c) {
+           return attention_forward_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
+                                               c.stages);
+         }},
+    {.kernel = AttentionKernel::wgmma,
+     .name = "wgmma",
+     .schema = {"attention/prefill/forward_wgmma.cuh", "kiln::attention_forward_wgmma",
+                "kiln::AttentionParams", kWarpgroupConstants,
+                spec_shared_bytes<AttentionKernel::wgmma>},
+     .targets = AttentionTargets::sm90a,
+     .threads = [](const AttentionConfig& c) { return c.block_m * 2; },  // a warpgroup per 64 rows
+     .shared_bytes =
+         [](const AttentionProblem& p, const AttentionConfig& c) {
+           return attention_forward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
+                                                     c.stages);
+         }},
+    {.kernel = AttentionKernel::tma,
+     .name = "tma",
+     .schema = {"attention/prefill/forward_tma.cuh", "kiln::attention_forward_tma",
+                "kiln::AttentionTmaParams", kWarpgroupConstants,
+                spec_shared_bytes<AttentionKernel::tma>},
+     .targets = AttentionTargets::sm90a,
+     // wgmma's warpgroups and the producer's
+     .threads = [](const AttentionConfig& c) { return c.block_m * 2 + 128; },
+     .shared_bytes =
+         [](const AttentionProblem& p, const AttentionConfig& c) {
+           return attention_forward_tma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
+                                                   c.stages);
+         }},
+    {.kernel = AttentionKernel::portable,
+     .name = "portable",
+     .schema = {"attention/prefill/forward_portable.cuh", "kiln::attention_forward_portable",
+                "kiln::AttentionParams", kPortableConstants,
+                spec_shared_bytes<AttentionKernel::portable>},
+     .targets = AttentionTargets::any,
+     .threads = warps_threads,
+     .shared_bytes =
+         [](const AttentionProblem& p, const AttentionConfig& c) {
+           return attention_forward_portable_smem_bytes(p.head_dim, p.head_dim_v, c.block_n);
+         }},
+};
+
+static_assert(std::size(kDescriptions) == 4 && kDescriptions[0].kernel == AttentionKernel::mma &&
+                  kDescriptions[1].kernel == AttentionKernel::wgmma &&
+                  kDescriptions[2].kernel == AttentionKernel::tma &&
+                  kDescriptions[3].kernel == AttentionKernel::portable,
+              "kDescriptions lists every AttentionKernel once, in the enum's order.");
+
+// AMD targets attention runs on: gfx9 (GCN and CDNA), whose wavefronts have the 64 lanes that
+// kernels_src/common/vendor.cuh assumes for every AMD target.
+bool amd_target_supported(const Target& target) {
+  return target.arch() >= 0x900 && target.arch() <= 0x9ff;  // gfx9xx
+}
+
+// Hopper's arch-specific target, the one with wgmma (the wgmma and tma kernels).
+bool is_sm90a(const Target& target) {
+  return target.nvidia() && target.arch() == 90 && target.arch_specific();
+}
+
+// --- Tuning tables ---------------------------------------------------------------------------
+//
+// NOTE: the tables change speed only, never results: every config gives results within the same
+// tolerance. choose() takes the first row that matches the problem; tests/ops/choose_pins.txt
+// pins what it gives.
+
+enum class Match { no, yes, any };
+
+constexpr bool matches(Match m, bool value) {
+  return m == Match::any || (m == Match::yes) == value;
+}
+
+// A row: the config for problems whose wider head dim (of head_dim and head_dim_v) is at most
+// `widest`, with a mask or without (`band`), on fewer or more keys than kLongSeqlenK
+// (`long_keys`).
+struct AttentionTuning {
+  int widest;
+  Match band;
+  Match long_keys;
+  AttentionConfig config;
+};
+
+// Whether a table has a row for every problem: every head dim kiln compiles, masked or not, with
+// short or long keys.
+template <std::size_t N>
+constexpr bool covers_every_problem(const AttentionTuning (&rows)[N]) {
+  for (int dim = 8; dim <= kMaxHeadDim; dim += 8) {
+    for (const bool band : {false, true}) {
+      for (const bool long_keys : {false, true}) {
+        bool found = false;
+        for (const AttentionTuning& row : rows) {
+          found = found || (dim <= row.widest && matches(row.band, band) &&
+                            matches(row.long_keys, long_keys));
+        }
+        if (!found) return false;
+      }
+    }
+  }
+  return true;
+}
+
+// AMD gfx9: the portable kernel, not tuned on AMD hardware: CTAs of 256 threads (4 wavefronts)
+// with 4, 8 or 16 lanes on each query row, so that every lane holds at most 2 chunks (16
+// columns) of q and of the output. 32 keys a step: with 64, hipRTC gave head dim 128 417 VGPRs
+// on gfx90a (260 with 32).
+constexpr AttentionKernel kPortable = AttentionKernel::portable;
+constexpr AttentionTuning kGfx9[] = {
+    {64, Match::any, Match::any, {.block_m = 64, .block_n = 32, .warps = 8, .kernel = kPortable}},
+    {128, Match::any, Match::any, {.block_m = 32, .block_n = 32, .warps = 8, .kernel = kPortable}},
+    {256, Match::any, Match::any, {.block_m = 16, .block_n = 32, .warps = 8, .kernel = kPortable}},
+};
+
+// sm_90a, both head dims 64 or more (kTmaMinHeadDim): the tma kernel. Measured on an H100
+// (bench/RESULTS.md, runs 13 to 16; kiln_bench_tune times the candidates): it runs 0.71-1.18x
+// cuDNN where the wgmma kernel ran 0.65-0.79x (head dims 128 and 256) and mma 0.65-0.71x (64);
+// at 80 and 96, padded to 128, it still beats the mma kernel. Below 64 the padding would double
+// the work: mma. At 64 three consumer warpgroups (192 rows) share each K/V tile without a mask
+// (15-20% faster than two); with one, two warpgroups, and 192 keys a step from kLongSeqlenK keys
+// (2-6% faster there, 6-10% slower at 1024); 192 x 192 spills. From 65 to 128 two warpgroups,
+// and 176 keys a step from kLongSeqlenK (2-5% faster there; 10-19% slower at 512 and 1024 with a
+// mask); a third stage or warpgroup gained nothing, and a single stage lost 10-30%. 192 KiB of
+// smem at 256 holds only 64 keys a step (one stage of 64 or 128 keys lost 30-70%). Inputs TMA
+// cannot tile (a stride of 0) run the wgmma kernel on the same tiles (without_tma()).
+constexpr int kTmaMinHeadDim = 64;
+constexpr AttentionKernel kTma = AttentionKernel::tma;
+constexpr AttentionTuning kSm90a[] = {
+    {64, Match::no, Match::any, {.block_m = 192, .block_n = 128, .stages = 3, .kernel = kTma}},
+    {64, Match::yes, Match::no, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
+    {64, Match::yes, Match::yes, {.block_m = 128, .block_n = 192, .stages = 2, .kernel = kTma}},
+    {128, Match::any, Match::no, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
+    {128, Match::any, Match::yes, {.block_m = 128, .block_n = 176, .stages = 2, .kernel = kTma}},
+    {256, Match::any, Match::any, {.block_m = 128, .block_n = 64, .stages = 2, .kernel = kTma}},
+};
+
+// Every other sm_80+ target, and sm_90a below kTmaMinHeadDim: the mma kernel, tuned on an H200;
+// every sm_80+ part fits these, sm_86/89's 99 KiB included. Up to 256, 64 x 64 fits 2 CTAs per
+// SM; 128 x 64 with 8 warps and 2 stages fits one and ran ~5% slower.
+constexpr AttentionTuning kSm80[] = {
+    {64, Match::yes, Match::any, {.block_m = 128, .block_n = 128, .warps = 4, .stages = 2}},
+    {64, Match::no, Match::any, {.block_m = 128, .block_n = 64, .warps = 4, .stages = 2}},
+    {128, Match::any, Match::any, {.block_m = 128, .block_n = 64, .warps = 4, .stages = 1}},
+    {256, Match::any, Match::any, {.block_m = 64, .block_n = 64, .warps = 4, .stages = 1}},
+};
+
+static_assert(covers_every_problem(kGfx9) && covers_every_problem(kSm90a) &&
+                  covers_every_problem(kSm80),
+              "Each tuning table has a row for every head dim kiln compiles, masked or not, with "
+              "short or long keys.");
+
+// The table of `target` for `problem`: one of the above.
+std::span<const AttentionTuning> table_of(const AttentionProblem& problem, const Target& target) {
+  if (target.amd()) return kGfx9;
+  if (is_sm90a(target) && std::min(problem.head_dim, problem.head_dim_v) >= kTmaMinHeadDim) {
+    return kSm90a;
+  }
+  return kSm80;
+}
+
+}  // namespace
+
+const AttentionDescription& describe(AttentionKernel kernel) {
+  for (const AttentionDescription& d : kDescriptions) {
+    if (d.kernel == kernel) return d;
+  }
+  invalid(
+      fmt::format("config.kernel is {}, which is no AttentionKernel: use mma, wgmma, tma or "
+                  "portable",
+                  static_cast<int>(kernel)));
+}
+
+std::span<const AttentionDescription> attention_descriptions() {
+  return kDescriptions;
+}
+
+void require_target(const Target& target, AttentionKernel kernel) {
+  const AttentionDescription& d = describe(kernel);
+  if (target.amd()) {
+    if (!amd_target_supported(target)) {
+      unsupported(
+          fmt::format("attention on {} is not supported: on AMD it runs on gfx9 targets "
+                      "(wave64, such as gfx90a) that the loaded hipRTC can build",
+                      target.name()));
+    }
+    if (d.targets != AttentionTargets::any) {
+      unsupported(
+          fmt::format("the {} attention kernel uses NVIDIA instructions and cannot run on {}: "
+                      "use a portable config (AttentionKernel::portable), as choose() gives AMD "
+                      "targets",
+                      d.name, target.name()));
+    }
+    return;
+  }
+  if (!is_sm80_or_newer(target)) {
+    unsupported(
+        fmt::format("attention needs an sm_80 or newer GPU (bf16 tensor cores) or an AMD gfx9 "
+                    "one; the target is {}",
+                    target.name()));
+  }
+  if (d.targets == AttentionTargets::sm90a && !is_sm90a(target)) {
+    unsupported(fmt::format(
+        "the {} attention kernel runs on sm_90a (H100, H200) only; the target is {}: use "
+        "the mma kernel (AttentionKernel::mma)",
+        d.name, target.name()));
+  }
+}
+
+void check_config(const AttentionConfig& config, const Target& target) {
+  require_target(target, config.kernel);
+  // NOTE: the upper bounds keep the launch's thread count and shared memory, products of these,
+  // from overflowing; no kernel takes more.
+  const auto in = [](int value, int most) { return value >= 1 && value <= most; };
+  if (!in(config.block_m, kMaxConfigValue) || !in(config.block_n, kMaxConfigValue) ||
+      !in(config.warps, kMaxWarps) || !in(config.stages, kMaxConfigValue)) {
+    invalid(fmt::format(
+        "config (block_m {}, block_n {}, warps {}, stages {}) has a value out of range: "
+        "block_m, block_n and stages must be from 1 to {}, warps from 1 to {} (a CTA has at "
+        "most {} threads)",
+        config.block_m, config.block_n, config.warps, config.stages, kMaxConfigValue, kMaxWarps,
+        kMaxWarps * 32));
+  }
+}
+
+AttentionConfig without_tma(const AttentionConfig& config) {
+  AttentionConfig c = config;
+  c.kernel = AttentionKernel::wgmma;
+  if (c.block_n == 176) c.block_n = 128;  // 176 keys a step is the tma kernel's alone
+  return c;
+}
+
+LaunchPlan attention_plan(const AttentionProblem& problem, const AttentionConfig& config) {
+  const AttentionDescription& d = describe(config.kernel);
+  return {.spec = attention_spec(problem, config),
+          .threads = d.threads(config),
+          .shared_bytes = d.shared_bytes(problem, config)};
+}
+
+void require_fits(const LaunchPlan& plan, const AttentionConfig& config, const DeviceInfo& device) {
+  if (const auto exceeded = exceeded_limit(plan, device)) {
+    unsupported(fmt::format(
+        "attention config (kernel {}, block_m {}, block_n {}, warps {}, stages {}) needs {}: "
+        "pass a config with a smaller block_m or block_n, or fewer stages or warps (or "
+        "choose()'s config, where this one is not)",
+        describe(config.kernel).name, config.block_m, config.block_n, config.warps, config.stages,
+        *exceeded));
+  }
+}
+
+}  // namespace detail
+
+AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
+  detail::require_target(target, target.amd() ? AttentionKernel::portable : AttentionKernel::mma);
+  const int widest = std::max(problem.head_dim, problem.head_dim_v);
+  const bool long_keys = problem.seqlen_k >= kLongSeqlenK;
+  const std::span<const detail::AttentionTuning> table = detail::table_of(problem, target);
+  for (const detail::AttentionTuning& row : table) {
+    if (widest <= row.widest && detail::matches(row.band, problem.band) &&
+        detail::matches(row.long_keys, long_keys)) {
+      return row.config;
+    }
+  }
+  // NOTE: only a head dim past kMaxHeadDim gets here, which no call validates; its compile
+  // refuses it.
+  return table.back().config;
+}
+
+KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {
+  const detail::KernelSchema& schema = detail::describe(config.kernel).schema;
+  KernelSpec spec = detail::spec_of(schema);
+  spec.set("dtype", problem.dtype)
+      .set("head_dim", problem.head_dim)
+      .set("head_dim_v", problem.head_dim_v)
+      .set("block_m", config.block_m)
+      .set("block_n", config.block_n);
+  if (detail::takes(schema, "warps")) spec.set("warps", config.warps);
+  if (detail::takes(schema, "stages")) spec.set("stages", config.stages);
+  spec.set("band", problem.band)
+      .set("varlen", problem.varlen)
+      .set("has_softcap", problem.softcap)
+      .set("has_alibi", problem.alibi)
+      .set("has_bias", problem.bias);
+  detail::set_variant(spec, problem.variant);
+  return spec;
+}
+
+std::vector<KernelSpec> attention_default_specs(const Target& target) {
+  std::vector<KernelSpec> specs;
+  const bool runs =
+      target.amd() ? detail::amd_target_supported(target) : detail::is_sm80_or_newer(target);
+  if (!runs) return specs;
+  for (DType dtype : {DType::bf16, DType::f16}) {
+    for (int dim : {64, 128, 256}) {
+      for (bool band : {false, true}) {
+        for (long long seqlen_k : {0LL, kLongSeqlenK}) {
+          const AttentionProblem problem{.dtype = dtype,
+                                         .head_dim = dim,
+                                         .head_dim_v = dim,
+                                         .band = band,
+                                         .seqlen_k = seqlen_k};
+          const KernelSpec spec = attention_spec(problem, choose(problem, target));
+          if (std::find(specs.begin(), specs.end(), spec) == specs.end()) specs.push_back(spec);
+        }
+      }
+    }
+  }
+  return specs;
+}
+
+}  // namespace kiln

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// The attention family's forward kernels as the host describes them, one description each: its
+// name, spec schema and targets, and its CTA (threads and dynamic shared memory) from the typed
+// problem and config. choose(), attention_spec(), warm-up, the fit check and the launch
+// (ops/attention.cpp) read them.
+#pragma once
+
+#include "kernels/kernel.hpp"
+#include "kiln/attention.hpp"
+
+namespace kiln::detail {
+
+// The targets a kernel runs on.
+enum class AttentionTargets {
+  any,    // NVIDIA sm_80 and newer, and AMD's wave64 gfx9 targets
+  sm80,   // NVIDIA sm_80 and newer
+  sm90a,  // Hopper's arch-specific target (H100, H200), the one with wgmma
+};
+
+struct AttentionDescription {
+  AttentionKernel kernel;
+  std::string_view name;  // "mma", as messages name the kernel
+  KernelSchema schema;
+  AttentionTargets targets;
+  int (*threads)(const AttentionConfig& config);  // per CTA
+  long long (*shared_bytes)(const AttentionProblem& problem, const AttentionConfig& config);
+};
+
+// The description of `kernel`; kiln::Error (invalid_argument) for a value that is no
+// AttentionKernel.
+const AttentionDescription& describe(AttentionKernel kernel);
+
+// Every forward kernel's description, for the registry.
+std::span<const AttentionDescription> attention_descriptions();
+
+// Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
+void require_target(const Target& target, AttentionKernel kernel);
+
+// Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out of
+// range, and (unsupported) for a kernel `target` cannot run.
+void check_config(const AttentionConfig& config, const Target& target);
+
+// The config that loads `config`'s tiles without TMA, for inputs TMA cannot tile: the wgmma
+// kernel, which steps by multiples of 64 keys.
+AttentionConfig without_tma(const AttentionConfig& config);
+
+// The launch of `config` for `problem`: attention_spec's kernel, with the threads and dynamic
+// shared memory its description computes. The grid depends on the sizes of the call (row
+// blocks, heads, batch), so the launch makes it.
+LaunchPlan attention_plan(const AttentionProblem& problem, const AttentionConfig& config);
+
+// Throws kiln::Error (unsupported) when `device` cannot run `plan`, the launch of `config`.
+void require_fits(const LaunchPlan& plan, const AttentionConfig& config, const DeviceInfo& device);
+
+}  // namespace kiln::detail

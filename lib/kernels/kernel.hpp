@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// What every one of kiln's kernels says of itself, whatever its family: its source, entry and
+// Params, the constants its template reads, and the shared memory a spec of it launches with.
+// Each family's description (kernels/attention.hpp, decode.hpp, elementwise.hpp) holds one per
+// kernel; the registry (params/registry.cpp) lists them.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "kiln/runtime.hpp"
+#include "kiln/spec.hpp"
+
+namespace kiln::detail {
+
+enum class ConstantKind { integer, boolean, dtype };
+
+struct ConstantSchema {
+  std::string_view name;
+  ConstantKind kind;
+  // An integer constant that is an enumeration takes 0 to `values` - 1, which `value_name`
+  // names; 0: any integer.
+  std::int64_t values = 0;
+  std::string_view (*value_name)(std::int64_t value) = nullptr;
+};
+
+struct KernelSchema {
+  std::string_view source;                    // "elementwise/unary.cuh", under kernels_src
+  std::string_view entry;                     // "kiln::unary"
+  std::string_view params;                    // "kiln::UnaryParams"
+  std::span<const ConstantSchema> constants;  // every one required, no other allowed
+  // The dynamic shared memory its launch asks for, in bytes, from a spec that passed
+  // check_schema(): for specs that arrive as text (kiln compile, manifests, the C API), parsed
+  // once into the family's typed config. The launches compute it from their config instead.
+  long long (*shared_bytes)(const KernelSpec& spec);
+};
+
+// A spec of `schema`'s kernel, without constants: its family sets them.
+KernelSpec spec_of(const KernelSchema& schema);
+
+// Whether `schema`'s kernel reads the constant `name`.
+bool takes(const KernelSchema& schema, std::string_view name);
+
+// The value of the integer constant `name` of a spec that passed check_schema(), for the
+// families' parsers of specs that arrive as text.
+long long integer_constant(const KernelSpec& spec, std::string_view name);
+
+long long no_shared_memory(const KernelSpec& spec);
+
+// One kernel launch as its family plans it from (problem, config) through the kernel's
+// description: the spec to compile and the CTA the kernel declares. The launch reads it, and the
+// call checks it against the device before anything is compiled.
+struct LaunchPlan {
+  KernelSpec spec;
+  int threads = 0;             // per CTA
+  long long shared_bytes = 0;  // dynamic shared memory per CTA
+};
+
+// What of `plan` `device` cannot run, as "N threads per CTA, but device D (NAME) runs at most
+// M"; nullopt when it fits, or where the driver did not report the limit. A couple of compares
+// when it fits: the hot path asks before each launch.
+std::optional<std::string> exceeded_limit(const LaunchPlan& plan, const DeviceInfo& device);
+
+}  // namespace kiln::detail
