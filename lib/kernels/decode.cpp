@@ -14,10 +14,6 @@
 #include "core/checked_math.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/decode.h"
-// NOTE: up into ops/ for set_variant and the checks (invalid, unsupported, is_sm80_or_newer,
-// kMaxHeadDim) that still live there (cmake/check_layers.cmake allows it).
-#include "ops/score.hpp"
-#include "ops/tensor_checks.hpp"
 
 namespace kiln {
 namespace detail {
