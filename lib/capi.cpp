@@ -15,10 +15,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "checked_math.hpp"
-#include "config.hpp"
+#include "core/checked_math.hpp"
+#include "core/config.hpp"
+#include "core/tensor_strides.hpp"
 #include "kiln/kiln.hpp"
-#include "tensor_strides.hpp"
 
 namespace kiln {
 namespace {

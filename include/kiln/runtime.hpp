@@ -48,20 +48,6 @@ struct Options {
   int device = 0;
 };
 
-// A tiled view of device memory for Hopper's tensor memory accelerator (TMA), which kernels read
-// through a 128-byte descriptor (CUtensorMap) made by the driver. Dims are innermost first;
-// dims[0] is contiguous. Elements outside the dims read as zeros. Boxes land 128-byte swizzled,
-// as wgmma reads them: box[0] must span 128 bytes at most.
-struct TensorMapLayout {
-  static constexpr int max_rank = 5;
-  const void* data = nullptr;  // 16-byte aligned
-  DType dtype = DType::bf16;
-  int rank = 0;
-  std::uint64_t dims[max_rank] = {};
-  std::uint64_t byte_strides[max_rank - 1] = {};  // of dims 1 .. rank - 1; multiples of 16
-  std::uint32_t box[max_rank] = {};               // the tile one load moves, in elements
-};
-
 struct Dim3 {
   std::uint32_t x = 1, y = 1, z = 1;
 };
@@ -95,7 +81,8 @@ struct KernelInfo {
 
 namespace detail {
 struct LoadedKernel;
-}
+struct RuntimeAccess;  // lib/runtime/device_calls.hpp: what only the ops ask of a Runtime
+}  // namespace detail
 
 // A loaded kernel: cheap to copy, valid for the life of the Runtime that made it.
 class Kernel {
@@ -227,30 +214,9 @@ class Runtime {
   Vendor backend() const;  // the one that loads and launches (to_string: "cuda")
   // Of device(), queried once; throws kiln::Error (not_found) when there is none.
   const DeviceInfo& device_info() const;
-  bool debug() const;  // Options::debug / KILN_DEBUG
-
-  // Stream-ordered device memory on device() (cuMemAllocAsync / hipMallocAsync): ops take
-  // scratch from here, so a call never waits for the host and can be captured in a CUDA graph.
-  // 0 bytes gives nullptr, and freeing nullptr does nothing.
-  void* allocate_async(std::size_t bytes, void* stream);
-  void free_async(void* pointer, void* stream);
-  // Queues a fill of `bytes` of device memory with zeros on `stream`.
-  void zero_async(void* pointer, std::size_t bytes, void* stream);
-  // At least `bytes` of device memory private to `stream`, which the runtime keeps from call to
-  // call: zero when first handed out, and the work queued with it must leave it zero. Hold the
-  // result until that work is queued. Null while `stream` captures a graph (a replay may run on
-  // any stream, beside this one), when the driver cannot tell streams apart (CUDA before 12.0,
-  // HIP), or beyond the 64 streams that keep memory: then take allocate_async and zero_async.
-  std::shared_ptr<void> stream_zeros(std::size_t bytes, void* stream);
-  // Writes the TMA descriptor of `layout` (cuTensorMapEncodeTiled) into the 128 bytes at `map`,
-  // 64-byte aligned. Throws kiln::Error (unsupported) when the driver has no TMA or refuses the
-  // layout, naming it.
-  void encode_tensor_map(void* map, const TensorMapLayout& layout);
-  // Copies device memory to the host once the work queued on `stream` is done (it synchronizes
-  // the stream): for the debug checks only.
-  void copy_to_host(void* host, const void* device_pointer, std::size_t bytes, void* stream);
 
  private:
+  friend struct detail::RuntimeAccess;
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

@@ -66,6 +66,20 @@ class Compiler {
   virtual CompileResult compile(const CompileRequest& request) const = 0;
 };
 
+// A tiled view of device memory for Hopper's tensor memory accelerator (TMA), which kernels read
+// through a 128-byte descriptor (CUtensorMap) made by the driver. Dims are innermost first;
+// dims[0] is contiguous. Elements outside the dims read as zeros. Boxes land 128-byte swizzled,
+// as wgmma reads them: box[0] must span 128 bytes at most.
+struct TensorMapLayout {
+  static constexpr int max_rank = 5;
+  const void* data = nullptr;  // 16-byte aligned
+  DType dtype = DType::bf16;
+  int rank = 0;
+  std::uint64_t dims[max_rank] = {};
+  std::uint64_t byte_strides[max_rank - 1] = {};  // of dims 1 .. rank - 1; multiples of 16
+  std::uint32_t box[max_rank] = {};               // the tile one load moves, in elements
+};
+
 // One function of a loaded module, ready to launch.
 class Function {
  public:

@@ -21,7 +21,7 @@ std::string compile_only_fix() {
 
 }  // namespace
 
-Backends::Backends(const Config& config, DiskCache& disk) : config_(config), disk_(disk) {
+Backends::Backends(const Config& config, MemoStore& memos) : config_(config), memos_(memos) {
   backend_ = choose_backend();
 }
 
@@ -30,7 +30,7 @@ LazyCompiler& Backends::compiler(Vendor vendor) {
   auto& slot = compilers_[vendor];
   if (!slot.compiler && !slot.error) {
     try {
-      auto lazy = std::make_unique<LazyCompiler>(compiler_library(vendor), disk_);
+      auto lazy = std::make_unique<LazyCompiler>(compiler_library(vendor), memos_);
       lazy->identity();  // loads the library unless the memo vouches for it
       slot.compiler = std::move(lazy);
     } catch (...) {

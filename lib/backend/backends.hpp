@@ -13,8 +13,7 @@
 
 #include "backend/backend.hpp"
 #include "backend/lazy_compiler.hpp"
-#include "cache/disk.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/runtime.hpp"
 #include "kiln/target.hpp"
 
@@ -29,17 +28,17 @@ class Backends {
  public:
   // Chooses the backend: the configured one, else the configured target's vendor, else the first
   // vendor whose driver has the configured device, else the first whose compiler is found, else
-  // nvidia. `config` and `disk` (where the compilers' fact memos are kept) must outlive it.
-  Backends(const Config& config, DiskCache& disk);
+  // nvidia. `config` and `memos` (where the compilers' fact memos are kept) must outlive it.
+  Backends(const Config& config, MemoStore& memos);
   Backends(const Backends&) = delete;
   Backends& operator=(const Backends&) = delete;
 
   // The one that loads and launches.
   Vendor backend() const { return backend_; }
 
-  // The compiler for a vendor. While the fact memo beside the disk cache still describes the
-  // installed library, its answers come from there and computing a key loads nothing; the
-  // library is loaded to compile. A failure to find it is remembered and rethrown.
+  // The compiler for a vendor. While its fact memo in `memos` still describes the installed
+  // library, its answers come from there and computing a key loads nothing; the library is
+  // loaded to compile. A failure to find it is remembered and rethrown.
   LazyCompiler& compiler(Vendor vendor);
 
   // The driver of the backend, or of `vendor`, opened at the first call; null (with the reason
@@ -91,7 +90,7 @@ class Backends {
   Vendor choose_backend();
 
   const Config& config_;
-  DiskCache& disk_;
+  MemoStore& memos_;
   std::mutex mutex_;  // over compilers_ and drivers_
   std::map<Vendor, CompilerSlot> compilers_;
   std::map<Vendor, DriverSlot> drivers_;

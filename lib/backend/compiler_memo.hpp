@@ -74,4 +74,15 @@ std::optional<CompilerMemo> parse_memo(std::string_view text);
 // and the file the memo recorded is still there with its size and modification time.
 bool memo_is_current(const CompilerMemo& memo, const LoaderSignature& loader);
 
+// Where memos are kept between processes, by name ("compilers/cuda.json"): the runtime keeps
+// them as notes of its disk cache (runtime/disk_memos.hpp). Best-effort both ways, never
+// throwing: a memo that cannot be read is nullopt and asked of the compiler again; one that
+// cannot be written is lost.
+class MemoStore {
+ public:
+  virtual ~MemoStore() = default;
+  virtual std::optional<std::string> read(std::string_view name) const = 0;
+  virtual void write(std::string_view name, std::string_view text) = 0;
+};
+
 }  // namespace kiln::detail

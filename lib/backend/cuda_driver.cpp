@@ -12,8 +12,8 @@
 
 #include "backend/backend.hpp"
 #include "backend/dynlib.hpp"
+#include "core/log.hpp"
 #include "kiln/error.hpp"
-#include "log.hpp"
 
 namespace kiln::detail {
 

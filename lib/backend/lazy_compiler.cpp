@@ -6,22 +6,22 @@
 
 #include <utility>
 
-#include "log.hpp"
+#include "core/log.hpp"
 
 namespace kiln::detail {
 
-LazyCompiler::LazyCompiler(CompilerLibrary library, DiskCache& disk)
+LazyCompiler::LazyCompiler(CompilerLibrary library, MemoStore& memos)
     : library_(std::move(library)),
-      disk_(disk),
-      note_(fmt::format("compilers/{}.json", to_string(library_.vendor))),
+      memos_(memos),
+      name_(fmt::format("compilers/{}.json", to_string(library_.vendor))),
       loader_(loader_signature(library_.candidates)) {
-  const std::optional<std::string> text = disk_.read_note(note_);
+  const std::optional<std::string> text = memos_.read(name_);
   if (!text) return;
   std::optional<CompilerMemo> memo = parse_memo(*text);
   if (memo && memo_is_current(*memo, loader_)) {
     memo_ = std::move(memo);
   } else {
-    log(LogLevel::debug, "compiler memo {} is {}; {} will be loaded and the memo rewritten", note_,
+    log(LogLevel::debug, "compiler memo {} is {}; {} will be loaded and the memo rewritten", name_,
         memo ? "out of date" : "unreadable", library_.what);
   }
 }
@@ -93,7 +93,7 @@ void LazyCompiler::open_locked() const {
     }
   }
   if (fresh == *memo_) return;
-  log(LogLevel::info, "compiler memo {} said {}, but {} is {}; rewriting it", note_,
+  log(LogLevel::info, "compiler memo {} said {}, but {} is {}; rewriting it", name_,
       memo_->identity, opened.file.string(), fresh.identity);
   memo_ = std::move(fresh);
   save_locked();
@@ -101,7 +101,7 @@ void LazyCompiler::open_locked() const {
 
 void LazyCompiler::save_locked() const {
   // NOTE: without the file the loader opened, a memo could never be shown current again.
-  if (!memo_->library.file.empty()) disk_.write_note(note_, print_memo(*memo_));
+  if (!memo_->library.file.empty()) memos_.write(name_, print_memo(*memo_));
 }
 
 }  // namespace kiln::detail

@@ -14,21 +14,20 @@
 #include "backend/backend.hpp"
 #include "backend/compiler_library.hpp"
 #include "backend/compiler_memo.hpp"
-#include "cache/disk.hpp"
 
 namespace kiln::detail {
 
 // NOTE: loading NVRTC costs 7-16 ms, several times a disk-cache hit, and a hit never runs the
 // compiler; only computing its key asks the compiler anything. So the answers are kept as the
-// note compilers/<vendor>.json in the disk cache and trusted while the library they came from is
-// unchanged (compiler_memo.hpp). A stale memo cannot make a wrong binary: anything compiled is
-// keyed with the real compiler's answers (Runtime's compile path), so an out-of-date identity
-// only finds entries that compiler version really built.
+// memo compilers/<vendor>.json (a MemoStore: the runtime's disk cache) and trusted while the
+// library they came from is unchanged (compiler_memo.hpp). A stale memo cannot make a wrong binary:
+// anything compiled is keyed with the real compiler's answers (Runtime's compile path), so an
+// out-of-date identity only finds entries that compiler version really built.
 class LazyCompiler final : public Compiler {
  public:
-  // Reads the memo from `disk` (none when it is memory-only). One that is absent, corrupt or out
-  // of date is ignored; the library is then loaded at the first question and the memo rewritten.
-  LazyCompiler(CompilerLibrary library, DiskCache& disk);
+  // Reads the memo from `memos`, which must outlive it. One that is absent, corrupt or out of
+  // date is ignored; the library is then loaded at the first question and the memo rewritten.
+  LazyCompiler(CompilerLibrary library, MemoStore& memos);
 
   Vendor vendor() const override { return library_.vendor; }
   std::string identity() const override;
@@ -49,8 +48,8 @@ class LazyCompiler final : public Compiler {
   void save_locked() const;
 
   CompilerLibrary library_;
-  DiskCache& disk_;
-  std::string note_;  // the memo's name in the disk cache
+  MemoStore& memos_;
+  std::string name_;  // the memo's, in memos_
   LoaderSignature loader_;
 
   mutable std::mutex mutex_;

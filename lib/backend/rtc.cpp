@@ -5,7 +5,7 @@
 #include <utility>
 #include <vector>
 
-#include "elapsed.hpp"
+#include "core/elapsed.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {

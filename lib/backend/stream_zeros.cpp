@@ -4,8 +4,8 @@
 
 #include <algorithm>
 
+#include "core/log.hpp"
 #include "kiln/error.hpp"
-#include "log.hpp"
 
 namespace kiln::detail {
 

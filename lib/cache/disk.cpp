@@ -21,8 +21,8 @@
 #include "cache/entry_file.hpp"
 #include "cache/file_io.hpp"
 #include "cache/trust.hpp"
+#include "core/log.hpp"
 #include "kiln/error.hpp"
-#include "log.hpp"
 
 namespace kiln::detail {
 namespace {

@@ -10,7 +10,7 @@
 
 #include "cache/stats.hpp"
 #include "cli/commands.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::cli {

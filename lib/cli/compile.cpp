@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "cli/commands.hpp"
+#include "core/user_text.hpp"
 #include "jit/manifest.hpp"
-#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 #include "params/registry.hpp"
 

@@ -8,8 +8,8 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.hpp"
-#include "config.hpp"
-#include "jit/user_text.hpp"
+#include "core/config.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 

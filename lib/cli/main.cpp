@@ -6,8 +6,8 @@
 #include <string_view>
 
 #include "cli/commands.hpp"
-#include "config.hpp"
-#include "jit/user_text.hpp"
+#include "core/config.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.h"
 

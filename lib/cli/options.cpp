@@ -2,8 +2,8 @@
 // The options every `kiln` subcommand takes, and the disk cache they resolve to.
 #include "cli/commands.hpp"
 
-#include "config.hpp"
-#include "log.hpp"
+#include "core/config.hpp"
+#include "core/log.hpp"
 
 namespace kiln::cli {
 

@@ -15,7 +15,7 @@
 #include <set>
 
 #include "cli/commands.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "jit/manifest.hpp"
 #include "kiln/error.hpp"
 #include "kiln/kiln.hpp"

@@ -6,7 +6,7 @@
 
 #include <algorithm>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 #include "kiln/target.hpp"
 #include "params/registry.hpp"

@@ -13,9 +13,9 @@
 
 #include "cache/file_io.hpp"
 #include "cache/trust.hpp"
-#include "jit/user_text.hpp"
+#include "core/log.hpp"
+#include "core/user_text.hpp"
 #include "kiln/spec.hpp"
-#include "log.hpp"
 
 namespace kiln::detail {
 namespace {

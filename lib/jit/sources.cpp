@@ -9,9 +9,9 @@
 
 #include <fmt/format.h>
 
-#include "config.hpp"
+#include "core/config.hpp"
+#include "core/user_text.hpp"
 #include "jit/embedded.hpp"
-#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {

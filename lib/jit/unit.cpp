@@ -13,7 +13,7 @@
 #include <fmt/ranges.h>
 
 #include "cache/disk.hpp"
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {

@@ -10,8 +10,6 @@
 
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
-#include "ops/score.hpp"
-#include "ops/tensor_checks.hpp"
 
 namespace kiln {
 namespace detail {

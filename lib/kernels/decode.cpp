@@ -11,11 +11,9 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/decode.h"
-#include "ops/score.hpp"
-#include "ops/tensor_checks.hpp"
 
 namespace kiln {
 namespace detail {

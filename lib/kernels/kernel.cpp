@@ -7,7 +7,27 @@
 
 #include <fmt/format.h>
 
+#include "kiln/error.hpp"
+
 namespace kiln::detail {
+
+void invalid(const std::string& message) {
+  throw Error(ErrorCategory::invalid_argument, message);
+}
+
+void unsupported(const std::string& message) {
+  throw Error(ErrorCategory::unsupported, message);
+}
+
+bool is_sm80_or_newer(const Target& target) {
+  return target.nvidia() && target.arch() >= 80;
+}
+
+void set_variant(KernelSpec& spec, const Variant* variant) {
+  if (variant == nullptr) return;
+  spec.variant_name = variant->name;
+  spec.variant_code = variant->code;
+}
 KernelSpec spec_of(const KernelSchema& schema) {
   return {.source = std::string(schema.source),
           .entry = std::string(schema.entry),

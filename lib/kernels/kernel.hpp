@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // What every one of kiln's kernels says of itself, whatever its family: its source, entry and
-// Params, the constants its template reads, and the shared memory a spec of it launches with.
+// Params, the constants its template reads, and the shared memory a spec of it launches with;
+// and what the descriptions share with the ops: refusals, limits, a variant put into a spec.
 // Each family's description (kernels/attention.hpp, decode.hpp, elementwise.hpp) holds one per
 // kernel; the registry (params/registry.cpp) lists them.
 #pragma once
@@ -13,8 +14,24 @@
 
 #include "kiln/runtime.hpp"
 #include "kiln/spec.hpp"
+#include "kiln/target.hpp"
+#include "kiln/variant.hpp"
 
 namespace kiln::detail {
+
+// The largest head dim kiln compiles.
+constexpr int kMaxHeadDim = 256;
+
+// Refusals as kiln::Error (invalid_argument, unsupported): the descriptions' of configs and
+// targets, and the ops' of calls.
+[[noreturn]] void invalid(const std::string& message);
+[[noreturn]] void unsupported(const std::string& message);
+
+// Whether `target` is an NVIDIA one with bf16 tensor cores: sm_80 or newer.
+bool is_sm80_or_newer(const Target& target);
+
+// Puts `variant` (null: none) into an attention kernel's spec, prefill or decode.
+void set_variant(KernelSpec& spec, const Variant* variant);
 
 enum class ConstantKind { integer, boolean, dtype };
 

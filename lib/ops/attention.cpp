@@ -11,13 +11,14 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kernels/attention.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
 #include "ops/launch_plan.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
+#include "runtime/device_calls.hpp"
 
 namespace kiln {
 namespace {
@@ -261,7 +262,7 @@ bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
 // (columns, tokens, heads, batch), one batch of every token with varlen.
 TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
                         Runtime& runtime) {
-  TensorMapLayout layout{.data = t.data, .dtype = t.dtype, .rank = 4};
+  detail::TensorMapLayout layout{.data = t.data, .dtype = t.dtype, .rank = 4};
   const int h = t.rank - 2, tokens = t.rank - 3;
   const auto bytes = [&](std::int64_t stride) {
     return static_cast<std::uint64_t>(stride) * 2;  // f16 and bf16
@@ -277,7 +278,7 @@ TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool va
   layout.box[1] = static_cast<std::uint32_t>(rows);
   layout.box[2] = layout.box[3] = 1;
   TensorMap map{};
-  runtime.encode_tensor_map(&map, layout);
+  detail::encode_tensor_map(runtime, &map, layout);
   return map;
 }
 
@@ -347,7 +348,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const std::int64_t tiles = row_blocks * s.heads * s.batch;
   launch.grid = {static_cast<std::uint32_t>(
       std::min<std::int64_t>(tiles, std::max(device.multiprocessors, 1)))};
-  const std::shared_ptr<void> counter = runtime.stream_zeros(2 * sizeof(unsigned), stream);
+  const std::shared_ptr<void> counter = detail::stream_zeros(runtime, 2 * sizeof(unsigned), stream);
   kernel.launch(launch, tma_params_of(params, q, k, v, c, s, static_cast<unsigned*>(counter.get()),
                                       section_pairs_of(s), runtime));
 }

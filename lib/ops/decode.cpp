@@ -11,13 +11,14 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kernels/decode.hpp"
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
 #include "ops/kvcache_checks.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
+#include "runtime/device_calls.hpp"
 
 namespace kiln {
 namespace detail {
@@ -468,7 +469,7 @@ void run(const TensorView& q, const KVCache& cache, const TensorView& out,
   // Every kernel against the device before any is compiled or the append writes the cache: a
   // refused call does nothing.
   require_fits(plan, c, config ? nullptr : &target, device);
-  if (runtime.debug()) check_cache_indices(runtime, cache, bounds_of(s), stream);
+  if (detail::debug(runtime)) check_cache_indices(runtime, cache, bounds_of(s), stream);
   launch_decode(runtime, problem, c, plan, params_of(q, cache, out, options, s), stream);
 }
 

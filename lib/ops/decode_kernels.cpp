@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
+#include "runtime/device_calls.hpp"
 
 namespace kiln::detail {
 namespace {
@@ -23,11 +24,12 @@ class Scratch {
   Scratch(Runtime& runtime, std::size_t bytes, void* stream)
       : runtime_(runtime),
         stream_(stream),
-        base_(bytes ? static_cast<std::byte*>(runtime.allocate_async(bytes, stream)) : nullptr) {}
+        base_(bytes ? static_cast<std::byte*>(detail::allocate_async(runtime, bytes, stream))
+                    : nullptr) {}
   ~Scratch() {
     if (base_ == nullptr) return;
     try {
-      runtime_.free_async(base_, stream_);
+      detail::free_async(runtime_, base_, stream_);
     } catch (const Error&) {
       // NOTE: only reachable when the driver is already failing; the error that got us here
       // (or the next call's) reports it.
@@ -98,7 +100,7 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
                                      : 0;
   // The split flags start zero and the kernel leaves them zero: the stream's kept zeros, or,
   // where it has none (graph capture), zeroed scratch of this call.
-  const std::shared_ptr<void> kept_flags = runtime.stream_zeros(flag_bytes, stream);
+  const std::shared_ptr<void> kept_flags = detail::stream_zeros(runtime, flag_bytes, stream);
   const std::size_t scratch_flag_bytes = kept_flags ? 0 : flag_bytes;
   const Scratch scratch(
       runtime, q_rotated_bytes + partial_out_bytes + partial_lse_bytes + scratch_flag_bytes,
@@ -129,7 +131,7 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
     void* flags = kept_flags.get();
     if (!flags) {
       flags = scratch.at(at);
-      runtime.zero_async(flags, flag_bytes, stream);
+      detail::zero_async(runtime, flags, flag_bytes, stream);
     }
     p.split_flags = static_cast<unsigned long long*>(flags);
     p.split_tag = next_split_tag();

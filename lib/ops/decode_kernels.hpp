@@ -14,7 +14,7 @@ namespace kiln::detail {
 // Runs a validated decode call whose `plan` fits the device: fetches its kernels, then the
 // append kernel when problem.append (which also writes the rotated q into scratch when
 // problem.rotary), then attention_decode, whose splits merge their partial states into p.out and
-// p.maybe_lse themselves. Scratch comes from runtime.allocate_async on `stream` and goes back the
+// p.maybe_lse themselves. Scratch comes from detail::allocate_async on `stream` and goes back the
 // same way. p.num_splits, partial_out, partial_lse, split_flags, split_tag and maybe_q_rotated
 // are filled in here.
 void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeConfig& config,

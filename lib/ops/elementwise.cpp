@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kernels/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/elementwise.h"

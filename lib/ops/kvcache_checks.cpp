@@ -6,9 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
-#include "config.hpp"
+#include "core/checked_math.hpp"
+#include "core/config.hpp"
 #include "ops/tensor_checks.hpp"
+#include "runtime/device_calls.hpp"
 
 namespace kiln::detail {
 namespace {
@@ -24,7 +25,8 @@ std::string why_checked() {
 std::vector<std::int32_t> host_copy(Runtime& runtime, const TensorView& t, std::int64_t count,
                                     void* stream) {
   std::vector<std::int32_t> values(static_cast<std::size_t>(count));
-  runtime.copy_to_host(values.data(), t.data, values.size() * sizeof(std::int32_t), stream);
+  detail::copy_to_host(runtime, values.data(), t.data, values.size() * sizeof(std::int32_t),
+                       stream);
   return values;
 }
 

@@ -4,7 +4,7 @@
 
 #include <fmt/format.h>
 
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {

@@ -7,7 +7,7 @@
 
 #include <fmt/format.h>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "ops/tensor_checks.hpp"
 
 namespace kiln::detail {
@@ -109,12 +109,6 @@ VariantParams variant_params(const ScoreOptions& o, int device) {
 }
 
 }  // namespace
-
-void set_variant(KernelSpec& spec, const Variant* variant) {
-  if (variant == nullptr) return;
-  spec.variant_name = variant->name;
-  spec.variant_code = variant->code;
-}
 
 bool has_band(const ScoreOptions& o) {
   return o.causal || o.window_left >= 0 || o.window_right >= 0;

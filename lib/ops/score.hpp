@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "kernels/kernel.hpp"
 #include "kiln/params/score.h"
 #include "kiln/score.hpp"
 #include "kiln/spec.hpp"
@@ -19,8 +20,5 @@ bool has_band(const ScoreOptions& o);
 // the default scale 1 / sqrt(head_dim), causal as window_right 0, the slopes' batch stride.
 ScoreParams score_params(const ScoreOptions& o, std::int64_t batch, std::int64_t heads,
                          std::int64_t head_dim, int device);
-
-// Puts `variant` (null: none) into an attention kernel's spec, prefill or decode.
-void set_variant(KernelSpec& spec, const Variant* variant);
 
 }  // namespace kiln::detail

@@ -7,8 +7,8 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
-#include "config.hpp"
+#include "core/checked_math.hpp"
+#include "core/config.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
@@ -48,14 +48,6 @@ std::optional<std::int64_t> element_count(const TensorView& t) {
 }
 
 }  // namespace
-
-void invalid(const std::string& message) {
-  throw Error(ErrorCategory::invalid_argument, message);
-}
-
-void unsupported(const std::string& message) {
-  throw Error(ErrorCategory::unsupported, message);
-}
 
 std::string dim_name(const TensorView& t, int dim) {
   return dim == t.rank - 1 ? "-1" : std::to_string(dim);
@@ -226,10 +218,6 @@ void check_lse(const TensorView& l, std::string_view name, std::string_view layo
   if (l.size(l.rank - 1) > 1 && l.stride(l.rank - 1) != 1) {
     invalid(fmt::format("{}.stride(-1) is {}: it must be 1", name, l.stride(l.rank - 1)));
   }
-}
-
-bool is_sm80_or_newer(const Target& target) {
-  return target.nvidia() && target.arch() >= 80;
 }
 
 }  // namespace kiln::detail

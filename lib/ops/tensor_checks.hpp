@@ -10,15 +10,11 @@
 #include <string_view>
 #include <utility>
 
+#include "kernels/kernel.hpp"
 #include "kiln/target.hpp"
 #include "kiln/tensor.hpp"
 
 namespace kiln::detail {
-
-constexpr int kMaxHeadDim = 256;
-
-[[noreturn]] void invalid(const std::string& message);
-[[noreturn]] void unsupported(const std::string& message);
 
 // How messages write dim `dim` of `t`: "-1" for the last, else its index.
 std::string dim_name(const TensorView& t, int dim);
@@ -66,8 +62,5 @@ struct Extent {
 // with a contiguous last dim.
 void check_lse(const TensorView& l, std::string_view name, std::string_view layout,
                std::initializer_list<Extent> extents, int device);
-
-// Whether `target` is an NVIDIA one with bf16 tensor cores: sm_80 or newer.
-bool is_sm80_or_newer(const Target& target);
 
 }  // namespace kiln::detail

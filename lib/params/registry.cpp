@@ -10,7 +10,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kernels/attention.hpp"
 #include "kernels/decode.hpp"
 #include "kernels/elementwise.hpp"

@@ -9,6 +9,7 @@
 
 #include "backend/lazy_compiler.hpp"
 #include "kiln/error.hpp"
+#include "runtime/disk_memos.hpp"
 #include "stub_compiler.hpp"
 #include "support.hpp"
 
@@ -35,16 +36,17 @@ fs::path memo_file(const fs::path& cache) {
 TEST_CASE("LazyCompiler answers from its memo without loading the library", "[backend]") {
   const test::TempDir dir;
   DiskCache disk({dir.path(), {}, 0});
+  DiskMemos memos(disk);
   installed_identity = "stand-in 1.0";
   std::uint64_t opens = compiler_library_opens();
   {
-    const LazyCompiler first(stand_in(), disk);
+    const LazyCompiler first(stand_in(), memos);
     CHECK(first.accepts("sm_90a"));
     CHECK(compiler_library_opens() == ++opens);
   }
   REQUIRE(fs::exists(memo_file(dir.path())));
 
-  const LazyCompiler second(stand_in(), disk);
+  const LazyCompiler second(stand_in(), memos);
   CHECK(second.identity() == "stand-in 1.0");
   CHECK(second.accepts("sm_90a"));
   CHECK(second.canonical_options("sm_90a") == std::vector<std::string>{"--arch=sm_90a"});
@@ -53,7 +55,7 @@ TEST_CASE("LazyCompiler answers from its memo without loading the library", "[ba
   // A target the memo has not seen is asked of the real compiler and added.
   CHECK_FALSE(second.accepts("gfx90a"));
   CHECK(compiler_library_opens() == ++opens);
-  const LazyCompiler third(stand_in(), disk);
+  const LazyCompiler third(stand_in(), memos);
   CHECK_FALSE(third.accepts("gfx90a"));
   CHECK(third.accepts("sm_90a"));
   CHECK(compiler_library_opens() == opens);
@@ -66,11 +68,12 @@ TEST_CASE("LazyCompiler answers from its memo without loading the library", "[ba
 TEST_CASE("loading the real compiler corrects a memo that names another identity", "[backend]") {
   const test::TempDir dir;
   DiskCache disk({dir.path(), {}, 0});
+  DiskMemos memos(disk);
   installed_identity = "stand-in 1.0";
-  CHECK(LazyCompiler(stand_in(), disk).accepts("sm_90a"));
+  CHECK(LazyCompiler(stand_in(), memos).accepts("sm_90a"));
 
   installed_identity = "stand-in 2.0";  // same file, so the memo still looks current
-  const LazyCompiler lazy(stand_in(), disk);
+  const LazyCompiler lazy(stand_in(), memos);
   CHECK(lazy.identity() == "stand-in 1.0");
   CHECK(lazy.real().identity() == "stand-in 2.0");
   CHECK(lazy.identity() == "stand-in 2.0");
@@ -81,16 +84,18 @@ TEST_CASE("loading the real compiler corrects a memo that names another identity
 
 TEST_CASE("a memory-only cache keeps no memo, so every LazyCompiler loads", "[backend]") {
   DiskCache disk({std::nullopt, {}, 0});
+  DiskMemos memos(disk);
   const std::uint64_t opens = compiler_library_opens();
-  CHECK(LazyCompiler(stand_in(), disk).accepts("sm_90a"));
-  CHECK(LazyCompiler(stand_in(), disk).accepts("sm_90a"));
+  CHECK(LazyCompiler(stand_in(), memos).accepts("sm_90a"));
+  CHECK(LazyCompiler(stand_in(), memos).accepts("sm_90a"));
   CHECK(compiler_library_opens() == opens + 2);
 }
 
 TEST_CASE("a library that cannot be loaded is an error every time it is needed", "[backend]") {
   const test::TempDir dir;
   DiskCache disk({dir.path(), {}, 0});
-  const LazyCompiler lazy(stand_in({"libkiln-no-such-compiler.so"}), disk);
+  DiskMemos memos(disk);
+  const LazyCompiler lazy(stand_in({"libkiln-no-such-compiler.so"}), memos);
   for (int attempt = 0; attempt < 2; ++attempt) {
     try {
       lazy.identity();

@@ -11,7 +11,7 @@
 #include <catch2/catch.hpp>
 #include <stdexcept>
 
-#include "log.hpp"
+#include "core/log.hpp"
 #include "support.hpp"
 
 #define XXH_INLINE_ALL

@@ -11,7 +11,7 @@
 
 #include "cache/disk.hpp"
 #include "cache/entries.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/error.hpp"
 #include "support.hpp"
 

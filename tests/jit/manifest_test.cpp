@@ -5,8 +5,8 @@
 #include <filesystem>
 #include <string>
 
+#include "core/user_text.hpp"
 #include "jit/manifest.hpp"
-#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 #include "support.hpp"
 

@@ -10,8 +10,8 @@
 #include <string>
 #include <utility>
 
+#include "core/user_text.hpp"
 #include "jit/sources.hpp"
-#include "jit/user_text.hpp"
 #include "kiln/error.hpp"
 #include "support.hpp"
 

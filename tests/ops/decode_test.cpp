@@ -25,6 +25,7 @@
 #include "gpu.hpp"
 #include "gpu_harness.hpp"
 #include "kiln/decode.hpp"
+#include "runtime/device_calls.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
 
@@ -984,7 +985,7 @@ TEST_CASE("decode split-KV flags kept per stream: streams at once, growth, more 
       check_outputs(c, setups[i], devices[i], download(devices[i]), wants[i]);
       // The calls left the stream's flags zero for the next one (these calls' flags take less
       // than the 256 bytes read).
-      const std::shared_ptr<void> flags = rt.stream_zeros(256, streams[i]);
+      const std::shared_ptr<void> flags = kiln::detail::stream_zeros(rt, 256, streams[i]);
       REQUIRE(flags != nullptr);
       std::array<std::uint64_t, 32> words{};
       KILN_CUDA_CHECK(cudaMemcpy(words.data(), flags.get(), sizeof words, cudaMemcpyDeviceToHost));

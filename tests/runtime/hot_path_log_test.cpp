@@ -7,9 +7,9 @@
 #include <vector>
 
 #include "cache/entries.hpp"
+#include "core/log.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/runtime.hpp"
-#include "log.hpp"
 #include "support.hpp"
 
 namespace {

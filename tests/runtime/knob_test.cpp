@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Messages name the knobs of the interface the caller came through (lib/config.hpp, Knob), and
+// Messages name the knobs of the interface the caller came through (lib/core/config.hpp, Knob), and
 // a missing device is explained by its root cause first.
 #include <catch2/catch.hpp>
 
@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "cli/run_kiln.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/attention.hpp"
 #include "kiln/decode.hpp"
 #include "kiln/elementwise.hpp"

@@ -14,6 +14,7 @@
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
+#include "runtime/device_calls.hpp"
 #include "runtime/processes.hpp"
 #include "support.hpp"
 
@@ -137,19 +138,19 @@ TEST_CASE("KILN_DEBUG turns the debug checks on, Options::debug wins, bad values
   kiln::Options options = options_for(dir.path());
   {
     kiln::test::ScopedEnv unset("KILN_DEBUG", nullptr);
-    CHECK_FALSE(kiln::Runtime(options).debug());
+    CHECK_FALSE(kiln::detail::debug(kiln::Runtime(options)));
   }
   for (const char* on : {"1", "true", "on"}) {
     kiln::test::ScopedEnv debug("KILN_DEBUG", on);
-    CHECK(kiln::Runtime(options).debug());
+    CHECK(kiln::detail::debug(kiln::Runtime(options)));
   }
   for (const char* off : {"0", "false", "off"}) {
     kiln::test::ScopedEnv debug("KILN_DEBUG", off);
-    CHECK_FALSE(kiln::Runtime(options).debug());
+    CHECK_FALSE(kiln::detail::debug(kiln::Runtime(options)));
   }
   kiln::test::ScopedEnv debug("KILN_DEBUG", "yes");
   options.debug = false;  // the option wins, so the variable is not even read
-  CHECK_FALSE(kiln::Runtime(options).debug());
+  CHECK_FALSE(kiln::detail::debug(kiln::Runtime(options)));
   options.debug.reset();
   try {
     kiln::Runtime rt(options);
@@ -165,8 +166,8 @@ TEST_CASE("device memory and device properties need the runtime's device, and sa
           "[runtime]") {
   kiln::test::TempDir dir;
   kiln::Runtime rt(options_for(dir.path()));
-  CHECK(rt.allocate_async(0, nullptr) == nullptr);  // nothing asked, nothing needed
-  CHECK_NOTHROW(rt.free_async(nullptr, nullptr));
+  CHECK(kiln::detail::allocate_async(rt, 0, nullptr) == nullptr);  // nothing asked, nothing needed
+  CHECK_NOTHROW(kiln::detail::free_async(rt, nullptr, nullptr));
   if (kiln::test::gpu_unavailable_reason()) {
     const auto refused = [](const std::function<void()>& call, const char* doing) {
       try {
@@ -178,9 +179,10 @@ TEST_CASE("device memory and device properties need the runtime's device, and sa
       }
     };
     refused([&] { rt.device_info(); }, "no cuda device 0");
-    refused([&] { rt.allocate_async(256, nullptr); }, "cannot allocate device memory");
+    refused([&] { kiln::detail::allocate_async(rt, 256, nullptr); },
+            "cannot allocate device memory");
     int host = 0;
-    refused([&] { rt.copy_to_host(&host, &host, sizeof host, nullptr); },
+    refused([&] { kiln::detail::copy_to_host(rt, &host, &host, sizeof host, nullptr); },
             "cannot copy device memory to the host");
     return;
   }
@@ -189,11 +191,11 @@ TEST_CASE("device memory and device properties need the runtime's device, and sa
   CHECK(info.ordinal == rt.device());
   // What decode plans for ahead of time, without the device, is what the device gives.
   CHECK(kiln::Target(info.target).max_shared_bytes_per_block() == info.max_shared_bytes_per_block);
-  void* scratch = rt.allocate_async(4096, nullptr);
+  void* scratch = kiln::detail::allocate_async(rt, 4096, nullptr);
   REQUIRE(scratch != nullptr);
   std::array<std::byte, 4096> host{};
-  CHECK_NOTHROW(rt.copy_to_host(host.data(), scratch, host.size(), nullptr));
-  CHECK_NOTHROW(rt.free_async(scratch, nullptr));
+  CHECK_NOTHROW(kiln::detail::copy_to_host(rt, host.data(), scratch, host.size(), nullptr));
+  CHECK_NOTHROW(kiln::detail::free_async(rt, scratch, nullptr));
 }
 
 TEST_CASE("many threads asking for one key compile it once", "[runtime]") {

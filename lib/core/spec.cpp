@@ -11,7 +11,7 @@
 #define XXH_INLINE_ALL
 #include <xxhash.h>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reading a user's text file with bounds, and echoing a user's text without control characters.
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

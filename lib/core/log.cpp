@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Logging to stderr, with a process-wide level and once-only warnings.
-#include "log.hpp"
+#include "core/log.hpp"
 
 #include <atomic>
 #include <cstdio>

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// lib/target.cpp: kiln::Target, read once from a target's name wherever one comes in.
+// lib/core/target.cpp: kiln::Target, read once from a target's name wherever one comes in.
 #include <catch2/catch.hpp>
 
 #include <string>

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Reads KILN_* environment variables (README, "Knobs") and merges them with Options.
-#include "config.hpp"
+#include "core/config.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -11,7 +11,7 @@
 
 #include <fmt/format.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln::detail {

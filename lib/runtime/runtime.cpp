@@ -17,15 +17,17 @@
 #include "backend/backends.hpp"
 #include "backend/stream_zeros.hpp"
 #include "cache/disk.hpp"
-#include "cache/kernel_store.hpp"
-#include "config.hpp"
-#include "elapsed.hpp"
+#include "core/config.hpp"
+#include "core/elapsed.hpp"
+#include "core/log.hpp"
 #include "jit/recorder.hpp"
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/error.hpp"
 #include "kiln/target.hpp"
-#include "log.hpp"
+#include "runtime/device_calls.hpp"
+#include "runtime/disk_memos.hpp"
+#include "runtime/kernel_store.hpp"
 
 namespace kiln {
 
@@ -62,7 +64,8 @@ struct Runtime::Impl {
         sources(detail::SourceTree::locate(config.kernels_dir)),
         disk(detail::DiskCacheConfig{config.cache_dir, config.cache_ro_dirs, config.cache_max_bytes,
                                      config.cache_ro_trust}),
-        backends(config, disk),
+        memos(disk),
+        backends(config, memos),
         kernels(config, sources, disk, backends),
         recorder(config.record) {
     detail::log(LogLevel::info, "runtime: backend {}, kernels from {}, cache {}",
@@ -78,7 +81,8 @@ struct Runtime::Impl {
   Config config;
   detail::SourceTree sources;
   detail::DiskCache disk;
-  // NOTE: declared after `disk`, where the compilers keep their fact memos, and before what the
+  detail::DiskMemos memos;
+  // NOTE: declared after `memos`, where the compilers keep their fact memos, and before what the
   // drivers made (stream zeros' memory, loaded kernels), which must go back while they are open.
   detail::Backends backends;
   detail::StreamZeros stream_zeros;
@@ -175,48 +179,63 @@ const DeviceInfo& Runtime::device_info() const {
   return impl_->backends.device_info();
 }
 
-bool Runtime::debug() const {
-  return impl_->config.debug;
-}
+struct detail::RuntimeAccess {
+  static Runtime::Impl& impl(const Runtime& runtime) { return *runtime.impl_; }
+};
 
-void* Runtime::allocate_async(std::size_t bytes, void* stream) {
+namespace detail {
+
+void* allocate_async(Runtime& runtime, std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
-  return impl_->backends.device_driver("allocate device memory", "")
-      .allocate_async(impl_->config.device, bytes, stream);
+  auto& impl = RuntimeAccess::impl(runtime);
+  return impl.backends.device_driver("allocate device memory", "")
+      .allocate_async(impl.config.device, bytes, stream);
 }
 
-void Runtime::free_async(void* pointer, void* stream) {
+void free_async(Runtime& runtime, void* pointer, void* stream) {
   if (pointer == nullptr) return;
-  impl_->backends.device_driver("free device memory", "")
-      .free_async(impl_->config.device, pointer, stream);
+  auto& impl = RuntimeAccess::impl(runtime);
+  impl.backends.device_driver("free device memory", "")
+      .free_async(impl.config.device, pointer, stream);
 }
 
-void Runtime::zero_async(void* pointer, std::size_t bytes, void* stream) {
+void zero_async(Runtime& runtime, void* pointer, std::size_t bytes, void* stream) {
   if (bytes == 0) return;
-  impl_->backends.device_driver("zero device memory", "")
-      .zero_async(impl_->config.device, pointer, bytes, stream);
+  auto& impl = RuntimeAccess::impl(runtime);
+  impl.backends.device_driver("zero device memory", "")
+      .zero_async(impl.config.device, pointer, bytes, stream);
 }
 
-void Runtime::encode_tensor_map(void* map, const TensorMapLayout& layout) {
-  impl_->backends.device_driver("make a TMA descriptor", "").encode_tensor_map(map, layout);
+void encode_tensor_map(Runtime& runtime, void* map, const TensorMapLayout& layout) {
+  RuntimeAccess::impl(runtime)
+      .backends.device_driver("make a TMA descriptor", "")
+      .encode_tensor_map(map, layout);
 }
 
-std::shared_ptr<void> Runtime::stream_zeros(std::size_t bytes, void* stream) {
+std::shared_ptr<void> stream_zeros(Runtime& runtime, std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
-  Driver& d = impl_->backends.device_driver("allocate device memory", "");
-  const int device = impl_->config.device;
+  auto& impl = RuntimeAccess::impl(runtime);
+  Driver& d = impl.backends.device_driver("allocate device memory", "");
+  const int device = impl.config.device;
   // NOTE: capture first: the driver refuses to name a capturing stream.
   if (d.is_capturing(device, stream)) return nullptr;
   const std::optional<std::uint64_t> id = d.stream_id(device, stream);
-  return id ? impl_->stream_zeros.get(d, device, *id, bytes, stream) : nullptr;
+  return id ? impl.stream_zeros.get(d, device, *id, bytes, stream) : nullptr;
 }
 
-void Runtime::copy_to_host(void* host, const void* device_pointer, std::size_t bytes,
-                           void* stream) {
+void copy_to_host(Runtime& runtime, void* host, const void* device_pointer, std::size_t bytes,
+                  void* stream) {
   if (bytes == 0) return;
-  impl_->backends.device_driver("copy device memory to the host", "")
-      .copy_to_host(impl_->config.device, host, device_pointer, bytes, stream);
+  auto& impl = RuntimeAccess::impl(runtime);
+  impl.backends.device_driver("copy device memory to the host", "")
+      .copy_to_host(impl.config.device, host, device_pointer, bytes, stream);
 }
+
+bool debug(const Runtime& runtime) {
+  return RuntimeAccess::impl(runtime).config.debug;
+}
+
+}  // namespace detail
 
 RuntimeInfo Runtime::info() const {
   RuntimeInfo info;

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // KernelStore: memory, then disk, then compile; loaded once per key.
-#include "cache/kernel_store.hpp"
+#include "runtime/kernel_store.hpp"
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
@@ -21,9 +21,9 @@
 #include "cache/file_io.hpp"
 #include "cache/stats.hpp"
 #include "cache/trust.hpp"
-#include "elapsed.hpp"
+#include "core/elapsed.hpp"
+#include "core/log.hpp"
 #include "kiln/error.hpp"
-#include "log.hpp"
 
 namespace kiln::detail {
 namespace {

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// lib/config.cpp: byte counts as KILN_CACHE_MAX_BYTES and `kiln cache prune --max-bytes` read
+// lib/core/config.cpp: byte counts as KILN_CACHE_MAX_BYTES and `kiln cache prune --max-bytes` read
 // them (the CLI's side is in cli/cli.cpp).
 #include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <string>
 
-#include "config.hpp"
+#include "core/config.hpp"
 #include "kiln/error.hpp"
 #include "support.hpp"
 

@@ -14,7 +14,7 @@
 #include "backend/backends.hpp"
 #include "cache/disk.hpp"
 #include "cache/single_flight.hpp"
-#include "config.hpp"
+#include "core/config.hpp"
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/runtime.hpp"

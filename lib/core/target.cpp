@@ -11,7 +11,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "jit/user_text.hpp"
+#include "core/user_text.hpp"
 #include "kiln/error.hpp"
 
 namespace kiln {

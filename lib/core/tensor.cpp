@@ -7,9 +7,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
-#include "checked_math.hpp"
+#include "core/checked_math.hpp"
+#include "core/tensor_strides.hpp"
 #include "kiln/error.hpp"
-#include "tensor_strides.hpp"
 
 namespace kiln {
 
