@@ -11,30 +11,33 @@
 #
 # BASE defaults to main. MANIFEST defaults to the default warm set for $TARGET (sm_90a); narrow
 # it with e.g. `build/bin/kiln warm --list --target sm_90a | grep forward_tma > tma.txt`. The
-# library's Params headers are the build's on both sides, so a change to include/kiln/params is
-# not seen. KILN (default build/bin/kiln) and TARGET override.
+# Params headers come from the library that compiles: KILN (default build/bin/kiln) for the work
+# tree, KILN_BASE (default KILN) for BASE, so a change to include/kiln/params is seen when
+# KILN_BASE is a build of BASE. Without MANIFEST each side lists its own default set and the
+# pairs are taken line by line, so specs whose text changed (a constant added) still pair up.
+# TARGET overrides the target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 base="${1:-main}"
 kiln="${KILN:-build/bin/kiln}"
+kiln_base="${KILN_BASE:-$kiln}"
 target="${TARGET:-sm_90a}"
 out="${SASS_DIFF_OUT:-sass_diff}"
 work="$(mktemp -d)"
 trap 'rm -rf "$work"' EXIT
 
-manifest="$work/manifest.txt"
-if [ -n "${2-}" ]; then
-  cp "$2" "$manifest"
-else
-  "$kiln" warm --list --target "$target" > "$manifest"
-fi
 mkdir -p "$work/base"
 git archive "$base" kernels_src | tar -x -C "$work/base"
 for side in base work; do
-  dir="$work/base/kernels_src"
-  if [ "$side" = work ]; then dir="$PWD/kernels_src"; fi
-  "$kiln" warm --quiet --target "$target" --kernels-dir "$dir" --cache-dir "$work/$side-cache" \
-    "$manifest" > /dev/null
+  dir="$work/base/kernels_src" side_kiln="$kiln_base"
+  if [ "$side" = work ]; then dir="$PWD/kernels_src" side_kiln="$kiln"; fi
+  if [ -n "${2-}" ]; then
+    cp "$2" "$work/$side.txt"
+  else
+    "$side_kiln" warm --list --target "$target" > "$work/$side.txt"
+  fi
+  "$side_kiln" warm --quiet --target "$target" --kernels-dir "$dir" \
+    --cache-dir "$work/$side-cache" "$work/$side.txt" > /dev/null
 done
 
 python3 - "$work" "$out" <<'EOF'
@@ -71,9 +74,14 @@ def summary(meta, text):
             f"{meta['spill_bytes']} spill bytes")
 
 base, work_side = entries(work / "base-cache"), entries(work / "work-cache")
+specs = [(work / f"{side}.txt").read_text().split("\n") for side in ("base", "work")]
+pairs = [(b, w) for b, w in zip(*specs) if b or w]
+if len(specs[0]) != len(specs[1]):
+    sys.exit(f"the two sides list {len(specs[0])} and {len(specs[1])} specs: no pairs")
 differ = 0
-for number, spec in enumerate(sorted(base)):
-    (meta0, elf0), (meta1, elf1) = base[spec], work_side[spec]
+for number, (spec0, spec1) in enumerate(pairs):
+    (meta0, elf0), (meta1, elf1) = base[spec0], work_side[spec1]
+    spec = spec0 if spec0 == spec1 else f"{spec0}\n      -> {spec1}"
     text0, text1 = text_sections(elf0), text_sections(elf1)
     if text0 == text1:
         print(f"same     {spec}")
@@ -89,6 +97,6 @@ for number, spec in enumerate(sorted(base)):
                                   text=True, check=True).stdout
             (out / f"{number}.{side}.sass").write_text(sass)
         print(f"  diff {out}/{number}.base.sass {out}/{number}.work.sass")
-print(f"{len(base) - differ} of {len(base)} specs have the same code")
+print(f"{len(pairs) - differ} of {len(pairs)} specs have the same code")
 sys.exit(1 if differ else 0)
 EOF
