@@ -206,7 +206,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       const Sequence& seq = tile.seq;
       const int head_kv = seq.head / (p.heads / p.heads_kv);
       const int q_token = (Spec::varlen ? p.maybe_cu_seqlens_q[seq.batch] : 0) + tile.rows.begin;
-      const int k_token = Spec::varlen ? p.maybe_cu_seqlens_k[seq.batch] : 0;
+      const KVTmaCoords kv = kv_tma_coords<tensor_mode(Spec::varlen)>(p.kv, seq.batch);
       const int batch = Spec::varlen ? 0 : seq.batch;
       publish(index);
       if (issuer) {
@@ -230,7 +230,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
 #pragma unroll
         for (int c = 0; c < Tr::qk_dim / 64; ++c) {
           tma::load_4d(slot_tile(i) + c * Tr::block_n * 128, &tp.k_map, &k_full[slot], 64 * c,
-                       k_token + block * Tr::block_n, head_kv, batch);
+                       kv.token(block * Tr::block_n), head_kv, kv.batch);
         }
       };
       // Keys past the sequence's end get probability 0, but 0 times a NaN or infinity in their V
@@ -249,7 +249,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
 #pragma unroll
           for (int c = 0; c < Tr::v_dim / 64; ++c) {
             tma::load_4d(v_tile + c * Tr::block_n * 128, &tp.v_map, landed, 64 * c,
-                         k_token + block * Tr::block_n, head_kv, batch);
+                         kv.token(block * Tr::block_n), head_kv, kv.batch);
           }
         }
         if (!tail) return;
