@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <array>
 #include <concepts>
 #include <cstdint>
 #include <type_traits>
@@ -30,6 +31,13 @@ TensorView strided(std::uintptr_t data, std::initializer_list<std::int64_t> shap
   return t;
 }
 
+// k's batch, seq and head strides, then v's.
+using Strides = std::array<long long, 6>;
+Strides strides_of(const KVLayout& kv) {
+  return {kv.k_batch_stride, kv.k_seq_stride, kv.k_head_stride,
+          kv.v_batch_stride, kv.v_seq_stride, kv.v_head_stride};
+}
+
 }  // namespace
 
 TEST_CASE("kv_layout takes k's and v's data and strides, and no batch stride from 3-d ones",
@@ -39,12 +47,7 @@ TEST_CASE("kv_layout takes k's and v's data and strides, and no batch stride fro
                         strided(0x2000, {2, 300, 4, 32}, {80000, 256, 64, 1}));
   CHECK(batched.k == reinterpret_cast<void*>(0x1000));
   CHECK(batched.v == reinterpret_cast<void*>(0x2000));
-  CHECK(batched.k_batch_stride == 160000);
-  CHECK(batched.k_seq_stride == 512);
-  CHECK(batched.k_head_stride == 128);
-  CHECK(batched.v_batch_stride == 80000);
-  CHECK(batched.v_seq_stride == 256);
-  CHECK(batched.v_head_stride == 64);
+  CHECK(strides_of(batched) == Strides{160000, 512, 128, 80000, 256, 64});
   // How sequences find their keys is the family's to fill.
   CHECK(batched.maybe_batch_idx == nullptr);
   CHECK(batched.maybe_cu_seqlens_k == nullptr);
@@ -54,12 +57,7 @@ TEST_CASE("kv_layout takes k's and v's data and strides, and no batch stride fro
 
   const KVLayout varlen = detail::kv_layout(strided(0x1000, {600, 4, 64}, {512, 128, 1}),
                                             strided(0x2000, {600, 4, 32}, {136, 32, 1}));
-  CHECK(varlen.k_batch_stride == 0);
-  CHECK(varlen.k_seq_stride == 512);
-  CHECK(varlen.k_head_stride == 128);
-  CHECK(varlen.v_batch_stride == 0);
-  CHECK(varlen.v_seq_stride == 136);
-  CHECK(varlen.v_head_stride == 32);
+  CHECK(strides_of(varlen) == Strides{0, 512, 128, 0, 136, 32});
 }
 
 }  // namespace kiln::test

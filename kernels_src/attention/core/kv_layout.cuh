@@ -48,19 +48,6 @@ struct KVRows {
     }
   }
 
-  // Key `key`'s K (V) row, which the rows of the keys after it follow k_seq_stride (v_seq_stride)
-  // elements apart, paged within its page only.
-  __device__ __forceinline__ E* k_row(int key) const {
-    long long k_off, v_off;
-    offsets(key, k_off, v_off);
-    return k + k_off;
-  }
-  __device__ __forceinline__ E* v_row(int key) const {
-    long long k_off, v_off;
-    offsets(key, k_off, v_off);
-    return v + v_off;
-  }
-
   __device__ __forceinline__ void at_page(long long page, long long row, long long& k_off,
                                           long long& v_off) const {
     k_off = page * k_page_stride + row * k_seq_stride;
@@ -68,34 +55,68 @@ struct KVRows {
   }
 };
 
-template <KVMode Mode, class E>
-__device__ __forceinline__ KVRows<Mode, E> kv_rows(const KVLayout& kv, int batch, int kv_head) {
-  KVRows<Mode, E> r;
-  long long k_base = kv_head * kv.k_head_stride;
-  long long v_base = kv_head * kv.v_head_stride;
-  if constexpr (Mode == KVMode::paged) {
-    r.pages = kv.maybe_block_table + batch * kv.block_table_stride;
-  } else if constexpr (Mode == KVMode::varlen) {
-    const long long token = kv.maybe_cu_seqlens_k[batch];
-    k_base += token * kv.k_seq_stride;
-    v_base += token * kv.v_seq_stride;
-    r.pages = nullptr;
+// Element offsets in k and v.
+struct KVOffsets {
+  long long k;
+  long long v;
+};
+
+// Which row of the batch dim (batched, indexed) or token (varlen) sequence `batch` starts at.
+template <KVMode Mode>
+__device__ __forceinline__ long long kv_sequence_index(const KVLayout& kv, int batch) {
+  static_assert(Mode != KVMode::paged, "a paged sequence starts at no one row: see its pages.");
+  if constexpr (Mode == KVMode::varlen) {
+    return kv.maybe_cu_seqlens_k[batch];
   } else {
-    const long long row = Mode == KVMode::indexed && kv.maybe_batch_idx != nullptr
-                              ? kv.maybe_batch_idx[batch]
-                              : batch;
-    k_base += row * kv.k_batch_stride;
-    v_base += row * kv.v_batch_stride;
-    r.pages = nullptr;
+    return Mode == KVMode::indexed && kv.maybe_batch_idx != nullptr ? kv.maybe_batch_idx[batch]
+                                                                    : batch;
   }
-  r.k = static_cast<E*>(kv.k) + k_base;
-  r.v = static_cast<E*>(kv.v) + v_base;
+}
+
+// Where key 0 of the sequence at `index` (kv_sequence_index) lies at kv head 0.
+template <KVMode Mode>
+__device__ __forceinline__ KVOffsets kv_index_start(const KVLayout& kv, long long index) {
+  if constexpr (Mode == KVMode::varlen) {
+    return {index * kv.k_seq_stride, index * kv.v_seq_stride};
+  } else {
+    return {index * kv.k_batch_stride, index * kv.v_batch_stride};
+  }
+}
+
+// Where sequence `batch`'s key 0 lies at kv head 0 (paged: at 0; its pages come from the block
+// table).
+template <KVMode Mode>
+__device__ __forceinline__ KVOffsets kv_sequence_start(const KVLayout& kv, int batch) {
+  if constexpr (Mode == KVMode::paged) {
+    return {0, 0};
+  } else {
+    return kv_index_start<Mode>(kv, kv_sequence_index<Mode>(kv, batch));
+  }
+}
+
+// The rows of sequence `batch` at a kv head whose key 0 (paged: page 0's row 0) lies at `start`.
+template <KVMode Mode, class E>
+__device__ __forceinline__ KVRows<Mode, E> kv_rows_at(const KVLayout& kv, int batch,
+                                                      KVOffsets start) {
+  KVRows<Mode, E> r;
+  r.pages = Mode == KVMode::paged ? kv.maybe_block_table + batch * kv.block_table_stride : nullptr;
+  r.k = static_cast<E*>(kv.k) + start.k;
+  r.v = static_cast<E*>(kv.v) + start.v;
   r.k_seq_stride = kv.k_seq_stride;
   r.v_seq_stride = kv.v_seq_stride;
   r.k_page_stride = kv.k_batch_stride;
   r.v_page_stride = kv.v_batch_stride;
   r.page_size = kv.page_size;
   return r;
+}
+
+template <KVMode Mode, class E>
+__device__ __forceinline__ KVRows<Mode, E> kv_rows(const KVLayout& kv, int batch, int kv_head) {
+  KVOffsets start{kv_head * kv.k_head_stride, kv_head * kv.v_head_stride};
+  const KVOffsets sequence = kv_sequence_start<Mode>(kv, batch);
+  start.k += sequence.k;
+  start.v += sequence.v;
+  return kv_rows_at<Mode, E>(kv, batch, start);
 }
 
 // Offsets of the keys of one tile: with a paged layout, one block-table read serves the tile

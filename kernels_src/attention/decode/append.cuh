@@ -58,12 +58,15 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
 
   if (t < p.seqlen_new) {
     const int position = cached + t;
-    // The destination token's rows at kv head 0.
-    const auto cache = attention::kv_rows<attention::cache_mode(Spec::paged), T>(p.kv, batch, 0);
+    // The destination token's rows at kv head 0: the sequence's start, then the key's offset
+    // from it (rows made at offset 0, so that the two sum before the pointer steps).
+    constexpr attention::KVMode mode = attention::cache_mode(Spec::paged);
+    const attention::KVOffsets start = attention::kv_sequence_start<mode>(p.kv, batch);
+    const auto cache = attention::kv_rows_at<mode, T>(p.kv, batch, {0, 0});
     long long k_off, v_off;
     cache.offsets(position, k_off, v_off);
-    T* const k = cache.k + k_off;
-    T* const v = cache.v + v_off;
+    T* const k = cache.k + (start.k + k_off);
+    T* const v = cache.v + (start.v + v_off);
     const T* const k_new = static_cast<const T*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
                            t * p.k_new_seq_stride;
     const T* const v_new = static_cast<const T*>(p.maybe_v_new) + batch * p.v_new_batch_stride +

@@ -205,14 +205,14 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   auto load_k = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-        smem_kv + slot * Tr::slot_elems, kv.k_row(key0), kv.k_seq_stride, seq.seqlen_k - key0,
-        thread);
+        smem_kv + slot * Tr::slot_elems, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride,
+        seq.seqlen_k - key0, thread);
   };
   auto load_v = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, Tr::threads>(
-        smem_kv + slot * Tr::slot_elems + Tr::k_elems, kv.v_row(key0), kv.v_seq_stride,
-        seq.seqlen_k - key0, thread);
+        smem_kv + slot * Tr::slot_elems + Tr::k_elems, kv.v + key0 * p.kv.v_seq_stride,
+        p.kv.v_seq_stride, seq.seqlen_k - key0, thread);
   };
 
   // Prologue. Q joins the first group. With one stage K and V alternate (FlashAttention-2):

@@ -257,9 +257,9 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
     const int key0 = block * Tr::block_n;
     __syncthreads();  // every lane is done with the previous tiles
     load_tile<Tr::block_n, Tr::head_dim, Tr::head_dim, Tr::threads>(
-        k_tile, kv.k_row(key0), kv.k_seq_stride, seq.seqlen_k - key0, thread);
+        k_tile, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride, seq.seqlen_k - key0, thread);
     load_tile<Tr::block_n, Tr::head_dim_v, Tr::head_dim_v, Tr::threads>(
-        v_tile, kv.v_row(key0), kv.v_seq_stride, seq.seqlen_k - key0, thread);
+        v_tile, kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride, seq.seqlen_k - key0, thread);
     __syncthreads();
 
     float s[Tr::block_n];

@@ -186,9 +186,10 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
     const int key0 = block * Tr::block_n;
     const unsigned k_tile = kv_base + slot * Tr::slot_bytes;
     load_tile_swizzled<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::threads>(
-        k_tile, kv.k_row(key0), kv.k_seq_stride, seq.seqlen_k - key0, thread);
+        k_tile, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride, seq.seqlen_k - key0, thread);
     load_tile_swizzled<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::threads>(
-        k_tile + Tr::k_bytes, kv.v_row(key0), kv.v_seq_stride, seq.seqlen_k - key0, thread);
+        k_tile + Tr::k_bytes, kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride,
+        seq.seqlen_k - key0, thread);
   };
 
   // Prologue: Q joins the first group; stages - 1 groups, empty or not, stay in flight so that

@@ -17,6 +17,7 @@ struct Sequence {
   int seqlen_q;
   int seqlen_k;
   long long q_offset;  // element offsets of row 0 of this (batch, head)
+  KVOffsets kv;        // of key 0 of its kv head
   long long out_offset;
   long long lse_offset;
 };
@@ -30,31 +31,38 @@ __device__ __forceinline__ Sequence locate_sequence(const AttentionParams& p, in
   if constexpr (Varlen) {
     // The token dim plays the seq dim; the batch stride is unused.
     const long long q_start = p.maybe_cu_seqlens_q[batch];
-    const long long k_start = p.kv.maybe_cu_seqlens_k[batch];
+    const long long k_start = kv_sequence_index<KVMode::varlen>(p.kv, batch);
     s.seqlen_q = static_cast<int>(p.maybe_cu_seqlens_q[batch + 1] - q_start);
     s.seqlen_k = static_cast<int>(p.kv.maybe_cu_seqlens_k[batch + 1] - k_start);
     s.q_offset = q_start * p.q_seq_stride;
+    s.kv = kv_index_start<KVMode::varlen>(p.kv, k_start);
     s.out_offset = q_start * p.out_seq_stride;
     s.lse_offset = q_start;
   } else {
     s.seqlen_q = p.seqlen_q;
     s.seqlen_k = p.seqlen_k;
     s.q_offset = batch * p.q_batch_stride;
+    s.kv = kv_sequence_start<KVMode::batched>(p.kv, batch);
     s.out_offset = batch * p.out_batch_stride;
     s.lse_offset = batch * p.lse_batch_stride;
   }
   if (p.maybe_seqused_k != nullptr) s.seqlen_k = p.maybe_seqused_k[batch];
   s.q_offset += head * p.q_head_stride;
+  s.kv.k += s.head_kv * p.kv.k_head_stride;
+  s.kv.v += s.head_kv * p.kv.v_head_stride;
   s.out_offset += head * p.out_head_stride;
   s.lse_offset += head * p.lse_head_stride;
   return s;
 }
 
-// The K and V rows of a sequence's kv head, as the spec lays k and v out.
+// The K and V rows of a sequence's kv head, as the spec lays k and v out: key j's rows are
+// p.kv.k_seq_stride (v_seq_stride) elements apart from key 0's. NOTE: the loaders read the
+// strides from p.kv where they step, as they did before the KV layout: stepping by the rows'
+// copies moved the loads and changed the machine code of attention_forward on sm_80.
 template <class Spec, class T>
 __device__ __forceinline__ KVRows<tensor_mode(Spec::varlen), const T> sequence_kv(
     const AttentionParams& p, const Sequence& seq) {
-  return kv_rows<tensor_mode(Spec::varlen), const T>(p.kv, seq.batch, seq.head_kv);
+  return kv_rows_at<tensor_mode(Spec::varlen), const T>(p.kv, seq.batch, seq.kv);
 }
 
 // The query rows [begin, end) of a sequence that a row block covers; empty (begin >= end) when
