@@ -28,6 +28,8 @@ struct DecodeParams {
   // int32 on the device: keys cached per sequence before the append (batch entries).
   const int* seqlens;
 
+  // NOTE: the pairs (heads, heads_kv) and (seqlen_q, seqlen_new) start 8-byte aligned, so that
+  // the kernels load each pair at once: moving them changes the machine code.
   int heads;
   int heads_kv;  // divides heads; query head h reads kv head h / (heads / heads_kv)
   int seqlen_q;
