@@ -28,8 +28,13 @@
 // "kiln/params/attention.h" (more than 48 KiB needs the function's max-dynamic-smem attribute).
 // Do not launch an empty grid (seqlen_q == 0 or batch == 0): there is nothing to write.
 //
-// The configs choose() runs it with, and why, are its tuning table kSm80 in
-// lib/kernels/attention.cpp.
+// Config table for sm_90 (H100/H200), by max(head_dim, head_dim_v); tuned on an H200, see
+// dev notes. choose() gives sm_90a the wgmma kernel (forward_wgmma.cuh) above 64, where it is
+// 1.2-1.6x faster. (block_m, block_n, warps, stages):
+//   <= 64:  band (128, 128, 4, 2), no band (128, 64, 4, 2)
+//   <= 128: (128, 64, 4, 1)
+//   <= 256: (64, 64, 4, 1)        2 CTAs per SM; (128, 64, 8, 2) fits one and runs ~5% slower
+// sm_80 (163 KiB smem) takes the same table; sm_86/89 (99 KiB) need block_m 64 above 128.
 #pragma once
 
 #include "attention/core/logits.cuh"
