@@ -20,7 +20,8 @@
 //
 // Launch: grid (x) at most one CTA per SM, and at most the tile count, ceil(seqlen_q / block_m) *
 // heads * batch; block (block_m / 64 + 1) * 128 threads; dynamic shared memory
-// attention_forward_tma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages); the
+// attention_forward_tma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
+// kv_size, out_size); the
 // argument is an AttentionTmaParams whose tensor maps have boxes of 64 columns by block_m (q)
 // and block_n (k, v) rows.
 #pragma once
@@ -51,8 +52,9 @@ struct TmaTraits : WgmmaTraits<Spec> {
                     launch_registers * threads,
                 "the warpgroups' registers do not fit what the CTA is launched with.");
   // Whether an output staging tile follows the Q and K/V tiles (attention_forward_tma_staged).
-  static constexpr bool staged = attention_forward_tma_staged(
-      Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages);
+  static constexpr bool staged =
+      attention_forward_tma_staged(Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n,
+                                   Base::stages, Base::q_size, Base::kv_size, Base::out_size);
   static constexpr int staging_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
 };
 
@@ -111,10 +113,10 @@ struct TileScheduler {
 // where there is no room to stage them: a quad writes 16 bytes of a row per n8 tile, which L2
 // gathers into whole sectors.
 template <class Tr>
-__device__ __forceinline__ void store_output(typename Tr::T* out, long long row_stride,
+__device__ __forceinline__ void store_output(typename Tr::Out* out, long long row_stride,
                                              const float (&o)[1][Tr::o_tiles][4], int row0,
                                              int row_end, int lane) {
-  using T = typename Tr::T;
+  using T = typename Tr::Out;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -137,7 +139,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     attention_forward_tma(const KILN_GRID_CONSTANT AttentionTmaParams tp) {
   using namespace attention;
   using Tr = TmaTraits<Spec>;
-  using T = typename Tr::T;
+  using Out = typename Tr::Out;
   const AttentionParams& p = tp.p;
 
   extern __shared__ __align__(1024) unsigned char tma_smem[];
@@ -395,12 +397,12 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     float sink[2];
     transform.sinks(sink, p.score);
     softmax.finish(o, to_log2, lse, sink);
-    T* const out = static_cast<T*>(p.out) + seq.out_offset;
+    Out* const out = static_cast<Out*>(p.out) + seq.out_offset;
     if constexpr (Tr::staged) {
       // Each warp stages its 16 rows and copies them out with bulk copies, a row each, which run
       // while the warp goes on to the next tile; the rows are free again once the copies have
       // read them.
-      T* const staging = reinterpret_cast<T*>(tiles + Tr::staging_offset);
+      Out* const staging = reinterpret_cast<Out*>(tiles + Tr::staging_offset);
       tma::wait_bulk_read<0>();
       __syncwarp();
       stage_output<Tr>(staging, o, warp, lane);
@@ -411,7 +413,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       if (lane < Tr::rows_per_warp && row < rows.end) {
         tma::store_bulk(out + row * p.out_seq_stride,
                         mma::smem_address(staging + staged_row * Tr::v_pitch),
-                        Tr::head_dim_v * static_cast<int>(sizeof(T)));
+                        Tr::head_dim_v * Tr::out_size);
       }
       tma::commit_bulk();
     } else {
