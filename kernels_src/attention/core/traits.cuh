@@ -100,14 +100,15 @@ struct ForwardTraits : HeadTraits<Spec> {
   // m16 tile per warp (head_dim 256).
   static constexpr int prefetch = m_tiles >= 2 && qk_dim > 64 ? 1 : 0;
 
-  // Shared memory, in bytes: Q, then `stages` slots of (K tile, V tile). The output is staged
-  // from offset 0 once the loop is done.
-  static constexpr int q_bytes = block_m * qk_pitch * q_size;
-  static constexpr int k_bytes = block_n * qk_pitch * kv_size;
-  static constexpr int slot_bytes = k_bytes + block_n * v_pitch * kv_size;
+  // Shared memory: Q (q_elems elements of Q), then `stages` slots of (K tile, V tile), elements
+  // of KV. The output is staged from offset 0 once the loop is done.
+  static constexpr int q_elems = block_m * qk_pitch;
+  static constexpr int k_elems = block_n * qk_pitch;
+  static constexpr int v_elems = block_n * v_pitch;
+  static constexpr int slot_elems = k_elems + v_elems;
   static constexpr int smem_bytes = static_cast<int>(attention_forward_smem_bytes(
       head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
-  static_assert(smem_bytes >= q_bytes + stages * slot_bytes &&
+  static_assert(smem_bytes >= q_elems * q_size + stages * slot_elems * kv_size &&
                     smem_bytes >= block_m * v_pitch * out_size,
                 "attention_forward_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,

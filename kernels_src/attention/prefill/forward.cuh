@@ -120,7 +120,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   Q* const smem_q = reinterpret_cast<Q*>(smem_bytes);
-  unsigned char* const smem_kv = smem_bytes + Tr::q_bytes;
+  KV* const smem_kv = reinterpret_cast<KV*>(smem_q + Tr::q_elems);
 
   const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
   const Sequence& seq = tile.seq;
@@ -147,14 +147,14 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   auto load_k = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-        reinterpret_cast<KV*>(smem_kv + slot * Tr::slot_bytes), k + key0 * p.k_seq_stride,
-        p.k_seq_stride, seq.seqlen_k - key0, thread);
+        smem_kv + slot * Tr::slot_elems, k + key0 * p.k_seq_stride, p.k_seq_stride,
+        seq.seqlen_k - key0, thread);
   };
   auto load_v = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, Tr::threads>(
-        reinterpret_cast<KV*>(smem_kv + slot * Tr::slot_bytes + Tr::k_bytes),
-        v + key0 * p.v_seq_stride, p.v_seq_stride, seq.seqlen_k - key0, thread);
+        smem_kv + slot * Tr::slot_elems + Tr::k_elems, v + key0 * p.v_seq_stride, p.v_seq_stride,
+        seq.seqlen_k - key0, thread);
   };
 
   // Prologue. Q joins the first group. With one stage K and V alternate (FlashAttention-2):
@@ -204,8 +204,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       mma::cp_async_commit();
     }
 
-    const unsigned k_tile = kv_base + read_slot * Tr::slot_bytes;
-    const unsigned v_tile = k_tile + Tr::k_bytes;
+    const unsigned k_tile = kv_base + Tr::kv_size * read_slot * Tr::slot_elems;
+    const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
     float s[Tr::m_tiles][Tr::s_tiles][4];
     qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
 
