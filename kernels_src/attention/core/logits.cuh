@@ -202,7 +202,7 @@ __device__ __forceinline__ float row_sink(const ScoreParams& score, const LogitR
 // rows).
 template <class Spec, class Math, int Rows, int RowStep>
 struct LogitTransform {
-  using T = typename Spec::dtype;
+  using Bias = typename Spec::dtype_q;  // the bias has q's dtype
   static constexpr bool has_bias = spec_has_bias<Spec>(0);
   static constexpr bool on = Spec::has_softcap || Spec::has_alibi || has_bias || Spec::has_variant;
 
@@ -211,8 +211,8 @@ struct LogitTransform {
   float inv_softcap;
   int seqlen_q;
   int seqlen_k;
-  bool overhang;  // some of the thread's rows lie past seqlen_q
-  const T* bias;  // at (batch, head)
+  bool overhang;     // some of the thread's rows lie past seqlen_q
+  const Bias* bias;  // at (batch, head)
   long long bias_row_stride;
   long long bias_col_stride;
   const VariantParams* variant;
@@ -347,7 +347,7 @@ __device__ __forceinline__ LogitTransform<Spec, Math, Rows, 8> make_logit_transf
   LogitTransform<Spec, Math, Rows, 8> f =
       make_score_transform<Spec, Math, Rows, 8>(p.score, seq.seqlen_q, seq.seqlen_k);
   if constexpr (Spec::has_bias) {
-    f.bias = static_cast<const typename Spec::dtype*>(p.maybe_bias) +
+    f.bias = static_cast<const typename Spec::dtype_q*>(p.maybe_bias) +
              seq.batch * p.bias_batch_stride + seq.head * p.bias_head_stride;
     f.bias_row_stride = p.bias_row_stride;
     f.bias_col_stride = p.bias_col_stride;

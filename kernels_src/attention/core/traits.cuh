@@ -32,11 +32,21 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 }
 
 // The problem constants every attention kernel takes, and the checks on them.
+// Each operand has its own element type: Q (q), KV (k and v, or the KV cache) and Out (out).
 template <class Spec>
 struct HeadTraits {
-  using T = typename Spec::dtype;
-  static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
-                "dtype must be kiln::f16 or kiln::bf16.");
+  using Q = typename Spec::dtype_q;
+  using KV = typename Spec::dtype_kv;
+  using Out = typename Spec::dtype_out;
+  static_assert(is_same<Q, f16>::value || is_same<Q, bf16>::value,
+                "dtype_q must be kiln::f16 or kiln::bf16.");
+  static_assert(is_same<KV, Q>::value && is_same<Out, Q>::value,
+                "dtype_kv and dtype_out must be dtype_q: an mma multiplies operands of one type "
+                "(fp8 KV caches are not supported yet).");
+  // Bytes per element, wherever the kernels compute bytes.
+  static constexpr int q_size = static_cast<int>(sizeof(Q));
+  static constexpr int kv_size = static_cast<int>(sizeof(KV));
+  static constexpr int out_size = static_cast<int>(sizeof(Out));
 
   static constexpr int head_dim = static_cast<int>(Spec::head_dim);
   static constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);
@@ -48,9 +58,11 @@ struct HeadTraits {
 
 template <class Spec>
 struct ForwardTraits : HeadTraits<Spec> {
-  using typename HeadTraits<Spec>::T;
   using HeadTraits<Spec>::head_dim;
   using HeadTraits<Spec>::head_dim_v;
+  using HeadTraits<Spec>::q_size;
+  using HeadTraits<Spec>::kv_size;
+  using HeadTraits<Spec>::out_size;
 
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -88,16 +100,16 @@ struct ForwardTraits : HeadTraits<Spec> {
   // m16 tile per warp (head_dim 256).
   static constexpr int prefetch = m_tiles >= 2 && qk_dim > 64 ? 1 : 0;
 
-  // Shared memory, in elements: Q, then `stages` slots of (K tile, V tile). The output is
-  // staged from offset 0 once the loop is done.
+  // Shared memory: Q (q_elems elements of Q), then `stages` slots of (K tile, V tile), elements
+  // of KV. The output is staged from offset 0 once the loop is done.
   static constexpr int q_elems = block_m * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int v_elems = block_n * v_pitch;
   static constexpr int slot_elems = k_elems + v_elems;
-  static constexpr int smem_bytes = static_cast<int>(
-      attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages));
-  static_assert(smem_bytes >= 2 * (q_elems + stages * slot_elems) &&
-                    smem_bytes >= 2 * block_m * v_pitch,
+  static constexpr int smem_bytes = static_cast<int>(attention_forward_smem_bytes(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
+  static_assert(smem_bytes >= q_elems * q_size + stages * slot_elems * kv_size &&
+                    smem_bytes >= block_m * v_pitch * out_size,
                 "attention_forward_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
                 "the tiles need more than 227 KiB of shared memory: lower block_m, block_n or "

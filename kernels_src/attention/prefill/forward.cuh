@@ -3,7 +3,8 @@
 // K/V tiles through a cp.async pipeline, mma.sync on tensor cores, online softmax in fp32.
 //
 // Spec constants (all of them change the generated code; everything else is in Params):
-//   dtype        kiln::f16 or kiln::bf16: q, k, v, out and bias; accumulation is fp32.
+//   dtype_q, dtype_kv, dtype_out   kiln::f16 or kiln::bf16, one of them for all three: of q
+//                (and bias), of k and v, and of out; accumulation is fp32.
 //   head_dim     of q and k, a multiple of 8 in [8, 256]; compiled for exactly this dim
 //                (shared-memory tiles are zero-padded to the mma's 16; global memory past
 //                head_dim is never read).
@@ -24,7 +25,8 @@
 //
 // Launch: grid (ceil(seqlen_q / block_m), heads, batch), where seqlen_q is the longest sequence
 // for varlen; block warps * 32 threads; dynamic shared memory
-// attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages) from
+// attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
+// out_size) from
 // "kiln/params/attention.h" (more than 48 KiB needs the function's max-dynamic-smem attribute).
 // Do not launch an empty grid (seqlen_q == 0 or batch == 0): there is nothing to write.
 //
@@ -54,7 +56,7 @@ namespace attention {
 // The output tile through shared memory (reusing it from offset 0), so that global stores are
 // whole 16-byte row pieces.
 template <class Tr>
-__device__ __forceinline__ void stage_output(typename Tr::T* smem,
+__device__ __forceinline__ void stage_output(typename Tr::Out* smem,
                                              const float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                              int warp, int lane) {
 #pragma unroll
@@ -66,7 +68,7 @@ __device__ __forceinline__ void stage_output(typename Tr::T* smem,
       for (int j = 0; j < Tr::o_tiles; ++j) {
         const int col = j * 8 + 2 * (lane % 4);
         *reinterpret_cast<unsigned*>(smem + row * Tr::v_pitch + col) =
-            mma::pack2<typename Tr::T>(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
+            mma::pack2<typename Tr::Out>(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
       }
     }
   }
@@ -92,9 +94,9 @@ __device__ __forceinline__ void store_row_block(const AttentionParams& p, const 
                                                 const RowBlock& rows, const Transform& transform,
                                                 Softmax& softmax,
                                                 float (&o)[Tr::m_tiles][Tr::o_tiles][4],
-                                                float to_log2, typename Tr::T* staging, int row0,
+                                                float to_log2, typename Tr::Out* staging, int row0,
                                                 int thread, int warp, int lane) {
-  using T = typename Tr::T;
+  using Out = typename Tr::Out;
   float lse[2 * Tr::m_tiles];
   float sink[2 * Tr::m_tiles];
   transform.sinks(sink, p.score);
@@ -104,7 +106,7 @@ __device__ __forceinline__ void store_row_block(const AttentionParams& p, const 
   __syncthreads();  // every warp is done reading the tiles before the output overwrites them
   stage_output<Tr>(staging, o, warp, lane);
   __syncthreads();
-  T* const out = static_cast<T*>(p.out) + seq.out_offset + rows.begin * p.out_seq_stride;
+  Out* const out = static_cast<Out*>(p.out) + seq.out_offset + rows.begin * p.out_seq_stride;
   store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(out, p.out_seq_stride, staging,
                                                                     rows.end - rows.begin, thread);
   if (p.maybe_lse != nullptr)
@@ -118,11 +120,12 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     attention_forward(const KILN_GRID_CONSTANT AttentionParams p) {
   using namespace attention;
   using Tr = ForwardTraits<Spec>;
-  using T = typename Tr::T;
+  using Q = typename Tr::Q;
+  using KV = typename Tr::KV;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* const smem = reinterpret_cast<T*>(smem_bytes);
-  T* const smem_kv = smem + Tr::q_elems;
+  Q* const smem_q = reinterpret_cast<Q*>(smem_bytes);
+  KV* const smem_kv = reinterpret_cast<KV*>(smem_q + Tr::q_elems);
 
   const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
   const Sequence& seq = tile.seq;
@@ -143,9 +146,9 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       make_logit_transform<Spec, mma::ApproxMath, 2 * Tr::m_tiles>(p, seq, band, row0);
   const float to_log2 = transform.to_log2();
 
-  const T* const q = static_cast<const T*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
-  const T* const k = static_cast<const T*>(p.k) + seq.k_offset;
-  const T* const v = static_cast<const T*>(p.v) + seq.v_offset;
+  const Q* const q = static_cast<const Q*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
+  const KV* const k = static_cast<const KV*>(p.k) + seq.k_offset;
+  const KV* const v = static_cast<const KV*>(p.v) + seq.v_offset;
   auto load_k = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
@@ -164,7 +167,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   // K and V of a block travel together and stages - 1 groups, empty or not, stay in flight,
   // so that the loop's wait count is one constant.
   load_tile_async<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-      smem, q, p.q_seq_stride, row_end - row_begin, thread);
+      smem_q, q, p.q_seq_stride, row_end - row_begin, thread);
   if constexpr (Tr::stages == 1) {
     if (blocks.begin < blocks.end) load_k(blocks.begin, 0);
     mma::cp_async_commit();
@@ -180,7 +183,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   }
 
   const LaneOffsets lanes = lane_offsets<Tr>(warp * Tr::rows_per_warp, lane);
-  const unsigned q_lane = mma::smem_address(smem) + lanes.q;
+  const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
   const unsigned kv_base = mma::smem_address(smem_kv);
 
   float o[Tr::m_tiles][Tr::o_tiles][4];
@@ -206,8 +209,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       mma::cp_async_commit();
     }
 
-    const unsigned k_tile = kv_base + 2 * read_slot * Tr::slot_elems;
-    const unsigned v_tile = k_tile + 2 * Tr::k_elems;
+    const unsigned k_tile = kv_base + Tr::kv_size * read_slot * Tr::slot_elems;
+    const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
     float s[Tr::m_tiles][Tr::s_tiles][4];
     qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
 
@@ -226,7 +229,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     if constexpr (Tr::stages > 1) read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }
 
-  store_row_block<Tr>(p, seq, rows, transform, softmax, o, to_log2, smem, row0, thread, warp, lane);
+  store_row_block<Tr>(p, seq, rows, transform, softmax, o, to_log2,
+                      reinterpret_cast<typename Tr::Out*>(smem_bytes), row0, thread, warp, lane);
 }
 
 }  // namespace kiln

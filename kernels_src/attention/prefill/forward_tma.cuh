@@ -26,9 +26,9 @@
 //
 // Launch: grid (x) at most one CTA per SM, and at most the tile count, ceil(seqlen_q / block_m) *
 // heads * batch; block (block_m / 64 + 1) * 128 threads; dynamic shared memory
-// attention_forward_tma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages); the
-// argument is an AttentionTmaParams whose tensor maps have boxes of 64 columns by block_m (q)
-// and block_n (k, v) rows.
+// attention_forward_tma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
+// kv_size, out_size); the argument is an AttentionTmaParams whose tensor maps have boxes of 64
+// columns by block_m (q) and block_n (k, v) rows.
 #pragma once
 
 #include "attention/prefill/tma/epilogue.cuh"

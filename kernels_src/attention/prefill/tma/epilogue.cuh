@@ -14,10 +14,10 @@ namespace attention {
 // where there is no room to stage them: a quad writes 16 bytes of a row per n8 tile, which L2
 // gathers into whole sectors.
 template <class Tr>
-__device__ __forceinline__ void store_output(typename Tr::T* out, long long row_stride,
+__device__ __forceinline__ void store_output(typename Tr::Out* out, long long row_stride,
                                              const float (&o)[1][Tr::o_tiles][4], int row0,
                                              int row_end, int lane) {
-  using T = typename Tr::T;
+  using T = typename Tr::Out;
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + 8 * half;
@@ -36,7 +36,7 @@ __device__ __forceinline__ void store_output(typename Tr::T* out, long long row_
 template <class Spec>
 struct TmaEpilogue {
   using Tr = TmaTraits<Spec>;
-  using T = typename Tr::T;
+  using Out = typename Tr::Out;
 
   const AttentionParams& p;
   unsigned char* tiles;  // Q's slot, the K/V slots, then (Tr::staged) the output's
@@ -54,12 +54,12 @@ struct TmaEpilogue {
     float sink[2];
     transform.sinks(sink, p.score);
     softmax.finish(o, to_log2, lse, sink);
-    T* const out = static_cast<T*>(p.out) + seq.out_offset;
+    Out* const out = static_cast<Out*>(p.out) + seq.out_offset;
     if constexpr (Tr::staged) {
       // Each warp stages its 16 rows and copies them out with bulk copies, a row each, which run
       // while the warp goes on to the next tile; the rows are free again once the copies have
       // read them.
-      T* const staging = reinterpret_cast<T*>(tiles + Tr::staging_offset);
+      Out* const staging = reinterpret_cast<Out*>(tiles + Tr::staging_offset);
       tma::wait_bulk_read<0>();
       __syncwarp();
       stage_output<Tr>(staging, o, warp, lane);
@@ -70,7 +70,7 @@ struct TmaEpilogue {
       if (lane < Tr::rows_per_warp && row < rows.end) {
         tma::store_bulk(out + row * p.out_seq_stride,
                         mma::smem_address(staging + staged_row * Tr::v_pitch),
-                        Tr::head_dim_v * static_cast<int>(sizeof(T)));
+                        Tr::head_dim_v * Tr::out_size);
       }
       tma::commit_bulk();
     } else {

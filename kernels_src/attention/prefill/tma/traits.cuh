@@ -34,8 +34,9 @@ struct TmaTraits : WgmmaTraits<Spec> {
   static_assert(consumer_groups != 3 || consumer_registers == 160,
                 "three consumer warpgroups must keep 160 registers each beside the producer.");
   // Whether an output staging tile follows the Q and K/V tiles (attention_forward_tma_staged).
-  static constexpr bool staged = attention_forward_tma_staged(
-      Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages);
+  static constexpr bool staged =
+      attention_forward_tma_staged(Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n,
+                                   Base::stages, Base::q_size, Base::kv_size, Base::out_size);
   static constexpr int staging_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
 };
 
