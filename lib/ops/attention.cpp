@@ -301,16 +301,16 @@ int section_pairs_of(const Shape& s) {
   return static_cast<int>(std::clamp<std::int64_t>(kL2Bytes / kv_bytes, 1, s.heads * s.batch));
 }
 
+// The tma kernel's argument, its tile counter yet to come (null).
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
                                  const TensorView& k, const TensorView& v, const AttentionConfig& c,
-                                 const Shape& s, unsigned* tile_counter, int section_pairs,
-                                 Runtime& runtime) {
+                                 const Shape& s, Runtime& runtime) {
   return {.q_map = tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
           .k_map = tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
           .v_map = tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
           .p = params,
-          .maybe_tile_counter = tile_counter,
-          .section_pairs = section_pairs};
+          .maybe_tile_counter = nullptr,
+          .section_pairs = section_pairs_of(s)};
 }
 
 constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
@@ -338,6 +338,10 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
+  const AttentionParams params = params_of(q, k, v, out, options, s);
+  // The tma kernel's tensor maps too, which the driver may refuse.
+  std::optional<AttentionTmaParams> tma_params;
+  if (c.kernel == AttentionKernel::tma) tma_params = tma_params_of(params, q, k, v, c, s, runtime);
   const Kernel kernel = runtime.kernel(plan.spec, stream);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{
@@ -346,8 +350,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
       .block = {static_cast<std::uint32_t>(plan.threads)},
       .shared_bytes = static_cast<std::uint32_t>(plan.shared_bytes),
       .stream = stream};
-  const AttentionParams params = params_of(q, k, v, out, options, s);
-  if (c.kernel != AttentionKernel::tma) {
+  if (!tma_params) {
     kernel.launch(launch, params);
     return;
   }
@@ -356,8 +359,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   launch.grid = {static_cast<std::uint32_t>(
       std::min<std::int64_t>(tiles, std::max(device.multiprocessors, 1)))};
   const std::shared_ptr<void> counter = detail::stream_zeros(runtime, 2 * sizeof(unsigned), stream);
-  kernel.launch(launch, tma_params_of(params, q, k, v, c, s, static_cast<unsigned*>(counter.get()),
-                                      section_pairs_of(s), runtime));
+  tma_params->maybe_tile_counter = static_cast<unsigned*>(counter.get());
+  kernel.launch(launch, *tma_params);
 }
 
 }  // namespace
