@@ -15,6 +15,7 @@
 #include "kernels/attention.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
+#include "ops/kv_layout.hpp"
 #include "ops/launch_plan.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
@@ -200,22 +201,15 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
                           const TensorView& out, const AttentionOptions& o, const Shape& s) {
   AttentionParams p{};
   p.q = q.data;
-  p.k = k.data;
-  p.v = v.data;
   p.out = out.data;
+  p.kv = detail::kv_layout(k, v);
   const int h = q.rank - 2, t = q.rank - 3;
   const bool batched = !s.varlen;
   p.q_batch_stride = batched ? q.stride(0) : 0;
-  p.k_batch_stride = batched ? k.stride(0) : 0;
-  p.v_batch_stride = batched ? v.stride(0) : 0;
   p.out_batch_stride = batched ? out.stride(0) : 0;
   p.q_seq_stride = q.stride(t);
-  p.k_seq_stride = k.stride(t);
-  p.v_seq_stride = v.stride(t);
   p.out_seq_stride = out.stride(t);
   p.q_head_stride = q.stride(h);
-  p.k_head_stride = k.stride(h);
-  p.v_head_stride = v.stride(h);
   p.out_head_stride = out.stride(h);
   p.batch = static_cast<int>(s.batch);
   p.heads = static_cast<int>(s.heads);
@@ -238,7 +232,7 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   }
   if (s.varlen) {
     p.maybe_cu_seqlens_q = static_cast<const int*>(o.cu_seqlens_q->data);
-    p.maybe_cu_seqlens_k = static_cast<const int*>(o.cu_seqlens_k->data);
+    p.kv.maybe_cu_seqlens_k = static_cast<const int*>(o.cu_seqlens_k->data);
   }
   if (o.seqused_k) p.maybe_seqused_k = static_cast<const int*>(o.seqused_k->data);
   return p;

@@ -15,6 +15,7 @@
 #include "kernels/decode.hpp"
 #include "kiln/error.hpp"
 #include "ops/decode_kernels.hpp"
+#include "ops/kv_layout.hpp"
 #include "ops/kvcache_checks.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
@@ -289,19 +290,16 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
                        const DecodeOptions& o, const Shape& s) {
   DecodeParams p{};
   p.q = q.data;
-  p.k = cache.k.data;
-  p.v = cache.v.data;
   p.out = out.data;
+  p.kv = detail::kv_layout(cache.k, cache.v);
   take_strides(q, p.q_batch_stride, p.q_seq_stride, p.q_head_stride);
-  take_strides(cache.k, p.k_batch_stride, p.k_seq_stride, p.k_head_stride);
-  take_strides(cache.v, p.v_batch_stride, p.v_seq_stride, p.v_head_stride);
   take_strides(out, p.out_batch_stride, p.out_seq_stride, p.out_head_stride);
   p.seqlens = static_cast<const int*>(cache.seqlens.data);
-  if (cache.batch_idx) p.maybe_batch_idx = static_cast<const int*>(cache.batch_idx->data);
+  if (cache.batch_idx) p.kv.maybe_batch_idx = static_cast<const int*>(cache.batch_idx->data);
   if (cache.block_table) {
-    p.maybe_block_table = static_cast<const int*>(cache.block_table->data);
-    p.block_table_stride = cache.block_table->stride(0);
-    p.page_size = static_cast<int>(s.page_size);
+    p.kv.maybe_block_table = static_cast<const int*>(cache.block_table->data);
+    p.kv.block_table_stride = cache.block_table->stride(0);
+    p.kv.page_size = static_cast<int>(s.page_size);
   }
   p.batch = static_cast<int>(s.batch);
   p.heads = static_cast<int>(s.heads);

@@ -6,11 +6,17 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
 
 #include "jit/sources.hpp"
 #include "jit/unit.hpp"
 #include "kiln/attention.hpp"
 #include "kiln/error.hpp"
+#include "kiln/kiln.hpp"
+#include "params/registry.hpp"
 #include "stub_compiler.hpp"
 #include "support.hpp"
 
@@ -131,6 +137,39 @@ TEST_CASE("the include closure holds the source, its includes and the Params hea
   for (const auto& header : unit.headers) names.push_back(header.name);
   CHECK(names == std::vector<std::string>{"kiln/params/elementwise.h", "elementwise/unary.cuh",
                                           "common/prelude.cuh", "common/vendor.cuh"});
+}
+
+TEST_CASE("editing one family's Params never changes another family's key", "[jit][key]") {
+  // NOTE: the key hashes a kernel's include closure and nothing else from the tree (compute_key),
+  // so a Params header outside the closure cannot change the key. A kernel may reach its own
+  // family's header and the shared ones that header includes (score, KV layout), no other.
+  const auto tree = kiln::detail::SourceTree::locate(source_tree());
+  const auto params_headers = [&](std::string_view unit, std::string_view source) {
+    std::set<std::string> names;
+    for (const auto& header : tree.closure(unit, source)) {
+      if (header.name.starts_with("kiln/params/")) names.insert(header.name);
+    }
+    return names;
+  };
+  std::vector<kiln::KernelSpec> specs = kiln::unary_default_specs();
+  for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
+    for (kiln::KernelSpec& spec : kiln::default_specs(target)) specs.push_back(std::move(spec));
+  }
+  std::set<std::string> families;
+  for (const kiln::KernelSpec& spec : specs) {
+    INFO(kiln::to_string(spec));
+    const kiln::detail::ParamsLayout& layout = kiln::detail::params_layout(spec.params);
+    const std::string own(layout.header);
+    families.insert(own);
+    const std::set<std::string> allowed = params_headers("#include \"" + own + "\"\n", own);
+    for (const std::string& header :
+         params_headers(kiln::detail::render_source(spec, layout), spec.source)) {
+      INFO(header);
+      CHECK(allowed.contains(header));
+    }
+  }
+  CHECK(families == std::set<std::string>{"kiln/params/attention.h", "kiln/params/decode.h",
+                                          "kiln/params/elementwise.h"});
 }
 
 TEST_CASE("bad specs are refused before compiling", "[jit][key]") {

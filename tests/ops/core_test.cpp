@@ -302,7 +302,7 @@ TEST_CASE("the score model on one tile matches fp64, inside and overhanging the 
     p.q = d_scores->get();
     p.out = d_out.get();
     p.q_seq_stride = c.row_begin;
-    p.k_seq_stride = c.key_begin;
+    p.kv.k_seq_stride = c.key_begin;
     p.batch = 1;
     p.heads = kHeads;
     p.heads_kv = kHeadsKv;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kiln/params/function.h"
+#include "kiln/params/kv_layout.h"
 #include "kiln/params/score.h"
 
 namespace kiln {
@@ -17,14 +18,12 @@ namespace kiln {
 // multiple of 8 elements): tiles move in 16-byte copies.
 struct AttentionParams {
   const void* q;
-  const void* k;
-  const void* v;
   void* out;
+  // k and v: batched, or varlen (spec varlen) through kv.maybe_cu_seqlens_k.
+  KVLayout kv;
 
   // Batch strides are ignored by varlen kernels (the token dim is the seq dim).
   long long q_batch_stride, q_seq_stride, q_head_stride;
-  long long k_batch_stride, k_seq_stride, k_head_stride;
-  long long v_batch_stride, v_seq_stride, v_head_stride;
   long long out_batch_stride, out_seq_stride, out_head_stride;
 
   int batch;
@@ -48,9 +47,8 @@ struct AttentionParams {
   long long lse_batch_stride, lse_head_stride;
 
   // Varlen (spec varlen): sequence b is tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q/out
-  // and [cu_seqlens_k[b], cu_seqlens_k[b + 1]) of k/v; int32, batch + 1 entries, on the device.
+  // (and kv.maybe_cu_seqlens_k's of k/v); int32, batch + 1 entries, on the device.
   const int* maybe_cu_seqlens_q;
-  const int* maybe_cu_seqlens_k;
   // When set, sequence b uses only its first seqused_k[b] keys (varlen or not).
   const int* maybe_seqused_k;
 };

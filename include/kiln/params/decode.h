@@ -5,6 +5,7 @@
 #pragma once
 
 #include "kiln/params/function.h"
+#include "kiln/params/kv_layout.h"
 #include "kiln/params/score.h"
 
 namespace kiln {
@@ -16,31 +17,22 @@ namespace kiln {
 // aligned rows (q, cache, out: strides multiples of 8 elements).
 struct DecodeParams {
   const void* q;  // attention_decode reads q here (the rotated copy when rotary is on)
-  void* k;        // the cache, written by decode_append
-  void* v;
   void* out;
+  // The cache, written by decode_append: indexed (contiguous, sequence b in row
+  // kv.maybe_batch_idx[b]), or paged (spec paged).
+  KVLayout kv;
 
   long long q_batch_stride, q_seq_stride, q_head_stride;
-  // The "batch" stride steps a cache row (contiguous) or a page (paged).
-  long long k_batch_stride, k_seq_stride, k_head_stride;
-  long long v_batch_stride, v_seq_stride, v_head_stride;
   long long out_batch_stride, out_seq_stride, out_head_stride;
 
   // int32 on the device: keys cached per sequence before the append (batch entries).
   const int* seqlens;
-  // Contiguous caches: sequence b is cache row maybe_batch_idx[b] (null: row b).
-  const int* maybe_batch_idx;
-  // Paged caches (spec paged): page p of sequence b is maybe_block_table[b * block_table_stride
-  // + p]; page_size keys per page.
-  const int* maybe_block_table;
-  long long block_table_stride;
-  int page_size;
 
-  int batch;
   int heads;
   int heads_kv;  // divides heads; query head h reads kv head h / (heads / heads_kv)
   int seqlen_q;
   int seqlen_new;  // appended keys per sequence: sequence b attends seqlens[b] + seqlen_new keys
+  int batch;
 
   // Scale, band, softcap and ALiBi (attention_decode). Sequence b's band has its offset from
   // seqlen_k = seqlens[b] + seqlen_new keys.

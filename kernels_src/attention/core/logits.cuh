@@ -6,8 +6,7 @@
 
 #include "attention/core/mask.cuh"
 #include "attention/core/math.cuh"
-#include "attention/core/sequence.cuh"
-#include "kiln/params/attention.h"
+#include "kiln/params/score.h"
 
 namespace kiln::attention {
 
@@ -336,31 +335,6 @@ __device__ __forceinline__ LogitTransform<Spec, Math, Rows, RowStep> make_score_
   f.bias_row_stride = 0;
   f.bias_col_stride = 0;
   f.variant = &score.variant;
-  return f;
-}
-
-// Prefill's transform for a thread whose rows are row0, row0 + 8, ... of the sequence (one row:
-// row0); a row past the sequence makes its variant state from the last.
-template <class Spec, class Math, int Rows>
-__device__ __forceinline__ LogitTransform<Spec, Math, Rows, 8> make_logit_transform(
-    const AttentionParams& p, const Sequence& seq, const Band& band, int row0) {
-  LogitTransform<Spec, Math, Rows, 8> f =
-      make_score_transform<Spec, Math, Rows, 8>(p.score, seq.seqlen_q, seq.seqlen_k);
-  if constexpr (Spec::has_bias) {
-    f.bias = static_cast<const typename Spec::dtype_q*>(p.maybe_bias) +
-             seq.batch * p.bias_batch_stride + seq.head * p.bias_head_stride;
-    f.bias_row_stride = p.bias_row_stride;
-    f.bias_col_stride = p.bias_col_stride;
-  }
-  f.overhang = row0 + 8 * (Rows - 1) >= seq.seqlen_q;
-  const int head_kv = seq.head / (p.heads / p.heads_kv);
-#pragma unroll
-  for (int r = 0; r < Rows; ++r) {
-    const int query = min(row0 + 8 * r, seq.seqlen_q - 1);
-    f.rows[r] =
-        make_logit_row<Spec>(p.score, {seq.batch, seq.head, head_kv, query, -1, band.offset});
-    f.rows[r].at.query = row0 + 8 * r;
-  }
   return f;
 }
 

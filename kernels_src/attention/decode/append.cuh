@@ -11,6 +11,7 @@
 // with rotary its q rows. A tiny kernel next to the attention: plain element loops, fp32 rotation.
 #pragma once
 
+#include "attention/core/kv_layout.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/decode.h"
 
@@ -59,36 +60,28 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
 
   if (t < p.seqlen_new) {
     const int position = cached + t;
-    long long k_row, v_row;  // element offsets of the destination token at kv head 0
-    if constexpr (Spec::paged) {
-      const long long page =
-          p.maybe_block_table[batch * p.block_table_stride + position / p.page_size];
-      const long long in_page = position % p.page_size;
-      k_row = page * p.k_batch_stride + in_page * p.k_seq_stride;
-      v_row = page * p.v_batch_stride + in_page * p.v_seq_stride;
-    } else {
-      const long long row = p.maybe_batch_idx != nullptr ? p.maybe_batch_idx[batch] : batch;
-      k_row = row * p.k_batch_stride + position * p.k_seq_stride;
-      v_row = row * p.v_batch_stride + position * p.v_seq_stride;
-    }
+    // The destination token's rows at kv head 0.
+    const auto cache = attention::kv_rows<attention::cache_mode(Spec::paged), KV>(p.kv, batch, 0);
+    long long k_off, v_off;
+    cache.offsets(position, k_off, v_off);
+    KV* const k = cache.k + k_off;
+    KV* const v = cache.v + v_off;
     const KV* const k_new = static_cast<const KV*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
                             t * p.k_new_seq_stride;
     const KV* const v_new = static_cast<const KV*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
                             t * p.v_new_seq_stride;
-    KV* const k = static_cast<KV*>(p.k) + k_row;
-    KV* const v = static_cast<KV*>(p.v) + v_row;
     for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
       const int h = e / head_dim, c = e % head_dim;
       const KV* const src = k_new + h * p.k_new_head_stride;
       if constexpr (Spec::rotary) {
-        k[h * p.k_head_stride + c] = from_float<KV>(decode::rotate<Q>(src, c, position, p));
+        k[h * p.kv.k_head_stride + c] = from_float<KV>(decode::rotate<Q>(src, c, position, p));
       } else {
-        k[h * p.k_head_stride + c] = src[c];
+        k[h * p.kv.k_head_stride + c] = src[c];
       }
     }
     for (int e = threadIdx.x; e < p.heads_kv * head_dim_v; e += blockDim.x) {
       const int h = e / head_dim_v, c = e % head_dim_v;
-      v[h * p.v_head_stride + c] = v_new[h * p.v_new_head_stride + c];
+      v[h * p.kv.v_head_stride + c] = v_new[h * p.v_new_head_stride + c];
     }
   }
 

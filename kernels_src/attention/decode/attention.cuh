@@ -37,6 +37,7 @@
 // LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
+#include "attention/core/kv_layout.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
 #include "attention/core/softmax.cuh"
@@ -101,100 +102,20 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
                 "stages.");
 };
 
-// Where the rows of one (sequence, kv head) live in a contiguous or paged cache.
-template <bool Paged, class T>
-struct CacheRows {
-  const T* k;  // key 0 of the sequence (contiguous) or row 0 of page 0 (paged), at the kv head
-  const T* v;
-  long long k_seq_stride, v_seq_stride;
-  long long k_page_stride, v_page_stride;
-  const int* pages;  // the sequence's block-table row
-  int page_size;
-
-  // Element offsets of key `key` in k and v.
-  __device__ __forceinline__ void offsets(int key, long long& k_off, long long& v_off) const {
-    if constexpr (Paged) {
-      const int index = key / page_size;
-      at_page(pages[index], key - index * page_size, k_off, v_off);
-    } else {
-      k_off = key * k_seq_stride;
-      v_off = key * v_seq_stride;
-    }
-  }
-
-  __device__ __forceinline__ void at_page(long long page, long long row, long long& k_off,
-                                          long long& v_off) const {
-    k_off = page * k_page_stride + row * k_seq_stride;
-    v_off = page * v_page_stride + row * v_seq_stride;
-  }
-};
-
-// Offsets of the keys of one tile: with a paged cache, one block-table read serves the tile
-// when it lies within one page (page sizes that are multiples of block_n), else one per key.
-template <bool Paged, class T>
-struct TileRows {
-  const CacheRows<Paged, T>& cache;
-  int key0;
-  int in_page;  // key0's row in its page, or -1: the tile crosses pages
-  long long page;
-
-  __device__ __forceinline__ TileRows(const CacheRows<Paged, T>& c, int first_key, int keys)
-      : cache(c), key0(first_key), in_page(-1), page(0) {
-    if constexpr (Paged) {
-      const int index = key0 / c.page_size;
-      const int row = key0 - index * c.page_size;
-      if (row + keys <= c.page_size) {
-        in_page = row;
-        page = c.pages[index];
-      }
-    }
-  }
-
-  __device__ __forceinline__ void offsets(int row, long long& k_off, long long& v_off) const {
-    if (Paged && in_page >= 0) {
-      cache.at_page(page, in_page + row, k_off, v_off);
-    } else {
-      cache.offsets(key0 + row, k_off, v_off);
-    }
-  }
-};
-
-template <bool Paged, class T>
-__device__ __forceinline__ CacheRows<Paged, T> cache_rows(const DecodeParams& p, int batch,
-                                                          int kv_head) {
-  CacheRows<Paged, T> c;
-  long long k_base = kv_head * p.k_head_stride;
-  long long v_base = kv_head * p.v_head_stride;
-  if constexpr (Paged) {
-    c.pages = p.maybe_block_table + batch * p.block_table_stride;
-  } else {
-    const long long row = p.maybe_batch_idx != nullptr ? p.maybe_batch_idx[batch] : batch;
-    k_base += row * p.k_batch_stride;
-    v_base += row * p.v_batch_stride;
-    c.pages = nullptr;
-  }
-  c.k = static_cast<const T*>(p.k) + k_base;
-  c.v = static_cast<const T*>(p.v) + v_base;
-  c.k_seq_stride = p.k_seq_stride;
-  c.v_seq_stride = p.v_seq_stride;
-  c.k_page_stride = p.k_batch_stride;
-  c.v_page_stride = p.v_batch_stride;
-  c.page_size = p.page_size;
-  return c;
-}
-
 // Starts one warp's copy of keys [key0, key0 + block_n) into a slot: K rows then V rows, rows at
 // or past `valid` zero-filled without being read. A tile in one stretch of rows (contiguous
 // cache, or within one page) goes as two strided tiles, one pointer step per row pass;
 // otherwise each lane looks up the page of each row it copies.
-template <class Tr, bool Paged>
-__device__ __forceinline__ void load_kv_tile(typename Tr::KV* slot,
-                                             const CacheRows<Paged, typename Tr::KV>& c, int key0,
-                                             int valid, int lane) {
+template <class Tr, attention::KVMode Mode>
+__device__ __forceinline__ void load_kv_tile(
+    typename Tr::KV* slot, const attention::KVRows<Mode, const typename Tr::KV>& c, int key0,
+    int valid, int lane) {
   using T = typename Tr::KV;
   T* const v_slot = slot + Tr::k_elems;
-  const TileRows<Paged, T> tile(c, key0, min(valid, Tr::block_n));
-  if (!Paged || tile.in_page >= 0) {
+  const attention::KVTileRows<Mode, const T> tile(c, key0, min(valid, Tr::block_n));
+  // NOTE: a condition the front end folds (not a call), so that no per-key path is emitted for a
+  // contiguous cache: with one, the optimiser took another path, and the machine code changed.
+  if (Mode != attention::KVMode::paged || tile.in_page >= 0) {
     long long k_off, v_off;
     tile.offsets(0, k_off, v_off);
     attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32,
@@ -379,7 +300,9 @@ struct KvStream {
   using KV = typename Tr::KV;
   static constexpr int step = Tr::warps * Tr::block_n;
 
-  CacheRows<Spec::paged, KV> cache;
+  static constexpr attention::KVMode mode = attention::cache_mode(Spec::paged);
+
+  attention::KVRows<mode, const KV> cache;
   KV* slots;
   int first;  // the warp's first key
   int tiles;
@@ -388,7 +311,7 @@ struct KvStream {
 
   __device__ __forceinline__ KvStream(const DecodeParams& p, const DecodeBlock& b, Q* smem_q,
                                       int warp, int lane_)
-      : cache(cache_rows<Spec::paged, KV>(p, b.batch, b.packed.kv_head)),
+      : cache(attention::kv_rows<mode, const KV>(p.kv, b.batch, b.packed.kv_head)),
         slots(reinterpret_cast<KV*>(smem_q + Tr::q_elems) + warp * Tr::warp_elems),
         first(b.split_begin + warp * Tr::block_n),
         tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
@@ -401,8 +324,8 @@ struct KvStream {
   __device__ __forceinline__ void load(int t) const {
     if (t < tiles) {
       const int key0 = first + t * step;
-      load_kv_tile<Tr, Spec::paged>(slots + (t % Tr::stages) * Tr::slot_elems, cache, key0,
-                                    split_end - key0, lane);
+      load_kv_tile<Tr, mode>(slots + (t % Tr::stages) * Tr::slot_elems, cache, key0,
+                             split_end - key0, lane);
     }
     mma::cp_async_commit();  // empty groups keep the wait count one constant
   }

@@ -26,32 +26,91 @@
 // Launch: grid (ceil(seqlen_q / block_m), heads, batch), where seqlen_q is the longest sequence
 // for varlen; block warps * 32 threads; dynamic shared memory
 // attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
-// out_size) from
-// "kiln/params/attention.h" (more than 48 KiB needs the function's max-dynamic-smem attribute).
+// out_size) from "kiln/params/attention.h" (more than 48 KiB needs the function's
+// max-dynamic-smem attribute).
 // Do not launch an empty grid (seqlen_q == 0 or batch == 0): there is nothing to write.
 //
-// Config table for sm_90 (H100/H200), by max(head_dim, head_dim_v); tuned on an H200, see
-// dev notes. choose() gives sm_90a the wgmma kernel (forward_wgmma.cuh) above 64, where it is
-// 1.2-1.6x faster. (block_m, block_n, warps, stages):
-//   <= 64:  band (128, 128, 4, 2), no band (128, 64, 4, 2)
-//   <= 128: (128, 64, 4, 1)
-//   <= 256: (64, 64, 4, 1)        2 CTAs per SM; (128, 64, 8, 2) fits one and runs ~5% slower
-// sm_80 (163 KiB smem) takes the same table; sm_86/89 (99 KiB) need block_m 64 above 128.
+// The configs choose() runs it with, and why, are its tuning table kSm80 in
+// lib/kernels/attention.cpp.
 #pragma once
 
+#include "attention/core/kv_layout.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
-#include "attention/core/sequence.cuh"
 #include "attention/core/softmax.cuh"
 #include "attention/core/tile_io.cuh"
 #include "attention/core/tile_mma.cuh"
 #include "attention/core/traits.cuh"
+#include "attention/prefill/logits.cuh"
+#include "attention/prefill/sequence.cuh"
 #include "common/mma.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/attention.h"
 
 namespace kiln {
 namespace attention {
+
+// What a spec's constants imply for attention_forward (tiles, fragments, shared-memory layout),
+// and the checks that refuse specs it cannot run.
+template <class Spec>
+struct ForwardTraits : HeadTraits<Spec> {
+  using HeadTraits<Spec>::head_dim;
+  using HeadTraits<Spec>::head_dim_v;
+  using HeadTraits<Spec>::q_size;
+  using HeadTraits<Spec>::kv_size;
+  using HeadTraits<Spec>::out_size;
+
+  static constexpr int block_m = static_cast<int>(Spec::block_m);
+  static constexpr int block_n = static_cast<int>(Spec::block_n);
+  static constexpr int warps = static_cast<int>(Spec::warps);
+  static constexpr int stages = static_cast<int>(Spec::stages);
+  static constexpr int threads = warps * 32;
+
+  static_assert(warps >= 1 && warps <= 16, "warps must be between 1 and 16.");
+  static_assert(block_m % (16 * warps) == 0,
+                "block_m must be a multiple of 16 * warps: each warp owns whole m16 row tiles.");
+  static_assert(block_m / (16 * warps) <= 4, "each warp may own at most 4 m16 row tiles.");
+  static_assert(block_n % 16 == 0 && block_n >= 16 && block_n <= 256,
+                "block_n must be a multiple of 16 from 16 to 256.");
+  static_assert(stages >= 1 && stages <= 4, "stages must be 1, 2, 3 or 4.");
+
+  // The mma consumes k in steps of 16, so the QK^T reduction dim is padded with zeros to 16;
+  // the PV output dim too, which keeps ldmatrix.x4 pairs whole (padded columns are not stored).
+  static constexpr int qk_dim = round_up(head_dim, 16);
+  static constexpr int v_dim = round_up(head_dim_v, 16);
+  // Smem rows carry 8 extra elements (16 bytes): with an odd number of 16-byte chunks per row,
+  // the 8 rows one ldmatrix phase reads fall in 8 different bank groups.
+  static constexpr int qk_pitch = qk_dim + 8;
+  static constexpr int v_pitch = v_dim + 8;
+  static constexpr int qk_swizzle = 1;  // padded tiles (see tile_offset)
+  static constexpr int v_swizzle = 1;
+
+  static constexpr int rows_per_warp = block_m / warps;
+  static constexpr int m_tiles = rows_per_warp / 16;  // m16 tiles per warp
+  static constexpr int s_tiles = block_n / 8;         // n8 tiles of a score row block
+  static constexpr int o_tiles = v_dim / 8;           // n8 tiles of an output row block
+
+  // How many mma steps ahead of use qk_scores and pv_accumulate load ldmatrix fragments (0:
+  // just in time). Measured on an H200 (dev notes): one step ahead gains 4-8% at head_dim 128
+  // (two m16 tiles per warp), but loses 2-5% at head_dim 64 and does nothing or worse with one
+  // m16 tile per warp (head_dim 256).
+  static constexpr int prefetch = m_tiles >= 2 && qk_dim > 64 ? 1 : 0;
+
+  // Shared memory: Q (q_elems elements of Q), then `stages` slots of (K tile, V tile), elements
+  // of KV. The output is staged from offset 0 once the loop is done.
+  static constexpr int q_elems = block_m * qk_pitch;
+  static constexpr int k_elems = block_n * qk_pitch;
+  static constexpr int v_elems = block_n * v_pitch;
+  static constexpr int slot_elems = k_elems + v_elems;
+  static constexpr int smem_bytes = static_cast<int>(attention_forward_smem_bytes(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
+  static_assert(smem_bytes >= q_elems * q_size + stages * slot_elems * kv_size &&
+                    smem_bytes >= block_m * v_pitch * out_size,
+                "attention_forward_smem_bytes disagrees with the kernel's layout.");
+  static_assert(smem_bytes <= 227 * 1024,
+                "the tiles need more than 227 KiB of shared memory: lower block_m, block_n or "
+                "stages.");
+};
 
 // The output tile through shared memory (reusing it from offset 0), so that global stores are
 // whole 16-byte row pieces.
@@ -147,18 +206,17 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   const float to_log2 = transform.to_log2();
 
   const Q* const q = static_cast<const Q*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
-  const KV* const k = static_cast<const KV*>(p.k) + seq.k_offset;
-  const KV* const v = static_cast<const KV*>(p.v) + seq.v_offset;
+  const auto kv = sequence_kv<Spec, KV>(p, seq);
   auto load_k = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-        smem_kv + slot * Tr::slot_elems, k + key0 * p.k_seq_stride, p.k_seq_stride,
-        seq.seqlen_k - key0, thread);
+        smem_kv + slot * Tr::slot_elems, kv.k_row(key0), kv.k_seq_stride, seq.seqlen_k - key0,
+        thread);
   };
   auto load_v = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, Tr::threads>(
-        smem_kv + slot * Tr::slot_elems + Tr::k_elems, v + key0 * p.v_seq_stride, p.v_seq_stride,
+        smem_kv + slot * Tr::slot_elems + Tr::k_elems, kv.v_row(key0), kv.v_seq_stride,
         seq.seqlen_k - key0, thread);
   };
 

@@ -22,12 +22,14 @@
 // "kiln/params/attention.h". Do not launch an empty grid (seqlen_q == 0 or batch == 0).
 #pragma once
 
+#include "attention/core/kv_layout.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
 #include "attention/core/math.cuh"
-#include "attention/core/sequence.cuh"
 #include "attention/core/tile_copy.cuh"
 #include "attention/core/traits.cuh"
+#include "attention/prefill/logits.cuh"
+#include "attention/prefill/sequence.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/attention.h"
 
@@ -253,15 +255,14 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   RowSoftmax<Math, Tr::v_per_lane> softmax;
   softmax.init();
 
-  const KV* const k = static_cast<const KV*>(p.k) + seq.k_offset;
-  const KV* const v = static_cast<const KV*>(p.v) + seq.v_offset;
+  const auto kv = sequence_kv<Spec, KV>(p, seq);
   for (int block = blocks.begin; block < blocks.end; ++block) {
     const int key0 = block * Tr::block_n;
     __syncthreads();  // every lane is done with the previous tiles
     load_tile<Tr::block_n, Tr::head_dim, Tr::head_dim, Tr::threads>(
-        k_tile, k + key0 * p.k_seq_stride, p.k_seq_stride, seq.seqlen_k - key0, thread);
+        k_tile, kv.k_row(key0), kv.k_seq_stride, seq.seqlen_k - key0, thread);
     load_tile<Tr::block_n, Tr::head_dim_v, Tr::head_dim_v, Tr::threads>(
-        v_tile, v + key0 * p.v_seq_stride, p.v_seq_stride, seq.seqlen_k - key0, thread);
+        v_tile, kv.v_row(key0), kv.v_seq_stride, seq.seqlen_k - key0, thread);
     __syncthreads();
 
     float s[Tr::block_n];

@@ -187,16 +187,14 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   const float to_log2 = transform.to_log2();
 
   const Q* const q = static_cast<const Q*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
-  const KV* const k = static_cast<const KV*>(p.k) + seq.k_offset;
-  const KV* const v = static_cast<const KV*>(p.v) + seq.v_offset;
+  const auto kv = sequence_kv<Spec, KV>(p, seq);
   auto load_kv = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     const unsigned k_tile = kv_base + slot * Tr::slot_bytes;
     load_tile_swizzled<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::threads>(
-        k_tile, k + key0 * p.k_seq_stride, p.k_seq_stride, seq.seqlen_k - key0, thread);
+        k_tile, kv.k_row(key0), kv.k_seq_stride, seq.seqlen_k - key0, thread);
     load_tile_swizzled<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::threads>(
-        k_tile + Tr::k_bytes, v + key0 * p.v_seq_stride, p.v_seq_stride, seq.seqlen_k - key0,
-        thread);
+        k_tile + Tr::k_bytes, kv.v_row(key0), kv.v_seq_stride, seq.seqlen_k - key0, thread);
   };
 
   // Prologue: Q joins the first group; stages - 1 groups, empty or not, stay in flight so that

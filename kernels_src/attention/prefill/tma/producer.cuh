@@ -4,6 +4,7 @@
 // with TMA. Its first lane issues every copy; the whole warp zeroes V's tails.
 #pragma once
 
+#include "attention/core/kv_layout.cuh"
 #include "attention/prefill/tma/tile_order.cuh"
 #include "attention/prefill/tma/traits.cuh"
 #include "common/tile_scheduler.cuh"
@@ -73,9 +74,9 @@ struct TmaProducer {
   __device__ __forceinline__ MapCoords map_coords(const Tile& tile) const {
     const AttentionParams& p = tp.p;
     const Sequence& seq = tile.seq;
-    return {(Spec::varlen ? p.maybe_cu_seqlens_q[seq.batch] : 0) + tile.rows.begin,
-            Spec::varlen ? p.maybe_cu_seqlens_k[seq.batch] : 0, seq.head,
-            seq.head / (p.heads / p.heads_kv), Spec::varlen ? 0 : seq.batch};
+    const KVTmaCoords kv = kv_tma_coords<tensor_mode(Spec::varlen)>(p.kv, seq.batch);
+    return {(Spec::varlen ? p.maybe_cu_seqlens_q[seq.batch] : 0) + tile.rows.begin, kv.token0,
+            seq.head, seq.head / (p.heads / p.heads_kv), kv.batch};
   }
 
   // Q's slot to the tile `index`, once the consumers are done with the last one's.

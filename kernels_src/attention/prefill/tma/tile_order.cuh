@@ -3,7 +3,7 @@
 // out the indices).
 #pragma once
 
-#include "attention/core/sequence.cuh"
+#include "attention/prefill/sequence.cuh"
 
 namespace kiln {
 namespace attention {

@@ -11,13 +11,14 @@
 //
 // The probes read AttentionParams as a call's, sequence 0, except: q and out are the tile's
 // scores and logits, fp32 (rows, 8 * s_tiles) row-major; the tile's first row (packed_logits: its
-// first packed row) is q_seq_stride and its first key k_seq_stride; maybe_lse gets the rows'
+// first packed row) is q_seq_stride and its first key kv.k_seq_stride; maybe_lse gets the rows'
 // sinks, then the transform's to_log2 (logits times it are in log2 units). logits and
 // row_logits take head heads - 1.
 #pragma once
 
 #include "attention/core/logits.cuh"
 #include "attention/decode/packing.cuh"
+#include "attention/prefill/logits.cuh"
 #include "common/mma.cuh"
 
 namespace probe {
@@ -29,6 +30,7 @@ __device__ __forceinline__ Sequence last_head(const kiln::AttentionParams& p) {
   Sequence seq{};
   seq.batch = 0;
   seq.head = p.heads - 1;
+  seq.head_kv = seq.head / (p.heads / p.heads_kv);
   seq.seqlen_q = p.seqlen_q;
   seq.seqlen_k = p.seqlen_k;
   return seq;
@@ -77,7 +79,7 @@ __global__ void logits(const KILN_GRID_CONSTANT kiln::AttentionParams p) {
   const Sequence seq = last_head(p);
   const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const int row0 = static_cast<int>(p.q_seq_stride) + lane / 4;
-  const int key0 = static_cast<int>(p.k_seq_stride) + 2 * (lane % 4);
+  const int key0 = static_cast<int>(p.kv.k_seq_stride) + 2 * (lane % 4);
   const auto transform = make_logit_transform<Spec, kiln::mma::ApproxMath, 2>(p, seq, band, row0);
 
   Fragments<1, static_cast<int>(Spec::s_tiles)> tile;
@@ -97,7 +99,7 @@ __global__ void packed_logits(const KILN_GRID_CONSTANT kiln::AttentionParams p) 
   const int group = p.heads / p.heads_kv;
   const kiln::decode::PackedRows packed{p.heads_kv - 1, group, p.seqlen_q * group};
   const Band band = make_band<Spec::band>(p.score, p.seqlen_q, p.seqlen_k);
-  const int key0 = static_cast<int>(p.k_seq_stride) + 2 * (lane % 4);
+  const int key0 = static_cast<int>(p.kv.k_seq_stride) + 2 * (lane % 4);
   auto transform =
       make_score_transform<Spec, kiln::mma::ApproxMath, rows, 0>(p.score, p.seqlen_q, p.seqlen_k);
   int first_key[rows];
@@ -127,7 +129,7 @@ __global__ void row_logits(const KILN_GRID_CONSTANT kiln::AttentionParams p) {
   const Sequence seq = last_head(p);
   const Band band = make_band<Spec::band>(p.score, seq.seqlen_q, seq.seqlen_k);
   const int row = static_cast<int>(p.q_seq_stride) + lane;
-  const int key0 = static_cast<int>(p.k_seq_stride);
+  const int key0 = static_cast<int>(p.kv.k_seq_stride);
   const auto transform = make_logit_transform<Spec, LibraryMath, 1>(p, seq, band, row);
 
   float s[keys];
