@@ -42,7 +42,11 @@ struct AttentionOptions {
 
 // The problem as the kernel sees it, after validation: what decides the compiled variant.
 struct AttentionProblem {
-  DType dtype = DType::bf16;
+  // Each operand's dtype: q's (and bias's), k's and v's, out's. The kernels take the
+  // combinations in lib/kernels/attention.cpp's table: today one dtype, f16 or bf16, for all.
+  DType dtype_q = DType::bf16;
+  DType dtype_kv = DType::bf16;
+  DType dtype_out = DType::bf16;
   int head_dim = 0;
   int head_dim_v = 0;
   bool band = false;  // any mask: causal or a window

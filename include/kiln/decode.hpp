@@ -109,7 +109,12 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
 // steer the config. Enough to choose() a model's decode config and list its specs
 // (decode_specs) without calling attention_with_kvcache(), to warm them ahead.
 struct DecodeProblem {
-  DType dtype = DType::bf16;
+  // Each operand's dtype: q's (and the rotary tables'), the cache's (and k_new's and v_new's),
+  // out's. The kernels take the combinations in lib/kernels/decode.cpp's table: today one dtype,
+  // f16 or bf16, for all.
+  DType dtype_q = DType::bf16;
+  DType dtype_kv = DType::bf16;
+  DType dtype_out = DType::bf16;
   int head_dim = 0;
   int head_dim_v = 0;
   int rows_per_kv_head = 1;  // seqlen_q * heads / heads_kv: the query rows a kv head serves

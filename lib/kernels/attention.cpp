@@ -25,21 +25,32 @@ constexpr ConstantKind kInt = ConstantKind::integer;
 constexpr ConstantKind kBool = ConstantKind::boolean;
 constexpr ConstantKind kDType = ConstantKind::dtype;
 
+// The operand dtypes (q, k and v, out) every forward kernel takes, one row a combination; the
+// default warm set compiles each. The kernels' mma multiplies operands of one type, so each row
+// has one dtype for all three until an fp8 KV cache (a row of its own) gets its conversion.
+constexpr OperandDTypes kOperandDTypes[] = {
+    {DType::bf16, DType::bf16, DType::bf16},
+    {DType::f16, DType::f16, DType::f16},
+};
+
 // The constants each kernel's template reads (kernels_src/attention/prefill).
 constexpr ConstantSchema kMmaConstants[] = {
-    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
-    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
-    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool},      {"warps", kInt}};
+    {"band", kBool},        {"block_m", kInt},   {"block_n", kInt},    {"dtype_kv", kDType},
+    {"dtype_out", kDType},  {"dtype_q", kDType}, {"has_alibi", kBool}, {"has_bias", kBool},
+    {"has_softcap", kBool}, {"head_dim", kInt},  {"head_dim_v", kInt}, {"stages", kInt},
+    {"varlen", kBool},      {"warps", kInt}};
 // wgmma and tma: a warpgroup per 64 rows, so no warps.
 constexpr ConstantSchema kWarpgroupConstants[] = {
-    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
-    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
-    {"head_dim_v", kInt}, {"stages", kInt},    {"varlen", kBool}};
+    {"band", kBool},        {"block_m", kInt},   {"block_n", kInt},    {"dtype_kv", kDType},
+    {"dtype_out", kDType},  {"dtype_q", kDType}, {"has_alibi", kBool}, {"has_bias", kBool},
+    {"has_softcap", kBool}, {"head_dim", kInt},  {"head_dim_v", kInt}, {"stages", kInt},
+    {"varlen", kBool}};
 // portable: one K/V slot, so no stages.
 constexpr ConstantSchema kPortableConstants[] = {
-    {"band", kBool},      {"block_m", kInt},   {"block_n", kInt},      {"dtype", kDType},
-    {"has_alibi", kBool}, {"has_bias", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
-    {"head_dim_v", kInt}, {"varlen", kBool},   {"warps", kInt}};
+    {"band", kBool},        {"block_m", kInt},   {"block_n", kInt},    {"dtype_kv", kDType},
+    {"dtype_out", kDType},  {"dtype_q", kDType}, {"has_alibi", kBool}, {"has_bias", kBool},
+    {"has_softcap", kBool}, {"head_dim", kInt},  {"head_dim_v", kInt}, {"varlen", kBool},
+    {"warps", kInt}};
 
 int warps_threads(const AttentionConfig& c) {
   return c.warps * 32;
@@ -51,6 +62,9 @@ template <AttentionKernel kernel>
 long long spec_shared_bytes(const KernelSpec& spec) {
   const AttentionDescription& d = describe(kernel);
   const AttentionProblem problem{
+      .dtype_q = dtype_constant(spec, "dtype_q"),
+      .dtype_kv = dtype_constant(spec, "dtype_kv"),
+      .dtype_out = dtype_constant(spec, "dtype_out"),
       .head_dim = static_cast<int>(integer_constant(spec, "head_dim")),
       .head_dim_v = static_cast<int>(integer_constant(spec, "head_dim_v"))};
   AttentionConfig config{.block_m = static_cast<int>(integer_constant(spec, "block_m")),
@@ -65,49 +79,53 @@ constexpr AttentionDescription kDescriptions[] = {
     {.kernel = AttentionKernel::mma,
      .name = "mma",
      .schema = {"attention/prefill/forward.cuh", "kiln::attention_forward", "kiln::AttentionParams",
-                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>},
+                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>, kOperandDTypes},
      .targets = AttentionTargets::sm80,
      .threads = warps_threads,
      .shared_bytes =
          [](const AttentionProblem& p, const AttentionConfig& c) {
-           return attention_forward_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
-                                               c.stages);
+           return attention_forward_smem_bytes(
+               p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.stages, element_bytes(p.dtype_q),
+               element_bytes(p.dtype_kv), element_bytes(p.dtype_out));
          }},
     {.kernel = AttentionKernel::wgmma,
      .name = "wgmma",
      .schema = {"attention/prefill/forward_wgmma.cuh", "kiln::attention_forward_wgmma",
                 "kiln::AttentionParams", kWarpgroupConstants,
-                spec_shared_bytes<AttentionKernel::wgmma>},
+                spec_shared_bytes<AttentionKernel::wgmma>, kOperandDTypes},
      .targets = AttentionTargets::sm90a,
      .threads = [](const AttentionConfig& c) { return c.block_m * 2; },  // a warpgroup per 64 rows
      .shared_bytes =
          [](const AttentionProblem& p, const AttentionConfig& c) {
-           return attention_forward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
-                                                     c.stages);
+           return attention_forward_wgmma_smem_bytes(
+               p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.stages, element_bytes(p.dtype_q),
+               element_bytes(p.dtype_kv), element_bytes(p.dtype_out));
          }},
     {.kernel = AttentionKernel::tma,
      .name = "tma",
      .schema = {"attention/prefill/forward_tma.cuh", "kiln::attention_forward_tma",
                 "kiln::AttentionTmaParams", kWarpgroupConstants,
-                spec_shared_bytes<AttentionKernel::tma>},
+                spec_shared_bytes<AttentionKernel::tma>, kOperandDTypes},
      .targets = AttentionTargets::sm90a,
      // wgmma's warpgroups and the producer's
      .threads = [](const AttentionConfig& c) { return c.block_m * 2 + 128; },
      .shared_bytes =
          [](const AttentionProblem& p, const AttentionConfig& c) {
-           return attention_forward_tma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
-                                                   c.stages);
+           return attention_forward_tma_smem_bytes(
+               p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.stages, element_bytes(p.dtype_q),
+               element_bytes(p.dtype_kv), element_bytes(p.dtype_out));
          }},
     {.kernel = AttentionKernel::portable,
      .name = "portable",
      .schema = {"attention/prefill/forward_portable.cuh", "kiln::attention_forward_portable",
                 "kiln::AttentionParams", kPortableConstants,
-                spec_shared_bytes<AttentionKernel::portable>},
+                spec_shared_bytes<AttentionKernel::portable>, kOperandDTypes},
      .targets = AttentionTargets::any,
      .threads = warps_threads,
      .shared_bytes =
          [](const AttentionProblem& p, const AttentionConfig& c) {
-           return attention_forward_portable_smem_bytes(p.head_dim, p.head_dim_v, c.block_n);
+           return attention_forward_portable_smem_bytes(p.head_dim, p.head_dim_v, c.block_n,
+                                                        element_bytes(p.dtype_kv));
          }},
 };
 
@@ -242,6 +260,10 @@ std::span<const AttentionDescription> attention_descriptions() {
   return kDescriptions;
 }
 
+std::span<const OperandDTypes> attention_operand_dtypes() {
+  return kOperandDTypes;
+}
+
 void require_target(const Target& target, AttentionKernel kernel) {
   const AttentionDescription& d = describe(kernel);
   if (target.amd()) {
@@ -336,7 +358,9 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {
   const detail::KernelSchema& schema = detail::describe(config.kernel).schema;
   KernelSpec spec = detail::spec_of(schema);
-  spec.set("dtype", problem.dtype)
+  spec.set("dtype_q", problem.dtype_q)
+      .set("dtype_kv", problem.dtype_kv)
+      .set("dtype_out", problem.dtype_out)
       .set("head_dim", problem.head_dim)
       .set("head_dim_v", problem.head_dim_v)
       .set("block_m", config.block_m)
@@ -357,11 +381,13 @@ std::vector<KernelSpec> attention_default_specs(const Target& target) {
   const bool runs =
       target.amd() ? detail::amd_target_supported(target) : detail::is_sm80_or_newer(target);
   if (!runs) return specs;
-  for (DType dtype : {DType::bf16, DType::f16}) {
+  for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {
         for (long long seqlen_k : {0LL, kLongSeqlenK}) {
-          const AttentionProblem problem{.dtype = dtype,
+          const AttentionProblem problem{.dtype_q = dtypes.q,
+                                         .dtype_kv = dtypes.kv,
+                                         .dtype_out = dtypes.out,
                                          .head_dim = dim,
                                          .head_dim_v = dim,
                                          .band = band,

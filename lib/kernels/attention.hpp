@@ -33,6 +33,9 @@ const AttentionDescription& describe(AttentionKernel kernel);
 // Every forward kernel's description, for the registry.
 std::span<const AttentionDescription> attention_descriptions();
 
+// The operand dtypes (q, k and v, out) the forward kernels take, a row per combination.
+std::span<const OperandDTypes> attention_operand_dtypes();
+
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
 void require_target(const Target& target, AttentionKernel kernel);
 

@@ -25,16 +25,24 @@ constexpr ConstantKind kInt = ConstantKind::integer;
 constexpr ConstantKind kBool = ConstantKind::boolean;
 constexpr ConstantKind kDType = ConstantKind::dtype;
 
+// The operand dtypes (q, the cache, out) the decode kernels take, one row a combination; the
+// default warm set compiles each. The attention kernel's mma multiplies operands of one type, so
+// each row has one dtype for all three until an fp8 KV cache (a row of its own) gets its
+// conversion. The append kernel takes q's and the cache's (k_new and v_new are the cache's).
+constexpr OperandDTypes kOperandDTypes[] = {
+    {DType::bf16, DType::bf16, DType::bf16},
+    {DType::f16, DType::f16, DType::f16},
+};
+
 // The constants each kernel's template reads (kernels_src/attention/decode).
-constexpr ConstantSchema kAppendConstants[] = {{"dtype", kDType},
-                                               {"head_dim", kInt},
-                                               {"head_dim_v", kInt},
-                                               {"paged", kBool},
-                                               {"rotary", kBool}};
+constexpr ConstantSchema kAppendConstants[] = {{"dtype_kv", kDType}, {"dtype_q", kDType},
+                                               {"head_dim", kInt},   {"head_dim_v", kInt},
+                                               {"paged", kBool},     {"rotary", kBool}};
 constexpr ConstantSchema kAttentionConstants[] = {
-    {"band", kBool},        {"block_n", kInt},  {"dtype", kDType},    {"has_alibi", kBool},
-    {"has_softcap", kBool}, {"head_dim", kInt}, {"head_dim_v", kInt}, {"m_tiles", kInt},
-    {"paged", kBool},       {"stages", kInt},   {"warps", kInt}};
+    {"band", kBool},      {"block_n", kInt},    {"dtype_kv", kDType},   {"dtype_out", kDType},
+    {"dtype_q", kDType},  {"has_alibi", kBool}, {"has_softcap", kBool}, {"head_dim", kInt},
+    {"head_dim_v", kInt}, {"m_tiles", kInt},    {"paged", kBool},       {"stages", kInt},
+    {"warps", kInt}};
 constexpr ConstantSchema kMergeConstants[] = {
     {"dtype_in", kDType}, {"dtype_out", kDType}, {"head_dim", kInt}};
 
@@ -45,7 +53,10 @@ long long spec_shared_bytes(const KernelSpec& spec) {
   const auto constant = [&](std::string_view name) {
     return static_cast<int>(integer_constant(spec, name));
   };
-  const DecodeProblem problem{.head_dim = constant("head_dim"),
+  const DecodeProblem problem{.dtype_q = dtype_constant(spec, "dtype_q"),
+                              .dtype_kv = dtype_constant(spec, "dtype_kv"),
+                              .dtype_out = dtype_constant(spec, "dtype_out"),
+                              .head_dim = constant("head_dim"),
                               .head_dim_v = constant("head_dim_v")};
   const DecodeConfig config{.block_n = constant("block_n"),
                             .warps = constant("warps"),
@@ -59,12 +70,13 @@ constexpr DecodeDescription kDescriptions[] = {
     {.kernel = DecodeKernel::mma,
      .name = "mma",
      .schema = {"attention/decode/attention.cuh", "kiln::attention_decode", "kiln::DecodeParams",
-                kAttentionConstants, spec_shared_bytes<DecodeKernel::mma>},
+                kAttentionConstants, spec_shared_bytes<DecodeKernel::mma>, kOperandDTypes},
      .threads = [](const DecodeConfig& c) { return c.warps * 32; },
      .shared_bytes =
          [](const DecodeProblem& p, const DecodeConfig& c) {
            return attention_decode_smem_bytes(p.head_dim, p.head_dim_v, c.m_tiles, c.block_n,
-                                              c.warps, c.stages);
+                                              c.warps, c.stages, element_bytes(p.dtype_q),
+                                              element_bytes(p.dtype_kv));
          }},
 };
 
@@ -149,7 +161,7 @@ int split_heuristic(long long ctas, long long slots, int max_splits) {
 
 const FixedKernel kDecodeAppendKernel{
     .schema = {"attention/decode/append.cuh", "kiln::decode_append", "kiln::DecodeParams",
-               kAppendConstants, no_shared_memory},
+               kAppendConstants, no_shared_memory, kOperandDTypes},
     .threads = kDecodeAppendThreads};
 const FixedKernel kMergeStatesKernel{
     .schema = {"attention/decode/merge.cuh", "kiln::merge_states_kernel", "kiln::MergeParams",
@@ -166,6 +178,10 @@ const DecodeDescription& describe(DecodeKernel kernel) {
 
 std::span<const DecodeDescription> decode_descriptions() {
   return kDescriptions;
+}
+
+std::span<const OperandDTypes> decode_operand_dtypes() {
+  return kOperandDTypes;
 }
 
 void require_target(const Target& target) {
@@ -214,7 +230,8 @@ std::int64_t decode_row_blocks(const DecodeProblem& problem, const DecodeConfig&
 
 KernelSpec decode_append_spec(const DecodeProblem& problem) {
   KernelSpec spec = spec_of(kDecodeAppendKernel.schema);
-  spec.set("dtype", problem.dtype)
+  spec.set("dtype_q", problem.dtype_q)
+      .set("dtype_kv", problem.dtype_kv)
       .set("head_dim", problem.head_dim)
       .set("head_dim_v", problem.head_dim_v)
       .set("paged", problem.paged)
@@ -224,7 +241,9 @@ KernelSpec decode_append_spec(const DecodeProblem& problem) {
 
 KernelSpec decode_attention_spec(const DecodeProblem& problem, const DecodeConfig& config) {
   KernelSpec spec = spec_of(describe(config.kernel).schema);
-  spec.set("dtype", problem.dtype)
+  spec.set("dtype_q", problem.dtype_q)
+      .set("dtype_kv", problem.dtype_kv)
+      .set("dtype_out", problem.dtype_out)
       .set("head_dim", problem.head_dim)
       .set("head_dim_v", problem.head_dim_v)
       .set("m_tiles", config.m_tiles)
@@ -344,10 +363,12 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
   constexpr int kBatch = 1, kHeadsKv = 8, kRows = 4;
   constexpr long long kCapacity = 32768;
   const int multiprocessors = detail::warmup_multiprocessors(target);
-  for (DType dtype : {DType::bf16, DType::f16}) {
+  for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
     for (int dim : {64, 128}) {
       for (bool paged : {false, true}) {
-        const DecodeProblem problem{.dtype = dtype,
+        const DecodeProblem problem{.dtype_q = dtypes.q,
+                                    .dtype_kv = dtypes.kv,
+                                    .dtype_out = dtypes.out,
                                     .head_dim = dim,
                                     .head_dim_v = dim,
                                     .rows_per_kv_head = kRows,
@@ -360,7 +381,7 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
         }
       }
       // merge_states over the outputs of two such calls.
-      specs.push_back(detail::merge_spec(dtype, dtype, dim));
+      specs.push_back(detail::merge_spec(dtypes.out, dtypes.out, dim));
     }
   }
   return specs;

@@ -43,6 +43,9 @@ const DecodeDescription& describe(DecodeKernel kernel);
 // Every decode attention kernel's description, for the registry.
 std::span<const DecodeDescription> decode_descriptions();
 
+// The operand dtypes (q, the cache, out) the decode kernels take, a row per combination.
+std::span<const OperandDTypes> decode_operand_dtypes();
+
 // Throws kiln::Error (unsupported) when decode does not run on `target`.
 void require_target(const Target& target);
 

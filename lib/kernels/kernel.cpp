@@ -4,12 +4,22 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "kiln/error.hpp"
 
 namespace kiln::detail {
+namespace {
+
+const Constant& constant(const KernelSpec& spec, std::string_view name) {
+  return *std::find_if(spec.constants.begin(), spec.constants.end(),
+                       [&](const Constant& c) { return c.name == name; });
+}
+
+}  // namespace
 
 void invalid(const std::string& message) {
   throw Error(ErrorCategory::invalid_argument, message);
@@ -40,9 +50,63 @@ bool takes(const KernelSchema& schema, std::string_view name) {
 }
 
 long long integer_constant(const KernelSpec& spec, std::string_view name) {
-  const auto it = std::find_if(spec.constants.begin(), spec.constants.end(),
-                               [&](const Constant& c) { return c.name == name; });
-  return std::get<std::int64_t>(it->value);
+  return std::get<std::int64_t>(constant(spec, name).value);
+}
+
+DType dtype_constant(const KernelSpec& spec, std::string_view name) {
+  return std::get<DType>(constant(spec, name).value);
+}
+
+long long element_bytes(DType dtype) {
+  return static_cast<long long>(size_of(dtype));
+}
+
+std::optional<Error> operand_dtypes_error(std::string_view what,
+                                          std::span<const OperandDTypes> rows, NamedDType q,
+                                          std::span<const NamedDType> kv,
+                                          std::optional<NamedDType> out) {
+  std::vector<std::string_view> q_dtypes;
+  std::vector<std::string> listed;
+  for (const OperandDTypes& row : rows) {
+    if (std::find(q_dtypes.begin(), q_dtypes.end(), to_string(row.q)) == q_dtypes.end()) {
+      q_dtypes.push_back(to_string(row.q));
+    }
+    listed.push_back(
+        fmt::format("({}, {}, {})", to_string(row.q), to_string(row.kv), to_string(row.out)));
+  }
+  // The first row that `takes`, if any.
+  const auto find = [&](auto&& takes) { return std::find_if(rows.begin(), rows.end(), takes); };
+  const auto with_q = [&](const OperandDTypes& row) { return row.q == q.dtype; };
+  if (find(with_q) == rows.end()) {
+    return Error(ErrorCategory::unsupported,
+                 fmt::format("{} has dtype {}: {} takes {}", q.name, to_string(q.dtype), what,
+                             fmt::join(q_dtypes, " or ")));
+  }
+  // `operand`, whose dtype does not go with `other`'s, needs `fit`.
+  const auto refusal = [&](const NamedDType& operand, const NamedDType& other, DType fit) {
+    return Error(
+        ErrorCategory::invalid_argument,
+        fmt::format("{} has dtype {} but {} has dtype {}: {} takes (q, k and v, out) in "
+                    "the dtypes {}, so {} needs {} (fp8 KV caches are not supported yet)",
+                    operand.name, to_string(operand.dtype), other.name, to_string(other.dtype),
+                    what, fmt::join(listed, " or "), operand.name, to_string(fit)));
+  };
+  for (const NamedDType& t : kv) {
+    if (find([&](const OperandDTypes& row) { return with_q(row) && row.kv == t.dtype; }) ==
+        rows.end()) {
+      return refusal(t, q, find(with_q)->kv);
+    }
+    if (t.dtype != kv.front().dtype) return refusal(t, kv.front(), kv.front().dtype);
+  }
+  if (!out) return std::nullopt;
+  const auto with_q_kv = [&](const OperandDTypes& row) {
+    return with_q(row) && (kv.empty() || row.kv == kv.front().dtype);
+  };
+  if (find([&](const OperandDTypes& row) { return with_q_kv(row) && row.out == out->dtype; }) ==
+      rows.end()) {
+    return refusal(*out, q, find(with_q_kv)->out);
+  }
+  return std::nullopt;
 }
 
 long long no_shared_memory(const KernelSpec&) {

@@ -12,6 +12,7 @@
 #include <string>
 #include <string_view>
 
+#include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
 #include "kiln/spec.hpp"
 #include "kiln/target.hpp"
@@ -33,6 +34,34 @@ bool is_sm80_or_newer(const Target& target);
 // Puts `variant` (null: none) into an attention kernel's spec, prefill or decode.
 void set_variant(KernelSpec& spec, const Variant* variant);
 
+// The dtypes of an attention kernel's operands: q; k and v (the KV cache in decode); out. Each
+// attention family lists the combinations its kernels take in a table of them (kernels/
+// attention.cpp, kernels/decode.cpp), which calls and specs (the constants dtype_q, dtype_kv and
+// dtype_out) are checked against.
+struct OperandDTypes {
+  DType q;
+  DType kv;
+  DType out;
+  bool operator==(const OperandDTypes&) const = default;
+};
+
+// An operand of a call or a spec as messages name it ("k", "cache.v", "q (dtype_q)"), and its
+// dtype.
+struct NamedDType {
+  std::string_view name;
+  DType dtype;
+};
+
+// Why `q`, `kv` (one dtype for all of them: k and v, the cache, the appended keys) and `out`
+// make no row of `rows`, as the kiln::Error to throw: unsupported for a q dtype no row has,
+// invalid_argument naming the first operand that no row takes with the ones before it; nullopt
+// when they make one. An empty `kv`, or no `out`, matches any row. `what` names the op or kernel
+// in the message ("attention").
+std::optional<Error> operand_dtypes_error(std::string_view what,
+                                          std::span<const OperandDTypes> rows, NamedDType q,
+                                          std::span<const NamedDType> kv,
+                                          std::optional<NamedDType> out);
+
 enum class ConstantKind { integer, boolean, dtype };
 
 struct ConstantSchema {
@@ -53,6 +82,9 @@ struct KernelSchema {
   // check_schema(): for specs that arrive as text (kiln compile, manifests, the C API), parsed
   // once into the family's typed config. The launches compute it from their config instead.
   long long (*shared_bytes)(const KernelSpec& spec);
+  // The operand dtypes it takes, of its constants dtype_q, dtype_kv and dtype_out (those it
+  // has); empty for kernels without them.
+  std::span<const OperandDTypes> operand_dtypes = {};
 };
 
 // A spec of `schema`'s kernel, without constants: its family sets them.
@@ -64,6 +96,11 @@ bool takes(const KernelSchema& schema, std::string_view name);
 // The value of the integer constant `name` of a spec that passed check_schema(), for the
 // families' parsers of specs that arrive as text.
 long long integer_constant(const KernelSpec& spec, std::string_view name);
+// Likewise for a dtype constant.
+DType dtype_constant(const KernelSpec& spec, std::string_view name);
+
+// The bytes of an element of `dtype`, as the shared-memory formulas (kiln/params) take them.
+long long element_bytes(DType dtype);
 
 long long no_shared_memory(const KernelSpec& spec);
 

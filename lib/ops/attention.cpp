@@ -40,7 +40,8 @@ struct Shape {
   std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, heads_kv = 0;
   std::int64_t head_dim = 0, head_dim_v = 0;
   std::int64_t tokens_q = 0;  // varlen: total query tokens
-  ScoreParams score{};        // the options' score, as the kernels read it
+  detail::OperandDTypes dtypes{};
+  ScoreParams score{};  // the options' score, as the kernels read it
 };
 
 Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -62,9 +63,12 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
        {std::pair{&q, "q"}, std::pair{&k, "k"}, std::pair{&v, "v"}, std::pair{&out, "out"}}) {
     check_common(*t, name, device);
   }
-  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
-    unsupported(fmt::format("q has dtype {}: attention takes f16 or bf16", to_string(q.dtype)));
+  const detail::NamedDType kv[] = {{"k", k.dtype}, {"v", v.dtype}};
+  if (auto error = detail::operand_dtypes_error("attention", detail::attention_operand_dtypes(),
+                                                {"q", q.dtype}, kv, {{"out", out.dtype}})) {
+    throw *error;
   }
+  s.dtypes = {.q = q.dtype, .kv = k.dtype, .out = out.dtype};
   const int h = rank - 2, d = rank - 1;  // the heads and head-dim axes
   s.heads = q.size(h);
   s.heads_kv = k.size(h);
@@ -91,7 +95,7 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   detail::check_heads(s.heads, s.heads_kv, "k");
   check_head_dim(s.head_dim, "head_dim (q.size(-1))");
   check_head_dim(s.head_dim_v, "head_dim_v (v.size(-1))");
-  detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}}, q.dtype);
+  detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
   detail::require_no_overlap(out, "out");
   return s;
 }
@@ -165,8 +169,10 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
   }
 }
 
-AttentionProblem problem_of(const Shape& s, DType dtype, const AttentionOptions& o) {
-  return {.dtype = dtype,
+AttentionProblem problem_of(const Shape& s, const AttentionOptions& o) {
+  return {.dtype_q = s.dtypes.q,
+          .dtype_kv = s.dtypes.kv,
+          .dtype_out = s.dtypes.out,
           .head_dim = static_cast<int>(s.head_dim),
           .head_dim_v = static_cast<int>(s.head_dim_v),
           .band = detail::has_band(o.score),
@@ -187,7 +193,7 @@ Validated validate(const TensorView& q, const TensorView& k, const TensorView& v
                    const TensorView& out, const AttentionOptions& o, int device) {
   Shape s = check_qkv(q, k, v, out, o, device);
   check_options(o, s, q, device);
-  return {s, problem_of(s, q.dtype, o)};
+  return {s, problem_of(s, o)};
 }
 
 // The last-but-one axis is heads, the one before it tokens; batch strides only without varlen.
@@ -243,7 +249,8 @@ bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
     for (int d = 0; d + 1 < t->rank; ++d) {
       // NOTE: validation bounds the span, not a size-1 dim's stride, which may be near int64's
       // maximum.
-      const std::optional<std::int64_t> bytes = detail::checked_mul<std::int64_t>(t->stride(d), 2);
+      const std::optional<std::int64_t> bytes =
+          detail::checked_mul<std::int64_t>(t->stride(d), detail::element_bytes(t->dtype));
       if (!bytes || *bytes <= 0 || *bytes % 16 != 0 || *bytes >= (std::int64_t{1} << 40)) {
         return false;
       }
@@ -259,7 +266,7 @@ TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool va
   detail::TensorMapLayout layout{.data = t.data, .dtype = t.dtype, .rank = 4};
   const int h = t.rank - 2, tokens = t.rank - 3;
   const auto bytes = [&](std::int64_t stride) {
-    return static_cast<std::uint64_t>(stride) * 2;  // f16 and bf16
+    return static_cast<std::uint64_t>(stride) * size_of(t.dtype);
   };
   layout.dims[0] = static_cast<std::uint64_t>(dim);
   layout.dims[1] = static_cast<std::uint64_t>(t.size(tokens));
@@ -283,21 +290,21 @@ TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool va
 int section_pairs_of(const Shape& s) {
   constexpr std::int64_t kL2Bytes = 4 << 20;
   const std::int64_t kv_bytes = std::max<std::int64_t>(s.seqlen_k, 1) *
-                                (s.head_dim + s.head_dim_v) * 2 /
-                                (s.heads / s.heads_kv);  // per query head, f16 and bf16
+                                (s.head_dim + s.head_dim_v) * detail::element_bytes(s.dtypes.kv) /
+                                (s.heads / s.heads_kv);  // per query head
   return static_cast<int>(std::clamp<std::int64_t>(kL2Bytes / kv_bytes, 1, s.heads * s.batch));
 }
 
+// The tma kernel's argument, its tile counter yet to come (null).
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
                                  const TensorView& k, const TensorView& v, const AttentionConfig& c,
-                                 const Shape& s, unsigned* tile_counter, int section_pairs,
-                                 Runtime& runtime) {
+                                 const Shape& s, Runtime& runtime) {
   return {.q_map = tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
           .k_map = tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
           .v_map = tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
           .p = params,
-          .maybe_tile_counter = tile_counter,
-          .section_pairs = section_pairs};
+          .maybe_tile_counter = nullptr,
+          .section_pairs = section_pairs_of(s)};
 }
 
 constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
@@ -325,6 +332,10 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
+  const AttentionParams params = params_of(q, k, v, out, options, s);
+  // The tma kernel's tensor maps too, which the driver may refuse.
+  std::optional<AttentionTmaParams> tma_params;
+  if (c.kernel == AttentionKernel::tma) tma_params = tma_params_of(params, q, k, v, c, s, runtime);
   const Kernel kernel = runtime.kernel(plan.spec, stream);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{
@@ -333,8 +344,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
       .block = {static_cast<std::uint32_t>(plan.threads)},
       .shared_bytes = static_cast<std::uint32_t>(plan.shared_bytes),
       .stream = stream};
-  const AttentionParams params = params_of(q, k, v, out, options, s);
-  if (c.kernel != AttentionKernel::tma) {
+  if (!tma_params) {
     kernel.launch(launch, params);
     return;
   }
@@ -343,8 +353,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   launch.grid = {static_cast<std::uint32_t>(
       std::min<std::int64_t>(tiles, std::max(device.multiprocessors, 1)))};
   const std::shared_ptr<void> counter = detail::stream_zeros(runtime, 2 * sizeof(unsigned), stream);
-  kernel.launch(launch, tma_params_of(params, q, k, v, c, s, static_cast<unsigned*>(counter.get()),
-                                      section_pairs_of(s), runtime));
+  tma_params->maybe_tile_counter = static_cast<unsigned*>(counter.get());
+  kernel.launch(launch, *tma_params);
 }
 
 }  // namespace

@@ -26,6 +26,8 @@ namespace detail {
 namespace {
 
 constexpr std::int64_t kMaxGridYZ = 65535;
+// How the operand dtype checks name the op.
+constexpr std::string_view kOperation = "decode attention";
 
 // The sizes of one decode call, read off the validated tensors, and its checked score.
 struct Shape {
@@ -36,7 +38,8 @@ struct Shape {
   std::int64_t cache_rows = 0;  // cache.k.size(0): cache rows, or pages when paged
   std::int64_t page_size = 0;   // paged: cache.k.size(1)
   std::int64_t capacity = 0;    // keys one sequence can hold
-  ScoreParams score{};          // the options' score, as the kernels read it
+  OperandDTypes dtypes{};
+  ScoreParams score{};  // the options' score, as the kernels read it
 };
 
 std::string_view capacity_source(const Shape& s) {
@@ -68,10 +71,12 @@ Shape check_q_cache_out(const TensorView& q, const KVCache& cache, const TensorV
                                 std::pair{&cache.v, "cache.v"}, std::pair{&out, "out"}}) {
     check_common(*t, name, device);
   }
-  if (q.dtype != DType::f16 && q.dtype != DType::bf16) {
-    unsupported(
-        fmt::format("q has dtype {}: decode attention takes f16 or bf16", to_string(q.dtype)));
+  const NamedDType kv[] = {{"cache.k", cache.k.dtype}, {"cache.v", cache.v.dtype}};
+  if (auto error = operand_dtypes_error(kOperation, decode_operand_dtypes(), {"q", q.dtype}, kv,
+                                        {{"out", out.dtype}})) {
+    throw *error;
   }
+  s.dtypes = {.q = q.dtype, .kv = cache.k.dtype, .out = out.dtype};
   s.batch = q.size(0);
   s.seqlen_q = q.size(1);
   s.heads = q.size(2);
@@ -90,8 +95,7 @@ Shape check_q_cache_out(const TensorView& q, const KVCache& cache, const TensorV
   check_heads(s.heads, s.heads_kv, "cache.k");
   check_head_dim(s.head_dim, "head_dim (q.size(-1))");
   check_head_dim(s.head_dim_v, "head_dim_v (cache.v.size(-1))");
-  check_tile_tensors({{&q, "q"}, {&cache.k, "cache.k"}, {&cache.v, "cache.v"}, {&out, "out"}},
-                     q.dtype);
+  check_tile_tensors({{&q, "q"}, {&cache.k, "cache.k"}, {&cache.v, "cache.v"}, {&out, "out"}});
   require_no_overlap(out, "out");
   if (s.batch > kMaxGridYZ || s.heads_kv > kMaxGridYZ) {
     unsupported(fmt::format("batch {} and {} kv heads: the launch grid allows at most {} of each",
@@ -159,7 +163,14 @@ void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int dev
   require_size(v_new, "v_new", 1, s.seqlen_new, "k_new.size(1) (seqlen_new)");
   require_size(k_new, "k_new", 3, s.head_dim, "q.size(-1) (head_dim)");
   require_size(v_new, "v_new", 3, s.head_dim_v, "cache.v.size(-1) (head_dim_v)");
-  check_tile_tensors({{&k_new, "k_new"}, {&v_new, "v_new"}}, q.dtype);
+  // The appended keys take the cache's dtype, which check_q_cache_out matched with q's.
+  const NamedDType kv[] = {
+      {"cache.k", s.dtypes.kv}, {"k_new", k_new.dtype}, {"v_new", v_new.dtype}};
+  if (auto error = operand_dtypes_error(kOperation, decode_operand_dtypes(), {"q", q.dtype}, kv,
+                                        std::nullopt)) {
+    throw *error;
+  }
+  check_tile_tensors({{&k_new, "k_new"}, {&v_new, "v_new"}});
   if (s.seqlen_new > s.capacity) {
     invalid(fmt::format(
         "k_new.size(1) (seqlen_new) is {} but the cache holds at most {} keys per sequence ({})",
@@ -246,8 +257,10 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
   return s;
 }
 
-DecodeProblem problem_of(const Shape& s, DType dtype, const DecodeOptions& o) {
-  return {.dtype = dtype,
+DecodeProblem problem_of(const Shape& s, const DecodeOptions& o) {
+  return {.dtype_q = s.dtypes.q,
+          .dtype_kv = s.dtypes.kv,
+          .dtype_out = s.dtypes.out,
           .head_dim = static_cast<int>(s.head_dim),
           .head_dim_v = static_cast<int>(s.head_dim_v),
           .rows_per_kv_head = static_cast<int>(s.seqlen_q * s.heads / s.heads_kv),
@@ -461,7 +474,7 @@ void run(const TensorView& q, const KVCache& cache, const TensorView& out,
   require_target(target);
   if (config) check_config(*config);
   const DeviceInfo& device = require_gpu(runtime, kCall);  // choose() reads its SM count
-  const DecodeProblem problem = problem_of(s, q.dtype, options);
+  const DecodeProblem problem = problem_of(s, options);
   const DecodeConfig c = config ? *config : choose(problem, target, device.multiprocessors);
   const DecodePlan plan = decode_plan(problem, c);
   // Every kernel against the device before any is compiled or the append writes the cache: a
@@ -492,7 +505,7 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
     const Target target = runtime.target();
     detail::require_target(target);
     if (const DeviceInfo* device = detail::present_device(runtime)) {
-      const DecodeProblem problem = detail::problem_of(s, q.dtype, options);
+      const DecodeProblem problem = detail::problem_of(s, options);
       const DecodeConfig config = choose(problem, target, device->multiprocessors);
       detail::require_fits(detail::decode_plan(problem, config), config, &target, *device);
     }

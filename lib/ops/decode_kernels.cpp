@@ -90,7 +90,7 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
   const std::int64_t row_blocks = decode_row_blocks(problem, config);
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
   const std::size_t q_rotated_bytes =
-      problem.rotary ? align_up(rows * problem.head_dim * size_of(problem.dtype)) : 0;
+      problem.rotary ? align_up(rows * problem.head_dim * size_of(problem.dtype_q)) : 0;
   const std::size_t partial_out_bytes =
       splits > 1 ? align_up(splits * rows * problem.head_dim_v * sizeof(float)) : 0;
   const std::size_t partial_lse_bytes = splits > 1 ? align_up(splits * rows * sizeof(float)) : 0;

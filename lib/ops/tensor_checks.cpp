@@ -15,11 +15,7 @@ namespace kiln::detail {
 namespace {
 
 // One tensor of check_tile_tensors().
-void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) {
-  if (t.dtype != dtype) {
-    invalid(fmt::format("{} has dtype {} but q has dtype {}: q, k, v and out must share one", name,
-                        to_string(t.dtype), to_string(dtype)));
-  }
+void check_tile_tensor(const TensorView& t, std::string_view name) {
   require_contiguous_last(t, name);
   if (reinterpret_cast<std::uintptr_t>(t.data) % 16 != 0) {
     invalid(
@@ -27,12 +23,13 @@ void check_tile_tensor(const TensorView& t, std::string_view name, DType dtype) 
                     "16-byte copies; allocate or offset {} on a 16-byte boundary",
                     name, t.data, name));
   }
+  const std::int64_t chunk = 16 / static_cast<std::int64_t>(size_of(t.dtype));  // elements
   for (int d = 0; d + 1 < t.rank; ++d) {
-    if (t.size(d) > 1 && t.stride(d) % 8 != 0) {
+    if (t.size(d) > 1 && t.stride(d) % chunk != 0) {
       invalid(
-          fmt::format("{}.stride({}) is {}: strides must be multiples of 8 elements (16 "
+          fmt::format("{}.stride({}) is {}: strides must be multiples of {} elements (16 "
                       "bytes); copy {} to contiguous memory",
-                      name, d, t.stride(d), name));
+                      name, d, t.stride(d), chunk, name));
     }
   }
 }
@@ -165,9 +162,9 @@ void require_no_overlap(const TensorView& t, std::string_view name) {
 }
 
 void check_tile_tensors(
-    std::initializer_list<std::pair<const TensorView*, std::string_view>> tensors, DType dtype) {
+    std::initializer_list<std::pair<const TensorView*, std::string_view>> tensors) {
   for (const auto& [t, name] : tensors) {
-    check_tile_tensor(*t, name, dtype);
+    check_tile_tensor(*t, name);
     for (int dim = 0; dim < t->rank; ++dim) {
       // NOTE: the name is formatted only for the message: every call passes here.
       if (t->size(dim) > std::numeric_limits<std::int32_t>::max()) {

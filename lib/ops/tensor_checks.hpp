@@ -38,10 +38,11 @@ void check_common(const TensorView& t, std::string_view name, int device);
 // contiguous layout.
 void require_no_overlap(const TensorView& t, std::string_view name);
 
-// q, k, v, out and the like, read in 16-byte rows: `dtype`, stride 1 on the last dim, 16-byte
-// aligned pointers and other strides, and sizes that fit int32.
+// q, k, v, out and the like, read in 16-byte rows: stride 1 on the last dim, 16-byte aligned
+// pointers and other strides, and sizes that fit int32. Their dtypes are the family's to check
+// (operand_dtypes_error), first.
 void check_tile_tensors(
-    std::initializer_list<std::pair<const TensorView*, std::string_view>> tensors, DType dtype);
+    std::initializer_list<std::pair<const TensorView*, std::string_view>> tensors);
 
 // A head dim kiln compiles: a multiple of 8 from 8 to kMaxHeadDim.
 void check_head_dim(std::int64_t dim, std::string_view what);

@@ -4,6 +4,7 @@
 #include "params/registry.hpp"
 
 #include <algorithm>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -88,6 +89,22 @@ std::string out_of_range(const Constant& constant, const ConstantSchema& wanted)
                      fmt::join(allowed, ", "));
 }
 
+// Why the operand dtypes of `spec` (dtype_q, dtype_kv and dtype_out, those `kernel` takes; the
+// spec has every one) are no row of the kernel's table; empty when they are one.
+std::string operand_dtypes_problem(const KernelSpec& spec, const KernelSchema& kernel) {
+  if (kernel.operand_dtypes.empty()) return {};
+  const auto named = [&](std::string_view constant) {
+    return NamedDType{constant, dtype_constant(spec, constant)};
+  };
+  std::vector<NamedDType> kv;
+  if (takes(kernel, "dtype_kv")) kv.push_back(named("dtype_kv"));
+  std::optional<NamedDType> out;
+  if (takes(kernel, "dtype_out")) out = named("dtype_out");
+  const std::optional<Error> error =
+      operand_dtypes_error(kernel.entry, kernel.operand_dtypes, named("dtype_q"), kv, out);
+  return error ? std::string(error->what()) : std::string();
+}
+
 // "block_size (an integer), dtype (a dtype ...)": what a kernel takes, for the fix.
 std::string signature(const KernelSchema& kernel) {
   std::vector<std::string> names;
@@ -169,8 +186,12 @@ void check_schema(const KernelSpec& spec) {
     problems.push_back(
         fmt::format("{} does not take the constants {}", kernel->entry, fmt::join(unknown, ", ")));
   }
-  if (problems.empty()) return;
-  bad(spec, fmt::format("{}; {}", fmt::join(problems, "; "), signature(*kernel)));
+  if (!problems.empty()) {
+    bad(spec, fmt::format("{}; {}", fmt::join(problems, "; "), signature(*kernel)));
+  }
+  // NOTE: a spec of operand dtypes the kernel's family does not take would fail its compile
+  // (HeadTraits' static_assert) with a less direct message, after the compile's cost.
+  if (std::string why = operand_dtypes_problem(spec, *kernel); !why.empty()) bad(spec, why);
 }
 
 std::string_view value_name(std::string_view entry, std::string_view constant, std::int64_t value) {

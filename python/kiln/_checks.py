@@ -35,7 +35,9 @@ DTYPE_NAMES = {
     torch.int32: "i32",
     torch.int64: "i64",
 }
-_HALF = (torch.float16, torch.bfloat16)
+# The operand dtypes (q, k and v, out) kiln's attention kernels take, a row per combination, in
+# libkiln's order: its tables kOperandDTypes (lib/kernels/attention.cpp and decode.cpp).
+_OPERAND_DTYPES = ((torch.bfloat16,) * 3, (torch.float16,) * 3)
 # Head dims kiln compiles: every multiple of 8 from 8 to this (kMaxHeadDim in
 # lib/ops/tensor_checks.hpp).
 MAX_HEAD_DIM = 256
@@ -191,19 +193,37 @@ def head_dim(dim, what):
                 f"{pad}")
 
 
-def _tiles(q, named, what):
-    """The rank, q's dtype (f16 or bf16: `what` takes those) and the shared dtype of the tile
-    tensors `named` (q first), as the library's check_qkv and check_tile_tensors say them."""
-    rank = q.dim()
-    for name, t in named[1:]:
-        if t.dim() != rank:
-            invalid(f"{name} has rank {t.dim()} but q has rank {rank}: they share one layout")
-    if q.dtype not in _HALF:
-        unsupported(f"q has dtype {DTYPE_NAMES[q.dtype]}: {what} takes f16 or bf16")
-    for name, t in named[1:]:
-        if t.dtype != q.dtype:
-            invalid(f"{name} has dtype {DTYPE_NAMES[t.dtype]} but q has dtype "
-                    f"{DTYPE_NAMES[q.dtype]}: q, k, v and out must share one")
+def _ranks(q, named):
+    """The tile tensors `named` have q's rank."""
+    for name, t in named:
+        if t.dim() != q.dim():
+            invalid(f"{name} has rank {t.dim()} but q has rank {q.dim()}: they share one layout")
+
+
+def _operand_dtypes(q, kv, out, what):
+    """The library's operand_dtypes_error (lib/kernels/kernel.cpp), word for word: q's dtype, the
+    one dtype of the tensors `kv` and out's (a (name, tensor) pair; None: any) make a row of
+    _OPERAND_DTYPES."""
+    names = DTYPE_NAMES
+    with_q = [row for row in _OPERAND_DTYPES if row[0] == q.dtype]
+    if not with_q:
+        q_dtypes = " or ".join(dict.fromkeys(names[row[0]] for row in _OPERAND_DTYPES))
+        unsupported(f"q has dtype {names[q.dtype]}: {what} takes {q_dtypes}")
+    listed = " or ".join(f"({', '.join(names[d] for d in row)})" for row in _OPERAND_DTYPES)
+
+    def refuse(name, t, other_name, other, fit):
+        invalid(f"{name} has dtype {names[t.dtype]} but {other_name} has dtype "
+                f"{names[other.dtype]}: {what} takes (q, k and v, out) in the dtypes {listed}, "
+                f"so {name} needs {names[fit]} (fp8 KV caches are not supported yet)")
+    for name, t in kv:
+        if not any(row[1] == t.dtype for row in with_q):
+            refuse(name, t, "q", q, with_q[0][1])
+        if t.dtype != kv[0][1].dtype:
+            refuse(name, t, *kv[0], kv[0][1].dtype)
+    if out is not None:
+        with_kv = [row for row in with_q if not kv or row[1] == kv[0][1].dtype]
+        if not any(row[2] == out[1].dtype for row in with_kv):
+            refuse(*out, "q", q, with_kv[0][2])
 
 
 def variant(scalars, tensors):
@@ -233,7 +253,8 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
         invalid(f"q has rank {q.dim()} but must have rank {rank}: "
                 + ("(total_tokens, heads, head_dim) with cu_seqlens" if varlen else
                    "(batch, seqlen, heads, head_dim); for varlen call flash_attn_varlen_func"))
-    _tiles(q, tiles, "attention")
+    _ranks(q, tiles[1:])
+    _operand_dtypes(q, (("k", k), ("v", v)), ("out", out), "attention")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v.shape[-1], "head_dim_v (v.size(-1))")
     _dtypes((("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
@@ -258,7 +279,10 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
     variant(variant_scalars, variant_tensors)
     if q.dim() != 4:
         invalid(f"q has rank {q.dim()} but must have rank 4: (batch, seqlen_q, heads, head_dim)")
-    _tiles(q, tiles + news, "decode attention")
+    _ranks(q, tiles[1:] + news)
+    cache = (("k_cache", k_cache), ("v_cache", v_cache))
+    _operand_dtypes(q, cache, ("out", out), "decode attention")
+    _operand_dtypes(q, cache[:1] + news, None, "decode attention")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v_cache.shape[-1], "head_dim_v (v_cache.size(-1))")
     _dtypes((("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),

@@ -140,7 +140,12 @@ KILN = [
     ("heads not a multiple", lambda: kiln.flash_attn_func(Q, bf16(0, 7, 3, 64), bf16(0, 7, 3, 64)),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "multiple of the kv heads"),
     ("fp32 data", lambda: kiln.flash_attn_func(Q.float(), K.float(), K.float()),
-     _capi.KILN_ERROR_UNSUPPORTED, "attention takes f16 or bf16"),
+     _capi.KILN_ERROR_UNSUPPORTED, "attention takes bf16 or f16"),
+    ("k of another dtype than q", lambda: kiln.flash_attn_func(Q, K.half(), K),
+     _capi.KILN_ERROR_INVALID_ARGUMENT,
+     "k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in the dtypes "
+     "(bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16 (fp8 KV caches are not supported "
+     "yet)"),
     ("negative softcap", lambda: kiln.flash_attn_func(Q, K, K, softcap=-1.0),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "softcap is -1"),
     ("bias of the wrong seqlen_k", lambda: kiln.flash_attn_func(Q, K, K, bias=bf16(0, 8, 5, 6)),

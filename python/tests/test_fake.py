@@ -179,7 +179,7 @@ def refusing_calls(device):
         "float32": (lambda: kiln.flash_attn_func(t(2, 5, 8, 64, dtype=F32),
                                                  t(2, 7, 2, 64, dtype=F32),
                                                  t(2, 7, 2, 64, dtype=F32)),
-                    "q has dtype f32: attention takes f16 or bf16"),
+                    "q has dtype f32: attention takes bf16 or f16"),
         "v head dim 300": (lambda: kiln.flash_attn_varlen_func(t(9, 8, 64), t(11, 2, 64),
                                                                t(11, 2, 300), t(3, dtype=I32),
                                                                t(3, dtype=I32), 5, 7),
@@ -258,9 +258,12 @@ def test_the_python_rules_are_the_librarys_word_for_word(as_gpu):
     cases = [qkv(d, 64) for d in range(265)] + [qkv(64, d) for d in range(1, 265)]
     cases += [qkv(64, 64, dtype) for dtype in (torch.float16, F32, torch.float64, I32,
                                                 torch.int64)]
+    # And each of k and v in another dtype than q: the mixed-dtype refusal.
+    q, k, v = qkv(64, 64)
+    cases += [(q, k.half(), v), (q, k, v.half()), (q.half(), k, v)]
     refused = 0
     for q, k, v in cases:
         expected = library_verdict(q, k, v)
-        assert python_verdict(q, k, v) == expected, (q.shape, v.shape, q.dtype)
+        assert python_verdict(q, k, v) == expected, (q.shape, v.shape, q.dtype, k.dtype, v.dtype)
         refused += expected is not None
-    assert refused == 265 + 264 - 2 * 32 + 4
+    assert refused == 265 + 264 - 2 * 32 + 4 + 3

@@ -497,6 +497,18 @@ TEST_CASE("the C API's messages on malformed tensors say what is wrong and the f
   misaligned.q.t().data = reinterpret_cast<void*>(0x1000001);
   check_status(misaligned.run(), KILN_ERROR_INVALID_ARGUMENT,
                {"q's data pointer", "not aligned", "a whole number of elements"});
+
+  Call mixed;
+  mixed.out.t().data = reinterpret_cast<void*>(0x4000000);
+  mixed.k.t().dtype = {kDLFloat, 16, 1};
+  check_status(mixed.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"k has dtype f16 but q has dtype bf16", "so k needs bf16",
+                "fp8 KV caches are not supported yet"});
+  DecodeCall mixed_cache;
+  mixed_cache.out.t().data = reinterpret_cast<void*>(0x5000000);
+  mixed_cache.v.t().dtype = {kDLFloat, 16, 1};
+  check_status(mixed_cache.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"cache.v has dtype f16 but q has dtype bf16", "so cache.v needs bf16"});
 }
 
 TEST_CASE("the score's fields of both C options structs reach the call", "[capi]") {

@@ -442,8 +442,9 @@ TEST_CASE("kiln warm builds a user variant's spec from the code its manifest dec
   write_file(cli.dir() / "variants" / "even.cuh", code);
   const std::string spec =
       "attention/prefill/forward_tma.cuh:kiln::attention_forward_tma<band=false,block_m=128,"
-      "block_n=128,dtype=bf16,has_alibi=false,has_bias=false,has_softcap=false,head_dim=64,"
-      "head_dim_v=64,stages=2,varlen=false>(kiln::AttentionTmaParams) {variant even " +
+      "block_n=128,dtype_kv=bf16,dtype_out=bf16,dtype_q=bf16,has_alibi=false,has_bias=false,"
+      "has_softcap=false,head_dim=64,head_dim_v=64,stages=2,varlen=false>(kiln::"
+      "AttentionTmaParams) {variant even " +
       kiln::variant_hash(code) + "}";
   // Declared after the spec: refused, naming the line and the fix.
   write_file(cli.dir() / "late.txt", spec + "\nvariant even variants/even.cuh\n");

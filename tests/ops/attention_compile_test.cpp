@@ -33,23 +33,29 @@ void check_compiled(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& spec
 // The corners of the feature matrix: every feature at once at 192/128, the narrowest dim with
 // varlen, a dim that is no multiple of 16 with a bias, and the widest with varlen.
 std::vector<kiln::AttentionProblem> feature_problems() {
-  return {
-      {.dtype = DType::f16,
-       .head_dim = 192,
-       .head_dim_v = 128,
-       .band = true,
-       .softcap = true,
-       .alibi = true,
-       .bias = true},
-      {.dtype = DType::bf16,
-       .head_dim = 8,
-       .head_dim_v = 8,
-       .band = true,
-       .varlen = true,
-       .softcap = true,
-       .alibi = true},
-      {.dtype = DType::bf16, .head_dim = 72, .head_dim_v = 72, .band = true, .bias = true},
-      {.dtype = DType::f16, .head_dim = 256, .head_dim_v = 256, .varlen = true, .softcap = true}};
+  return {{.dtype_q = DType::f16,
+           .dtype_kv = DType::f16,
+           .dtype_out = DType::f16,
+           .head_dim = 192,
+           .head_dim_v = 128,
+           .band = true,
+           .softcap = true,
+           .alibi = true,
+           .bias = true},
+          {.head_dim = 8,
+           .head_dim_v = 8,
+           .band = true,
+           .varlen = true,
+           .softcap = true,
+           .alibi = true},
+          {.head_dim = 72, .head_dim_v = 72, .band = true, .bias = true},
+          {.dtype_q = DType::f16,
+           .dtype_kv = DType::f16,
+           .dtype_out = DType::f16,
+           .head_dim = 256,
+           .head_dim_v = 256,
+           .varlen = true,
+           .softcap = true}};
 }
 
 // The feature problems' specs with the configs `config_target` gets.
@@ -236,8 +242,7 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
           "[attention][compile][variant]") {
   const kiln::test::TempDir cache;
   kiln::Runtime rt = runtime_for(cache.path(), "sm_90a");
-  kiln::AttentionProblem problem{
-      .dtype = DType::bf16, .head_dim = 128, .head_dim_v = 128, .band = true};
+  kiln::AttentionProblem problem{.head_dim = 128, .head_dim_v = 128, .band = true};
   const kiln::KernelSpec plain = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));
   problem.variant = &kiln::examples::alibi_variant();
   const kiln::KernelSpec alibi = kiln::attention_spec(problem, kiln::choose(problem, "sm_90a"));

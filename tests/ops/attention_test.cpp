@@ -588,7 +588,9 @@ void check_outputs(const Case& c, const DeviceCase& d, const Downloaded& got,
 }
 
 kiln::AttentionProblem problem_of(const Case& c, const DeviceCase& d) {
-  return {.dtype = c.dtype,
+  return {.dtype_q = c.dtype,
+          .dtype_kv = c.dtype,
+          .dtype_out = c.dtype,
           .head_dim = c.head_dim,
           .head_dim_v = c.dim_v(),
           .band = c.score.causal || c.score.window_left >= 0 || c.score.window_right >= 0,
@@ -1384,8 +1386,7 @@ TEST_CASE("attention with keys broadcast over the batch (stride 0), which TMA ca
     return kiln::TensorView::contiguous(b.get(), DType::bf16, {batch, seqlen, heads, dim});
   };
   const kiln::AttentionOptions options{.score = {.causal = true}};
-  const kiln::AttentionProblem problem{
-      .dtype = DType::bf16, .head_dim = dim, .head_dim_v = dim, .band = true};
+  const kiln::AttentionProblem problem{.head_dim = dim, .head_dim_v = dim, .band = true};
   INFO("choose() picks " << static_cast<int>(kiln::choose(problem, rt.target()).kernel));
   out_a.poison();
   out_b.poison();
@@ -1486,7 +1487,7 @@ TEST_CASE("attention ignores whatever the rows past each sequence's keys hold",
       options.seqused_k = TensorView::contiguous(seqused->get(), DType::i32, {batch});
     }
     const kiln::AttentionProblem problem{
-        .dtype = DType::bf16, .head_dim = dim, .head_dim_v = dim, .band = true, .varlen = varlen};
+        .head_dim = dim, .head_dim_v = dim, .band = true, .varlen = varlen};
     std::vector<std::pair<const char*, std::optional<kiln::AttentionConfig>>> configs{
         {"choose()'s", std::nullopt},
         {"mma", kiln::AttentionConfig{128, 64, 4, 1}},

@@ -240,7 +240,13 @@ TEST_CASE("attention refuses query heads that are not a multiple of the kv heads
 TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
   Call c = padded_call();
   c.k.dtype = DType::f16;
-  check_invalid(c, {"k has dtype f16 but q has dtype bf16"});
+  check_invalid(c, {"k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in "
+                    "the dtypes (bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16 (fp8 KV "
+                    "caches are not supported yet)"});
+
+  c = padded_call(DType::f16);
+  c.v.dtype = DType::bf16;
+  check_invalid(c, {"v has dtype bf16 but q has dtype f16", "so v needs f16"});
 
   c = padded_call();
   c.out.dtype = DType::f32;
@@ -248,7 +254,7 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
 
   // f32 everywhere is consistent but not something the kernel takes.
   check_refused(padded_call(DType::f32), ErrorCategory::unsupported,
-                {"q has dtype f32", "f16 or bf16"});
+                {"q has dtype f32", "bf16 or f16"});
 }
 
 TEST_CASE("attention refuses a non-contiguous last dim, misalignment and negative strides",
@@ -321,8 +327,8 @@ TEST_CASE("attention takes a size-1 dim of stride 2^62 + 8 without TMA", "[atten
   c.v = reshaped(c.v, {1, 256, 2, 64});
   c.out = reshaped(c.out, {1, 128, 8, 64});
   c.q.strides[0] = (std::int64_t{1} << 62) + 8;
-  const kiln::AttentionConfig config = kiln::choose(
-      {.dtype = DType::bf16, .head_dim = 64, .head_dim_v = 64}, kiln::Target("sm_90a"));
+  const kiln::AttentionConfig config =
+      kiln::choose({.head_dim = 64, .head_dim_v = 64}, kiln::Target("sm_90a"));
   REQUIRE(config.kernel == kiln::AttentionKernel::tma);
   check_accepted(c);  // choose()'s tma config, run by the wgmma kernel
   check_refusal(refusal([&] {

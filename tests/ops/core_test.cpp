@@ -117,7 +117,7 @@ kiln::KernelSpec probe_spec(const Probe& c) {
   kiln::KernelSpec spec{.source = "probe/logits.cuh",
                         .entry = entries[static_cast<int>(c.shape)],
                         .params = "kiln::AttentionParams"};
-  spec.set("dtype", DType::bf16)
+  spec.set("dtype_q", DType::bf16)
       .set("band", c.band())
       .set("has_softcap", c.softcap > 0)
       .set("has_alibi", c.alibi)

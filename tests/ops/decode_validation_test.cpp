@@ -213,13 +213,18 @@ TEST_CASE("decode refuses mixed and unsupported dtypes", "[decode]") {
   DecodeCall c = contiguous_call();
   c.q.dtype = DType::f32;
   c.out.dtype = DType::f32;
-  check_refused(c, ErrorCategory::unsupported, {"q has dtype f32", "f16 or bf16"});
+  check_refused(c, ErrorCategory::unsupported, {"q has dtype f32", "bf16 or f16"});
   c = contiguous_call();
   c.cache.v.dtype = DType::f16;
-  check_invalid(c, {"cache.v has dtype f16 but q has dtype bf16"});
+  check_invalid(c, {"cache.v has dtype f16 but q has dtype bf16: decode attention takes (q, k and "
+                    "v, out) in the dtypes (bf16, bf16, bf16) or (f16, f16, f16), so cache.v "
+                    "needs bf16 (fp8 KV caches are not supported yet)"});
+  c = contiguous_call();
+  c.out.dtype = DType::f16;
+  check_invalid(c, {"out has dtype f16 but q has dtype bf16", "so out needs bf16"});
   c = append_call();
   c.options.k_new->dtype = DType::f16;
-  check_invalid(c, {"k_new has dtype f16 but q has dtype bf16"});
+  check_invalid(c, {"k_new has dtype f16 but q has dtype bf16", "so k_new needs bf16"});
 }
 
 TEST_CASE("decode refuses a non-contiguous last dim, misalignment and negative strides",

@@ -8,7 +8,9 @@
 namespace kiln::test {
 
 inline AttentionProblem every_attention_feature() {
-  return {.dtype = DType::f16,
+  return {.dtype_q = DType::f16,
+          .dtype_kv = DType::f16,
+          .dtype_out = DType::f16,
           .head_dim = 96,
           .head_dim_v = 64,
           .band = true,

@@ -23,7 +23,7 @@ namespace {
 
 using detail::LaunchPlan;
 
-constexpr AttentionProblem kD128{.dtype = DType::bf16, .head_dim = 128, .head_dim_v = 128};
+constexpr AttentionProblem kD128{.head_dim = 128, .head_dim_v = 128};
 
 // The plan's shared memory is the registry's for its spec, which `kiln compile` reports.
 void check_registry_agrees(const LaunchPlan& plan) {
@@ -55,15 +55,15 @@ TEST_CASE("attention plans the CTA each kernel declares", "[attention][plan]") {
   const LaunchPlan tma_plan = detail::attention_plan(kD128, tma);
   CHECK(tma_plan.threads == 2 * 128 + 128);  // two consumer warpgroups and the producer's
   CHECK(tma_plan.shared_bytes ==
-        attention_forward_tma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages));
+        attention_forward_tma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2));
   check_registry_agrees(tma_plan);
 
   AttentionConfig wgmma = tma;
   wgmma.kernel = AttentionKernel::wgmma;
   const LaunchPlan wgmma_plan = detail::attention_plan(kD128, wgmma);
   CHECK(wgmma_plan.threads == 2 * 128);  // a warpgroup per 64 rows
-  CHECK(wgmma_plan.shared_bytes ==
-        attention_forward_wgmma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages));
+  CHECK(wgmma_plan.shared_bytes == attention_forward_wgmma_smem_bytes(
+                                       128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2));
   check_registry_agrees(wgmma_plan);
 
   const AttentionConfig portable = choose(kD128, "gfx90a");
@@ -91,7 +91,7 @@ TEST_CASE("decode decides its row tiles once, in choose(), and plans from them",
     CHECK(test::contains(to_string(plan.spec), "m_tiles=" + std::to_string(m_tiles)));
     CHECK(plan.threads == config.warps * 32);
     CHECK(plan.shared_bytes == attention_decode_smem_bytes(dim, dim, m_tiles, config.block_n,
-                                                           config.warps, config.stages));
+                                                           config.warps, config.stages, 2, 2));
     check_registry_agrees(plan);
   }
   // d128, one row tile: 3 stages fit the 112 KiB a CTA aims at, 4 would not.

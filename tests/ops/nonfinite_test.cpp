@@ -103,8 +103,7 @@ TEST_CASE("a NaN sink makes its head's rows NaN in every prefill kernel, masked 
   const auto k = random_bf16(std::size_t{kSeqK} * kHeadsKv * kDim, rng);
   const auto v = random_bf16(std::size_t{kSeqK} * kHeadsKv * kDim, rng);
 
-  const kiln::AttentionProblem problem{
-      .dtype = DType::bf16, .head_dim = kDim, .head_dim_v = kDim, .band = true};
+  const kiln::AttentionProblem problem{.head_dim = kDim, .head_dim_v = kDim, .band = true};
   std::vector<std::pair<const char*, AttentionConfig>> configs = {
       {"choose()'s", kiln::choose(problem, rt.target())},
       {"mma", kiln::choose(problem, "sm_80")},

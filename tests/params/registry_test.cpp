@@ -128,39 +128,124 @@ TEST_CASE("an enumeration constant out of its range is refused, naming every val
 }
 
 TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[params][schema]") {
-  const AttentionProblem problem{.dtype = DType::bf16, .head_dim = 128, .head_dim_v = 128};
+  const AttentionProblem problem{.head_dim = 128, .head_dim_v = 128};  // bf16
   const AttentionConfig mma = choose(problem, "sm_80");
   // round_up(128, 16) + 8 = 136 columns: 2 bytes * (128 * 136 + 1 stage * 64 * (136 + 136)).
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, mma)) == 2 * (128 * 136 + 64 * 272));
   const AttentionConfig tma = choose(problem, "sm_90a");
   REQUIRE(tma.kernel == AttentionKernel::tma);
   // At d128 the wgmma kernel's tiles and a staging tile of 128 rows of 136 columns.
-  CHECK(attention_forward_tma_staged(128, 128, tma.block_m, tma.block_n, tma.stages));
-  CHECK(detail::dynamic_shared_bytes(attention_spec(problem, tma)) ==
-        attention_forward_wgmma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages) +
-            2 * 128 * 136);
+  CHECK(attention_forward_tma_staged(128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2));
+  CHECK(
+      detail::dynamic_shared_bytes(attention_spec(problem, tma)) ==
+      attention_forward_wgmma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2) +
+          2 * 128 * 136);
   AttentionConfig wgmma = tma;
   wgmma.kernel = AttentionKernel::wgmma;
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, wgmma)) ==
-        attention_forward_wgmma_smem_bytes(128, 128, wgmma.block_m, wgmma.block_n, wgmma.stages));
+        attention_forward_wgmma_smem_bytes(128, 128, wgmma.block_m, wgmma.block_n, wgmma.stages, 2,
+                                           2, 2));
   // At d256 the staging tile does not fit beside the tiles: no extra memory.
-  const AttentionProblem wide{.dtype = DType::bf16, .head_dim = 256, .head_dim_v = 256};
+  const AttentionProblem wide{.head_dim = 256, .head_dim_v = 256};
   const AttentionConfig tma256 = choose(wide, "sm_90a");
-  CHECK_FALSE(
-      attention_forward_tma_staged(256, 256, tma256.block_m, tma256.block_n, tma256.stages));
-  CHECK(
-      detail::dynamic_shared_bytes(attention_spec(wide, tma256)) ==
-      attention_forward_wgmma_smem_bytes(256, 256, tma256.block_m, tma256.block_n, tma256.stages));
+  CHECK_FALSE(attention_forward_tma_staged(256, 256, tma256.block_m, tma256.block_n, tma256.stages,
+                                           2, 2, 2));
+  CHECK(detail::dynamic_shared_bytes(attention_spec(wide, tma256)) ==
+        attention_forward_wgmma_smem_bytes(256, 256, tma256.block_m, tma256.block_n, tma256.stages,
+                                           2, 2, 2));
   const AttentionConfig portable = choose(problem, "gfx90a");
   CHECK(detail::dynamic_shared_bytes(attention_spec(problem, portable)) ==
-        attention_forward_portable_smem_bytes(128, 128, portable.block_n));
+        attention_forward_portable_smem_bytes(128, 128, portable.block_n, 2));
   const DecodeProblem decode{.head_dim = 64, .head_dim_v = 64, .rows_per_kv_head = 8};
   const DecodeConfig config;
   CHECK(detail::dynamic_shared_bytes(detail::decode_attention_spec(decode, config)) ==
         attention_decode_smem_bytes(64, 64, config.m_tiles, config.block_n, config.warps,
-                                    config.stages));
+                                    config.stages, 2, 2));
   CHECK(detail::dynamic_shared_bytes(unary()) == 0);
   CHECK(detail::dynamic_shared_bytes(detail::merge_spec(DType::f32, DType::bf16, 128)) == 0);
+}
+
+TEST_CASE("the shared-memory formulas take each operand's element size", "[params][schema]") {
+  // A 1-byte K/V dtype (an fp8 cache, a row kiln does not have yet) halves the K/V tiles' bytes
+  // and leaves Q's and the output's alone. mma at d128, 128 x 64, 2 stages: Q is 128 rows of 136
+  // columns, a stage 64 rows of 136 + 136.
+  constexpr long long q_tile = 128 * 136, kv_tiles = 2 * 64 * 272;
+  CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 2, 2, 2) == 2 * (q_tile + kv_tiles));
+  CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 2, 1, 2) == 2 * q_tile + kv_tiles);
+  CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 1, 2, 2) == q_tile + 2 * kv_tiles);
+  // The output staging tile (128 rows of 136) reuses the tiles: it counts where it is larger.
+  CHECK(attention_forward_smem_bytes(128, 128, 128, 16, 1, 1, 1, 4) == 4 * 128 * 136);
+  // wgmma at d128, 128 x 128, 2 stages: Q 128 x 128, a stage 128 x (128 + 128), after 1 KiB.
+  constexpr long long wq = 128 * 128, wkv = 2 * 128 * 256;
+  CHECK(attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2) ==
+        1024 + 2 * (wq + wkv));
+  CHECK(attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) == 1024 + 2 * wq + wkv);
+  // tma stages its output (128 rows of 136) beside the tiles where they fit: at d128 with
+  // 2-byte operands, and at d256 only once K and V take 1 byte each.
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) ==
+        1024 + 2 * wq + wkv + 2 * 128 * 136);
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2) ==
+        1024 + 2 * (wq + wkv) + 2 * 128 * 136);
+  // 4-byte outputs would not fit their staging tile beside the tiles.
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 4) ==
+        attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 4));
+  CHECK_FALSE(attention_forward_tma_staged(256, 256, 128, 64, 2, 2, 2, 2));
+  CHECK(attention_forward_tma_staged(256, 256, 128, 64, 2, 2, 1, 2));
+  CHECK(attention_forward_portable_smem_bytes(128, 64, 32, 2) ==
+        2 * attention_forward_portable_smem_bytes(128, 64, 32, 1));
+  // decode at d128, one row tile, 4 warps of 3 stages of 16 keys: Q 16 x 128, K/V 4 x 3 x 16 x
+  // 256.
+  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 2) ==
+        2 * (16 * 128 + 4 * 3 * 16 * 256));
+  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 1) ==
+        2 * 16 * 128 + 4 * 3 * 16 * 256);
+}
+
+TEST_CASE("a spec of operand dtypes its family does not take is refused before compiling",
+          "[params][schema]") {
+  const AttentionProblem all = every_attention_feature();  // f16
+  for (AttentionKernel kernel : {AttentionKernel::mma, AttentionKernel::wgmma, AttentionKernel::tma,
+                                 AttentionKernel::portable}) {
+    const KernelSpec spec = attention_spec(all, {.kernel = kernel});
+    INFO(to_string(spec));
+    KernelSpec mixed = spec;
+    mixed.set("dtype_kv", DType::bf16);
+    CHECK_THAT(refusal(mixed),
+               Catch::Contains("dtype_kv has dtype bf16 but dtype_q has dtype f16: " + spec.entry +
+                               " takes (q, k and v, out) in the dtypes (bf16, bf16, bf16) or "
+                               "(f16, f16, f16), so dtype_kv needs f16 (fp8 KV caches are not "
+                               "supported yet)"));
+    mixed = spec;
+    mixed.set("dtype_out", DType::f32);
+    CHECK_THAT(refusal(mixed),
+               Catch::Contains("dtype_out has dtype f32 but dtype_q has dtype f16"));
+    KernelSpec f32 = spec;
+    f32.set("dtype_q", DType::f32).set("dtype_kv", DType::f32).set("dtype_out", DType::f32);
+    CHECK_THAT(refusal(f32),
+               Catch::Contains("dtype_q has dtype f32: " + spec.entry + " takes bf16 or f16"));
+  }
+  const DecodeProblem decode{.head_dim = 128, .head_dim_v = 128, .append = true};
+  for (const KernelSpec& spec : decode_specs(decode, {})) {  // decode_append, attention_decode
+    INFO(to_string(spec));
+    KernelSpec mixed = spec;
+    mixed.set("dtype_kv", DType::f16);
+    CHECK_THAT(refusal(mixed),
+               Catch::Contains("dtype_kv has dtype f16 but dtype_q has dtype bf16"));
+  }
+
+  // Not compiled: the runtime refuses it with the compiler off, and a manifest names its line.
+  const TempDir cache;
+  const ScopedEnv target("KILN_TARGET", "sm_90a");
+  Options options;
+  options.cache_dir = cache.path();
+  options.jit = JitMode::off;
+  Runtime runtime(options);
+  KernelSpec mixed = attention_spec(all, choose(all, "sm_90a"));
+  mixed.set("dtype_kv", DType::bf16);
+  const auto refused = Catch::Contains("dtype_kv has dtype bf16 but dtype_q has dtype f16");
+  CHECK_THROWS_WITH(runtime.compile(mixed), refused);
+  CHECK_THROWS_WITH(detail::parse_manifest(to_string(mixed) + "\n", "m.txt"),
+                    Catch::StartsWith("m.txt:1: kernel spec ") && refused);
 }
 
 TEST_CASE("the runtime and manifests refuse a spec that breaks its schema before compiling",

@@ -34,7 +34,7 @@ struct AttentionParams {
 
   ScoreParams score;  // scale, band, softcap and ALiBi
 
-  // Additive bias of the input dtype, element (b, h, i, j) at
+  // Additive bias of q's dtype, element (b, h, i, j) at
   // b * bias_batch_stride + h * bias_head_stride + i * bias_row_stride + j * bias_col_stride;
   // a stride of 0 broadcasts (spec has_bias). Varlen: i and j count within the sequence.
   const void* maybe_bias;
@@ -75,66 +75,82 @@ struct AttentionTmaParams {
   int section_pairs;
 };
 
+// The shared-memory formulas below take the bytes of an element of each operand: q_size (q),
+// kv_size (k and v) and out_size (out), from the spec's dtype_q, dtype_kv and dtype_out.
+
 // Dynamic shared memory of attention_forward for a spec, in bytes; host and kernel share it.
-// Rows are padded to the mma k-granularity (16) plus 8 elements (16 bytes) so that ldmatrix
-// and cp.async hit distinct banks:
+// Rows are padded to the mma k-granularity (16) plus 8 elements so that ldmatrix and cp.async
+// hit distinct banks:
 //   qk_pitch = round_up(head_dim, 16) + 8, v_pitch = round_up(head_dim_v, 16) + 8
-//   bytes = 2 * max(block_m * qk_pitch + stages * block_n * (qk_pitch + v_pitch),
-//                   block_m * v_pitch)          (the second term: the output staging tile)
-KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(long long head_dim,
-                                                                long long head_dim_v,
-                                                                long long block_m,
-                                                                long long block_n,
-                                                                long long stages) {
+//   bytes = max(q_size * block_m * qk_pitch + kv_size * stages * block_n * (qk_pitch + v_pitch),
+//               out_size * block_m * v_pitch)          (the second term: the output staging tile)
+KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long kv_size, long long out_size) {
   const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
-  const long long tiles = block_m * qk_pitch + stages * block_n * (qk_pitch + v_pitch);
-  const long long staging = block_m * v_pitch;
-  return 2 * (tiles > staging ? tiles : staging);
+  const long long tiles =
+      q_size * block_m * qk_pitch + kv_size * stages * block_n * (qk_pitch + v_pitch);
+  const long long staging = out_size * block_m * v_pitch;
+  return tiles > staging ? tiles : staging;
+}
+
+// The bytes of attention_forward_wgmma's Q tile and `stages` (K, V) slots, with head dims
+// rounded up to the swizzle's 64 columns, unpadded.
+KILN_PARAMS_FN constexpr long long attention_forward_wgmma_tile_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long kv_size) {
+  const long long qk_dim = (head_dim + 63) / 64 * 64;
+  const long long v_dim = (head_dim_v + 63) / 64 * 64;
+  return q_size * block_m * qk_dim + kv_size * stages * block_n * (qk_dim + v_dim);
+}
+
+// The bytes of the output staging tile of attention_forward_wgmma and _tma: block_m rows of
+// head_dim_v rounded to 64, plus 8.
+KILN_PARAMS_FN constexpr long long attention_forward_wgmma_staging_bytes(long long head_dim_v,
+                                                                         long long block_m,
+                                                                         long long out_size) {
+  return out_size * block_m * ((head_dim_v + 63) / 64 * 64 + 8);
 }
 
 // Dynamic shared memory of attention_forward_wgmma (sm_90a), in bytes: 1024 bytes of slack to
-// align the tiles for the 128-byte swizzle, then Q and `stages` (K, V) slots with head dims
-// rounded up to the swizzle's 64 columns, unpadded; the output staging tile (rows of
-// head_dim_v rounded to 64, plus 8) reuses them.
-KILN_PARAMS_FN constexpr long long attention_forward_wgmma_smem_bytes(long long head_dim,
-                                                                      long long head_dim_v,
-                                                                      long long block_m,
-                                                                      long long block_n,
-                                                                      long long stages) {
-  const long long qk_dim = (head_dim + 63) / 64 * 64;
-  const long long v_dim = (head_dim_v + 63) / 64 * 64;
-  const long long tiles = block_m * qk_dim + stages * block_n * (qk_dim + v_dim);
-  const long long staging = block_m * (v_dim + 8);
-  return 1024 + 2 * (tiles > staging ? tiles : staging);
+// align the tiles for the 128-byte swizzle, then the tiles; the output staging tile reuses them.
+KILN_PARAMS_FN constexpr long long attention_forward_wgmma_smem_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long kv_size, long long out_size) {
+  const long long tiles = attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n,
+                                                             stages, q_size, kv_size);
+  const long long staging = attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size);
+  return 1024 + (tiles > staging ? tiles : staging);
 }
 
-// Whether attention_forward_tma stages its output in a tile of its own (block_m rows of
-// head_dim_v rounded to 64, plus 8), which must fit in 227 KiB beside the tiles of
-// attention_forward_wgmma, so that a tile's output is copied out with bulk copies while the next
-// tile computes; otherwise each thread stores its share of the output from registers.
+// Whether attention_forward_tma stages its output in a tile of its own, which must fit in
+// 227 KiB beside the tiles of attention_forward_wgmma, so that a tile's output is copied out
+// with bulk copies while the next tile computes; otherwise each thread stores its share of the
+// output from registers.
 KILN_PARAMS_FN constexpr bool attention_forward_tma_staged(long long head_dim, long long head_dim_v,
                                                            long long block_m, long long block_n,
-                                                           long long stages) {
-  const long long qk_dim = (head_dim + 63) / 64 * 64;
-  const long long v_dim = (head_dim_v + 63) / 64 * 64;
-  const long long tiles = block_m * qk_dim + stages * block_n * (qk_dim + v_dim);
-  return 1024 + 2 * (tiles + block_m * (v_dim + 8)) <= 227 * 1024;
+                                                           long long stages, long long q_size,
+                                                           long long kv_size, long long out_size) {
+  return 1024 +
+             attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n, stages,
+                                                q_size, kv_size) +
+             attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size) <=
+         227 * 1024;
 }
 
 // Dynamic shared memory of attention_forward_tma: attention_forward_wgmma's, plus the staging
 // tile where it fits.
-KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(long long head_dim,
-                                                                    long long head_dim_v,
-                                                                    long long block_m,
-                                                                    long long block_n,
-                                                                    long long stages) {
-  const long long tiles =
-      attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages);
-  if (!attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages)) {
+KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long kv_size, long long out_size) {
+  const long long tiles = attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n,
+                                                             stages, q_size, kv_size, out_size);
+  if (!attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
+                                    out_size)) {
     return tiles;
   }
-  return tiles + 2 * block_m * ((head_dim_v + 63) / 64 * 64 + 8);
+  return tiles + attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size);
 }
 
 // Dynamic shared memory of attention_forward_portable, in bytes: one K and one V tile of block_n
@@ -142,8 +158,9 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(long long he
 // distinct banks). Queries and outputs stay in registers.
 KILN_PARAMS_FN constexpr long long attention_forward_portable_smem_bytes(long long head_dim,
                                                                          long long head_dim_v,
-                                                                         long long block_n) {
-  return 2 * block_n * (head_dim + head_dim_v);
+                                                                         long long block_n,
+                                                                         long long kv_size) {
+  return kv_size * block_n * (head_dim + head_dim_v);
 }
 
 }  // namespace kiln

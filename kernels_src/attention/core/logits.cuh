@@ -201,7 +201,7 @@ __device__ __forceinline__ float row_sink(const ScoreParams& score, const LogitR
 // rows).
 template <class Spec, class Math, int Rows, int RowStep>
 struct LogitTransform {
-  using T = typename Spec::dtype;
+  using Bias = typename Spec::dtype_q;  // the bias has q's dtype
   static constexpr bool has_bias = spec_has_bias<Spec>(0);
   static constexpr bool on = Spec::has_softcap || Spec::has_alibi || has_bias || Spec::has_variant;
 
@@ -210,8 +210,8 @@ struct LogitTransform {
   float inv_softcap;
   int seqlen_q;
   int seqlen_k;
-  bool overhang;  // some of the thread's rows lie past seqlen_q
-  const T* bias;  // at (batch, head)
+  bool overhang;     // some of the thread's rows lie past seqlen_q
+  const Bias* bias;  // at (batch, head)
   long long bias_row_stride;
   long long bias_col_stride;
   const VariantParams* variant;

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The two tensor-core products of an attention step for one warp's m16 row tiles, over tiles in
 // shared memory: scores S = Q K^T and the output update O += P V. Shared by the forward and
-// decode kernels; Tr (their traits) gives T, m_tiles, s_tiles, o_tiles, qk_dim, qk_pitch,
-// v_pitch, qk_swizzle, v_swizzle (the tile layouts of traits.cuh), block_n and prefetch.
+// decode kernels; Tr (their traits) gives Q, KV, q_size, kv_size (HeadTraits), m_tiles, s_tiles,
+// o_tiles, qk_dim, qk_pitch, v_pitch, qk_swizzle, v_swizzle (the tile layouts of traits.cuh),
+// block_n and prefetch.
 #pragma once
 
 #include "attention/core/traits.cuh"
@@ -29,12 +30,12 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int first_q_row, int lane) {
   const int k_row = lane % 8 + 8 * (lane / 16);
   const int v_row = lane % 16;
   LaneOffsets off;
-  off.q = 2 * q_row * Tr::qk_pitch;
-  off.q_x = 2 * tile_offset<0, Tr::qk_swizzle>(q_row, 8 * (lane / 16));
-  off.k = 2 * k_row * Tr::qk_pitch;
-  off.k_x = 2 * tile_offset<0, Tr::qk_swizzle>(k_row, 8 * (lane / 8 % 2));
-  off.v = 2 * v_row * Tr::v_pitch;
-  off.v_x = 2 * tile_offset<0, Tr::v_swizzle>(v_row, 8 * (lane / 16));
+  off.q = Tr::q_size * q_row * Tr::qk_pitch;
+  off.q_x = Tr::q_size * tile_offset<0, Tr::qk_swizzle>(q_row, 8 * (lane / 16));
+  off.k = Tr::kv_size * k_row * Tr::qk_pitch;
+  off.k_x = Tr::kv_size * tile_offset<0, Tr::qk_swizzle>(k_row, 8 * (lane / 8 % 2));
+  off.v = Tr::kv_size * v_row * Tr::v_pitch;
+  off.v_x = Tr::kv_size * tile_offset<0, Tr::v_swizzle>(v_row, 8 * (lane / 16));
   return off;
 }
 
@@ -65,7 +66,8 @@ __device__ __forceinline__ void zero_fragments(float (&acc)[MTiles][Tiles][4]) {
 template <class Tr>
 __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4], unsigned q_lane,
                                           unsigned k_lane, const LaneOffsets& lanes) {
-  constexpr int row_bytes = Tr::qk_pitch * 2;
+  constexpr int q_row_bytes = Tr::qk_pitch * Tr::q_size;
+  constexpr int k_row_bytes = Tr::qk_pitch * Tr::kv_size;
   zero_fragments(s);
   constexpr int np_count = Tr::s_tiles / 2;
   constexpr int steps = Tr::qk_dim / 16 * np_count;
@@ -78,11 +80,11 @@ __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4
     if (np == 0) {
 #pragma unroll
       for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::ldmatrix_x4(a[kk % a_ring][mt], q_lane + mt * 16 * row_bytes +
+        mma::ldmatrix_x4(a[kk % a_ring][mt], q_lane + mt * 16 * q_row_bytes +
                                                  chunk_bytes<Tr::qk_swizzle>(kk * 32, lanes.q_x));
       }
     }
-    mma::ldmatrix_x4(b[i % b_ring], k_lane + np * 16 * row_bytes +
+    mma::ldmatrix_x4(b[i % b_ring], k_lane + np * 16 * k_row_bytes +
                                         chunk_bytes<Tr::qk_swizzle>(kk * 32, lanes.k_x));
   };
 #pragma unroll
@@ -98,8 +100,8 @@ __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4
       const unsigned(&b_i)[4] = b[i % b_ring];
 #pragma unroll
       for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::mma_16816<typename Tr::T>(s[mt][2 * np], a[kk % a_ring][mt], b_i[0], b_i[1]);
-        mma::mma_16816<typename Tr::T>(s[mt][2 * np + 1], a[kk % a_ring][mt], b_i[2], b_i[3]);
+        mma::mma_16816<typename Tr::Q>(s[mt][2 * np], a[kk % a_ring][mt], b_i[0], b_i[1]);
+        mma::mma_16816<typename Tr::Q>(s[mt][2 * np + 1], a[kk % a_ring][mt], b_i[2], b_i[3]);
       }
     }
   }
@@ -112,8 +114,8 @@ template <class Tr>
 __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                               const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
                                               unsigned v_lane, const LaneOffsets& lanes) {
-  using T = typename Tr::T;
-  constexpr int row_bytes = Tr::v_pitch * 2;
+  using KV = typename Tr::KV;  // P is rounded to V's type
+  constexpr int row_bytes = Tr::v_pitch * Tr::kv_size;
   constexpr int dp_count = Tr::o_tiles / 2;
   constexpr int steps = Tr::block_n / 16 * dp_count;
   constexpr int b_ring = Tr::prefetch + 1;
@@ -130,10 +132,10 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tile
     unsigned a[Tr::m_tiles][4];
 #pragma unroll
     for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-      a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+      a[mt][0] = mma::pack2<KV>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      a[mt][1] = mma::pack2<KV>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      a[mt][2] = mma::pack2<KV>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      a[mt][3] = mma::pack2<KV>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
     }
 #pragma unroll
     for (int dp = 0; dp < dp_count; ++dp) {
@@ -142,8 +144,8 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tile
       const unsigned(&b_i)[4] = b[i % b_ring];
 #pragma unroll
       for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-        mma::mma_16816<T>(o[mt][2 * dp], a[mt], b_i[0], b_i[1]);
-        mma::mma_16816<T>(o[mt][2 * dp + 1], a[mt], b_i[2], b_i[3]);
+        mma::mma_16816<KV>(o[mt][2 * dp], a[mt], b_i[0], b_i[1]);
+        mma::mma_16816<KV>(o[mt][2 * dp + 1], a[mt], b_i[2], b_i[3]);
       }
     }
   }

@@ -31,11 +31,21 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 }
 
 // The problem constants every attention kernel takes, and the checks on them.
+// Each operand has its own element type: Q (q), KV (k and v, or the KV cache) and Out (out).
 template <class Spec>
 struct HeadTraits {
-  using T = typename Spec::dtype;
-  static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
-                "dtype must be kiln::f16 or kiln::bf16.");
+  using Q = typename Spec::dtype_q;
+  using KV = typename Spec::dtype_kv;
+  using Out = typename Spec::dtype_out;
+  static_assert(is_same<Q, f16>::value || is_same<Q, bf16>::value,
+                "dtype_q must be kiln::f16 or kiln::bf16.");
+  static_assert(is_same<KV, Q>::value && is_same<Out, Q>::value,
+                "dtype_kv and dtype_out must be dtype_q: an mma multiplies operands of one type "
+                "(fp8 KV caches are not supported yet).");
+  // Bytes per element, wherever the kernels compute bytes.
+  static constexpr int q_size = static_cast<int>(sizeof(Q));
+  static constexpr int kv_size = static_cast<int>(sizeof(KV));
+  static constexpr int out_size = static_cast<int>(sizeof(Out));
 
   static constexpr int head_dim = static_cast<int>(Spec::head_dim);
   static constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);

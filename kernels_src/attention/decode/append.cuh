@@ -2,8 +2,9 @@
 // Appends k_new / v_new to a KV cache at each sequence's length, with the optional rotary
 // embedding of k_new and of q (into a contiguous copy the attention kernel then reads).
 //
-// Spec constants: dtype (kiln::f16 or kiln::bf16), head_dim, head_dim_v, paged (keys go
-// through the block table), rotary (rotate k_new, and write the rotated q to q_rotated).
+// Spec constants: dtype_q (kiln::f16 or kiln::bf16: q, q_rotated and the rotary tables),
+// dtype_kv (k_new, v_new and the cache), head_dim, head_dim_v, paged (keys go through the block
+// table), rotary (rotate k_new, and write the rotated q to q_rotated).
 //
 // Launch: grid (max(seqlen_new, rotary ? seqlen_q : 0), batch), kDecodeAppendThreads (128) threads,
 // no shared memory. Block (t, b) writes token t of sequence b: its heads_kv key and value rows, and
@@ -18,9 +19,9 @@ namespace kiln {
 namespace decode {
 
 // Element c of a row x rotated at `position`: pairs (c, c + rotary_dim / 2), or (2i, 2i + 1)
-// when interleaved, turn by the angle whose cos and sin are in row `position` of the tables.
-// Elements at or past rotary_dim pass through.
-template <class T>
+// when interleaved, turn by the angle whose cos and sin are in row `position` of the tables,
+// elements of Table (q's type). Elements at or past rotary_dim pass through.
+template <class Table, class T>
 __device__ __forceinline__ float rotate(const T* x, int c, int position, const DecodeParams& p) {
   const float value = to_float(x[c]);
   if (c >= p.rotary_dim) return value;
@@ -38,8 +39,8 @@ __device__ __forceinline__ float rotate(const T* x, int c, int position, const D
     other = first ? c + half : c - half;
   }
   const long long at = position * p.rotary_stride + pair;
-  const float cosine = to_float(static_cast<const T*>(p.maybe_rotary_cos)[at]);
-  const float sine = to_float(static_cast<const T*>(p.maybe_rotary_sin)[at]);
+  const float cosine = to_float(static_cast<const Table*>(p.maybe_rotary_cos)[at]);
+  const float sine = to_float(static_cast<const Table*>(p.maybe_rotary_sin)[at]);
   const float partner = to_float(x[other]);
   return first ? value * cosine - partner * sine : value * cosine + partner * sine;
 }
@@ -49,7 +50,8 @@ __device__ __forceinline__ float rotate(const T* x, int c, int position, const D
 template <class Spec>
 __global__ void __launch_bounds__(kDecodeAppendThreads)
     decode_append(const KILN_GRID_CONSTANT DecodeParams p) {
-  using T = typename Spec::dtype;
+  using Q = typename Spec::dtype_q;
+  using KV = typename Spec::dtype_kv;
   constexpr int head_dim = static_cast<int>(Spec::head_dim);
   constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);
   const int t = blockIdx.x;
@@ -62,20 +64,20 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
     // from it (rows made at offset 0, so that the two sum before the pointer steps).
     constexpr attention::KVMode mode = attention::cache_mode(Spec::paged);
     const attention::KVOffsets start = attention::kv_sequence_start<mode>(p.kv, batch);
-    const auto cache = attention::kv_rows_at<mode, T>(p.kv, batch, {0, 0});
+    const auto cache = attention::kv_rows_at<mode, KV>(p.kv, batch, {0, 0});
     long long k_off, v_off;
     cache.offsets(position, k_off, v_off);
-    T* const k = cache.k + (start.k + k_off);
-    T* const v = cache.v + (start.v + v_off);
-    const T* const k_new = static_cast<const T*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
-                           t * p.k_new_seq_stride;
-    const T* const v_new = static_cast<const T*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
-                           t * p.v_new_seq_stride;
+    KV* const k = cache.k + (start.k + k_off);
+    KV* const v = cache.v + (start.v + v_off);
+    const KV* const k_new = static_cast<const KV*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
+                            t * p.k_new_seq_stride;
+    const KV* const v_new = static_cast<const KV*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
+                            t * p.v_new_seq_stride;
     for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
       const int h = e / head_dim, c = e % head_dim;
-      const T* const src = k_new + h * p.k_new_head_stride;
+      const KV* const src = k_new + h * p.k_new_head_stride;
       if constexpr (Spec::rotary) {
-        k[h * p.kv.k_head_stride + c] = from_float<T>(decode::rotate(src, c, position, p));
+        k[h * p.kv.k_head_stride + c] = from_float<KV>(decode::rotate<Q>(src, c, position, p));
       } else {
         k[h * p.kv.k_head_stride + c] = src[c];
       }
@@ -89,12 +91,12 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
   if constexpr (Spec::rotary) {
     if (t < p.seqlen_q) {
       const int position = cached + (p.rotary_q_causal ? t : 0);
-      const T* const q = static_cast<const T*>(p.q) + batch * p.q_batch_stride + t * p.q_seq_stride;
-      T* const q_rotated = static_cast<T*>(p.maybe_q_rotated) +
+      const Q* const q = static_cast<const Q*>(p.q) + batch * p.q_batch_stride + t * p.q_seq_stride;
+      Q* const q_rotated = static_cast<Q*>(p.maybe_q_rotated) +
                            (static_cast<long long>(batch) * p.seqlen_q + t) * p.heads * head_dim;
       for (int e = threadIdx.x; e < p.heads * head_dim; e += blockDim.x) {
         const int h = e / head_dim, c = e % head_dim;
-        q_rotated[e] = from_float<T>(decode::rotate(q + h * p.q_head_stride, c, position, p));
+        q_rotated[e] = from_float<Q>(decode::rotate<Q>(q + h * p.q_head_stride, c, position, p));
       }
     }
   }

@@ -19,7 +19,8 @@
 // are worked out before the loop and its math is MUFU approximations.
 //
 // Spec constants (all change the generated code):
-//   dtype        kiln::f16 or kiln::bf16: q, cache and out; fp32 accumulation.
+//   dtype_q, dtype_kv, dtype_out   kiln::f16 or kiln::bf16, one of them for all three: of q,
+//                of the cache, and of out; fp32 accumulation.
 //   head_dim     of q and k, head_dim_v of v and out: multiples of 8 in [8, 256].
 //   m_tiles      packed rows per CTA / 16: 1, 2 or 4.
 //   block_n      keys per warp tile, a multiple of 16.
@@ -31,7 +32,8 @@
 //
 // Launch: grid (row_blocks * num_splits, heads_kv, batch) with row_blocks =
 // ceil(seqlen_q * heads / heads_kv / (16 * m_tiles)); block warps * 32 threads; dynamic shared
-// memory attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages);
+// memory attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages,
+// q_size, kv_size);
 // LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
@@ -53,9 +55,10 @@ namespace decode {
 
 template <class Spec>
 struct DecodeTraits : attention::HeadTraits<Spec> {
-  using typename attention::HeadTraits<Spec>::T;
   using attention::HeadTraits<Spec>::head_dim;
   using attention::HeadTraits<Spec>::head_dim_v;
+  using attention::HeadTraits<Spec>::q_size;
+  using attention::HeadTraits<Spec>::kv_size;
 
   static constexpr int m_tiles = static_cast<int>(Spec::m_tiles);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -81,17 +84,17 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
   static constexpr int o_tiles = v_dim / 8;
   static constexpr int prefetch = 0;  // memory-bound: fragments just in time
 
-  // Shared memory, in elements: Q, then per warp `stages` slots of (K tile, V tile). The warp
-  // merge at the end reuses it as fp32: per warp rows x merge_pitch outputs, then every warp's
-  // row maxima and sums.
+  // Shared memory: Q (q_elems elements of Q), then per warp `stages` slots of (K tile, V tile),
+  // elements of KV. The warp merge at the end reuses it as fp32: per warp rows x merge_pitch
+  // outputs, then every warp's row maxima and sums.
   static constexpr int q_elems = rows * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int slot_elems = k_elems + block_n * v_pitch;
   static constexpr int warp_elems = stages * slot_elems;
   static constexpr int merge_pitch = v_dim + 8;  // float2 stores of 8 rows meet no bank twice
-  static constexpr int smem_bytes = static_cast<int>(
-      attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages));
-  static_assert(smem_bytes >= 2 * (q_elems + warps * warp_elems) &&
+  static constexpr int smem_bytes = static_cast<int>(attention_decode_smem_bytes(
+      head_dim, head_dim_v, m_tiles, block_n, warps, stages, q_size, kv_size));
+  static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size &&
                     smem_bytes >= 4 * warps * rows * (merge_pitch + 2),
                 "attention_decode_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
@@ -104,10 +107,10 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
 // cache, or within one page) goes as two strided tiles, one pointer step per row pass;
 // otherwise each lane looks up the page of each row it copies.
 template <class Tr, attention::KVMode Mode>
-__device__ __forceinline__ void load_kv_tile(typename Tr::T* slot,
-                                             const attention::KVRows<Mode, const typename Tr::T>& c,
-                                             int key0, int valid, int lane) {
-  using T = typename Tr::T;
+__device__ __forceinline__ void load_kv_tile(
+    typename Tr::KV* slot, const attention::KVRows<Mode, const typename Tr::KV>& c, int key0,
+    int valid, int lane) {
+  using T = typename Tr::KV;
   T* const v_slot = slot + Tr::k_elems;
   const attention::KVTileRows<Mode, const T> tile(c, key0, min(valid, Tr::block_n));
   // NOTE: a condition the front end folds (not a call), so that no per-key path is emitted for a
@@ -234,9 +237,9 @@ __device__ __forceinline__ DecodeBlock decode_block(const DecodeParams& p) {
 // Stage 1, gather Q: the block's packed rows (zero past the last) into shared memory, by all
 // threads, as the first cp.async group.
 template <class Tr>
-__device__ __forceinline__ void gather_q(typename Tr::T* smem_q, const DecodeParams& p,
+__device__ __forceinline__ void gather_q(typename Tr::Q* smem_q, const DecodeParams& p,
                                          const DecodeBlock& b, int thread) {
-  using T = typename Tr::T;
+  using T = typename Tr::Q;
   // NOTE: from the kv head's first query head, so that the base is uniform across the CTA and
   // each row adds only its own offset.
   const int first_head = b.packed.first_head();
@@ -293,22 +296,23 @@ struct RowTargets {
 // into the warp's outputs. Constructing it starts the first tiles' loads.
 template <class Spec, class Tr>
 struct KvStream {
-  using T = typename Tr::T;
+  using Q = typename Tr::Q;
+  using KV = typename Tr::KV;
   static constexpr int step = Tr::warps * Tr::block_n;
 
   static constexpr attention::KVMode mode = attention::cache_mode(Spec::paged);
 
-  attention::KVRows<mode, const T> cache;
-  T* slots;
+  attention::KVRows<mode, const KV> cache;
+  KV* slots;
   int first;  // the warp's first key
   int tiles;
   int split_end;
   int lane;
 
-  __device__ __forceinline__ KvStream(const DecodeParams& p, const DecodeBlock& b, T* smem_q,
+  __device__ __forceinline__ KvStream(const DecodeParams& p, const DecodeBlock& b, Q* smem_q,
                                       int warp, int lane_)
-      : cache(attention::kv_rows<mode, const T>(p.kv, b.batch, b.packed.kv_head)),
-        slots(smem_q + Tr::q_elems + warp * Tr::warp_elems),
+      : cache(attention::kv_rows<mode, const KV>(p.kv, b.batch, b.packed.kv_head)),
+        slots(reinterpret_cast<KV*>(smem_q + Tr::q_elems) + warp * Tr::warp_elems),
         first(b.split_begin + warp * Tr::block_n),
         tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
         split_end(b.split_end),
@@ -331,7 +335,7 @@ struct KvStream {
   __device__ __forceinline__ void run(float (&o)[Tr::m_tiles][Tr::o_tiles][4], Softmax& softmax,
                                       const Logits& logits, float to_log2, const DecodeBlock& b,
                                       const int (&first_key)[2 * Tr::m_tiles],
-                                      const int (&last_key)[2 * Tr::m_tiles], T* smem_q) const {
+                                      const int (&last_key)[2 * Tr::m_tiles], Q* smem_q) const {
     const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);
     const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
     const unsigned slots_base = mma::smem_address(slots);
@@ -342,8 +346,8 @@ struct KvStream {
       __syncwarp();  // tile t is visible to the warp, which is done with the slot refilled next
       load(t + Tr::stages - 1);
 
-      const unsigned k_tile = slots_base + 2 * (t % Tr::stages) * Tr::slot_elems;
-      const unsigned v_tile = k_tile + 2 * Tr::k_elems;
+      const unsigned k_tile = slots_base + Tr::kv_size * (t % Tr::stages) * Tr::slot_elems;
+      const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
       float s[Tr::m_tiles][Tr::s_tiles][4];
       attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
       const int key0 = first + t * step;
@@ -438,7 +442,7 @@ struct WarpStates {
 template <class Tr>
 __device__ __forceinline__ void store_out(const DecodeParams& p, const RowTargets<Tr>& targets,
                                           int row, int col, const float (&acc)[4], float lse) {
-  using T = typename Tr::T;
+  using T = typename Tr::Out;
   T* const dst = static_cast<T*>(p.out) + targets.out[row] + col;
   uint2 packed;
   packed.x = mma::pack2<T>(acc[0], acc[1]);
@@ -509,10 +513,10 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     attention_decode(const KILN_GRID_CONSTANT DecodeParams p) {
   using namespace decode;
   using Tr = DecodeTraits<Spec>;
-  using T = typename Tr::T;
+  using Q = typename Tr::Q;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* const smem_q = reinterpret_cast<T*>(smem_bytes);
+  Q* const smem_q = reinterpret_cast<Q*>(smem_bytes);
 
   // Launched to overlap the kernel before it (LaunchConfig::overlap_previous), which may have
   // written q or the cache: nothing global is touched before this point. The kernel after this

@@ -3,7 +3,8 @@
 // K/V tiles through a cp.async pipeline, mma.sync on tensor cores, online softmax in fp32.
 //
 // Spec constants (all of them change the generated code; everything else is in Params):
-//   dtype        kiln::f16 or kiln::bf16: q, k, v, out and bias; accumulation is fp32.
+//   dtype_q, dtype_kv, dtype_out   kiln::f16 or kiln::bf16, one of them for all three: of q
+//                (and bias), of k and v, and of out; accumulation is fp32.
 //   head_dim     of q and k, a multiple of 8 in [8, 256]; compiled for exactly this dim
 //                (shared-memory tiles are zero-padded to the mma's 16; global memory past
 //                head_dim is never read).
@@ -24,8 +25,9 @@
 //
 // Launch: grid (ceil(seqlen_q / block_m), heads, batch), where seqlen_q is the longest sequence
 // for varlen; block warps * 32 threads; dynamic shared memory
-// attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages) from
-// "kiln/params/attention.h" (more than 48 KiB needs the function's max-dynamic-smem attribute).
+// attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
+// out_size) from "kiln/params/attention.h" (more than 48 KiB needs the function's
+// max-dynamic-smem attribute).
 // Do not launch an empty grid (seqlen_q == 0 or batch == 0): there is nothing to write.
 //
 // The configs choose() runs it with, and why, are its tuning table kSm80 in
@@ -52,9 +54,11 @@ namespace attention {
 // and the checks that refuse specs it cannot run.
 template <class Spec>
 struct ForwardTraits : HeadTraits<Spec> {
-  using typename HeadTraits<Spec>::T;
   using HeadTraits<Spec>::head_dim;
   using HeadTraits<Spec>::head_dim_v;
+  using HeadTraits<Spec>::q_size;
+  using HeadTraits<Spec>::kv_size;
+  using HeadTraits<Spec>::out_size;
 
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -92,16 +96,16 @@ struct ForwardTraits : HeadTraits<Spec> {
   // m16 tile per warp (head_dim 256).
   static constexpr int prefetch = m_tiles >= 2 && qk_dim > 64 ? 1 : 0;
 
-  // Shared memory, in elements: Q, then `stages` slots of (K tile, V tile). The output is
-  // staged from offset 0 once the loop is done.
+  // Shared memory: Q (q_elems elements of Q), then `stages` slots of (K tile, V tile), elements
+  // of KV. The output is staged from offset 0 once the loop is done.
   static constexpr int q_elems = block_m * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int v_elems = block_n * v_pitch;
   static constexpr int slot_elems = k_elems + v_elems;
-  static constexpr int smem_bytes = static_cast<int>(
-      attention_forward_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages));
-  static_assert(smem_bytes >= 2 * (q_elems + stages * slot_elems) &&
-                    smem_bytes >= 2 * block_m * v_pitch,
+  static constexpr int smem_bytes = static_cast<int>(attention_forward_smem_bytes(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
+  static_assert(smem_bytes >= q_elems * q_size + stages * slot_elems * kv_size &&
+                    smem_bytes >= block_m * v_pitch * out_size,
                 "attention_forward_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
                 "the tiles need more than 227 KiB of shared memory: lower block_m, block_n or "
@@ -111,7 +115,7 @@ struct ForwardTraits : HeadTraits<Spec> {
 // The output tile through shared memory (reusing it from offset 0), so that global stores are
 // whole 16-byte row pieces.
 template <class Tr>
-__device__ __forceinline__ void stage_output(typename Tr::T* smem,
+__device__ __forceinline__ void stage_output(typename Tr::Out* smem,
                                              const float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                              int warp, int lane) {
 #pragma unroll
@@ -123,7 +127,7 @@ __device__ __forceinline__ void stage_output(typename Tr::T* smem,
       for (int j = 0; j < Tr::o_tiles; ++j) {
         const int col = j * 8 + 2 * (lane % 4);
         *reinterpret_cast<unsigned*>(smem + row * Tr::v_pitch + col) =
-            mma::pack2<typename Tr::T>(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
+            mma::pack2<typename Tr::Out>(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
       }
     }
   }
@@ -149,9 +153,9 @@ __device__ __forceinline__ void store_row_block(const AttentionParams& p, const 
                                                 const RowBlock& rows, const Transform& transform,
                                                 Softmax& softmax,
                                                 float (&o)[Tr::m_tiles][Tr::o_tiles][4],
-                                                float to_log2, typename Tr::T* staging, int row0,
+                                                float to_log2, typename Tr::Out* staging, int row0,
                                                 int thread, int warp, int lane) {
-  using T = typename Tr::T;
+  using Out = typename Tr::Out;
   float lse[2 * Tr::m_tiles];
   float sink[2 * Tr::m_tiles];
   transform.sinks(sink, p.score);
@@ -161,7 +165,7 @@ __device__ __forceinline__ void store_row_block(const AttentionParams& p, const 
   __syncthreads();  // every warp is done reading the tiles before the output overwrites them
   stage_output<Tr>(staging, o, warp, lane);
   __syncthreads();
-  T* const out = static_cast<T*>(p.out) + seq.out_offset + rows.begin * p.out_seq_stride;
+  Out* const out = static_cast<Out*>(p.out) + seq.out_offset + rows.begin * p.out_seq_stride;
   store_tile<Tr::block_m, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(out, p.out_seq_stride, staging,
                                                                     rows.end - rows.begin, thread);
   if (p.maybe_lse != nullptr)
@@ -175,11 +179,12 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     attention_forward(const KILN_GRID_CONSTANT AttentionParams p) {
   using namespace attention;
   using Tr = ForwardTraits<Spec>;
-  using T = typename Tr::T;
+  using Q = typename Tr::Q;
+  using KV = typename Tr::KV;
 
   extern __shared__ __align__(128) unsigned char smem_bytes[];
-  T* const smem = reinterpret_cast<T*>(smem_bytes);
-  T* const smem_kv = smem + Tr::q_elems;
+  Q* const smem_q = reinterpret_cast<Q*>(smem_bytes);
+  KV* const smem_kv = reinterpret_cast<KV*>(smem_q + Tr::q_elems);
 
   const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
   const Sequence& seq = tile.seq;
@@ -200,8 +205,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       make_logit_transform<Spec, mma::ApproxMath, 2 * Tr::m_tiles>(p, seq, band, row0);
   const float to_log2 = transform.to_log2();
 
-  const T* const q = static_cast<const T*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
-  const auto kv = sequence_kv<Spec, T>(p, seq);
+  const Q* const q = static_cast<const Q*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
+  const auto kv = sequence_kv<Spec, KV>(p, seq);
   auto load_k = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
@@ -220,7 +225,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   // K and V of a block travel together and stages - 1 groups, empty or not, stay in flight,
   // so that the loop's wait count is one constant.
   load_tile_async<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-      smem, q, p.q_seq_stride, row_end - row_begin, thread);
+      smem_q, q, p.q_seq_stride, row_end - row_begin, thread);
   if constexpr (Tr::stages == 1) {
     if (blocks.begin < blocks.end) load_k(blocks.begin, 0);
     mma::cp_async_commit();
@@ -236,7 +241,7 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   }
 
   const LaneOffsets lanes = lane_offsets<Tr>(warp * Tr::rows_per_warp, lane);
-  const unsigned q_lane = mma::smem_address(smem) + lanes.q;
+  const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
   const unsigned kv_base = mma::smem_address(smem_kv);
 
   float o[Tr::m_tiles][Tr::o_tiles][4];
@@ -262,8 +267,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       mma::cp_async_commit();
     }
 
-    const unsigned k_tile = kv_base + 2 * read_slot * Tr::slot_elems;
-    const unsigned v_tile = k_tile + 2 * Tr::k_elems;
+    const unsigned k_tile = kv_base + Tr::kv_size * read_slot * Tr::slot_elems;
+    const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
     float s[Tr::m_tiles][Tr::s_tiles][4];
     qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
 
@@ -282,7 +287,8 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     if constexpr (Tr::stages > 1) read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }
 
-  store_row_block<Tr>(p, seq, rows, transform, softmax, o, to_log2, smem, row0, thread, warp, lane);
+  store_row_block<Tr>(p, seq, rows, transform, softmax, o, to_log2,
+                      reinterpret_cast<typename Tr::Out*>(smem_bytes), row0, thread, warp, lane);
 }
 
 }  // namespace kiln

@@ -18,7 +18,7 @@
 //
 // Launch: grid (ceil(seqlen_q / block_m), heads, batch), where seqlen_q is the longest sequence
 // for varlen; block warps * 32 threads; dynamic shared memory
-// attention_forward_portable_smem_bytes(head_dim, head_dim_v, block_n) from
+// attention_forward_portable_smem_bytes(head_dim, head_dim_v, block_n, kv_size) from
 // "kiln/params/attention.h". Do not launch an empty grid (seqlen_q == 0 or batch == 0).
 #pragma once
 
@@ -62,11 +62,11 @@ struct PortableTraits : HeadTraits<Spec> {
   static constexpr int qk_per_lane = (qk_chunks + row_lanes - 1) / row_lanes;
   static constexpr int v_per_lane = (v_chunks + row_lanes - 1) / row_lanes;
 
-  // Shared memory, in elements: the K tile, then the V tile.
-  static constexpr int k_elems = block_n * Head::head_dim;
-  static constexpr long long smem_bytes =
-      attention_forward_portable_smem_bytes(Head::head_dim, Head::head_dim_v, block_n);
-  static_assert(smem_bytes == 2 * (k_elems + block_n * Head::head_dim_v),
+  // Shared memory, in bytes: the K tile, then the V tile.
+  static constexpr int k_bytes = block_n * Head::head_dim * Head::kv_size;
+  static constexpr long long smem_bytes = attention_forward_portable_smem_bytes(
+      Head::head_dim, Head::head_dim_v, block_n, Head::kv_size);
+  static_assert(smem_bytes == k_bytes + block_n * Head::head_dim_v * Head::kv_size,
                 "attention_forward_portable_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 64 * 1024,
                 "the K and V tiles need more than 64 KiB of shared memory, an AMD workgroup's "
@@ -127,7 +127,7 @@ __device__ __forceinline__ float group_sum(float x) {
 template <class Tr>
 __device__ __forceinline__ void tile_scores(float (&s)[Tr::block_n],
                                             const float (&q)[Tr::qk_per_lane][8],
-                                            const typename Tr::T* k_tile, int lane) {
+                                            const typename Tr::KV* k_tile, int lane) {
 #pragma unroll
   for (int j = 0; j < Tr::block_n; ++j) {
     float dot = 0.f;
@@ -145,7 +145,7 @@ __device__ __forceinline__ void tile_scores(float (&s)[Tr::block_n],
 template <class Tr>
 __device__ __forceinline__ void tile_accumulate(float (&o)[Tr::v_per_lane][8],
                                                 const float (&probs)[Tr::block_n],
-                                                const typename Tr::T* v_tile, int lane) {
+                                                const typename Tr::KV* v_tile, int lane) {
 #pragma unroll
   for (int j = 0; j < Tr::block_n; ++j) {
     for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(lane, [&](int i, int col) {
@@ -215,12 +215,15 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
     attention_forward_portable(const KILN_GRID_CONSTANT AttentionParams p) {
   using namespace attention;
   using Tr = PortableTraits<Spec>;
-  using T = typename Tr::T;
+  using Q = typename Tr::Q;
+  using KV = typename Tr::KV;
+  using Out = typename Tr::Out;
   using Math = LibraryMath;
 
   extern __shared__ uint4 smem_chunks[];
-  T* const k_tile = reinterpret_cast<T*>(smem_chunks);
-  T* const v_tile = k_tile + Tr::k_elems;
+  KV* const k_tile = reinterpret_cast<KV*>(smem_chunks);
+  KV* const v_tile =
+      reinterpret_cast<KV*>(reinterpret_cast<unsigned char*>(smem_chunks) + Tr::k_bytes);
 
   const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
   const Sequence& seq = tile.seq;
@@ -242,7 +245,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   float q[Tr::qk_per_lane][8];
   fill(q, 0.f);
   if (row_valid) {
-    const T* const q_row = static_cast<const T*>(p.q) + seq.q_offset + row * p.q_seq_stride;
+    const Q* const q_row = static_cast<const Q*>(p.q) + seq.q_offset + row * p.q_seq_stride;
     for_lane_chunks<Tr::qk_chunks, Tr::row_lanes>(
         lane, [&](int i, int col) { load_chunk(q[i], q_row + col); });
   }
@@ -252,7 +255,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   RowSoftmax<Math, Tr::v_per_lane> softmax;
   softmax.init();
 
-  const auto kv = sequence_kv<Spec, T>(p, seq);
+  const auto kv = sequence_kv<Spec, KV>(p, seq);
   for (int block = blocks.begin; block < blocks.end; ++block) {
     const int key0 = block * Tr::block_n;
     __syncthreads();  // every lane is done with the previous tiles
@@ -274,7 +277,7 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
   transform.sinks(sink, p.score);
   const float lse = softmax.finish(o, to_log2, sink[0]);
   if (!row_valid) return;
-  T* const out_row = static_cast<T*>(p.out) + seq.out_offset + row * p.out_seq_stride;
+  Out* const out_row = static_cast<Out*>(p.out) + seq.out_offset + row * p.out_seq_stride;
   for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(
       lane, [&](int i, int col) { store_chunk(out_row + col, o[i]); });
   if (p.maybe_lse != nullptr && lane == 0) p.maybe_lse[seq.lse_offset + row] = lse;

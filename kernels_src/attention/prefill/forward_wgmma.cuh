@@ -15,7 +15,8 @@
 // width); config choice keeps the waste small.
 //
 // Launch: grid as attention_forward; block block_m * 2 threads; dynamic shared memory
-// attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages) from
+// attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
+// kv_size, out_size) from
 // "kiln/params/attention.h" (always above 48 KiB: the max-dynamic-smem attribute is needed).
 #pragma once
 
@@ -27,9 +28,11 @@ namespace attention {
 
 template <class Spec>
 struct WgmmaTraits : HeadTraits<Spec> {
-  using typename HeadTraits<Spec>::T;
   using HeadTraits<Spec>::head_dim;
   using HeadTraits<Spec>::head_dim_v;
+  using HeadTraits<Spec>::q_size;
+  using HeadTraits<Spec>::kv_size;
+  using HeadTraits<Spec>::out_size;
 
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -54,13 +57,13 @@ struct WgmmaTraits : HeadTraits<Spec> {
   static constexpr int v_pitch = v_dim + 8;  // the output staging tile
 
   // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots.
-  static constexpr int q_bytes = block_m * qk_dim * 2;
-  static constexpr int k_bytes = block_n * qk_dim * 2;
-  static constexpr int slot_bytes = k_bytes + block_n * v_dim * 2;
-  static constexpr int smem_bytes = static_cast<int>(
-      attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages));
+  static constexpr int q_bytes = block_m * qk_dim * q_size;
+  static constexpr int k_bytes = block_n * qk_dim * kv_size;
+  static constexpr int slot_bytes = k_bytes + block_n * v_dim * kv_size;
+  static constexpr int smem_bytes = static_cast<int>(attention_forward_wgmma_smem_bytes(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
   static_assert(smem_bytes >= 1024 + q_bytes + stages * slot_bytes &&
-                    smem_bytes >= 1024 + 2 * block_m * v_pitch,
+                    smem_bytes >= 1024 + block_m * v_pitch * out_size,
                 "attention_forward_wgmma_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
                 "the tiles need more than 227 KiB of shared memory: lower block_m, block_n or "
@@ -78,7 +81,8 @@ __device__ __forceinline__ void load_tile_swizzled(unsigned tile, const T* gmem,
       [&](int, int r, int col) { return tile + wgmma::swizzled_offset(Rows, r, col / 8); });
 }
 
-// The A fragment of PV's k16 step kk: probabilities of keys 16 kk .. 16 kk + 15, rounded to T.
+// The A fragment of PV's k16 step kk: probabilities of keys 16 kk .. 16 kk + 15, rounded to T
+// (V's type).
 template <class T, int STiles>
 __device__ __forceinline__ void probability_fragment(unsigned (&a)[4],
                                                      const float (&s)[1][STiles][4], int kk) {
@@ -107,7 +111,7 @@ __device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsi
   for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
     const unsigned long long a = wgmma::advance(q, (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32);
     const unsigned long long b = wgmma::advance(k, (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32);
-    wgmma::mma_ss<typename Tr::T, false, Tr::block_n>(all_columns(s), a, b, kk > 0);
+    wgmma::mma_ss<typename Tr::Q, false, Tr::block_n>(all_columns(s), a, b, kk > 0);
   }
   wgmma::commit();
 }
@@ -123,8 +127,8 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
   const unsigned long long v = wgmma::descriptor(v_tile, Tr::block_n * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    wgmma::mma_rs<typename Tr::T, true, Tr::v_dim>(all_columns(o), a[kk],
-                                                   wgmma::advance(v, kk * 16 * 128), true);
+    wgmma::mma_rs<typename Tr::KV, true, Tr::v_dim>(all_columns(o), a[kk],
+                                                    wgmma::advance(v, kk * 16 * 128), true);
   }
   wgmma::commit();
 }
@@ -141,7 +145,7 @@ __device__ __forceinline__ void probability_fragments(unsigned (&a)[Tr::block_n 
                                                       const float (&s)[1][Tr::s_tiles][4]) {
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    probability_fragment<typename Tr::T>(a[kk], s, kk);
+    probability_fragment<typename Tr::KV>(a[kk], s, kk);
   }
 }
 
@@ -152,7 +156,8 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
     attention_forward_wgmma(const KILN_GRID_CONSTANT AttentionParams p) {
   using namespace attention;
   using Tr = WgmmaTraits<Spec>;
-  using T = typename Tr::T;
+  using Q = typename Tr::Q;
+  using KV = typename Tr::KV;
   static_assert(Tr::block_n % 64 == 0,
                 "attention_forward_wgmma takes block_n 64, 128, 192 or 256 (176 is the tma "
                 "kernel's).");
@@ -161,7 +166,8 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   const unsigned smem_raw = mma::smem_address(wgmma_smem);
   const unsigned q_tile = (smem_raw + 1023) & ~1023u;
   const unsigned kv_base = q_tile + Tr::q_bytes;
-  T* const staging = reinterpret_cast<T*>(wgmma_smem + (q_tile - smem_raw));
+  typename Tr::Out* const staging =
+      reinterpret_cast<typename Tr::Out*>(wgmma_smem + (q_tile - smem_raw));
 
   const Tile tile = cta_tile<Spec, Tr::block_m, Tr::block_n>(p);
   const Sequence& seq = tile.seq;
@@ -180,8 +186,8 @@ __global__ void __launch_bounds__(attention::WgmmaTraits<Spec>::threads, 1)
   const auto transform = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
   const float to_log2 = transform.to_log2();
 
-  const T* const q = static_cast<const T*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
-  const auto kv = sequence_kv<Spec, T>(p, seq);
+  const Q* const q = static_cast<const Q*>(p.q) + seq.q_offset + row_begin * p.q_seq_stride;
+  const auto kv = sequence_kv<Spec, KV>(p, seq);
   auto load_kv = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
     const unsigned k_tile = kv_base + slot * Tr::slot_bytes;

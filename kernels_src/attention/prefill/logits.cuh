@@ -18,7 +18,7 @@ __device__ __forceinline__ LogitTransform<Spec, Math, Rows, 8> make_logit_transf
   LogitTransform<Spec, Math, Rows, 8> f =
       make_score_transform<Spec, Math, Rows, 8>(p.score, seq.seqlen_q, seq.seqlen_k);
   if constexpr (Spec::has_bias) {
-    f.bias = static_cast<const typename Spec::dtype*>(p.maybe_bias) +
+    f.bias = static_cast<const typename Spec::dtype_q*>(p.maybe_bias) +
              seq.batch * p.bias_batch_stride + seq.head * p.bias_head_stride;
     f.bias_row_stride = p.bias_row_stride;
     f.bias_col_stride = p.bias_col_stride;
