@@ -4,11 +4,12 @@
 // is done with it), and each side's position in it.
 //
 // A PipelineState is one side's position in the ring: its count-th use of it, which is slot
-// count % Stages and completes phase (count / Stages) & 1 of that slot's barriers. Each side
-// keeps its own and moves it on: a count, since a kernel's positions are often a tile's first
-// one plus a block offset (after), and the slot, carried by advance so that stepping on costs
-// no division. The barriers live in shared memory (a `__shared__` Pipeline, alone or in a
-// struct of the kernel's), initialized by one thread before a CTA barrier.
+// count % Stages and completes phase (count / Stages) & 1 of that slot's barriers. The tma
+// kernel's producer keeps one and moves it on (its consumers count their blocks themselves, by
+// the same rule, in a loop ptxas schedules best as it stands): a count, since a kernel's positions
+// are often a tile's first one plus a block offset (after), and the slot, carried by advance so
+// that stepping on costs no division. The barriers live in shared memory (a `__shared__` Pipeline,
+// alone or in a struct of the kernel's), initialized by one thread before a CTA barrier.
 #pragma once
 
 #include "common/tma.cuh"

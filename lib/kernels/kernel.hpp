@@ -42,10 +42,9 @@ struct OperandDTypes {
   DType q;
   DType kv;
   DType out;
-  bool operator==(const OperandDTypes&) const = default;
 };
 
-// An operand of a call or a spec as messages name it ("k", "cache.v", "q (dtype_q)"), and its
+// An operand of a call or a spec as messages name it ("k", "cache.v", "dtype_q"), and its
 // dtype.
 struct NamedDType {
   std::string_view name;

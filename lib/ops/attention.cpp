@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// Forward attention: validate -> choose -> plan -> fit -> launch. The kernels' descriptions and
-// tuning tables are in kernels/attention.cpp.
+// Forward attention: validate -> choose -> plan -> fit (and, for the tma kernel, encode its
+// tensor maps) -> compile -> launch. The kernels' descriptions and tuning tables are in
+// kernels/attention.cpp.
 #include "kiln/attention.hpp"
 
 #include <algorithm>

@@ -15,7 +15,7 @@ namespace kiln {
 // head_dim_v; varlen folds batch and seqlen into one token dim indexed through cu_seqlens.
 // Strides are in elements; the last dim is contiguous (stride 1) for every tensor except bias.
 // q, k, v, out and every batch/seq/head stride of them must be 16-byte aligned (strides a
-// multiple of 8 elements): tiles move in 16-byte copies.
+// multiple of 16 bytes, 8 elements of f16 or bf16): tiles move in 16-byte copies.
 struct AttentionParams {
   const void* q;
   void* out;

@@ -14,7 +14,7 @@ namespace kiln {
 // follow FlashAttention's kvcache call: q (batch, seqlen_q, heads, head_dim), out like q with
 // head_dim_v; the cache is contiguous (batch_cache, seqlen_cache, heads_kv, dim) or paged
 // (num_pages, page_size, heads_kv, dim). Strides in elements, last dims contiguous, 16-byte
-// aligned rows (q, cache, out: strides multiples of 8 elements).
+// aligned rows (q, cache, out: strides multiples of 16 bytes, 8 elements of f16 or bf16).
 struct DecodeParams {
   const void* q;  // attention_decode reads q here (the rotated copy when rotary is on)
   void* out;

@@ -8,7 +8,7 @@ namespace kiln {
 
 // k (.., heads_kv, head_dim) and v (.., heads_kv, head_dim_v), each 4-d (batch, seq, heads_kv,
 // dim), or 3-d (tokens, heads_kv, dim) for varlen. Strides are in elements; the last dim is
-// contiguous; k, v and every stride must be 16-byte aligned (strides a multiple of 8 elements).
+// contiguous; k, v and every stride must be 16-byte aligned (8 elements of f16 or bf16).
 // Key j of sequence b at kv head h is, in k (v likewise with its strides), at
 //   batched:  b * k_batch_stride + j * k_seq_stride + h * k_head_stride
 //   indexed:  as batched, sequence b in row maybe_batch_idx[b] (row b when null)

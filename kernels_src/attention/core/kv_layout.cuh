@@ -158,9 +158,6 @@ struct KVTileRows {
 struct KVTmaCoords {
   int token0;  // key 0's
   int batch;
-
-  // Key `key`'s token coordinate.
-  __device__ __forceinline__ int token(int key) const { return token0 + key; }
 };
 
 template <KVMode Mode>

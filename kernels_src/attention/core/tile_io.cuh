@@ -51,6 +51,9 @@ template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, int Swizzle 
           mma::L2 Policy = mma::L2::keep, class T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long long row_stride,
                                                 int valid_rows, int thread) {
+  // The 16-byte pieces are 8 elements, and the addresses below count 2 bytes an element: every
+  // operand type is f16 or bf16 until fp8 (issue 32) gives this its element size.
+  static_assert(sizeof(T) == 2, "load_tile_async moves 2-byte elements.");
   // NOTE: from the thread's first row, as the compiler then adds a constant per pass.
   copy_tile_async<Rows, Dim, PaddedDim, Threads, Policy>(
       gmem, row_stride, valid_rows, thread, [&](int row, int r, int col) {

@@ -14,7 +14,7 @@
 // common/pipeline.cuh), producer.cuh (the loads), epilogue.cuh (output and LSE stores) and
 // tile_order.cuh. The consumers' key loop stays in the kernel's body: moved into a member
 // function of its own, the same statements came out of ptxas scheduled differently and ran
-// 2-6% slower at head dims 128 and 256 on an H200 (bench/RESULTS.md, run 24).
+// 2-7% slower at head dims 128 and 256 on an H200 (bench/RESULTS.md, run 24a).
 //
 // Spec constants: those of attention_forward_wgmma (block_m, block_n, stages). With two consumer
 // warpgroups (block_m 128) they take turns at the tensor cores (ping-pong, below);

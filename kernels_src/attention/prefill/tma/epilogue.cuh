@@ -43,7 +43,7 @@ struct TmaEpilogue {
   int warp;
   int lane;
 
-  // Rows from row0 (and row0 + 8) of `tile`, out of the mainloop's o and softmax.
+  // Rows from row0 (and row0 + 8) of `tile`, out of the consumers' key loop's o and softmax.
   template <class Transform, class Softmax>
   __device__ __forceinline__ void store(float (&o)[1][Tr::o_tiles][4], Softmax& softmax,
                                         const Tile& tile, const Transform& transform, float to_log2,
