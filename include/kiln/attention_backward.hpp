@@ -1,0 +1,93 @@
+// SPDX-License-Identifier: Apache-2.0
+// kiln::attention_backward(): the gradients of kiln::attention() with respect to q, k and v (and
+// the sinks), from the forward's output and LSE, compiled per problem like the forward.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kiln/attention.hpp"
+#include "kiln/runtime.hpp"
+#include "kiln/spec.hpp"
+#include "kiln/target.hpp"
+#include "kiln/tensor.hpp"
+
+namespace kiln {
+
+// What the backward computes besides dq, dk and dv. Semantics are FlashAttention's.
+struct AttentionGradOptions {
+  // Bitwise the same gradients from run to run (and across streams). The default, false, lets a
+  // kernel accumulate in an order that may differ between runs; today's kernels are all
+  // deterministic, so it changes nothing yet.
+  bool deterministic = false;
+
+  // Output: fp32 (heads), the gradient of ScoreOptions::sinks, summed over batch and rows.
+  // Only with sinks in the forward's options.
+  std::optional<TensorView> dsinks;
+
+  // Output: the gradient of AttentionOptions::bias. Not supported yet: passing one is refused.
+  std::optional<TensorView> dbias;
+};
+
+// The backward's problem: the forward's, and the gradients it writes beyond dq, dk and dv.
+struct AttentionBackwardProblem {
+  AttentionProblem forward;
+  bool deterministic = false;
+  bool dsinks = false;
+};
+
+// The backward kernels attention_backward() can run.
+enum class AttentionBackwardKernel {
+  portable,  // attention/backward/backward_portable.cuh: plain loads and fp32 arithmetic, no
+             // inline assembly and no atomics, so deterministic; every target attention runs on
+};
+
+// How it runs. Every config gives results within the same tolerance.
+//   portable: the dk/dv kernel takes block_n keys per CTA and stages block_m query rows at a
+//   time; the dq kernel takes block_m query rows per CTA and stages block_n keys at a time. Each
+//   CTA has warps * 32 threads, which split a key (dk/dv) or query row (dq) between
+//   warps * 32 / block_n (or / block_m) lanes.
+struct AttentionBackwardConfig {
+  int block_m = 32;
+  int block_n = 32;
+  int warps = 8;
+  AttentionBackwardKernel kernel = AttentionBackwardKernel::portable;
+};
+
+// The config attention_backward() and warm-up use for `problem` on `target`: the portable
+// kernels on every target attention runs on (NVIDIA sm_80+, AMD gfx9). Throws kiln::Error
+// (unsupported) for any other target.
+AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target);
+
+// The kernels one backward call launches, in order: the row-dot pre-pass (D = rowsum(dO * O)),
+// the sinks' reduction when problem.dsinks, the dk/dv kernel and the dq kernel.
+std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem& problem,
+                                                 const AttentionBackwardConfig& config);
+
+// Computes dq, dk and dv of out = attention(q, k, v, options) on `stream`, given dout (the
+// gradient of out) and the forward's LSE in options.lse: pass the forward's options as they
+// were, its lse included. Layouts are the forward's: dout like out; dq, dk and dv like q, k and
+// v, with their dtypes; under GQA/MQA dk and dv sum over the query heads of each group. Rows
+// that attend no key get zero gradients. Scratch (fp32, about seqlen_q * heads * batch words)
+// comes from the runtime's stream-ordered allocator; nothing grows with seqlen_q * seqlen_k.
+// Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take
+// (options.score.variant is not supported yet); never launches on bad input.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& dq,
+                        const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
+                        const AttentionGradOptions& grads = {}, void* stream = nullptr,
+                        Runtime& runtime = default_runtime());
+
+// As above, with `config` instead of choose()'s: to test or tune one.
+void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView& out, const TensorView& dout, const TensorView& dq,
+                        const TensorView& dk, const TensorView& dv, const AttentionOptions& options,
+                        const AttentionGradOptions& grads, const AttentionBackwardConfig& config,
+                        void* stream = nullptr, Runtime& runtime = default_runtime());
+
+// The specs `kiln warm` compiles by default for the backward on `target`: bf16 and fp16, head
+// dims 64, 128 and 256, with and without a mask; none for targets attention does not run on.
+std::vector<KernelSpec> attention_backward_default_specs(const Target& target);
+
+}  // namespace kiln
