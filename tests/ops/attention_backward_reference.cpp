@@ -3,6 +3,7 @@
 // loops over them in fp64 and rounded to the input dtype.
 #include "attention_backward_reference.hpp"
 
+#include <algorithm>
 #include <stdexcept>
 
 namespace kiln::test {
@@ -38,6 +39,7 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
   r.dk = zeros(k.size());
   r.dv = zeros(v.size());
   if (!p.sinks.empty()) r.dsinks = zeros(hq);
+  r.keyless.assign(r.forward.lse.size(), false);
   // The plain dK and dV of each query head, (total_k, heads, dim), before a group's sum.
   std::vector<double> dk_heads(total_k * hq * d, 0.0), dv_heads(total_k * hq * dv, 0.0);
   std::vector<double> dq_row(d);  // one row's plain dQ before its scale and rounding
@@ -45,6 +47,7 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
   for_each_softmax_row(p, q, k, [&](const SoftmaxRow& row) {
     const std::size_t at =
         static_cast<std::size_t>(row.token) * hq + static_cast<std::size_t>(row.head);
+    r.keyless[at] = std::all_of(row.p.begin(), row.p.end(), [](double x) { return x == 0; });
     const double* o = &r.forward.out[at * dv];
     const double* o_plain = &r.forward.out_plain[at * dv];
     const double* g = &dout[at * dv];

@@ -22,8 +22,11 @@ struct BackwardReference {
   GradientReference dq;     // (total_q, heads, head_dim)
   GradientReference dk;     // (total_k, heads_kv, head_dim), summed over each group's query heads
   GradientReference dv;     // (total_k, heads_kv, head_dim_v), the same
-  GradientReference
-      dsinks;  // (heads), summed over batch and rows; empty without sinks; plain in fp32
+  // (heads), summed over batch and rows, the plain one in fp32; empty without sinks.
+  GradientReference dsinks;
+  // (total_q, heads): the rows that attend no key (the band or the bias left none), whose dq is
+  // exactly 0 however it is computed.
+  std::vector<bool> keyless;
 };
 
 // The gradients of loss = sum(out * dout) with respect to q, k, v and the sinks, with out the

@@ -238,6 +238,10 @@ TEST_CASE("attention backward reference: rows that attend no key get zero gradie
     const BackwardReference r = attention_backward_reference(p, in.q, in.k, in.v, in.dout);
     const std::size_t row = 2 * 8;  // heads * head_dim: one token of dq
     for (std::size_t b = 0; b < 2; ++b) {
+      for (std::size_t h = 0; h < 2; ++h) {
+        CHECK(r.keyless[(b * 6 + 1) * 2 + h]);
+        CHECK_FALSE(r.keyless[(b * 6 + 2) * 2 + h]);
+      }
       CHECK(all_zero(r.dq.exact, b * 6 * row, (b * 6 + 2) * row));
       CHECK(all_zero(r.dq.plain, b * 6 * row, (b * 6 + 2) * row));
       // Query 2 sees one key, whose weight 1 leaves dS = P (dP - D) = 0; query 3 sees two.
