@@ -2,7 +2,8 @@
 // kiln::attention_backward() on a GPU against the fp64 backward reference, by FlashAttention's
 // backward rule: the forward runs on the device for out and lse, then the backward with the
 // config choose() picks and with another portable one, on random inputs with poisoned, guarded
-// outputs; every forward feature, odd sizes, both dtypes, empty problems and determinism.
+// outputs; every forward feature, strided layouts, odd sizes, both dtypes, empty problems and
+// determinism.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "attention_backward_reference.hpp"
+#include "attention_case.hpp"
 #include "attention_reference.hpp"
 #include "gpu.hpp"
 #include "gpu_harness.hpp"
@@ -29,12 +31,12 @@ using kiln::DType;
 using kiln::TensorView;
 using kiln::test::Alibi;
 using kiln::test::BackwardReference;
-using kiln::test::DeviceBuffer;
+using kiln::test::Bias;
+using kiln::test::Case;
 using kiln::test::kDTypes;
+using kiln::test::Layout;
 using kiln::test::Output;
-using kiln::test::ReferenceProblem;
-using kiln::test::ScoreCase;
-using kiln::test::Strided;
+using kiln::test::Prepared;
 
 // The configs every case runs with: choose()'s (none passed), and a portable one of other tiles.
 using Config = std::optional<kiln::AttentionBackwardConfig>;
@@ -49,149 +51,44 @@ std::string describe(const Config& config) {
   return s.str();
 }
 
-struct Case {
-  DType dtype = DType::bf16;
-  int batch = 1;
-  int seqlen_q = 1;
-  int seqlen_k = 1;
-  int heads = 2;
-  int heads_kv = 2;
-  int head_dim = 64;
-  int head_dim_v = 0;  // 0: head_dim
-  ScoreCase score;
-  bool bias = false;           // a (batch, heads, seqlen_q, seqlen_k) bias: no dbias asked
-  std::vector<int> seqlens_q;  // varlen when set: one length per sequence
-  std::vector<int> seqlens_k;
-  std::vector<int> seqused_k;
-
-  bool varlen() const { return !seqlens_q.empty(); }
-  int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
-};
-
-std::string describe(const Case& c) {
-  std::ostringstream s;
-  s << kiln::to_string(c.dtype) << " heads " << c.heads << "/" << c.heads_kv << " d " << c.head_dim
-    << "/" << c.dim_v();
-  if (c.varlen()) {
-    s << " varlen q";
-    for (int n : c.seqlens_q) s << " " << n;
-    s << " k";
-    for (int n : c.seqlens_k) s << " " << n;
-  } else {
-    s << " batch " << c.batch << " seqlen " << c.seqlen_q << "x" << c.seqlen_k;
-  }
-  if (!c.seqused_k.empty()) s << " seqused_k";
-  s << kiln::test::describe(c.score) << (c.bias ? " bias" : "");
-  return s.str();
-}
-
-// A q-like tensor, contiguous: (batch, seqlen, heads, dim), or (tokens, heads, dim) with varlen.
-Strided layout_of(const Case& c, std::int64_t tokens, std::int64_t seqlen, int heads, int dim) {
-  if (c.varlen()) return Strided::dense({tokens, heads, dim});
-  return Strided::dense({c.batch, seqlen, heads, dim});
-}
-
-// `values` in `layout` on the device, the buffer's guard NaN.
-TensorView upload_input(DType dtype, const Strided& layout, const std::vector<double>& values,
-                        std::vector<std::unique_ptr<DeviceBuffer>>& buffers) {
-  std::vector<std::uint16_t> image(kiln::test::guarded_size({&layout}), kiln::test::kPoison16);
-  kiln::test::scatter(dtype, layout, values, image);
-  buffers.push_back(kiln::test::upload(image));
-  return kiln::test::view_of(*buffers.back(), dtype, layout);
-}
-
-// One case on the device: inputs and the forward's out and lse, the gradients' poisoned outputs,
-// the options both passes take, and the fp64 reference of the same inputs.
-struct Prepared {
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers;  // inputs, kept alive
-  TensorView q, k, v, dout;
-  std::unique_ptr<Output> out, lse, dq, dk, dv, dsinks;
-  kiln::AttentionOptions options;
+// A case's backward on the device: the forward's inputs and outputs (prepare()), dout in out's
+// layout, the gradients' outputs in q's, k's and v's layouts (poisoned before each run), and
+// the fp64 backward reference of the same inputs.
+struct Backward {
+  Prepared forward;
+  TensorView dout;
+  std::unique_ptr<Output> dq, dk, dv, dsinks;
   BackwardReference want;
 };
 
-void add_bias(const Case& c, ReferenceProblem& ref, Prepared& d, std::mt19937& rng) {
-  REQUIRE_FALSE(c.varlen());
-  const Strided layout = Strided::dense({c.batch, c.heads, c.seqlen_q, c.seqlen_k});
-  const auto values = kiln::test::random_normal(c.dtype, layout.count(), rng);
-  d.options.bias = upload_input(c.dtype, layout, values, d.buffers);
-  ref.bias = [values, s = layout.strides](int b, int h, int i, int j) {
-    return values[static_cast<std::size_t>(b * s[0] + h * s[1] + i * s[2] + j * s[3])];
-  };
-}
-
-// cu_seqlens and seqused_k as int32 device arrays, when the case has them.
-void add_sequences(const Case& c, const ReferenceProblem& ref, Prepared& d) {
-  const auto upload_i32 = [&](const std::vector<int>& values) {
-    d.buffers.push_back(kiln::test::upload(values));
-    return TensorView::contiguous(d.buffers.back()->get(), DType::i32,
-                                  {static_cast<std::int64_t>(values.size())});
-  };
-  if (c.varlen()) {
-    d.options.cu_seqlens_q = upload_i32(ref.cu_seqlens_q);
-    d.options.cu_seqlens_k = upload_i32(ref.cu_seqlens_k);
-    d.options.max_seqlen_q = std::ranges::max(c.seqlens_q);
-    d.options.max_seqlen_k = std::ranges::max(c.seqlens_k);
+Backward prepare_backward(Case c, std::mt19937& rng) {
+  c.lse = true;  // the backward takes the forward's lse
+  Backward b{.forward = kiln::test::prepare(c, rng)};
+  const kiln::test::Layouts l = kiln::test::layouts_of(c, b.forward.ref);
+  const auto dout = kiln::test::random_normal(c.dtype, l.out.count(), rng);
+  std::vector<std::uint16_t> image(kiln::test::guarded_size({&l.out}), kiln::test::kPoison16);
+  kiln::test::scatter(c.dtype, l.out, dout, image);
+  b.forward.d.buffers.push_back(kiln::test::upload(image));
+  b.dout = kiln::test::view_of(*b.forward.d.buffers.back(), c.dtype, l.out);
+  b.dq = std::make_unique<Output>(c.dtype, l.q);
+  b.dk = std::make_unique<Output>(c.dtype, l.k);
+  b.dv = std::make_unique<Output>(c.dtype, l.v);
+  if (c.score.sinks) {
+    b.dsinks = std::make_unique<Output>(DType::f32, kiln::test::Strided::dense({c.heads}));
   }
-  if (!c.seqused_k.empty()) d.options.seqused_k = upload_i32(c.seqused_k);
+  const Prepared& f = b.forward;
+  b.want = kiln::test::attention_backward_reference(f.ref, f.q, f.k, f.v, dout);
+  return b;
 }
 
-Prepared prepare(const Case& c, std::mt19937& rng) {
-  ReferenceProblem ref;
-  ref.dtype = c.dtype;
-  ref.heads = c.heads;
-  ref.heads_kv = c.heads_kv;
-  ref.head_dim = c.head_dim;
-  ref.head_dim_v = c.dim_v();
-  if (c.varlen()) {
-    ref.set_lengths(c.seqlens_q, c.seqlens_k);
-  } else {
-    ref.set_padded(c.batch, c.seqlen_q, c.seqlen_k);
-  }
-  ref.seqused_k = c.seqused_k;
-  kiln::test::set_reference_score(c.score, c.head_dim, ref);
-
-  Prepared d;
-  const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
-  const Strided q = layout_of(c, total_q, c.seqlen_q, c.heads, c.head_dim);
-  const Strided k = layout_of(c, total_k, c.seqlen_k, c.heads_kv, c.head_dim);
-  const Strided v = layout_of(c, total_k, c.seqlen_k, c.heads_kv, c.dim_v());
-  const Strided out = layout_of(c, total_q, c.seqlen_q, c.heads, c.dim_v());
-  const auto q_values = kiln::test::random_normal(c.dtype, q.count(), rng);
-  const auto k_values = kiln::test::random_normal(c.dtype, k.count(), rng);
-  const auto v_values = kiln::test::random_normal(c.dtype, v.count(), rng);
-  const auto dout_values = kiln::test::random_normal(c.dtype, out.count(), rng);
-  d.q = upload_input(c.dtype, q, q_values, d.buffers);
-  d.k = upload_input(c.dtype, k, k_values, d.buffers);
-  d.v = upload_input(c.dtype, v, v_values, d.buffers);
-  d.dout = upload_input(c.dtype, out, dout_values, d.buffers);
-  d.out = std::make_unique<Output>(c.dtype, out);
-  d.lse = std::make_unique<Output>(DType::f32,
-                                   c.varlen() ? Strided::dense({c.heads, total_q})
-                                              : Strided::dense({c.batch, c.heads, c.seqlen_q}));
-  d.dq = std::make_unique<Output>(c.dtype, q);
-  d.dk = std::make_unique<Output>(c.dtype, k);
-  d.dv = std::make_unique<Output>(c.dtype, v);
-  if (c.score.sinks) d.dsinks = std::make_unique<Output>(DType::f32, Strided::dense({c.heads}));
-
-  d.options = {.score = kiln::test::score_options(c.score)};
-  const int keys = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k;
-  kiln::test::add_score_tensors(c.score, ref.batch(), c.heads, keys, ref, d.options.score,
-                                d.buffers, rng);
-  if (c.bias) add_bias(c, ref, d, rng);
-  add_sequences(c, ref, d);
-  d.options.lse = d.lse->view();
-  d.want = kiln::test::attention_backward_reference(ref, q_values, k_values, v_values, dout_values);
-  return d;
-}
-
-// The forward on the device, for the out and lse the backward takes (checked on the way).
-void run_forward(kiln::Runtime& rt, const Case& c, Prepared& d) {
+// The forward on the device, for the out and lse the backward takes (out checked on the way).
+void run_forward(kiln::Runtime& rt, const Case& c, Backward& b) {
+  kiln::test::DeviceCase& d = b.forward.d;
   d.out->poison();
   d.lse->poison();
   kiln::attention(d.q, d.k, d.v, d.out->view(), d.options, nullptr, rt);
   kiln::test::sync_and_check();
-  kiln::test::check_out(*d.out, d.out->bytes(), d.want.forward, c.heads, c.dim_v());
+  kiln::test::check_out(*d.out, d.out->bytes(), b.forward.want, c.heads, c.dim_v());
   CHECK(d.lse->written_outside(d.lse->bytes()) == 0);
 }
 
@@ -202,37 +99,38 @@ struct Grads {
 };
 
 // The backward with `config`, or choose()'s when there is none, on freshly poisoned outputs.
-Grads run_backward(kiln::Runtime& rt, Prepared& d, const Config& config,
+Grads run_backward(kiln::Runtime& rt, Backward& b, const Config& config,
                    bool deterministic = false) {
+  const kiln::test::DeviceCase& d = b.forward.d;
   kiln::AttentionGradOptions grads{.deterministic = deterministic};
-  for (Output* o : {d.dq.get(), d.dk.get(), d.dv.get(), d.dsinks.get()}) {
+  for (Output* o : {b.dq.get(), b.dk.get(), b.dv.get(), b.dsinks.get()}) {
     if (o) o->poison();
   }
-  if (d.dsinks) grads.dsinks = d.dsinks->view();
+  if (b.dsinks) grads.dsinks = b.dsinks->view();
   const TensorView out = d.out->view();
   if (config) {
-    kiln::attention_backward(d.q, d.k, d.v, out, d.dout, d.dq->view(), d.dk->view(), d.dv->view(),
+    kiln::attention_backward(d.q, d.k, d.v, out, b.dout, b.dq->view(), b.dk->view(), b.dv->view(),
                              d.options, grads, *config, nullptr, rt);
   } else {
-    kiln::attention_backward(d.q, d.k, d.v, out, d.dout, d.dq->view(), d.dk->view(), d.dv->view(),
+    kiln::attention_backward(d.q, d.k, d.v, out, b.dout, b.dq->view(), b.dk->view(), b.dv->view(),
                              d.options, grads, nullptr, rt);
   }
   kiln::test::sync_and_check();
-  return {d.dq->bytes(), d.dk->bytes(), d.dv->bytes(),
-          d.dsinks ? d.dsinks->bytes() : std::vector<std::uint8_t>{}};
+  return {b.dq->bytes(), b.dk->bytes(), b.dv->bytes(),
+          b.dsinks ? b.dsinks->bytes() : std::vector<std::uint8_t>{}};
 }
 
 // Each gradient against the reference by the rule, nothing written outside it, and a dq of
 // exactly 0 on the rows that attend no key.
-void check_grads(const Case& c, const Prepared& d, const Grads& got) {
+void check_grads(const Case& c, const Backward& b, const Grads& got) {
   {
     INFO("dq");
-    kiln::test::check_values(*d.dq, got.dq, d.want.dq.exact, d.want.dq.plain, c.heads, c.head_dim);
-    const std::vector<double> dq = d.dq->values(got.dq);
+    kiln::test::check_values(*b.dq, got.dq, b.want.dq.exact, b.want.dq.plain, c.heads, c.head_dim);
+    const std::vector<double> dq = b.dq->values(got.dq);
     std::int64_t nonzero = 0;
     const auto dim = static_cast<std::size_t>(c.head_dim);
-    for (std::size_t row = 0; row < d.want.keyless.size(); ++row) {
-      if (!d.want.keyless[row]) continue;
+    for (std::size_t row = 0; row < b.want.keyless.size(); ++row) {
+      if (!b.want.keyless[row]) continue;
       nonzero += std::count_if(dq.begin() + static_cast<std::ptrdiff_t>(row * dim),
                                dq.begin() + static_cast<std::ptrdiff_t>((row + 1) * dim),
                                [](double x) { return x != 0; });
@@ -242,17 +140,17 @@ void check_grads(const Case& c, const Prepared& d, const Grads& got) {
   }
   {
     INFO("dk");
-    kiln::test::check_values(*d.dk, got.dk, d.want.dk.exact, d.want.dk.plain, c.heads_kv,
+    kiln::test::check_values(*b.dk, got.dk, b.want.dk.exact, b.want.dk.plain, c.heads_kv,
                              c.head_dim);
   }
   {
     INFO("dv");
-    kiln::test::check_values(*d.dv, got.dv, d.want.dv.exact, d.want.dv.plain, c.heads_kv,
+    kiln::test::check_values(*b.dv, got.dv, b.want.dv.exact, b.want.dv.plain, c.heads_kv,
                              c.dim_v());
   }
-  if (d.dsinks) {
+  if (b.dsinks) {
     INFO("dsinks");
-    kiln::test::check_values(*d.dsinks, got.dsinks, d.want.dsinks.exact, d.want.dsinks.plain,
+    kiln::test::check_values(*b.dsinks, got.dsinks, b.want.dsinks.exact, b.want.dsinks.plain,
                              c.heads, 1);
   }
 }
@@ -261,11 +159,11 @@ void check_grads(const Case& c, const Prepared& d, const Grads& got) {
 // against one fp64 reference.
 void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
-  Prepared d = prepare(c, rng);
-  run_forward(rt, c, d);
+  Backward b = prepare_backward(c, rng);
+  run_forward(rt, c, b);
   for (const Config& config : kConfigs) {
     INFO(describe(config));
-    check_grads(c, d, run_backward(rt, d, config));
+    check_grads(c, b, run_backward(rt, b, config));
   }
 }
 
@@ -301,7 +199,10 @@ TEST_CASE("attention backward for every head dim, and head_dim_v != head_dim",
   std::mt19937 rng(2);
   for (int dim : {32, 40, 64, 72, 128, 256}) {
     // Each dim compiles its own kernels: bf16 without a mask, f16 causal with GQA.
-    run_case(rt, {.batch = 2, .seqlen_q = 113, .seqlen_k = 203, .head_dim = dim}, rng);
+    run_case(
+        rt,
+        {.batch = 2, .seqlen_q = 113, .seqlen_k = 203, .heads = 2, .heads_kv = 2, .head_dim = dim},
+        rng);
     run_case(rt,
              {.dtype = DType::f16,
               .batch = 1,
@@ -354,6 +255,8 @@ TEST_CASE("attention backward masks: causal both ways, sliding windows, fully ma
                   .batch = 2,
                   .seqlen_q = sq,
                   .seqlen_k = sk,
+                  .heads = 2,
+                  .heads_kv = 1,
                   .score = {.causal = m.causal,
                             .window_left = m.left,
                             .window_right = m.right,
@@ -434,25 +337,62 @@ TEST_CASE("attention backward ALiBi slopes per head and per batch and head",
   }
 }
 
-TEST_CASE("attention backward with the forward's additive bias (dq, dk, dv)",
+TEST_CASE("attention backward with the forward's additive bias: full, broadcast, transposed",
           "[gpu][attention_backward]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(8);
   for (DType dtype : kDTypes) {
-    Case c{.dtype = dtype,
-           .batch = 2,
-           .seqlen_q = 113,
-           .seqlen_k = 203,
-           .heads = 4,
-           .heads_kv = 4,
-           .bias = true};
-    run_case(rt, c, rng);
+    Case c{.dtype = dtype, .batch = 2, .seqlen_q = 113, .seqlen_k = 203, .heads = 4, .heads_kv = 4};
+    for (Bias bias : {Bias::full, Bias::batch_broadcast, Bias::head_broadcast, Bias::transposed}) {
+      c.bias = bias;
+      run_case(rt, c, rng);
+    }
     c.seqlen_q = 203;
     c.seqlen_k = 113;
     c.heads_kv = 1;
     c.score.causal = true;
     run_case(rt, c, rng);
+  }
+}
+
+// dq, dk and dv take q's, k's and v's layouts, dout out's: gaps (NaN in the inputs) are neither
+// read nor written.
+TEST_CASE("attention backward reads and writes strided layouts: packed QKV, BHSD, padded",
+          "[gpu][attention_backward]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(5);
+  for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype,
+           .batch = 2,
+           .seqlen_q = 113,
+           .seqlen_k = 113,
+           .heads = 4,
+           .heads_kv = 4,
+           .score = {.causal = true},
+           .layout = Layout::packed_qkv};
+    run_case(rt, c, rng);
+    c.seqlen_k = 203;
+    c.heads_kv = 2;
+    c.layout = Layout::bhsd;
+    run_case(rt, c, rng);
+    c.seqlen_q = 203;
+    c.seqlen_k = 113;
+    c.heads_kv = 1;
+    c.head_dim = 40;
+    c.layout = Layout::padded;
+    run_case(rt, c, rng);
+  }
+  for (Layout layout : {Layout::padded, Layout::bhsd}) {
+    run_case(rt,
+             {.heads = 4,
+              .heads_kv = 2,
+              .head_dim = 72,
+              .layout = layout,
+              .seqlens_q = {113, 0, 17},
+              .seqlens_k = {203, 64, 1}},
+             rng);
   }
 }
 
@@ -557,7 +497,7 @@ TEST_CASE("attention backward with every feature at once", "[gpu][attention_back
                         .softmax_scale = 0.5f,
                         .alibi = Alibi::per_batch_head,
                         .sinks = true},
-              .bias = true,
+              .bias = Bias::full,
               .seqused_k = {100, 113}},
              rng);
   }
@@ -613,13 +553,13 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
   };
   for (const Case& c : cases) {
     INFO(describe(c));
-    Prepared d = prepare(c, rng);
-    run_forward(rt, c, d);
+    Backward b = prepare_backward(c, rng);
+    run_forward(rt, c, b);
     for (const Config& config : kConfigs) {
       INFO(describe(config));
-      const Grads first = run_backward(rt, d, config, true);
-      check_grads(c, d, first);
-      const bool same_bits = run_backward(rt, d, config, true) == first;
+      const Grads first = run_backward(rt, b, config, true);
+      check_grads(c, b, first);
+      const bool same_bits = run_backward(rt, b, config, true) == first;
       CHECK(same_bits);  // not CHECK(second == first): it would print every byte
     }
   }
