@@ -191,7 +191,7 @@ TEST_CASE("attention backward refuses dsinks without sinks, or of the wrong shap
 
   c.options.score.sinks = view(0xa100000, DType::f32, {8});
   c.grads.dsinks = view(0xa400000, DType::f32, {4});
-  check_invalid(c, {"dsinks.size(0) is 4 but heads is 8"});
+  check_invalid(c, {"dsinks.size(-1) is 4 but heads is 8"});
 
   c.grads.dsinks = view(0xa400000, DType::bf16, {8});
   check_invalid(c, {"dsinks has dtype bf16: it must be f32"});
