@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every refusal: FlashAttention arguments kiln cannot honour, Python-side checks, and kiln's own
 messages and statuses surfaced as KilnError; a backward through a call without one raises; a
-kernel missing during CUDA graph capture names the fix. No GPU: kiln checks CPU tensors as device 0's (conftest.as_gpu), and a
-problem with batch 0 returns before any launch."""
+kernel missing during CUDA graph capture names the fix. No GPU: kiln checks CPU tensors as
+device 0's (conftest.as_gpu), and a problem with batch 0 returns before any launch."""
 import math
 
 import pytest
