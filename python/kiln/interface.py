@@ -162,7 +162,7 @@ def _not_differentiable(argument, why):
 def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     max_seqlen_q, max_seqlen_k, score, sinks, hooks, deterministic, out,
                     return_softmax_lse):
-    """The call through kiln's differentiable op (kiln.ops.attention_forward), for inputs that
+    """The call through kiln's differentiable op (kiln.ops.attention_with_grad), for inputs that
     require grad: what kiln's backward cannot differentiate is refused here, at the forward,
     never answered with a missing or zero gradient."""
     if bias is not None and bias.requires_grad:
@@ -187,9 +187,9 @@ def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seq
         _invalid(f"out= with inputs that require grad ({training}): autograd cannot "
                  f"differentiate a call that writes into a tensor given to it; leave out=None, "
                  f"or run the call under torch.no_grad()")
-    out, lse = ops.attention_forward(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                                     seqused_k, max_seqlen_q, max_seqlen_k, *score, sinks,
-                                     flag("deterministic", deterministic))
+    out, lse = ops.attention_with_grad(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                       seqused_k, max_seqlen_q, max_seqlen_k, *score, sinks,
+                                       flag("deterministic", deterministic))
     return (out, lse) if return_softmax_lse else out
 
 

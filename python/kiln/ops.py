@@ -12,14 +12,15 @@ Two kinds of op:
 - attention_forward and attention_backward are functional (they allocate and return their
   outputs, and mutate nothing), so that autograd can attach: attention_forward has
   attention_backward, over kiln_attention_backward, as its registered autograd formula. The
-  Python calls take them when an input requires grad.
+  Python calls take them when an input requires grad (attention_with_grad).
 No op reads a tensor's values on the host.
 
-Eager calls on plain CUDA tensors that need no gradient skip the dispatcher and call the
-implementation directly: the dispatcher adds about 16 us a call (python/bench_host.py), more
-than a call's whole budget. Anything else (a call that needs a gradient, whose autograd lives in
-the dispatcher; torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU
-tensors) goes through the op.
+Eager calls on plain CUDA tensors skip the dispatcher and call the implementation directly: the
+dispatcher adds about 16 us a call (python/bench_host.py), more than a call's whole budget, and
+its autograd wrapper of a custom op some 150 us more, so an eager call that needs a gradient
+records the op's own formula through a torch.autograd.Function (_EagerAttention). Anything else
+(torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU tensors) goes
+through the op.
 """
 import ctypes
 import functools
@@ -331,13 +332,37 @@ def _backward(ctx, dout, _dlse):
     dsinks_wanted = sinks is not None and ctx.needs_input_grad[_SINKS]
     # kiln reads dout with unit stride on its last dim and 16-byte aligned rows; autograd may
     # hand it expanded (the gradient of a sum) or as any view.
-    dq, dk, dv, dsinks = attention_backward(
-        dout.contiguous(), q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-        seqused_k, *ctx.scalars, sinks, ctx.deterministic, dsinks_wanted)
+    dout = dout.contiguous()
+    backward = direct[attention_backward] if eager(dout) else attention_backward
+    dq, dk, dv, dsinks = backward(
+        dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+        *ctx.scalars, sinks, ctx.deterministic, dsinks_wanted)
     return (dq, dk, dv) + (None,) * (_SINKS - 3) + (dsinks if dsinks_wanted else None, None)
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """attention_forward and its registered formula (the same setup_context and backward)
+    around the implementations themselves, for eager calls: through the dispatcher, torch's
+    autograd wrapper of a custom op costs about 150 us a forward (python/bench_host.py)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = direct[attention_forward](*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def attention_with_grad(*arguments):
+    """attention_forward(*arguments) with its backward recorded: straight to the implementation
+    when eager, else through the op (which torch.compile traces, forward and backward)."""
+    if eager(arguments[0]):
+        return _EagerAttention.apply(*arguments)
+    return attention_forward(*arguments)
 
 
 # --- kiln_attention_with_kvcache -----------------------------------------------------------------
