@@ -296,3 +296,29 @@ def test_the_lse_is_returned_but_not_differentiated():
     out, lse = kiln.flash_attn_func(q, k, v, return_softmax_lse=True)
     assert out.requires_grad and not lse.requires_grad
     assert lse.shape == (2, 8, 5) and lse.dtype == F32
+
+
+# --- the eager path ------------------------------------------------------------------------------
+
+def test_eager_calls_record_the_ops_formula_around_the_implementations(as_gpu, monkeypatch):
+    # CPU tensors sent as a GPU's, batch 0: the forward reaches libkiln, which checks it and
+    # launches nothing. The backward's implementation is replaced by one that records its
+    # arguments: what the eager path hands kiln_attention_backward, with no GPU.
+    seen = []
+
+    def backward(*arguments):
+        seen.append(arguments)
+        return ops._gradients(*arguments[1:4], arguments[19], arguments[-1])
+    monkeypatch.setitem(ops.direct, ops.attention_backward, backward)
+    q, k, v = (t(0, 5, 8, 64, device="cpu"), t(0, 7, 2, 64, device="cpu"),
+               t(0, 7, 2, 64, device="cpu"))
+    sinks = t(8, dtype=F32, device="cpu")
+    out = kiln.flash_attn_func(q, k, v, causal=True, sinks=sinks, deterministic=True)
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+    out.sum().backward()
+    (arguments,) = seen
+    dout = arguments[0]
+    assert dout.shape == out.shape and dout.is_contiguous()
+    assert all(a is b for a, b in zip(arguments[1:4], (q, k, v))) and arguments[19] is sinks
+    assert arguments[-2:] == (True, True)  # deterministic, dsinks
+    assert q.grad.shape == q.shape and sinks.grad.shape == (8,)
