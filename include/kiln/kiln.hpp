@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "kiln/attention.hpp"
+#include "kiln/attention_backward.hpp"
 #include "kiln/decode.hpp"
 #include "kiln/elementwise.hpp"
 #include "kiln/error.hpp"
@@ -17,11 +18,11 @@
 
 namespace kiln {
 
-// The specs `kiln warm` (given no manifest) and kiln_warmup compile: the attention and decode
-// families' default sets, for `target` (sm_90a, gfx90a); a family that does not support the
-// target contributes nothing, and a target none supports is refused (unsupported). The
-// elementwise kernels are opt-in, as few programs call them: unary_default_specs(),
-// `kiln warm --elementwise`.
+// The specs `kiln warm` (given no manifest) and kiln_warmup compile: the attention (forward and
+// backward) and decode families' default sets, for `target` (sm_90a, gfx90a); a family that does
+// not support the target contributes nothing, and a target none supports is refused (unsupported).
+// The elementwise kernels are opt-in, as few programs call them: unary_default_specs(), `kiln warm
+// --elementwise`.
 std::vector<KernelSpec> default_specs(const Target& target);
 
 }  // namespace kiln

@@ -264,6 +264,14 @@ std::span<const OperandDTypes> attention_operand_dtypes() {
   return kOperandDTypes;
 }
 
+std::span<const ConstantSchema> attention_portable_constants() {
+  return kPortableConstants;
+}
+
+bool attention_runs_on(const Target& target) {
+  return target.amd() ? amd_target_supported(target) : is_sm80_or_newer(target);
+}
+
 void require_target(const Target& target, AttentionKernel kernel) {
   const AttentionDescription& d = describe(kernel);
   if (target.amd()) {
@@ -356,7 +364,12 @@ AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
 }
 
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {
-  const detail::KernelSchema& schema = detail::describe(config.kernel).schema;
+  return detail::attention_family_spec(detail::describe(config.kernel).schema, problem, config);
+}
+
+KernelSpec detail::attention_family_spec(const KernelSchema& schema,
+                                         const AttentionProblem& problem,
+                                         const AttentionConfig& config) {
   KernelSpec spec = detail::spec_of(schema);
   spec.set("dtype_q", problem.dtype_q)
       .set("dtype_kv", problem.dtype_kv)
@@ -378,9 +391,7 @@ KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig
 
 std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
-  const bool runs =
-      target.amd() ? detail::amd_target_supported(target) : detail::is_sm80_or_newer(target);
-  if (!runs) return specs;
+  if (!detail::attention_runs_on(target)) return specs;
   for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {

@@ -36,6 +36,17 @@ std::span<const AttentionDescription> attention_descriptions();
 // The operand dtypes (q, k and v, out) the forward kernels take, a row per combination.
 std::span<const OperandDTypes> attention_operand_dtypes();
 
+// The constants of the portable forward kernel, which the portable backward kernels take too.
+std::span<const ConstantSchema> attention_portable_constants();
+
+// The spec of `schema`'s kernel, one whose constants are among the forward's: the problem's, and
+// the sizes of `config` it takes (attention_spec() for the forward kernels, and the backward's).
+KernelSpec attention_family_spec(const KernelSchema& schema, const AttentionProblem& problem,
+                                 const AttentionConfig& config);
+
+// Whether attention runs on `target` at all: NVIDIA sm_80 and newer, AMD gfx9.
+bool attention_runs_on(const Target& target);
+
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
 void require_target(const Target& target, AttentionKernel kernel);
 

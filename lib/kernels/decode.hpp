@@ -18,12 +18,6 @@ namespace kiln::detail {
 // the heuristic).
 constexpr int kMaxDecodeSplits = 128;
 
-// A kernel whose CTA is the same for every spec: threads fixed by its __launch_bounds__, no
-// dynamic shared memory (decode_append, merge_states_kernel).
-struct FixedKernel {
-  KernelSchema schema;
-  int threads;
-};
 extern const FixedKernel kDecodeAppendKernel;
 extern const FixedKernel kMergeStatesKernel;
 

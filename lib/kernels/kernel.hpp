@@ -103,6 +103,13 @@ long long element_bytes(DType dtype);
 
 long long no_shared_memory(const KernelSpec& spec);
 
+// A kernel whose CTA is the same for every spec: threads fixed by its __launch_bounds__, no
+// dynamic shared memory (decode_append, merge_states_kernel, the backward's row dots).
+struct FixedKernel {
+  KernelSchema schema;
+  int threads;
+};
+
 // One kernel launch as its family plans it from (problem, config) through the kernel's
 // description: the spec to compile and the CTA the kernel declares. The launch reads it, and the
 // call checks it against the device before anything is compiled.

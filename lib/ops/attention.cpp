@@ -16,6 +16,7 @@
 #include "kernels/attention.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
+#include "ops/attention_call.hpp"
 #include "ops/kv_layout.hpp"
 #include "ops/launch_plan.hpp"
 #include "ops/score.hpp"
@@ -35,15 +36,7 @@ using detail::require_rank;
 using detail::require_size;
 using detail::unsupported;
 
-// The sizes of one call, read off the validated tensors, and its checked score.
-struct Shape {
-  bool varlen = false;
-  std::int64_t batch = 0, seqlen_q = 0, seqlen_k = 0, heads = 0, heads_kv = 0;
-  std::int64_t head_dim = 0, head_dim_v = 0;
-  std::int64_t tokens_q = 0;  // varlen: total query tokens
-  detail::OperandDTypes dtypes{};
-  ScoreParams score{};  // the options' score, as the kernels read it
-};
+using Shape = detail::AttentionShape;
 
 Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
                 const TensorView& out, const AttentionOptions& o, int device) {
@@ -185,21 +178,20 @@ AttentionProblem problem_of(const Shape& s, const AttentionOptions& o) {
           .seqlen_k = s.seqlen_k};
 }
 
-struct Validated {
-  Shape shape;
-  AttentionProblem problem;
-};
+}  // namespace
 
-Validated validate(const TensorView& q, const TensorView& k, const TensorView& v,
-                   const TensorView& out, const AttentionOptions& o, int device) {
+detail::ValidatedAttention detail::validate_attention(const TensorView& q, const TensorView& k,
+                                                      const TensorView& v, const TensorView& out,
+                                                      const AttentionOptions& o, int device) {
   Shape s = check_qkv(q, k, v, out, o, device);
   check_options(o, s, q, device);
   return {s, problem_of(s, o)};
 }
 
 // The last-but-one axis is heads, the one before it tokens; batch strides only without varlen.
-AttentionParams params_of(const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView& out, const AttentionOptions& o, const Shape& s) {
+AttentionParams detail::attention_params(const TensorView& q, const TensorView& k,
+                                         const TensorView& v, const TensorView& out,
+                                         const AttentionOptions& o, const Shape& s) {
   AttentionParams p{};
   p.q = q.data;
   p.out = out.data;
@@ -238,6 +230,8 @@ AttentionParams params_of(const TensorView& q, const TensorView& k, const Tensor
   if (o.seqused_k) p.maybe_seqused_k = static_cast<const int*>(o.seqused_k->data);
   return p;
 }
+
+namespace {
 
 // Whether TMA can tile these tensors: data to point at, no empty dim, and every stride but the
 // last a nonzero multiple of 16 bytes below 2^40 (a broadcast input, stride 0, is not one).
@@ -314,7 +308,8 @@ constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
 void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
          const AttentionOptions& options, const std::optional<AttentionConfig>& config,
          void* stream, Runtime& runtime) {
-  const Validated checked = validate(q, k, v, out, options, runtime.device());
+  const detail::ValidatedAttention checked =
+      detail::validate_attention(q, k, v, out, options, runtime.device());
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
   const Target target = detail::target_to_run(runtime, kCall);
@@ -333,7 +328,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
-  const AttentionParams params = params_of(q, k, v, out, options, s);
+  const AttentionParams params = detail::attention_params(q, k, v, out, options, s);
   // The tma kernel's tensor maps too, which the driver may refuse.
   std::optional<AttentionTmaParams> tma_params;
   if (c.kernel == AttentionKernel::tma) tma_params = tma_params_of(params, q, k, v, c, s, runtime);
@@ -375,7 +370,8 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const AttentionOptions& options, std::string* why,
                   Runtime& runtime) {
   try {
-    const Validated checked = validate(q, k, v, out, options, runtime.device());
+    const detail::ValidatedAttention checked =
+        detail::validate_attention(q, k, v, out, options, runtime.device());
     const AttentionConfig config = choose(checked.problem, runtime.target());
     if (const DeviceInfo* device = detail::present_device(runtime)) {
       detail::require_fits(detail::attention_plan(checked.problem, config), config, *device);

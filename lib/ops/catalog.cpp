@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
-// The default warm-up set: what a model's attention and decode calls ask for most.
+// The default warm-up set: what a model's attention (forward and backward) and decode calls ask
+// for most.
 #include "kiln/kiln.hpp"
 
 #include <fmt/format.h>
@@ -8,6 +9,8 @@ namespace kiln {
 
 std::vector<KernelSpec> default_specs(const Target& target) {
   std::vector<KernelSpec> specs = attention_default_specs(target);
+  for (KernelSpec& spec : attention_backward_default_specs(target))
+    specs.push_back(std::move(spec));
   for (KernelSpec& spec : decode_default_specs(target)) specs.push_back(std::move(spec));
   // NOTE: an empty set would warm nothing and report success, without ever asking the target's
   // compiler whether it builds for the target.

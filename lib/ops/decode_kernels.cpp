@@ -10,45 +10,11 @@
 #include <fmt/format.h>
 
 #include "kiln/error.hpp"
+#include "ops/scratch.hpp"
 #include "runtime/device_calls.hpp"
 
 namespace kiln::detail {
 namespace {
-
-// Device scratch of one call, handed back on the stream however the call ends.
-// NOTE: the next call's kernels may be scheduled while this call's kernel still uses the
-// scratch that the stream-ordered allocator hands them again; that is safe only because every
-// kernel launched with overlap_previous touches no global memory before wait_for_previous_grid.
-class Scratch {
- public:
-  Scratch(Runtime& runtime, std::size_t bytes, void* stream)
-      : runtime_(runtime),
-        stream_(stream),
-        base_(bytes ? static_cast<std::byte*>(detail::allocate_async(runtime, bytes, stream))
-                    : nullptr) {}
-  ~Scratch() {
-    if (base_ == nullptr) return;
-    try {
-      detail::free_async(runtime_, base_, stream_);
-    } catch (const Error&) {
-      // NOTE: only reachable when the driver is already failing; the error that got us here
-      // (or the next call's) reports it.
-    }
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-
-  std::byte* at(std::size_t offset) const { return base_ + offset; }
-
- private:
-  Runtime& runtime_;
-  void* stream_;
-  std::byte* base_;
-};
-
-std::size_t align_up(std::size_t bytes) {
-  return (bytes + 255) / 256 * 256;
-}
 
 // A fresh tag for a split call's flags (DecodeParams::split_tag): 1 to 2^48 - 2, a new one for
 // each call of the process, so a word an earlier call left set (one that failed half-way) never
@@ -90,14 +56,15 @@ void launch_decode(Runtime& runtime, const DecodeProblem& problem, const DecodeC
   const std::int64_t row_blocks = decode_row_blocks(problem, config);
   const std::size_t rows = static_cast<std::size_t>(p.batch) * p.seqlen_q * p.heads;
   const std::size_t q_rotated_bytes =
-      problem.rotary ? align_up(rows * problem.head_dim * size_of(problem.dtype_q)) : 0;
+      problem.rotary ? scratch_align(rows * problem.head_dim * size_of(problem.dtype_q)) : 0;
   const std::size_t partial_out_bytes =
-      splits > 1 ? align_up(splits * rows * problem.head_dim_v * sizeof(float)) : 0;
-  const std::size_t partial_lse_bytes = splits > 1 ? align_up(splits * rows * sizeof(float)) : 0;
-  const std::size_t flag_bytes = splits > 1
-                                     ? align_up(static_cast<std::size_t>(p.batch) * p.heads_kv *
-                                                row_blocks * splits * sizeof(unsigned long long))
-                                     : 0;
+      splits > 1 ? scratch_align(splits * rows * problem.head_dim_v * sizeof(float)) : 0;
+  const std::size_t partial_lse_bytes =
+      splits > 1 ? scratch_align(splits * rows * sizeof(float)) : 0;
+  const std::size_t flag_bytes =
+      splits > 1 ? scratch_align(static_cast<std::size_t>(p.batch) * p.heads_kv * row_blocks *
+                                 splits * sizeof(unsigned long long))
+                 : 0;
   // The split flags start zero and the kernel leaves them zero: the stream's kept zeros, or,
   // where it has none (graph capture), zeroed scratch of this call.
   const std::shared_ptr<void> kept_flags = detail::stream_zeros(runtime, flag_bytes, stream);

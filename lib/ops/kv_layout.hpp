@@ -14,4 +14,8 @@ namespace kiln::detail {
 // is left unset, for the family to fill.
 KVLayout kv_layout(const TensorView& k, const TensorView& v);
 
+// The batch, seq and head strides of a 4-d (batch, seq, heads, dim) tensor, or the token and head
+// strides of a 3-d (tokens, heads, dim) one, whose batch stride is 0.
+void token_strides(const TensorView& t, long long& batch, long long& seq, long long& head);
+
 }  // namespace kiln::detail

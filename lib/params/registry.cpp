@@ -13,10 +13,12 @@
 
 #include "core/user_text.hpp"
 #include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/decode.hpp"
 #include "kernels/elementwise.hpp"
 #include "kiln/error.hpp"
 #include "kiln/params/attention.h"
+#include "kiln/params/attention_backward.h"
 #include "kiln/params/decode.h"
 #include "kiln/params/elementwise.h"
 #include "kiln/params/score.h"
@@ -31,6 +33,8 @@ constexpr ParamsLayout kLayouts[] = {
      alignof(AttentionParams), true},
     {"kiln::AttentionTmaParams", "kiln/params/attention.h", sizeof(AttentionTmaParams),
      alignof(AttentionTmaParams), true},
+    {"kiln::AttentionBackwardParams", "kiln/params/attention_backward.h",
+     sizeof(AttentionBackwardParams), alignof(AttentionBackwardParams), false},
     {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams), alignof(DecodeParams),
      true},
     {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams), alignof(MergeParams), false},
@@ -44,6 +48,7 @@ const std::vector<const KernelSchema*>& kernels() {
   static const std::vector<const KernelSchema*> all = [] {
     std::vector<const KernelSchema*> list{&kUnaryKernel.schema};
     for (const AttentionDescription& d : attention_descriptions()) list.push_back(&d.schema);
+    for (const KernelSchema* schema : attention_backward_schemas()) list.push_back(schema);
     list.push_back(&kDecodeAppendKernel.schema);
     for (const DecodeDescription& d : decode_descriptions()) list.push_back(&d.schema);
     list.push_back(&kMergeStatesKernel.schema);

@@ -138,26 +138,14 @@ void ReferenceProblem::set_lengths(const std::vector<int>& seqlens_q,
 // rounded to the dtype before P.V, whose result is rounded to the dtype once more. Here the
 // accumulations are fp64 and the softmax fp64; the roundings to the dtype, which dominate the
 // error, are the same.
-ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector<double>& q,
-                                    const std::vector<double>& k, const std::vector<double>& v) {
-  const int batch = p.batch();
-  const int total_q = p.cu_seqlens_q.back();
-  const int total_k = p.cu_seqlens_k.back();
+void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& q,
+                          const std::vector<double>& k,
+                          const std::function<void(const SoftmaxRow&)>& fn) {
   const auto hq = static_cast<std::size_t>(p.heads), hkv = static_cast<std::size_t>(p.heads_kv);
-  const auto d = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
-  if (q.size() != static_cast<std::size_t>(total_q) * hq * d ||
-      k.size() != static_cast<std::size_t>(total_k) * hkv * d ||
-      v.size() != static_cast<std::size_t>(total_k) * hkv * dv || p.heads % p.heads_kv != 0) {
-    throw std::invalid_argument("attention_reference: q, k or v does not match the problem");
-  }
+  const auto d = static_cast<std::size_t>(p.head_dim);
   const double inf = std::numeric_limits<double>::infinity();
-  ReferenceResult r;
-  r.out.assign(static_cast<std::size_t>(total_q) * hq * dv, 0.0);
-  r.out_plain.assign(r.out.size(), 0.0);
-  r.lse.assign(static_cast<std::size_t>(total_q) * hq, -inf);
-
-  std::vector<double> logits, plain;  // of one row, over its visible keys
-  for (int b = 0; b < batch; ++b) {
+  SoftmaxRow r;
+  for (int b = 0; b < p.batch(); ++b) {
     const int q_start = p.cu_seqlens_q[static_cast<std::size_t>(b)];
     const int k_start = p.cu_seqlens_k[static_cast<std::size_t>(b)];
     const int seqlen_q = p.cu_seqlens_q[static_cast<std::size_t>(b) + 1] - q_start;
@@ -179,72 +167,122 @@ ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector
             p.window_right < 0 ? seqlen_k - 1 : std::min(seqlen_k - 1, i + offset + p.window_right);
         double sink = p.sinks.empty() ? -inf : p.sinks[static_cast<std::size_t>(h)];
         if (p.row_sink) sink = p.row_sink(b, h, i, sink);
-        if (last < first) {  // fully masked: out 0, and lse -inf (as initialised) or the sink
-          r.lse[static_cast<std::size_t>(h) * static_cast<std::size_t>(total_q) + row] = sink;
+        r.batch = b;
+        r.head = h;
+        r.head_kv = static_cast<int>(h_kv);
+        r.token = q_start + i;
+        r.first_key = k_start + first;
+        r.p.clear();
+        r.p_plain.clear();
+        r.dtanh.clear();
+        r.dtanh_plain.clear();
+        if (last < first) {  // fully masked: out 0, and lse -inf or the sink
+          r.lse = sink;
+          r.sink_p = r.sink_p_plain = sink > -inf ? 1 : 0;
+          fn(r);
           continue;
         }
         const double* qi = &q[(row * hq + static_cast<std::size_t>(h)) * d];
-        logits.clear();
-        plain.clear();
         for (int j = first; j <= last; ++j) {
           const double* kj = &k[(static_cast<std::size_t>(k_start + j) * hkv + h_kv) * d];
           double dot = 0;
           for (std::size_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
           double s = p.softmax_scale * dot;
           double sp = round_to(p.dtype, s);
+          double dtanh = 1, dtanh_plain = 1;
           if (p.softcap > 0) {
-            s = p.softcap * std::tanh(s / p.softcap);
-            sp = round_to(p.dtype, p.softcap * std::tanh(sp / p.softcap));
+            const double t = std::tanh(s / p.softcap), t_plain = std::tanh(sp / p.softcap);
+            s = p.softcap * t;
+            sp = round_to(p.dtype, p.softcap * t_plain);
+            dtanh = 1 - t * t;
+            const double t_stored = round_to(p.dtype, t_plain);  // eager's tanh output
+            dtanh_plain = 1 - t_stored * t_stored;
           }
           double add = -slope * std::abs(i + offset - j);
           if (p.bias) add += p.bias(b, h, i, j);
-          logits.push_back(s + add);
-          plain.push_back(sp + add);
+          r.p.push_back(s + add);
+          r.p_plain.push_back(sp + add);
+          r.dtanh.push_back(dtanh);
+          r.dtanh_plain.push_back(dtanh_plain);
         }
-        const double max = std::max(sink, *std::max_element(logits.begin(), logits.end()));
-        if (max == -inf) continue;  // the bias masked every key, and no sink: as fully masked
-        const double max_plain = std::max(sink, *std::max_element(plain.begin(), plain.end()));
+        const double max = std::max(sink, *std::max_element(r.p.begin(), r.p.end()));
+        if (max == -inf) {  // the bias masked every key, and no sink: as fully masked
+          r.lse = -inf;
+          std::fill(r.p.begin(), r.p.end(), 0.0);
+          std::fill(r.p_plain.begin(), r.p_plain.end(), 0.0);
+          r.sink_p = r.sink_p_plain = 0;
+          fn(r);
+          continue;
+        }
+        const double max_plain =
+            std::max(sink, *std::max_element(r.p_plain.begin(), r.p_plain.end()));
         double sum = std::exp(sink - max), sum_plain = std::exp(sink - max_plain);
-        for (double& s : logits) {
+        for (double& s : r.p) {
           s = std::exp(s - max);
           sum += s;
         }
-        for (double& s : plain) {
+        for (double& s : r.p_plain) {
           s = std::exp(s - max_plain);
           sum_plain += s;
         }
-        r.lse[static_cast<std::size_t>(h) * static_cast<std::size_t>(total_q) + row] =
-            max + std::log(sum);
-        double* o = &r.out[(row * hq + static_cast<std::size_t>(h)) * dv];
-        double* o_plain = &r.out_plain[(row * hq + static_cast<std::size_t>(h)) * dv];
-        for (int j = first; j <= last; ++j) {
-          const std::size_t n = static_cast<std::size_t>(j - first);
-          const double pj = logits[n] / sum;
-          const double pj_plain = round_to(p.dtype, plain[n] / sum_plain);
-          const double* vj = &v[(static_cast<std::size_t>(k_start + j) * hkv + h_kv) * dv];
-          for (std::size_t c = 0; c < dv; ++c) {
-            o[c] += pj * vj[c];
-            o_plain[c] += pj_plain * vj[c];
-          }
-        }
-        for (std::size_t c = 0; c < dv; ++c) o_plain[c] = round_to(p.dtype, o_plain[c]);
+        for (double& s : r.p) s /= sum;
+        for (double& s : r.p_plain) s = round_to(p.dtype, s / sum_plain);
+        r.lse = max + std::log(sum);
+        r.sink_p = std::exp(sink - max) / sum;
+        r.sink_p_plain = std::exp(sink - max_plain) / sum_plain;
+        fn(r);
       }
     }
   }
+}
+
+ReferenceResult attention_reference(const ReferenceProblem& p, const std::vector<double>& q,
+                                    const std::vector<double>& k, const std::vector<double>& v) {
+  const int total_q = p.cu_seqlens_q.back();
+  const int total_k = p.cu_seqlens_k.back();
+  const auto hq = static_cast<std::size_t>(p.heads), hkv = static_cast<std::size_t>(p.heads_kv);
+  const auto d = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
+  if (q.size() != static_cast<std::size_t>(total_q) * hq * d ||
+      k.size() != static_cast<std::size_t>(total_k) * hkv * d ||
+      v.size() != static_cast<std::size_t>(total_k) * hkv * dv || p.heads % p.heads_kv != 0) {
+    throw std::invalid_argument("attention_reference: q, k or v does not match the problem");
+  }
+  ReferenceResult r;
+  r.out.assign(static_cast<std::size_t>(total_q) * hq * dv, 0.0);
+  r.out_plain.assign(r.out.size(), 0.0);
+  r.lse.assign(static_cast<std::size_t>(total_q) * hq, -std::numeric_limits<double>::infinity());
+  for_each_softmax_row(p, q, k, [&](const SoftmaxRow& row) {
+    const auto token = static_cast<std::size_t>(row.token);
+    const auto h = static_cast<std::size_t>(row.head);
+    r.lse[h * static_cast<std::size_t>(total_q) + token] = row.lse;
+    double* o = &r.out[(token * hq + h) * dv];
+    double* o_plain = &r.out_plain[(token * hq + h) * dv];
+    for (std::size_t n = 0; n < row.p.size(); ++n) {
+      const std::size_t key = static_cast<std::size_t>(row.first_key) + n;
+      const double* vj = &v[(key * hkv + static_cast<std::size_t>(row.head_kv)) * dv];
+      for (std::size_t c = 0; c < dv; ++c) {
+        o[c] += row.p[n] * vj[c];
+        o_plain[c] += row.p_plain[n] * vj[c];
+      }
+    }
+    for (std::size_t c = 0; c < dv; ++c) o_plain[c] = round_to(p.dtype, o_plain[c]);
+  });
   return r;
 }
 
-ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult& ref) {
-  if (got.size() != ref.out.size()) throw std::invalid_argument("compare_output: sizes differ");
+ErrorReport compare_values(const std::vector<double>& got, const std::vector<double>& want,
+                           const std::vector<double>& plain) {
+  if (got.size() != want.size() || plain.size() != want.size()) {
+    throw std::invalid_argument("compare_values: sizes differ");
+  }
   ErrorReport report;
   for (std::size_t i = 0; i < got.size(); ++i) {
-    report.baseline_error =
-        std::max(report.baseline_error, std::fabs(ref.out_plain[i] - ref.out[i]));
+    report.baseline_error = std::max(report.baseline_error, std::fabs(plain[i] - want[i]));
     if (!std::isfinite(got[i])) {
       if (report.not_finite++ == 0) report.first_not_finite = static_cast<std::int64_t>(i);
       continue;
     }
-    const double error = std::fabs(got[i] - ref.out[i]);
+    const double error = std::fabs(got[i] - want[i]);
     if (report.worst < 0 || error > report.max_error) {
       report.max_error = error;
       report.worst = static_cast<std::int64_t>(i);
@@ -253,20 +291,29 @@ ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult
   return report;
 }
 
+ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult& ref) {
+  return compare_values(got, ref.out, ref.out_plain);
+}
+
 std::string explain(const ErrorReport& report, const std::vector<double>& got,
-                    const ReferenceResult& ref, int heads, int dim_v) {
+                    const std::vector<double>& want, const std::vector<double>& plain, int heads,
+                    int dim) {
   std::ostringstream s;
   s << "max error " << report.max_error << " bound " << report.bound() << " (baseline "
     << report.baseline_error << "), " << report.not_finite << " not finite (first "
     << report.first_not_finite << ")";
   if (report.worst >= 0) {
     const auto w = static_cast<std::size_t>(report.worst);
-    const auto h = static_cast<std::size_t>(heads), dv = static_cast<std::size_t>(dim_v);
-    s << "; worst at token " << w / (h * dv) << " head " << w / dv % h << " col " << w % dv
-      << ": got " << got[w] << " want " << ref.out[w] << " (plain dtype " << ref.out_plain[w]
-      << ")";
+    const auto h = static_cast<std::size_t>(heads), n = static_cast<std::size_t>(dim);
+    s << "; worst at token " << w / (h * n) << " head " << w / n % h << " col " << w % n << ": got "
+      << got[w] << " want " << want[w] << " (plain dtype " << plain[w] << ")";
   }
   return s.str();
+}
+
+std::string explain(const ErrorReport& report, const std::vector<double>& got,
+                    const ReferenceResult& ref, int heads, int dim_v) {
+  return explain(report, got, ref.out, ref.out_plain, heads, dim_v);
 }
 
 LseReport compare_lse(const std::vector<double>& got, const std::vector<double>& want) {

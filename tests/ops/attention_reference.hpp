@@ -96,6 +96,29 @@ struct ReferenceResult {
 ReferenceResult attention_reference(const ReferenceProblem& problem, const std::vector<double>& q,
                                     const std::vector<double>& k, const std::vector<double>& v);
 
+// The softmax of one query row of one head, as attention_reference computes it in fp64 and
+// plainly in the input dtype: what its output and the backward reference are made of.
+struct SoftmaxRow {
+  int batch = 0;
+  int head = 0;
+  int head_kv = 0;
+  int token = 0;      // the query's token in q
+  int first_key = 0;  // the token in k of the first key the row sees
+  double lse = 0;     // natural log; without a key, the sink's logit (-inf without a sink)
+  // Per key the row sees, from first_key on; empty for a row the band leaves without keys, 0
+  // where the bias masked every key and there is no sink.
+  std::vector<double> p, p_plain;  // softmax weights; p_plain rounded to the dtype
+  // d logit / d (scale * q.k): 1 - tanh^2 under softcap (in fp64, and of the plain logit), else 1.
+  std::vector<double> dtanh, dtanh_plain;
+  double sink_p = 0, sink_p_plain = 0;  // the sink's softmax weight
+};
+
+// Calls fn for each (batch, head, query row) of `problem`, with q and k as attention_reference
+// takes them (it checks their sizes; this does not).
+void for_each_softmax_row(const ReferenceProblem& problem, const std::vector<double>& q,
+                          const std::vector<double>& k,
+                          const std::function<void(const SoftmaxRow&)>& fn);
+
 // FlashAttention's acceptance rule: kiln's largest error against the fp64 reference may be at
 // most twice the largest error of the plain-dtype computation, plus 1e-5.
 struct ErrorReport {
@@ -107,9 +130,16 @@ struct ErrorReport {
   double bound() const { return 2 * baseline_error + 1e-5; }
   bool ok() const { return not_finite == 0 && max_error <= bound(); }
 };
+// `got` against the fp64 `want`, with `plain` (the same computed plainly in the input dtype) as
+// the baseline: for out and for each gradient.
+ErrorReport compare_values(const std::vector<double>& got, const std::vector<double>& want,
+                           const std::vector<double>& plain);
 ErrorReport compare_output(const std::vector<double>& got, const ReferenceResult& ref);
-// The report in words, with the worst element's (token, head, column) for `got` laid out
-// (tokens, heads, dim_v), as the reference's out is.
+// The report in words, with the worst element's (token, head, column) for values laid out
+// (tokens, heads, dim), as the reference's out (dim_v) and gradients are.
+std::string explain(const ErrorReport& report, const std::vector<double>& got,
+                    const std::vector<double>& want, const std::vector<double>& plain, int heads,
+                    int dim);
 std::string explain(const ErrorReport& report, const std::vector<double>& got,
                     const ReferenceResult& ref, int heads, int dim_v);
 

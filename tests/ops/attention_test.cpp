@@ -10,15 +10,13 @@
 #include <cstdint>
 #include <functional>
 #include <limits>
-#include <memory>
 #include <numeric>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
-#include <tuple>
 #include <vector>
 
+#include "attention_case.hpp"
 #include "attention_reference.hpp"
 #include "gpu.hpp"
 #include "gpu_harness.hpp"
@@ -31,18 +29,19 @@ namespace {
 using kiln::DType;
 using kiln::TensorView;
 using kiln::test::Alibi;
+using kiln::test::Bias;
+using kiln::test::Case;
 using kiln::test::DeviceBuffer;
-using kiln::test::guarded_size;
+using kiln::test::DeviceCase;
 using kiln::test::kDTypes;
-using kiln::test::kPoison16;
+using kiln::test::Layout;
 using kiln::test::Output;
+using kiln::test::Prepared;
 using kiln::test::ReferenceProblem;
 using kiln::test::ReferenceResult;
-using kiln::test::ScoreCase;
 using kiln::test::Strided;
 using kiln::test::upload;
 using kiln::test::UserVariant;
-using kiln::test::view_of;
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
@@ -338,222 +337,7 @@ TEST_CASE("attention reference: 16-bit rounding, layouts and the acceptance rule
 }
 
 // ---------------------------------------------------------------------------------------------
-// One GPU case: inputs laid out as asked, kiln against the reference, every output checked.
-
-enum class Layout {
-  contiguous,  // (batch, seqlen, heads, d), or (tokens, heads, d) with varlen
-  padded,      // every stride padded (lse's too), the gaps NaN, views 16 bytes into the buffer
-  packed_qkv,  // q, k, v slices of one (batch, seqlen, 3, heads, d) buffer
-  bhsd,        // (batch, heads, seqlen, d) memory, or (heads, tokens, d), seen through strides
-};
-enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
-
-struct Case {
-  DType dtype = DType::bf16;
-  int batch = 1;
-  int seqlen_q = 1;
-  int seqlen_k = 1;
-  int heads = 1;
-  int heads_kv = 1;
-  int head_dim = 64;
-  int head_dim_v = 0;  // 0: head_dim
-  ScoreCase score;
-  Layout layout = Layout::contiguous;
-  Bias bias = Bias::none;
-  bool lse = false;
-  std::vector<int> seqlens_q;  // varlen when set: one length per sequence
-  std::vector<int> seqlens_k;
-  std::vector<int> seqused_k;
-
-  bool varlen() const { return !seqlens_q.empty(); }
-  int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
-};
-
-std::string describe(const Case& c) {
-  std::ostringstream s;
-  s << kiln::to_string(c.dtype) << " heads " << c.heads << "/" << c.heads_kv << " d " << c.head_dim
-    << "/" << c.dim_v();
-  if (c.varlen()) {
-    s << " varlen q";
-    for (int n : c.seqlens_q) s << " " << n;
-    s << " k";
-    for (int n : c.seqlens_k) s << " " << n;
-  } else {
-    s << " batch " << c.batch << " seqlen " << c.seqlen_q << "x" << c.seqlen_k;
-  }
-  if (!c.seqused_k.empty()) s << " seqused_k";
-  s << kiln::test::describe(c.score);
-  const char* layouts[] = {"contiguous", "padded", "packed qkv", "bhsd"};
-  s << " layout " << layouts[static_cast<int>(c.layout)];
-  const char* biases[] = {"", " bias", " bias shared by the batch (stride 0)",
-                          " bias shared by the heads (stride 0)", " bias transposed"};
-  s << biases[static_cast<int>(c.bias)];
-  if (c.lse) s << " lse";
-  return s.str();
-}
-
-// The layout of one q-like tensor: (batch, seqlen, heads, dim), or (tokens, heads, dim).
-Strided layout_of(Layout layout, bool varlen, std::int64_t batch, std::int64_t seqlen,
-                  std::int64_t heads, std::int64_t dim) {
-  std::vector<std::int64_t> shape = {seqlen, heads, dim};
-  if (!varlen) shape.insert(shape.begin(), batch);
-  Strided s = Strided::dense(shape);
-  const std::size_t seq = varlen ? 0 : 1;  // the token axis
-  if (layout == Layout::padded) {
-    // Strides stay multiples of 8 elements (16 bytes), as kiln requires.
-    s.strides[seq + 1] = dim + 8;
-    s.strides[seq] = heads * (dim + 8) + 8;
-    if (!varlen) s.strides[0] = seqlen * s.strides[1] + 8;
-    s.offset = 8;
-  } else if (layout == Layout::bhsd) {
-    s.strides[seq] = dim;
-    s.strides[seq + 1] = seqlen * dim;
-    if (!varlen) s.strides[0] = heads * seqlen * dim;
-  }
-  return s;
-}
-
-// The lse layout: (batch, heads, seqlen_q) or (heads, total_q); padded strides are odd on
-// purpose, as nothing but the last dim's stride is constrained.
-Strided lse_layout(const Case& c, std::int64_t total_q) {
-  Strided s = c.varlen() ? Strided::dense({c.heads, total_q})
-                         : Strided::dense({c.batch, c.heads, c.seqlen_q});
-  if (c.layout == Layout::padded) {
-    const std::size_t h = c.varlen() ? 0 : 1;
-    s.strides[h] = s.shape[h + 1] + 3;
-    if (!c.varlen()) s.strides[0] = c.heads * s.strides[1] + 5;
-    s.offset = 1;
-  }
-  return s;
-}
-
-// What the reference needs to know of `c`; ALiBi slopes, sinks and bias come with their uploads.
-ReferenceProblem reference_problem(const Case& c) {
-  ReferenceProblem ref;
-  ref.dtype = c.dtype;
-  ref.heads = c.heads;
-  ref.heads_kv = c.heads_kv;
-  ref.head_dim = c.head_dim;
-  ref.head_dim_v = c.dim_v();
-  if (c.varlen()) {
-    ref.set_lengths(c.seqlens_q, c.seqlens_k);
-  } else {
-    ref.set_padded(c.batch, c.seqlen_q, c.seqlen_k);
-  }
-  ref.seqused_k = c.seqused_k;
-  kiln::test::set_reference_score(c.score, c.head_dim, ref);
-  return ref;
-}
-
-struct Layouts {
-  Strided q, k, v, out, lse;
-};
-
-Layouts layouts_of(const Case& c, const ReferenceProblem& ref) {
-  const bool varlen = c.varlen();
-  const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
-  const std::int64_t seqlen_q = varlen ? total_q : c.seqlen_q;
-  const std::int64_t seqlen_k = varlen ? total_k : c.seqlen_k;
-  Layouts l;
-  if (c.layout == Layout::packed_qkv) {
-    REQUIRE((seqlen_q == seqlen_k && c.heads == c.heads_kv && c.head_dim == c.dim_v()));
-    const std::int64_t token = 3 * c.heads * c.head_dim;
-    l.q = layout_of(Layout::contiguous, varlen, c.batch, seqlen_q, c.heads, c.head_dim);
-    l.q.strides[varlen ? 0 : 1] = token;
-    if (!varlen) l.q.strides[0] = seqlen_q * token;
-    l.k = l.v = l.q;
-    l.k.offset = c.heads * c.head_dim;
-    l.v.offset = 2 * c.heads * c.head_dim;
-    l.out = layout_of(Layout::contiguous, varlen, c.batch, seqlen_q, c.heads, c.dim_v());
-  } else {
-    l.q = layout_of(c.layout, varlen, c.batch, seqlen_q, c.heads, c.head_dim);
-    l.k = layout_of(c.layout, varlen, c.batch, seqlen_k, c.heads_kv, c.head_dim);
-    l.v = layout_of(c.layout, varlen, c.batch, seqlen_k, c.heads_kv, c.dim_v());
-    l.out = layout_of(c.layout, varlen, c.batch, seqlen_q, c.heads, c.dim_v());
-  }
-  l.lse = lse_layout(c, total_q);
-  return l;
-}
-
-// Everything on the device for one case, and the views and options that point into it.
-struct DeviceCase {
-  std::vector<std::unique_ptr<DeviceBuffer>> buffers;  // inputs, kept alive
-  TensorView q, k, v;
-  std::unique_ptr<Output> out, lse;
-  kiln::AttentionOptions options;
-};
-
-// q, k and v in their layouts, the rest of each buffer NaN; packed QKV shares one buffer.
-void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
-                const std::vector<double>& k, const std::vector<double>& v, DeviceCase& d) {
-  if (c.layout == Layout::packed_qkv) {
-    std::vector<std::uint16_t> image(guarded_size({&l.q, &l.k, &l.v}), kPoison16);
-    kiln::test::scatter(c.dtype, l.q, q, image);
-    kiln::test::scatter(c.dtype, l.k, k, image);
-    kiln::test::scatter(c.dtype, l.v, v, image);
-    d.buffers.push_back(upload(image));
-    d.q = view_of(*d.buffers[0], c.dtype, l.q);
-    d.k = view_of(*d.buffers[0], c.dtype, l.k);
-    d.v = view_of(*d.buffers[0], c.dtype, l.v);
-    return;
-  }
-  for (auto [layout, values, view] :
-       {std::tuple{&l.q, &q, &d.q}, std::tuple{&l.k, &k, &d.k}, std::tuple{&l.v, &v, &d.v}}) {
-    std::vector<std::uint16_t> image(guarded_size({layout}), kPoison16);
-    kiln::test::scatter(c.dtype, *layout, *values, image);
-    d.buffers.push_back(upload(image));
-    *view = view_of(*d.buffers.back(), c.dtype, *layout);
-  }
-}
-
-void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
-  REQUIRE_FALSE(c.varlen());
-  const std::int64_t b = c.batch, h = c.heads, sq = c.seqlen_q, sk = c.seqlen_k;
-  // The memory the bias lives in, and the view's (batch, heads, row, key) strides into it.
-  Strided storage;
-  std::vector<std::int64_t> strides;
-  switch (c.bias) {
-    case Bias::batch_broadcast:
-      storage = Strided::dense({h, sq, sk});
-      strides = {0, sq * sk, sk, 1};
-      break;
-    case Bias::head_broadcast:
-      storage = Strided::dense({b, sq, sk});
-      strides = {sq * sk, 0, sk, 1};
-      break;
-    case Bias::transposed:  // keys are the rows of memory
-      storage = Strided::dense({b, h, sk, sq});
-      strides = {h * sk * sq, sk * sq, 1, sq};
-      break;
-    default: storage = Strided::dense({b, h, sq, sk}); strides = storage.strides;
-  }
-  const auto values = kiln::test::random_normal(c.dtype, storage.count(), rng);
-  std::vector<std::uint16_t> image(static_cast<std::size_t>(storage.count()));
-  kiln::test::scatter(c.dtype, storage, values, image);
-  d.buffers.push_back(upload(image));
-  ref.bias = [values, strides](int bi, int hi, int i, int j) {
-    return values[bi * strides[0] + hi * strides[1] + i * strides[2] + j * strides[3]];
-  };
-  d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{{b, h, sq, sk}, strides, 0});
-}
-
-void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
-  const int batch = ref.batch();
-  if (c.varlen()) {
-    d.buffers.push_back(upload(ref.cu_seqlens_q));
-    d.options.cu_seqlens_q =
-        TensorView::contiguous(d.buffers.back()->get(), DType::i32, {batch + 1});
-    d.buffers.push_back(upload(ref.cu_seqlens_k));
-    d.options.cu_seqlens_k =
-        TensorView::contiguous(d.buffers.back()->get(), DType::i32, {batch + 1});
-    d.options.max_seqlen_q = *std::max_element(c.seqlens_q.begin(), c.seqlens_q.end());
-    d.options.max_seqlen_k = *std::max_element(c.seqlens_k.begin(), c.seqlens_k.end());
-  }
-  if (!c.seqused_k.empty()) {
-    d.buffers.push_back(upload(c.seqused_k));
-    d.options.seqused_k = TensorView::contiguous(d.buffers.back()->get(), DType::i32, {batch});
-  }
-}
+// One GPU case (attention_case.hpp): kiln against the reference, every output checked.
 
 // What a run left in out and lse.
 struct Downloaded {
@@ -658,48 +442,6 @@ void check_kernel(kiln::Runtime& rt, const Case& c, DeviceCase& d, const Referen
     CHECK(after_second.compiles == before.compiles);
     CHECK(after_second.disk_hits == before.disk_hits);
   }
-}
-
-// A case on the device: fresh random inputs in their layouts, poisoned outputs, and the fp64
-// reference of the same inputs.
-struct Prepared {
-  DeviceCase d;
-  ReferenceResult want;
-  bool has_rows = false;  // some query row to compute
-};
-
-Prepared prepare(const Case& c, std::mt19937& rng) {
-  ReferenceProblem ref = reference_problem(c);
-  const Layouts l = layouts_of(c, ref);
-  Prepared p;
-  DeviceCase& d = p.d;
-  const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
-  const auto q = kiln::test::random_normal(c.dtype, total_q * c.heads * c.head_dim, rng);
-  const auto k = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.head_dim, rng);
-  const auto v = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.dim_v(), rng);
-
-  upload_qkv(c, l, q, k, v, d);
-  d.out = std::make_unique<Output>(c.dtype, l.out);
-  d.lse = std::make_unique<Output>(DType::f32, l.lse);
-  d.options = {.score = kiln::test::score_options(c.score)};
-  const int keys = c.varlen() ? std::ranges::max(c.seqlens_k) : c.seqlen_k;
-  kiln::test::add_score_tensors(c.score, ref.batch(), c.heads, keys, ref, d.options.score,
-                                d.buffers, rng);
-  if (c.bias != Bias::none) add_bias(c, ref, d, rng);
-  if (c.score.variant != UserVariant::none) {
-    REQUIRE_FALSE(c.varlen());
-    const int offset = c.score.top_left ? 0 : c.seqlen_k - c.seqlen_q;
-    kiln::test::add_user_variant(
-        c.score.variant,
-        {c.batch, c.heads, c.seqlen_q, c.seqlen_k, std::vector<int>(c.batch, offset)}, ref,
-        d.options.score, d.buffers, rng);
-  }
-  add_sequences(c, ref, d);
-  if (c.lse) d.options.lse = d.lse->view();
-  p.want = kiln::test::attention_reference(ref, q, k, v);
-  const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;
-  p.has_rows = ref.batch() > 0 && c.heads > 0 && rows > 0;
-  return p;
 }
 
 // Runs `c` with the kernel choose() picks, with the portable one AMD targets run and, on sm_90a,

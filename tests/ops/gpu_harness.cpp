@@ -141,13 +141,19 @@ std::int64_t Output::written_outside(const std::vector<std::uint8_t>& bytes) con
   return written(outside);
 }
 
+void check_values(const Output& got, const std::vector<std::uint8_t>& bytes,
+                  const std::vector<double>& want, const std::vector<double>& plain, int heads,
+                  int dim) {
+  const auto values = got.values(bytes);
+  const ErrorReport error = compare_values(values, want, plain);
+  INFO(explain(error, values, want, plain, heads, dim));
+  CHECK(error.ok());
+  CHECK(got.written_outside(bytes) == 0);
+}
+
 void check_out(const Output& out, const std::vector<std::uint8_t>& bytes,
                const ReferenceResult& want, int heads, int dim_v) {
-  const auto got = out.values(bytes);
-  const ErrorReport error = compare_output(got, want);
-  INFO(explain(error, got, want, heads, dim_v));
-  CHECK(error.ok());
-  CHECK(out.written_outside(bytes) == 0);
+  check_values(out, bytes, want.out, want.out_plain, heads, dim_v);
 }
 
 void check_lse(const Output& lse, const std::vector<std::uint8_t>& bytes,

@@ -91,8 +91,13 @@ class Output {
   DeviceBuffer buffer_;
 };
 
-// The output's values against the reference's out (compare_output, explained for (tokens,
-// heads, dim_v)), and nothing written outside them.
+// The output's values against `want` with `plain` as the baseline (compare_values, explained for
+// (tokens, heads, dim)), and nothing written outside them.
+void check_values(const Output& got, const std::vector<std::uint8_t>& bytes,
+                  const std::vector<double>& want, const std::vector<double>& plain, int heads,
+                  int dim);
+
+// The output's values against the reference's out (check_values).
 void check_out(const Output& out, const std::vector<std::uint8_t>& bytes,
                const ReferenceResult& want, int heads, int dim_v);
 

@@ -221,6 +221,18 @@ struct LogitTransform {
   // the softmax scale rides along here, saving a multiply per score.
   __device__ __forceinline__ float to_log2() const { return on ? kLog2e : scale * kLog2e; }
 
+  // The backward's chain rule from a logit to its q.k `score`: d logit / d score, the scale
+  // times tanh's derivative under a softcap. ALiBi, the bias and the band add terms that do not
+  // depend on the score. A variant's logit hook would need its own derivative: the backward
+  // refuses variants.
+  __device__ __forceinline__ float score_grad(float score) const {
+    if constexpr (Spec::has_softcap) {
+      const float t = Math::tanh(score * scale * inv_softcap);
+      return scale * (1.f - t * t);
+    }
+    return scale;
+  }
+
   // The logits of a tile, then `mask()` on them where `masked`: s holds fragments
   // (float[MTiles][STiles][4], Rows == 2 * MTiles) or the thread's one whole row (float[Keys],
   // Rows == 1) of keys from key0. The bias is read at clamped coordinates only where some

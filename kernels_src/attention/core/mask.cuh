@@ -20,6 +20,15 @@ struct Band {
   __device__ __forceinline__ int last_key(int i) const {
     return right < 0 ? seqlen_k - 1 : min(seqlen_k - 1, i + offset + right);
   }
+
+  // The band seen from the keys (the backward's dk/dv): the first and last of seqlen_q query
+  // rows that attend key j; last < first when none does.
+  __device__ __forceinline__ int first_query(int j) const {
+    return right < 0 ? 0 : max(0, j - offset - right);
+  }
+  __device__ __forceinline__ int last_query(int j, int seqlen_q) const {
+    return j >= seqlen_k ? -1 : left < 0 ? seqlen_q - 1 : min(seqlen_q - 1, j - offset + left);
+  }
 };
 
 // The band of a sequence of seqlen_q queries over seqlen_k keys. Without a band in the spec

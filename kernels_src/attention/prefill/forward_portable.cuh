@@ -23,6 +23,7 @@
 #pragma once
 
 #include "attention/core/kv_layout.cuh"
+#include "attention/core/lane_chunks.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
 #include "attention/core/math.cuh"
@@ -59,8 +60,8 @@ struct PortableTraits : HeadTraits<Spec> {
   // holds; the last round may leave some lanes of the group without one.
   static constexpr int qk_chunks = Head::head_dim / 8;
   static constexpr int v_chunks = Head::head_dim_v / 8;
-  static constexpr int qk_per_lane = (qk_chunks + row_lanes - 1) / row_lanes;
-  static constexpr int v_per_lane = (v_chunks + row_lanes - 1) / row_lanes;
+  static constexpr int qk_per_lane = lane_chunks(qk_chunks, row_lanes);
+  static constexpr int v_per_lane = lane_chunks(v_chunks, row_lanes);
 
   // Shared memory, in bytes: the K tile, then the V tile.
   static constexpr int k_bytes = block_n * Head::head_dim * Head::kv_size;
@@ -72,90 +73,6 @@ struct PortableTraits : HeadTraits<Spec> {
                 "the K and V tiles need more than 64 KiB of shared memory, an AMD workgroup's "
                 "limit: lower block_n.");
 };
-
-// Calls f(i, col) for each chunk this lane of a row's group holds in a row of Chunks chunks: i
-// counts the lane's chunks, col is the chunk's first element in the row. The last round may
-// leave some lanes of the group without one.
-template <int Chunks, int RowLanes, class F>
-__device__ __forceinline__ void for_lane_chunks(int lane, const F& f) {
-#pragma unroll
-  for (int i = 0; i < (Chunks + RowLanes - 1) / RowLanes; ++i) {
-    if (Chunks % RowLanes != 0 && i * RowLanes + lane >= Chunks) break;
-    f(i, (i * RowLanes + lane) * 8);
-  }
-}
-
-// 8 elements in one 16-byte access (at must be 16-byte aligned).
-template <class T>
-struct alignas(16) Chunk {
-  T x[8];
-};
-
-template <class T>
-__device__ __forceinline__ void load_chunk(float (&x)[8], const T* at) {
-  const Chunk<T> c = *reinterpret_cast<const Chunk<T>*>(at);
-#pragma unroll
-  for (int e = 0; e < 8; ++e) x[e] = to_float(c.x[e]);
-}
-
-template <class T>
-__device__ __forceinline__ void store_chunk(T* at, const float (&x)[8]) {
-  Chunk<T> c;
-#pragma unroll
-  for (int e = 0; e < 8; ++e) c.x[e] = from_float<T>(x[e]);
-  *reinterpret_cast<Chunk<T>*>(at) = c;
-}
-
-template <int Chunks>
-__device__ __forceinline__ void fill(float (&x)[Chunks][8], float value) {
-#pragma unroll
-  for (int i = 0; i < Chunks; ++i) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) x[i][e] = value;
-  }
-}
-
-// The sum of x over the group of Lanes neighbouring lanes (an aligned power of two), in each.
-template <int Lanes>
-__device__ __forceinline__ float group_sum(float x) {
-#pragma unroll
-  for (int mask = Lanes / 2; mask > 0; mask /= 2) x += shfl_xor(x, mask);
-  return x;
-}
-
-// s[j] = q . k_j for every key j of the K tile, in every lane of the row's group.
-template <class Tr>
-__device__ __forceinline__ void tile_scores(float (&s)[Tr::block_n],
-                                            const float (&q)[Tr::qk_per_lane][8],
-                                            const typename Tr::KV* k_tile, int lane) {
-#pragma unroll
-  for (int j = 0; j < Tr::block_n; ++j) {
-    float dot = 0.f;
-    for_lane_chunks<Tr::qk_chunks, Tr::row_lanes>(lane, [&](int i, int col) {
-      float k[8];
-      load_chunk(k, k_tile + j * Tr::head_dim + col);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) dot = fmaf(q[i][e], k[e], dot);
-    });
-    s[j] = group_sum<Tr::row_lanes>(dot);
-  }
-}
-
-// o += P V over the V tile, for this lane's chunks of the output row.
-template <class Tr>
-__device__ __forceinline__ void tile_accumulate(float (&o)[Tr::v_per_lane][8],
-                                                const float (&probs)[Tr::block_n],
-                                                const typename Tr::KV* v_tile, int lane) {
-#pragma unroll
-  for (int j = 0; j < Tr::block_n; ++j) {
-    for_lane_chunks<Tr::v_chunks, Tr::row_lanes>(lane, [&](int i, int col) {
-      float v[8];
-      load_chunk(v, v_tile + j * Tr::head_dim_v + col);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) o[i][e] = fmaf(probs[j], v[e], o[i][e]);
-    });
-  }
-}
 
 // Online softmax of one query row whose every logit the thread holds: running max and sum in
 // fp32, rescaling the output accumulators when the max grows, normalizing once at the end.
@@ -266,11 +183,11 @@ __global__ void __launch_bounds__(attention::PortableTraits<Spec>::threads)
     __syncthreads();
 
     float s[Tr::block_n];
-    tile_scores<Tr>(s, q, k_tile, lane);
+    tile_dots<Tr::block_n, Tr::head_dim, Tr::row_lanes>(s, q, k_tile, lane);
     transform.apply(s, key0, blocks.needs_mask(block, Tr::block_n),
                     [&] { mask_row(s, band, row, key0); });
     softmax.update(s, o, to_log2);
-    tile_accumulate<Tr>(o, s, v_tile, lane);
+    tile_accumulate<Tr::block_n, Tr::head_dim_v, Tr::row_lanes>(o, s, v_tile, lane);
   }
 
   float sink[1];

@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+// Params of the attention backward kernels (kernels_src/attention/backward): public, compiled
+// into the host library and injected into each JIT compile as "kiln/params/attention_backward.h",
+// so host and kernel always agree on the layout.
+#pragma once
+
+#include "kiln/params/attention.h"
+#include "kiln/params/kv_layout.h"
+
+namespace kiln {
+
+// The only argument of every backward kernel. fwd is the forward call's params as
+// kiln::attention() made them (q, k and v, out, the score, bias, varlen), with fwd.maybe_lse the
+// forward's LSE, which the backward reads. dout has out's layout, dq q's; grads holds dk and dv
+// in k's and v's layout (its k and v; block table and batch index unused). Strides in elements,
+// 16-byte aligned, as the forward's. Every key k holds gets its dk and dv, zero for keys that no
+// query attends (those past seqused_k among them): batched, fwd.seqlen_k keys a sequence; varlen,
+// [cu_seqlens_k[b], cu_seqlens_k[b + 1]).
+struct AttentionBackwardParams {
+  AttentionParams fwd;
+  const void* dout;
+  long long dout_batch_stride, dout_seq_stride, dout_head_stride;
+  void* dq;
+  long long dq_batch_stride, dq_seq_stride, dq_head_stride;
+  KVLayout grads;
+
+  // Scratch, fp32: D = rowsum(dO * O) of each query row, at the LSE's offsets (fwd.maybe_lse's
+  // strides), written by attention_backward_dot before the other kernels read it.
+  float* row_dot;
+  // The sinks' gradient (fwd.score.maybe_sinks set): attention_backward_dot writes one partial
+  // sum per (head, batch, row block of dot_block_m rows) to maybe_sink_partials, at
+  // (head * batch + b) * dot_row_blocks + block, which attention_backward_sinks adds up, in
+  // order, into maybe_dsinks (fp32, heads). Null: not asked.
+  float* maybe_sink_partials;
+  float* maybe_dsinks;
+  int dot_row_blocks;
+};
+
+// Query rows per CTA of attention_backward_dot, and its threads: 4 lanes a row.
+constexpr int kAttentionBackwardDotRows = 64;
+constexpr int kAttentionBackwardDotThreads = 256;
+// Threads of attention_backward_sinks, whose grid is one CTA per head.
+constexpr int kAttentionBackwardSinksThreads = 256;
+
+// Dynamic shared memory of attention_backward_dkdv_portable, in bytes: a tile of block_m query
+// rows and one of their output gradients, unpadded, then each row's LSE and D (fp32).
+KILN_PARAMS_FN constexpr long long attention_backward_dkdv_portable_smem_bytes(long long head_dim,
+                                                                               long long head_dim_v,
+                                                                               long long block_m,
+                                                                               long long q_size,
+                                                                               long long out_size) {
+  return block_m * (head_dim * q_size + head_dim_v * out_size) + 2 * block_m * 4;
+}
+
+}  // namespace kiln

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: Apache-2.0
+// Where the backward's own tensors lie for one (batch, head) sequence: dout and dq, laid out like
+// out and q with strides of their own, and dk and dv (AttentionBackwardParams::grads) like k and
+// v; and the gradient of a probability back to its q.k score.
+#pragma once
+
+#include "attention/core/kv_layout.cuh"
+#include "attention/core/math.cuh"
+#include "attention/prefill/sequence.cuh"
+#include "kiln/params/attention_backward.h"
+
+namespace kiln::attention {
+
+// The element offset of row 0 of (batch, head) in a tensor laid out like q: (batch, seqlen,
+// heads, dim), or varlen (tokens, heads, dim) from cu_seqlens_q[batch] on.
+template <bool Varlen>
+__device__ __forceinline__ long long query_rows_offset(const AttentionParams& p, int batch,
+                                                       int head, long long batch_stride,
+                                                       long long seq_stride,
+                                                       long long head_stride) {
+  const long long start = Varlen ? p.maybe_cu_seqlens_q[batch] * seq_stride
+                                 : static_cast<long long>(batch) * batch_stride;
+  return start + head * head_stride;
+}
+
+template <bool Varlen>
+__device__ __forceinline__ long long dout_offset(const AttentionBackwardParams& bp, int batch,
+                                                 int head) {
+  return query_rows_offset<Varlen>(bp.fwd, batch, head, bp.dout_batch_stride, bp.dout_seq_stride,
+                                   bp.dout_head_stride);
+}
+
+template <bool Varlen>
+__device__ __forceinline__ long long dq_offset(const AttentionBackwardParams& bp, int batch,
+                                               int head) {
+  return query_rows_offset<Varlen>(bp.fwd, batch, head, bp.dq_batch_stride, bp.dq_seq_stride,
+                                   bp.dq_head_stride);
+}
+
+// The keys k holds for sequence `batch` (all of which get dk and dv), and their dk and dv rows
+// at kv head `head_kv`.
+template <bool Varlen>
+__device__ __forceinline__ int stored_keys(const AttentionParams& p, int batch) {
+  return Varlen ? p.kv.maybe_cu_seqlens_k[batch + 1] - p.kv.maybe_cu_seqlens_k[batch] : p.seqlen_k;
+}
+
+template <bool Varlen, class T>
+__device__ __forceinline__ KVRows<tensor_mode(Varlen), T> grad_rows(
+    const AttentionBackwardParams& bp, int batch, int head_kv) {
+  KVLayout grads = bp.grads;
+  grads.maybe_cu_seqlens_k = bp.fwd.kv.maybe_cu_seqlens_k;
+  return kv_rows<tensor_mode(Varlen), T>(grads, batch, head_kv);
+}
+
+// exp(logit - lse) as the forward normalized it, from a logit in the transform's units (times
+// to_log2 it is in log2 units) and the row's LSE in log2 units; 0 for a masked logit, and for
+// a row that attended nothing (its LSE -inf).
+__device__ __forceinline__ float probability(float logit, float to_log2, float lse_log2) {
+  return lse_log2 == neg_inf() ? 0.f : exp2f(fmaf(logit, to_log2, -lse_log2));
+}
+
+}  // namespace kiln::attention

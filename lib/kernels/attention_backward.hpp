@@ -1,0 +1,58 @@
+// SPDX-License-Identifier: Apache-2.0
+// The attention backward's kernels as the host describes them: the row-dot pre-pass and the
+// sinks' reduction (fixed CTAs), and the dk/dv and dq kernels of each AttentionBackwardKernel;
+// with choose()'s configs and the launch plans made from them. Validation and the launches are
+// in ops/attention_backward.cpp.
+#pragma once
+
+#include <optional>
+#include <span>
+
+#include "kernels/kernel.hpp"
+#include "kiln/attention_backward.hpp"
+
+namespace kiln::detail {
+
+extern const FixedKernel kBackwardDotKernel;
+extern const FixedKernel kBackwardSinksKernel;
+
+// The two kernels of an AttentionBackwardKernel.
+struct AttentionBackwardDescription {
+  AttentionBackwardKernel kernel;
+  std::string_view name;  // "portable", as messages name the kernel
+  KernelSchema dkdv;
+  KernelSchema dq;
+  int (*threads)(const AttentionBackwardConfig& config);  // per CTA, both kernels
+  long long (*dkdv_shared_bytes)(const AttentionProblem& problem,
+                                 const AttentionBackwardConfig& config);
+  long long (*dq_shared_bytes)(const AttentionProblem& problem,
+                               const AttentionBackwardConfig& config);
+};
+
+// The description of `kernel`; kiln::Error (invalid_argument) for a value that is none.
+const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel);
+
+// Every backward kernel's schema, for the registry: the row dots, the sinks' sum, then each
+// description's dk/dv and dq kernels.
+std::vector<const KernelSchema*> attention_backward_schemas();
+
+// Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out
+// of range, and (unsupported) for a target the backward does not run on.
+void check_config(const AttentionBackwardConfig& config, const Target& target);
+
+// Every launch of one backward call, planned before any is fetched or run: the row dots, the
+// sinks' sum when problem.dsinks, the dk/dv kernel and the dq kernel.
+struct AttentionBackwardPlan {
+  LaunchPlan dot;
+  std::optional<LaunchPlan> sinks;
+  LaunchPlan dkdv;
+  LaunchPlan dq;
+};
+AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
+                                              const AttentionBackwardConfig& config);
+
+// Throws kiln::Error (unsupported) when `device` cannot run a launch of `plan`.
+void require_fits(const AttentionBackwardPlan& plan, const AttentionBackwardConfig& config,
+                  const DeviceInfo& device);
+
+}  // namespace kiln::detail

@@ -1,0 +1,116 @@
+// SPDX-License-Identifier: Apache-2.0
+// The CPU reference of attention's backward pass: attention_reference's softmax rows, and plain
+// loops over them in fp64 and rounded to the input dtype.
+#include "attention_backward_reference.hpp"
+
+#include <algorithm>
+#include <stdexcept>
+
+namespace kiln::test {
+
+// Per row, with D = rowsum(dO * O): dP_j = dO . v_j, dS_j = P_j (dP_j - D) times the softcap's
+// tanh', dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q, dv_j += P_j dO, and dsink -= P_sink D
+// (the sink joins the denominator with no value, so d out / d sink = -P_sink out).
+//
+// The plain-dtype baseline approximates FlashAttention's (PyTorch eager autograd through
+// attention_ref with upcast=False), as attention_reference's does the forward: each matmul
+// rounds its result to the dtype (dP = dO V^T, dV = P^T dO per query head, dQ = dS K * scale,
+// dK = dS^T Q * scale per query head), the softmax's gradient dS = P (dP - D) with the rounded P
+// and the rounded output's D is rounded to the dtype, then once more after tanh's derivative;
+// GQA sums the rounded per-head dK and dV of a group and rounds the sum, as the backward of
+// repeating k and v over the group does. Accumulations are fp64; dsinks stays fp32.
+BackwardReference attention_backward_reference(const ReferenceProblem& p,
+                                               const std::vector<double>& q,
+                                               const std::vector<double>& k,
+                                               const std::vector<double>& v,
+                                               const std::vector<double>& dout) {
+  BackwardReference r;
+  r.forward = attention_reference(p, q, k, v);  // checks q, k and v
+  if (dout.size() != r.forward.out.size()) {
+    throw std::invalid_argument("attention_backward_reference: dout does not match out");
+  }
+  const auto hq = static_cast<std::size_t>(p.heads), hkv = static_cast<std::size_t>(p.heads_kv);
+  const auto d = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
+  const auto total_k = static_cast<std::size_t>(p.cu_seqlens_k.back());
+  const auto zeros = [](std::size_t size) {
+    return GradientReference{std::vector<double>(size, 0.0), std::vector<double>(size, 0.0)};
+  };
+  r.dq = zeros(q.size());
+  r.dk = zeros(k.size());
+  r.dv = zeros(v.size());
+  if (!p.sinks.empty()) r.dsinks = zeros(hq);
+  r.keyless.assign(r.forward.lse.size(), false);
+  // The plain dK and dV of each query head, (total_k, heads, dim), before a group's sum.
+  std::vector<double> dk_heads(total_k * hq * d, 0.0), dv_heads(total_k * hq * dv, 0.0);
+  std::vector<double> dq_row(d);  // one row's plain dQ before its scale and rounding
+
+  for_each_softmax_row(p, q, k, [&](const SoftmaxRow& row) {
+    const std::size_t at =
+        static_cast<std::size_t>(row.token) * hq + static_cast<std::size_t>(row.head);
+    r.keyless[at] = std::all_of(row.p.begin(), row.p.end(), [](double x) { return x == 0; });
+    const double* o = &r.forward.out[at * dv];
+    const double* o_plain = &r.forward.out_plain[at * dv];
+    const double* g = &dout[at * dv];
+    double rowsum = 0, rowsum_plain = 0;  // D
+    for (std::size_t c = 0; c < dv; ++c) {
+      rowsum += g[c] * o[c];
+      rowsum_plain += g[c] * o_plain[c];
+    }
+    if (!p.sinks.empty()) {
+      const auto h = static_cast<std::size_t>(row.head);
+      r.dsinks.exact[h] -= row.sink_p * rowsum;
+      r.dsinks.plain[h] -= row.sink_p_plain * rowsum_plain;
+    }
+    const double* qi = &q[at * d];
+    double* dqi = &r.dq.exact[at * d];
+    std::fill(dq_row.begin(), dq_row.end(), 0.0);
+    for (std::size_t n = 0; n < row.p.size(); ++n) {
+      const std::size_t key = static_cast<std::size_t>(row.first_key) + n;
+      const std::size_t kv_at = key * hkv + static_cast<std::size_t>(row.head_kv);
+      const std::size_t head_at = key * hq + static_cast<std::size_t>(row.head);
+      const double* kj = &k[kv_at * d];
+      const double* vj = &v[kv_at * dv];
+      double dp = 0;
+      for (std::size_t c = 0; c < dv; ++c) dp += g[c] * vj[c];
+      const double ds = p.softmax_scale * row.p[n] * (dp - rowsum) * row.dtanh[n];
+      double ds_plain = round_to(p.dtype, row.p_plain[n] * (round_to(p.dtype, dp) - rowsum_plain));
+      ds_plain = round_to(p.dtype, ds_plain * row.dtanh_plain[n]);
+      for (std::size_t c = 0; c < d; ++c) {
+        dqi[c] += ds * kj[c];
+        dq_row[c] += ds_plain * kj[c];
+        r.dk.exact[kv_at * d + c] += ds * qi[c];
+        dk_heads[head_at * d + c] += ds_plain * qi[c];
+      }
+      for (std::size_t c = 0; c < dv; ++c) {
+        r.dv.exact[kv_at * dv + c] += row.p[n] * g[c];
+        dv_heads[head_at * dv + c] += row.p_plain[n] * g[c];
+      }
+    }
+    for (std::size_t c = 0; c < d; ++c) {
+      r.dq.plain[at * d + c] = round_to(p.dtype, p.softmax_scale * dq_row[c]);
+    }
+  });
+
+  // Each kv head's plain dK and dV: its group's rounded per-head gradients, summed and rounded.
+  const std::size_t group = hq / hkv;
+  const auto reduce = [&](const std::vector<double>& heads, double scale, std::size_t dim,
+                          std::vector<double>& out) {
+    for (std::size_t key = 0; key < total_k; ++key) {
+      for (std::size_t h = 0; h < hkv; ++h) {
+        for (std::size_t c = 0; c < dim; ++c) {
+          double sum = 0;
+          for (std::size_t m = h * group; m < (h + 1) * group; ++m) {
+            sum += round_to(p.dtype, scale * heads[(key * hq + m) * dim + c]);
+          }
+          out[(key * hkv + h) * dim + c] = round_to(p.dtype, sum);
+        }
+      }
+    }
+  };
+  reduce(dk_heads, p.softmax_scale, d, r.dk.plain);
+  reduce(dv_heads, 1.0, dv, r.dv.plain);
+  for (double& x : r.dsinks.plain) x = round_to(DType::f32, x);
+  return r;
+}
+
+}  // namespace kiln::test

@@ -1,0 +1,239 @@
+// SPDX-License-Identifier: Apache-2.0
+// kiln::attention_backward() input validation and its choose / specs path, with no GPU: every bad
+// input is refused with a kiln::Error that names the tensor and the fix, before anything needs a
+// device.
+#include <catch2/catch.hpp>
+
+#include <initializer_list>
+#include <string>
+
+#include "kiln/attention_backward.hpp"
+#include "kiln/error.hpp"
+#include "kiln/variant.hpp"
+#include "ops/validation_support.hpp"
+
+namespace {
+
+using kiln::DType;
+using kiln::ErrorCategory;
+using kiln::TensorView;
+using kiln::test::check_refusal;
+using kiln::test::refusal;
+using kiln::test::reshaped;
+using kiln::test::validating_runtime;
+using kiln::test::view;
+
+struct Call {
+  TensorView q, k, v, out, dout, dq, dk, dv;
+  kiln::AttentionOptions options;
+  kiln::AttentionGradOptions grads;
+};
+
+// A valid padded-batch GQA call: batch 2, seqlen_q 128, seqlen_k 256, 8 query heads on 2 kv
+// heads, head dim 64, with the forward's lse.
+Call padded_call(DType dtype = DType::bf16) {
+  Call c{view(0x1000000, dtype, {2, 128, 8, 64}),
+         view(0x2000000, dtype, {2, 256, 2, 64}),
+         view(0x3000000, dtype, {2, 256, 2, 64}),
+         view(0x4000000, dtype, {2, 128, 8, 64}),
+         view(0x5000000, dtype, {2, 128, 8, 64}),
+         view(0x6000000, dtype, {2, 128, 8, 64}),
+         view(0x7000000, dtype, {2, 256, 2, 64}),
+         view(0x8000000, dtype, {2, 256, 2, 64}),
+         {},
+         {}};
+  c.options.lse = view(0x9000000, DType::f32, {2, 8, 128});
+  return c;
+}
+
+// A valid varlen call: 3 sequences, 100 query and 300 key tokens in all.
+Call varlen_call() {
+  Call c{view(0x1000000, DType::bf16, {100, 8, 64}),
+         view(0x2000000, DType::bf16, {300, 2, 64}),
+         view(0x3000000, DType::bf16, {300, 2, 64}),
+         view(0x4000000, DType::bf16, {100, 8, 64}),
+         view(0x5000000, DType::bf16, {100, 8, 64}),
+         view(0x6000000, DType::bf16, {100, 8, 64}),
+         view(0x7000000, DType::bf16, {300, 2, 64}),
+         view(0x8000000, DType::bf16, {300, 2, 64}),
+         {},
+         {}};
+  c.options.cu_seqlens_q = view(0x9000000, DType::i32, {4});
+  c.options.cu_seqlens_k = view(0x9100000, DType::i32, {4});
+  c.options.max_seqlen_q = 50;
+  c.options.max_seqlen_k = 150;
+  c.options.lse = view(0x9200000, DType::f32, {8, 100});
+  return c;
+}
+
+void call(const Call& c) {
+  kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, c.options, c.grads,
+                           nullptr, validating_runtime());
+}
+
+void check_refused(const Call& c, ErrorCategory category,
+                   std::initializer_list<const char*> words) {
+  check_refusal(refusal([&] { call(c); }), category, words);
+}
+
+void check_invalid(const Call& c, std::initializer_list<const char*> words) {
+  check_refused(c, ErrorCategory::invalid_argument, words);
+}
+
+// Whether `c` got through validation: it returned (nothing to do) or reached the kernel lookup,
+// which fails here (no compiling, no driver or no device) naming the backward.
+void check_accepted(const Call& c) {
+  try {
+    call(c);
+  } catch (const kiln::Error& e) {
+    INFO("message: " << e.what());
+    CHECK(e.category() == ErrorCategory::not_found);
+    CHECK_THAT(e.what(), Catch::Contains("backward"));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("attention backward passes valid calls", "[attention_backward]") {
+  check_accepted(padded_call());
+  check_accepted(padded_call(DType::f16));
+  check_accepted(varlen_call());
+
+  Call options = padded_call();
+  options.options.score = {
+      .softmax_scale = 0.5f, .causal = true, .window_left = 32, .top_left = true, .softcap = 30};
+  options.options.score.alibi_slopes = view(0xa000000, DType::f32, {2, 8});
+  options.options.score.sinks = view(0xa100000, DType::f32, {8});
+  options.options.seqused_k = view(0xa200000, DType::i32, {2});
+  options.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
+  options.grads = {.deterministic = true, .dsinks = view(0xa400000, DType::f32, {8})};
+  check_accepted(options);
+
+  // Empty problems pass validation too (the kernels still zero dk, dv and dsinks where they
+  // have elements).
+  Call no_batch = padded_call();
+  for (TensorView* t : {&no_batch.q, &no_batch.k, &no_batch.v, &no_batch.out, &no_batch.dout,
+                        &no_batch.dq, &no_batch.dk, &no_batch.dv}) {
+    t->shape[0] = 0;
+  }
+  no_batch.options.lse = view(0x9000000, DType::f32, {0, 8, 128});
+  check_accepted(no_batch);
+  Call empty = padded_call();
+  for (TensorView* t :
+       {&empty.q, &empty.k, &empty.v, &empty.out, &empty.dout, &empty.dq, &empty.dk, &empty.dv}) {
+    t->shape[1] = 0;
+  }
+  empty.options.lse = view(0x9000000, DType::f32, {2, 8, 0});
+  check_accepted(empty);
+}
+
+TEST_CASE("attention backward refuses a call without the forward's lse", "[attention_backward]") {
+  Call c = padded_call();
+  c.options.lse.reset();
+  check_invalid(c, {"the backward needs the forward's LSE in options.lse", "pass the forward"});
+  c = varlen_call();
+  c.options.lse.reset();
+  check_invalid(c, {"options.lse"});
+}
+
+TEST_CASE("attention backward refuses dout, dq, dk and dv of the wrong shape or dtype",
+          "[attention_backward]") {
+  Call c = padded_call();
+  c.dout = reshaped(c.dout, {2, 127, 8, 64});
+  check_invalid(c, {"dout.size(1) is 127 but out.size(1) is 128", "dout takes out's shape"});
+
+  c = padded_call();
+  c.dout.dtype = DType::f16;
+  check_invalid(c, {"dout has dtype f16 but out has dtype bf16", "dout takes out's dtype"});
+
+  c = padded_call();
+  c.dq = reshaped(c.dq, {2, 128, 8, 72});
+  check_invalid(c, {"dq.size(3) is 72 but q.size(3) is 64", "dq takes q's shape"});
+
+  c = padded_call();
+  c.dq.dtype = DType::f32;
+  check_invalid(c, {"dq has dtype f32 but q has dtype bf16"});
+
+  // dk and dv take k's and v's shapes: under GQA the kv heads, not the query heads.
+  c = padded_call();
+  c.dk = reshaped(c.dk, {2, 256, 8, 64});
+  check_invalid(c, {"dk.size(2) is 8 but k.size(2) is 2"});
+
+  c = padded_call();
+  c.dk.dtype = DType::f16;
+  check_invalid(c, {"dk has dtype f16 but k has dtype bf16"});
+
+  c = padded_call();
+  c.dv = reshaped(c.dv, {2, 255, 2, 64});
+  check_invalid(c, {"dv.size(1) is 255 but v.size(1) is 256"});
+
+  c = padded_call();
+  c.dv.dtype = DType::f16;
+  check_invalid(c, {"dv has dtype f16 but v has dtype bf16"});
+
+  c = varlen_call();
+  c.dk = reshaped(c.dk, {299, 2, 64});
+  check_invalid(c, {"dk.size(0) is 299 but k.size(0) is 300"});
+}
+
+TEST_CASE("attention backward refuses a varlen call without the longest key sequence",
+          "[attention_backward]") {
+  Call c = varlen_call();
+  c.options.max_seqlen_k = 0;
+  check_invalid(c, {"max_seqlen_k is 0", "longest key sequence", "300"});
+}
+
+TEST_CASE("attention backward refuses dsinks without sinks, or of the wrong shape or dtype",
+          "[attention_backward]") {
+  Call c = padded_call();
+  c.grads.dsinks = view(0xa400000, DType::f32, {8});
+  check_invalid(c, {"grads.dsinks is set but options.score.sinks is not", "leave dsinks unset"});
+
+  c.options.score.sinks = view(0xa100000, DType::f32, {8});
+  c.grads.dsinks = view(0xa400000, DType::f32, {4});
+  check_invalid(c, {"dsinks.size(0) is 4 but heads is 8"});
+
+  c.grads.dsinks = view(0xa400000, DType::bf16, {8});
+  check_invalid(c, {"dsinks has dtype bf16: it must be f32"});
+}
+
+TEST_CASE("attention backward refuses what it does not support yet: dbias, user variants",
+          "[attention_backward]") {
+  Call c = padded_call();
+  c.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
+  c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
+  check_refused(c, ErrorCategory::unsupported,
+                {"grads.dbias", "not supported yet", "leave it unset"});
+
+  c = padded_call();
+  const kiln::Variant variant{.name = "identity", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x;
+  }
+};
+)"};
+  c.options.score.variant = &variant;
+  check_refused(c, ErrorCategory::unsupported,
+                {"user variant (options.score.variant, identity) is not supported yet"});
+}
+
+TEST_CASE("attention backward's choose, specs and default specs, with no device",
+          "[attention_backward]") {
+  const kiln::AttentionBackwardProblem problem{
+      .forward = {.head_dim = 128, .head_dim_v = 128, .band = true}};
+  for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
+    INFO(target);
+    const kiln::AttentionBackwardConfig config = kiln::choose(problem, target);
+    CHECK(config.kernel == kiln::AttentionBackwardKernel::portable);
+    // The row-dot pre-pass, the dk/dv kernel and the dq kernel; the sinks' reduction between
+    // them when asked.
+    CHECK(kiln::attention_backward_specs(problem, config).size() == 3);
+    kiln::AttentionBackwardProblem with_sinks = problem;
+    with_sinks.dsinks = true;
+    CHECK(kiln::attention_backward_specs(with_sinks, config).size() == 4);
+    CHECK_FALSE(kiln::attention_backward_default_specs(target).empty());
+  }
+  const kiln::test::Refusal old = refusal([&] { kiln::choose(problem, "sm_75"); });
+  check_refusal(old, ErrorCategory::unsupported, {"sm_80 or newer"});
+  CHECK(kiln::attention_backward_default_specs("sm_75").empty());
+}
