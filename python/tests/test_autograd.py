@@ -322,3 +322,23 @@ def test_eager_calls_record_the_ops_formula_around_the_implementations(as_gpu, m
     assert all(a is b for a, b in zip(arguments[1:4], (q, k, v))) and arguments[19] is sinks
     assert arguments[-2:] == (True, True)  # deterministic, dsinks
     assert q.grad.shape == q.shape and sinks.grad.shape == (8,)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, the gpu tests run the backward")
+@pytest.mark.parametrize("call", ["flash_attn_func", "flash_attn_varlen_func"])
+def test_libkiln_takes_what_the_eager_backward_hands_it(as_gpu, call):
+    # Batch 0, CPU tensors sent as a GPU's: libkiln checks every tensor of the backward the
+    # eager path packs (dout, dq, dk, dv, the LSE, dsinks) and stops only for want of a GPU.
+    sinks = t(8, dtype=F32, device="cpu")
+    if call == "flash_attn_func":
+        q, k, v = (t(0, 5, 8, 64, device="cpu"), t(0, 7, 2, 64, device="cpu"),
+                   t(0, 7, 2, 32, device="cpu"))
+        out = kiln.flash_attn_func(q, k, v, causal=True, sinks=sinks)
+    else:
+        q, k, v = t(0, 8, 64, device="cpu"), t(0, 2, 64, device="cpu"), t(0, 2, 32, device="cpu")
+        zeros = torch.zeros(1, dtype=I32)
+        out = kiln.flash_attn_varlen_func(q, k, v, zeros, zeros, 0, 0, sinks=sinks)
+    with pytest.raises(kiln.KilnError) as error:
+        out.sum().backward()
+    assert error.value.status == kiln._capi.KILN_ERROR_NOT_FOUND, str(error.value)
+    assert "kiln_attention_backward needs a GPU" in str(error.value)

@@ -522,12 +522,21 @@ TEST_CASE("a C call without a GPU says that it needs one, naming itself, not a t
   const Tensor states(0x6000000, kBf16, {3, 2, 2, 64}, kDevice),
       states_lse(0x7000000, kF32, {3, 2, 2}, kDevice), v(0x8000000, kBf16, {3, 2, 64}, kDevice),
       lse(0x9000000, kF32, {3, 2}, kDevice);
+  const Tensor dout(0xa000000, kBf16, {1, 3, 2, 64}, kDevice),
+      dq(0xb000000, kBf16, {1, 3, 2, 64}, kDevice), dk(0xc000000, kBf16, {1, 17, 2, 64}, kDevice),
+      dv(0xd000000, kBf16, {1, 17, 2, 64}, kDevice), call_lse(0xe000000, kF32, {1, 2, 3}, kDevice);
   const std::pair<const char*, std::function<kiln_status()>> calls[] = {
       {"kiln_attention", [&] { return call.run(); }},
       {"kiln_attention_with_kvcache",
        [&] {
          return kiln_attention_with_kvcache(call.q.get(), &cache, call.out.get(), nullptr, nullptr,
                                             nullptr);
+       }},
+      {"kiln_attention_backward",
+       [&] {
+         return kiln_attention_backward(call.q.get(), call.k.get(), call.v.get(), call.out.get(),
+                                        dout.get(), dq.get(), dk.get(), dv.get(), &call.options,
+                                        call_lse.get(), nullptr, nullptr);
        }},
       {"kiln_merge_states",
        [&] {
