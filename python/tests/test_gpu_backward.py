@@ -10,6 +10,8 @@ import pytest
 import torch
 
 import kiln
+from test_gpu import CASES as FORWARD_CASES
+from test_gpu import randn, varlen
 
 pytestmark = pytest.mark.gpu
 BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
@@ -18,10 +20,6 @@ BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
 def reference():
     import reference as ref  # python/tests/reference.py
     return ref
-
-
-def randn(*shape, dtype=BF16):
-    return torch.randn(*shape, dtype=dtype, device="cuda")
 
 
 def leaf(*shape, dtype=BF16):
@@ -84,16 +82,10 @@ def flash_attn_func(q, k, v, **kw):
     return kiln.flash_attn_func(q, k, v, **kw)
 
 
-CASES = [
-    # (batch, seqlen_q, seqlen_k, heads, heads_kv, d, dv, options)
-    (2, 113, 113, 4, 4, 64, 64, {}),
-    (1, 17, 1023, 8, 2, 128, 128, {"causal": True}),
-    # Rows 0 to 50 see no key (bottom-right band): zero gradients there.
-    (3, 128, 77, 6, 3, 96, 96, {"causal": True, "window_size": (32, 0)}),
-    (2, 64, 200, 4, 1, 72, 72, {"window_size": (40, 20), "softcap": 30.0}),
-    (1, 33, 65, 4, 4, 192, 128, {"softmax_scale": 0.07}),
-    (2, 40, 90, 4, 2, 64, 64, {"causal": True, "top_left": True}),
-    (2, 1, 513, 8, 8, 256, 256, {}),
+# The forward's cases (test_gpu.py: GQA, MQA, causal, windows, softcap, dv != d, top-left, d 64
+# to 256, odd sizes; in (3, 128, 77) rows 0 to 50 see no key, so their gradients are zero), and
+# more: (batch, seqlen_q, seqlen_k, heads, heads_kv, d, dv, options).
+CASES = FORWARD_CASES + [
     (1, 255, 255, 2, 2, 256, 256, {"causal": True}),
     (2, 1, 1, 2, 1, 8, 8, {}),
     (1, 1023, 17, 2, 1, 40, 40, {"causal": True}),
@@ -115,12 +107,6 @@ def test_gradients_with_alibi_and_a_broadcast_bias():
     bias = randn(1, 8, 50, 70).expand(2, 8, 50, 70)
     inputs = dict(q=leaf(2, 50, 8, 64), k=leaf(2, 70, 2, 64), v=leaf(2, 70, 2, 64))
     check_gradients(flash_attn_func, inputs, causal=True, alibi_slopes=slopes, bias=bias)
-
-
-def varlen(lengths):
-    cu = torch.zeros(len(lengths) + 1, dtype=I32)
-    cu[1:] = torch.tensor(lengths).cumsum(0)
-    return cu.cuda(), max(lengths)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):
