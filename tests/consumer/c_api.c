@@ -18,9 +18,8 @@ int main(void) {
   kiln_attention_grad_options_init(&grads);
   const int forward =
       refused("kiln_attention", kiln_attention(NULL, NULL, NULL, NULL, &options, NULL, NULL));
-  const int backward =
-      refused("kiln_attention_backward",
-              kiln_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, &options,
-                                      NULL, &grads, NULL));
+  const int backward = refused("kiln_attention_backward",
+                               kiln_attention_backward(NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                                       NULL, &options, NULL, &grads, NULL));
   return forward && backward ? 0 : 1;
 }
