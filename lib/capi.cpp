@@ -18,6 +18,7 @@
 #include "core/checked_math.hpp"
 #include "core/config.hpp"
 #include "core/tensor_strides.hpp"
+#include "kiln/attention_backward.hpp"
 #include "kiln/kiln.hpp"
 
 namespace kiln {
@@ -117,6 +118,10 @@ constexpr std::array kWarmupOptionsEnds = {KILN_FIELD_END(kiln_warmup_options, t
                                            KILN_FIELD_END(kiln_warmup_options, progress),
                                            KILN_FIELD_END(kiln_warmup_options, progress_user)};
 
+constexpr std::array kGradOptionsEnds = {KILN_FIELD_END(kiln_attention_grad_options, deterministic),
+                                         KILN_FIELD_END(kiln_attention_grad_options, dsinks),
+                                         KILN_FIELD_END(kiln_attention_grad_options, dbias)};
+
 constexpr std::array kKVCacheEnds = {
     KILN_FIELD_END(kiln_kvcache, k), KILN_FIELD_END(kiln_kvcache, v),
     KILN_FIELD_END(kiln_kvcache, seqlens), KILN_FIELD_END(kiln_kvcache, batch_idx),
@@ -133,6 +138,7 @@ static_assert(lists_every_field<kiln_score_options>(kScoreOptionsEnds));
 static_assert(lists_every_field<kiln_attention_options>(kAttentionOptionsEnds));
 static_assert(lists_every_field<kiln_decode_options>(kDecodeOptionsEnds));
 static_assert(lists_every_field<kiln_kvcache>(kKVCacheEnds));
+static_assert(lists_every_field<kiln_attention_grad_options>(kGradOptionsEnds));
 static_assert(lists_every_field<kiln_warmup_options>(kWarmupOptionsEnds));
 
 // Whether `size` is a struct_size a caller of C may give: this header's sizeof(C), or an older
@@ -260,6 +266,12 @@ kiln_warmup_options warmup_defaults() {
   kiln_warmup_options options{};
   options.struct_size = sizeof(kiln_warmup_options);
   return options;
+}
+
+kiln_attention_grad_options grad_defaults() {
+  kiln_attention_grad_options grads{};
+  grads.struct_size = sizeof(kiln_attention_grad_options);
+  return grads;
 }
 
 kiln_kvcache kvcache_defaults() {
@@ -485,6 +497,24 @@ ScoreOptions score_options(const kiln_score_options& c, CallTensors& tensors, Va
   return o;
 }
 
+// kiln_attention's options (NULL: the defaults) and `lse` as AttentionOptions, their tensors
+// converted as the call's, in the order the forward names them; the user variant goes into
+// `variant`.
+AttentionOptions attention_options_of(const kiln_attention_options* options, const DLTensor* lse,
+                                      CallTensors& tensors, Variant& variant) {
+  const kiln_attention_options c = attention_options(options);
+  AttentionOptions o;
+  o.score = score_options(c.score, tensors, variant);
+  o.bias = tensors.maybe(c.bias, "bias");
+  o.lse = tensors.maybe(lse, "lse");
+  o.cu_seqlens_q = tensors.maybe(c.cu_seqlens_q, "cu_seqlens_q");
+  o.cu_seqlens_k = tensors.maybe(c.cu_seqlens_k, "cu_seqlens_k");
+  o.seqused_k = tensors.maybe(c.seqused_k, "seqused_k");
+  o.max_seqlen_q = c.max_seqlen_q;
+  o.max_seqlen_k = c.max_seqlen_k;
+  return o;
+}
+
 }  // namespace
 }  // namespace kiln
 
@@ -512,18 +542,46 @@ kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor*
     kiln::CallTensors tensors;
     const kiln::TensorView tq = tensors(q, "q"), tk = tensors(k, "k"), tv = tensors(v, "v"),
                            tout = tensors(out, "out");
-    const kiln_attention_options c = kiln::attention_options(options);
-    kiln::AttentionOptions o;
     kiln::Variant variant;
-    o.score = kiln::score_options(c.score, tensors, variant);
-    o.bias = tensors.maybe(c.bias, "bias");
-    o.lse = tensors.maybe(lse, "lse");
-    o.cu_seqlens_q = tensors.maybe(c.cu_seqlens_q, "cu_seqlens_q");
-    o.cu_seqlens_k = tensors.maybe(c.cu_seqlens_k, "cu_seqlens_k");
-    o.seqused_k = tensors.maybe(c.seqused_k, "seqused_k");
-    o.max_seqlen_q = c.max_seqlen_q;
-    o.max_seqlen_k = c.max_seqlen_k;
+    const kiln::AttentionOptions o = kiln::attention_options_of(options, lse, tensors, variant);
     kiln::attention(tq, tk, tv, tout, o, stream, tensors.runtime());
+  });
+}
+
+void kiln_attention_grad_options_init_sized(kiln_attention_grad_options* grads,
+                                            size_t struct_size) {
+  kiln::init_sized(grads, struct_size, kiln::grad_defaults());
+}
+
+kiln_status kiln_attention_backward(const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                    const DLTensor* out, const DLTensor* dout, const DLTensor* dq,
+                                    const DLTensor* dk, const DLTensor* dv,
+                                    const kiln_attention_options* options, const DLTensor* lse,
+                                    const kiln_attention_grad_options* grads, void* stream) {
+  return kiln::guarded([&] {
+    kiln::CallTensors tensors;
+    const kiln::TensorView tq = tensors(q, "q"), tk = tensors(k, "k"), tv = tensors(v, "v"),
+                           tout = tensors(out, "out"), tdout = tensors(dout, "dout"),
+                           tdq = tensors(dq, "dq"), tdk = tensors(dk, "dk"),
+                           tdv = tensors(dv, "dv");
+    if (lse == nullptr) {
+      throw kiln::Error(kiln::ErrorCategory::invalid_argument,
+                        "lse is NULL: the backward needs the forward's LSE; pass the fp32 lse "
+                        "that kiln_attention wrote (its lse argument, which the forward of a "
+                        "training step must not leave NULL)");
+    }
+    kiln::Variant variant;
+    const kiln::AttentionOptions o = kiln::attention_options_of(options, lse, tensors, variant);
+    const kiln_attention_grad_options c =
+        grads == nullptr
+            ? kiln::grad_defaults()
+            : kiln::read_sized(*grads, kiln::grad_defaults(), kiln::kGradOptionsEnds, "grads",
+                               "kiln_attention_grad_options", "kiln_attention_grad_options_init");
+    const kiln::AttentionGradOptions g{.deterministic = c.deterministic != 0,
+                                       .dsinks = tensors.maybe(c.dsinks, "dsinks"),
+                                       .dbias = tensors.maybe(c.dbias, "dbias")};
+    kiln::attention_backward(tq, tk, tv, tout, tdout, tdq, tdk, tdv, o, g, stream,
+                             tensors.runtime());
   });
 }
 

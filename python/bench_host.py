@@ -65,6 +65,13 @@ def main():
         lambda: kiln.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=seqlens))
     row("flash_attn_func(q, k, v, causal=True)",
         lambda: kiln.flash_attn_func(qp, kp, kp, causal=True))
+    q_trained = qp.clone().requires_grad_()
+    row("  the same with q.requires_grad (the forward, recording its backward)",
+        lambda: kiln.flash_attn_func(q_trained, kp, kp, causal=True))
+    forward_args = (q_trained, kp, kp, None, None, None, None, None, 0, 0, 0.0, True, -1, -1,
+                    False, 0.0, None, False)
+    row("  through the dispatcher: torch.ops.kiln.attention_forward",
+        lambda: ops.attention_forward(*forward_args))
     args = (q, k_cache, v_cache, seqlens, out, None, k_new, k_new, None, None, None, None, None,
             0.0, True, -1, -1, False, 0.0, True, 0, None, None, None, [], [])
     row("  packing and kiln_attention_with_kvcache alone (ops._attention_with_kvcache)",

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* kiln's C API over DLPack tensors: attention, decode over a KV cache and state merging, for
- * C, Python (ctypes), Rust or Go.
+/* kiln's C API over DLPack tensors: attention and its backward, decode over a KV cache and state
+ * merging, for C, Python (ctypes), Rust or Go.
  *
  * Every call returns a kiln_status; on failure kiln_last_error() gives this thread's message,
  * which names the value at fault and the fix. Nothing here aborts or exits. */
@@ -112,6 +112,32 @@ void kiln_attention_options_init_sized(kiln_attention_options* options, size_t s
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
                            const DLTensor* out, const kiln_attention_options* options,
                            const DLTensor* lse, void* stream);
+
+/* What kiln_attention_backward computes besides dq, dk and dv (kiln::AttentionGradOptions).
+ * Call kiln_attention_grad_options_init first. Pointers may be NULL (not asked for). */
+typedef struct kiln_attention_grad_options {
+  size_t struct_size;     /* sizeof(kiln_attention_grad_options), set by its *_init */
+  int deterministic;      /* nonzero: bitwise the same gradients from run to run */
+  const DLTensor* dsinks; /* output: fp32 (heads), the gradient of options->score.sinks, summed
+                             over batch and rows; only with sinks */
+  const DLTensor* dbias;  /* output: the gradient of options->bias; not supported yet (refused) */
+} kiln_attention_grad_options;
+
+void kiln_attention_grad_options_init_sized(kiln_attention_grad_options* grads, size_t struct_size);
+#define kiln_attention_grad_options_init(grads) \
+  kiln_attention_grad_options_init_sized((grads), sizeof(kiln_attention_grad_options))
+
+/* The backward of kiln_attention: dq, dk and dv of out = attention(q, k, v, options), given dout
+ * (the gradient of out, laid out like out) and the forward's lse (required: what kiln_attention
+ * wrote into its lse). Pass the forward's tensors and options as they were. dq, dk and dv are
+ * written, like q, k and v (shapes and dtypes); under GQA/MQA dk and dv sum over the query heads
+ * of each group. grads may be NULL for the defaults. Scratch comes from the runtime's
+ * stream-ordered allocator; no host synchronization. */
+kiln_status kiln_attention_backward(const DLTensor* q, const DLTensor* k, const DLTensor* v,
+                                    const DLTensor* out, const DLTensor* dout, const DLTensor* dq,
+                                    const DLTensor* dk, const DLTensor* dv,
+                                    const kiln_attention_options* options, const DLTensor* lse,
+                                    const kiln_attention_grad_options* grads, void* stream);
 
 /* A KV cache for kiln_attention_with_kvcache (kiln::KVCache in decode.hpp has the details).
  * Contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v.

@@ -16,8 +16,10 @@ from .variant import Variant
 __version__ = _library_version()
 
 # The calls, from kiln.interface, which imports torch (and registers kiln's ops) on first use.
-_TORCH_NAMES = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache",
-                "merge_states", "warmup", "info")
+_TORCH_NAMES = ("flash_attn_func", "flash_attn_varlen_func", "flash_attn_qkvpacked_func",
+                "flash_attn_kvpacked_func", "flash_attn_varlen_qkvpacked_func",
+                "flash_attn_varlen_kvpacked_func", "flash_attn_with_kvcache", "merge_states",
+                "warmup", "info")
 __all__ = ["KilnError", "KilnValueError", "KilnTypeError", "KilnNotImplementedError", "Variant",
            "__version__", *_TORCH_NAMES]
 

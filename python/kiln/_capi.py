@@ -201,6 +201,11 @@ DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (
 KVCache = _struct("kiln_kvcache", "KVCache",
                   _tensors("k", "v", "seqlens", "batch_idx", "block_table"))
 
+AttentionGradOptions = _struct("kiln_attention_grad_options", "AttentionGradOptions", (
+    ("deterministic", ctypes.c_int, 0),
+    *_tensors("dsinks", "dbias"),
+))
+
 # kiln_warmup_progress(user, done, total, spec, ms, ok)
 WARMUP_PROGRESS = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_size_t,
                                    ctypes.c_char_p, ctypes.c_double, ctypes.c_int)
@@ -226,12 +231,15 @@ COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in ra
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
 # block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, then the
-# variant's, from VARIANT_SLOT on).
+# variant's, from VARIANT_SLOT on), and kiln_attention_backward's own (dout, dq, dk, dv, dsinks),
+# from BACKWARD_SLOT on, past the forward's.
 VARIANT_SLOT = 14
-MAX_TENSORS = VARIANT_SLOT + VARIANT_TENSORS
+BACKWARD_SLOT = VARIANT_SLOT + VARIANT_TENSORS
+MAX_TENSORS = BACKWARD_SLOT + 5
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
 _CACHE_AT = _OPTIONS_AT + max(AttentionOptions.size, DecodeOptions.size)
-_SCRATCH_SIZE = _CACHE_AT + KVCache.size
+_GRADS_AT = _CACHE_AT + KVCache.size
+_SCRATCH_SIZE = _GRADS_AT + AttentionGradOptions.size
 
 
 class Scratch(threading.local):
@@ -245,6 +253,7 @@ class Scratch(threading.local):
         self.base = ctypes.addressof(self.buffer)
         self.options = self.base + _OPTIONS_AT
         self.cache = self.base + _CACHE_AT
+        self.grads = self.base + _GRADS_AT
         self.slots = []
         for i in range(MAX_TENSORS):
             address = self.base + i * TENSOR_SLOT
@@ -272,6 +281,7 @@ def _options_packer(ctype):
 pack_attention_options = _options_packer(AttentionOptions)
 pack_decode_options = _options_packer(DecodeOptions)
 _pack_cache = KVCache.packer.pack_into
+_pack_grads = AttentionGradOptions.packer.pack_into
 
 
 @functools.lru_cache(maxsize=64)
@@ -286,6 +296,13 @@ def pack_cache(k, v, seqlens, batch_idx, block_table):
     s = scratch
     _pack_cache(s.buffer, _CACHE_AT, KVCache.size, k, v, seqlens, batch_idx, block_table)
     return s.cache
+
+
+def pack_grad_options(deterministic, dsinks, dbias):
+    """Writes kiln_attention_grad_options into this thread's block; returns its address."""
+    s = scratch
+    _pack_grads(s.buffer, _GRADS_AT, AttentionGradOptions.size, deterministic, dsinks, dbias)
+    return s.grads
 
 
 # --- the library -------------------------------------------------------------------------------
@@ -307,6 +324,8 @@ def _load():
     for name, args, result in (
             ("kiln_version", [], i),
             ("kiln_attention", [p] * 7, i),
+            ("kiln_attention_backward", [p] * 12, i),
+            ("kiln_attention_grad_options_init_sized", [p, ctypes.c_size_t], None),
             ("kiln_attention_with_kvcache", [p] * 6, i),
             ("kiln_merge_states", [p] * 7, i),
             ("kiln_merge_states_many", [p] * 5, i),
@@ -324,6 +343,7 @@ def _load():
 
 path, lib = _load()
 attention = lib.kiln_attention
+attention_backward = lib.kiln_attention_backward
 attention_with_kvcache = lib.kiln_attention_with_kvcache
 merge_states = lib.kiln_merge_states
 merge_states_many = lib.kiln_merge_states_many

@@ -263,6 +263,19 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
             "f32")
 
 
+def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                       seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                       window_right, top_left, softcap, sinks):
+    """kiln::attention_backward's op (kiln.ops.attention_backward): the forward's rules on the
+    forward's arguments, and dout, the gradient of out, in out's dtype and rank."""
+    attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+              max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+              top_left, softcap, sinks, None, None, [], [])
+    known(dout, "dout")
+    _ranks(q, (("dout", dout),))
+    _dtypes((("dout", dout),), out.dtype, f"out's, {DTYPE_NAMES[out.dtype]}")
+
+
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, rotary_cos,
                            rotary_sin, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
                            causal, window_left, window_right, top_left, softcap,

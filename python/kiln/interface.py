@@ -6,6 +6,11 @@ kiln's extras are keyword-only: an additive `bias` (any strides), `top_left` ban
 `return_softmax_lse` (where FlashAttention has it only for the KV cache), and `out=`. An argument
 of FlashAttention's that kiln cannot honour (dropout, attention probabilities, a paged varlen
 call, cache_leftpad) raises a KilnError naming it; none is ignored.
+
+flash_attn_func, flash_attn_varlen_func and their packed forms are differentiable in q, k, v and
+sinks: with an input that requires grad (and grad mode on) they call kiln's functional op, whose
+autograd formula is kiln's backward; what that backward cannot differentiate (a user variant, a
+bias, ALiBi slopes or a variant tensor that requires grad, out=) is refused then, naming it.
 """
 import os
 
@@ -135,9 +140,57 @@ def _variant(variant, scalars, tensors):
 
 
 def _result(out, lse, what, inputs):
+    """A call's result; the output of a call without a backward raises on a backward through
+    it."""
     if torch.is_grad_enabled() and ops.needs_grad(inputs):
         out = ops.NoBackward.apply(out, what, *inputs)
     return out if lse is None else (out, lse)
+
+
+def _trains(*inputs):
+    """Whether a differentiable call on `inputs` (None entries skipped) must record its
+    backward."""
+    return torch.is_grad_enabled() and ops.needs_grad(inputs)
+
+
+def _not_differentiable(argument, why):
+    raise _capi.KilnNotImplementedError(
+        KILN_ERROR_UNSUPPORTED, f"{argument} requires grad: {why}; pass it detached "
+        f"({argument}.detach()), or run the call under torch.no_grad()")
+
+
+def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                    max_seqlen_q, max_seqlen_k, score, sinks, hooks, deterministic, out,
+                    return_softmax_lse):
+    """The call through kiln's differentiable op (kiln.ops.attention_with_grad), for inputs that
+    require grad: what kiln's backward cannot differentiate is refused here, at the forward,
+    never answered with a missing or zero gradient."""
+    if bias is not None and bias.requires_grad:
+        _not_differentiable("bias", "kiln's backward computes no gradient for an additive bias "
+                            "yet (a mask needs none)")
+    if alibi_slopes is not None and alibi_slopes.requires_grad:
+        _not_differentiable("alibi_slopes", "kiln, as FlashAttention, computes no gradient for "
+                            "the ALiBi slopes")
+    for i, t in enumerate(hooks[3]):
+        if t.requires_grad:
+            _not_differentiable(f"variant_tensors[{i}]", "kiln computes no gradient for a "
+                                "variant's tensors yet")
+    training = ", ".join(name for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks))
+                         if t is not None and t.requires_grad)
+    if hooks[0] is not None:
+        raise _capi.KilnNotImplementedError(
+            KILN_ERROR_UNSUPPORTED,
+            f"variant={hooks[0]!r} with inputs that require grad ({training}): kiln's backward "
+            f"does not support user variants yet; run the call under torch.no_grad(), or "
+            f"detach its inputs")
+    if out is not None:
+        _invalid(f"out= with inputs that require grad ({training}): autograd cannot "
+                 f"differentiate a call that writes into a tensor given to it; leave out=None, "
+                 f"or run the call under torch.no_grad()")
+    out, lse = ops.attention_with_grad(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                                       seqused_k, max_seqlen_q, max_seqlen_k, *score, sinks,
+                                       flag("deterministic", deterministic))
+    return (out, lse) if return_softmax_lse else out
 
 
 def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
@@ -157,24 +210,31 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     logit per head that joins each row's softmax denominator with no value (gpt-oss), counted
     in softmax_lse; variant, a kiln.Variant (attention hooks written as device code, compiled
     into the kernels), with its variant_scalars (up to 8 numbers) and variant_tensors (up to 4,
-    any dtype and strides), which change without a recompile. The forward is deterministic
-    (`deterministic` concerns the backward pass, which kiln does not have yet: a backward
-    through the result raises).
+    any dtype and strides), which change without a recompile. The forward is deterministic.
+
+    Differentiable in q, k, v and sinks (dsinks), as FlashAttention's: deterministic=True makes
+    the backward's gradients bitwise reproducible. softmax_lse gets no gradient (as
+    FlashAttention's). With an input that requires grad, a variant, out= and a bias, ALiBi
+    slopes or variant tensor that requires grad are refused.
     """
     _forward_only(dropout_p, return_attn_probs)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
     q = _stride1(with_rank("q", q, 4, _LAYOUT))
     k = _stride1(with_rank("k", k, 4, _LAYOUT))
     v = _stride1(with_rank("v", v, 4, _LAYOUT))
+    return_softmax_lse = flag("return_softmax_lse", return_softmax_lse)
+    hooks = _variant(variant, variant_scalars, variant_tensors)
+    bias, alibi_slopes, sinks = _optional(bias=bias, alibi_slopes=alibi_slopes, sinks=sinks)
+    if _trains(q, k, v, sinks, bias, alibi_slopes, *hooks[3]):
+        return _differentiable(q, k, v, bias, alibi_slopes, None, None, None, 0, 0, score,
+                               sinks, hooks, deterministic, out, return_softmax_lse)
     batch, seqlen_q, heads = q.shape[:3]
     out = _output(out, (batch, seqlen_q, heads, v.shape[-1]), q, "out")
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) \
-        if flag("return_softmax_lse", return_softmax_lse) else None
-    hooks = _variant(variant, variant_scalars, variant_tensors)
-    bias, alibi_slopes, sinks = _optional(bias=bias, alibi_slopes=alibi_slopes, sinks=sinks)
+        if return_softmax_lse else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
          *score, sinks, *hooks)
-    return _result(out, lse, "flash_attn_func", (q, k, v, bias, sinks, *hooks[3]))
+    return out if lse is None else (out, lse)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
@@ -192,6 +252,8 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     each sequence uses, from its start (FlashAttention 3's); a variant's key index counts from
     its sequence's start. block_table (a paged varlen call)
     is not supported: use flash_attn_with_kvcache for a paged cache.
+
+    Differentiable as flash_attn_func.
     """
     _forward_only(dropout_p, return_attn_probs)
     if block_table is not None:
@@ -201,18 +263,81 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q = _stride1(with_rank("q", q, 3, _VARLEN_LAYOUT))
     k = _stride1(with_rank("k", k, 3, _VARLEN_LAYOUT))
     v = _stride1(with_rank("v", v, 3, _VARLEN_LAYOUT))
-    total_q, heads = q.shape[:2]
-    out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
-    lse = q.new_empty((heads, total_q), dtype=torch.float32) \
-        if flag("return_softmax_lse", return_softmax_lse) else None
+    return_softmax_lse = flag("return_softmax_lse", return_softmax_lse)
     hooks = _variant(variant, variant_scalars, variant_tensors)
     bias, alibi_slopes, sinks, seqused_k = _optional(
         bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, seqused_k=seqused_k)
-    _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes,
-         tensor("cu_seqlens_q", cu_seqlens_q), tensor("cu_seqlens_k", cu_seqlens_k), seqused_k,
-         _seqlen("max_seqlen_q", max_seqlen_q), _seqlen("max_seqlen_k", max_seqlen_k), *score,
-         sinks, *hooks)
-    return _result(out, lse, "flash_attn_varlen_func", (q, k, v, bias, sinks, *hooks[3]))
+    sequences = (tensor("cu_seqlens_q", cu_seqlens_q), tensor("cu_seqlens_k", cu_seqlens_k),
+                 seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
+                 _seqlen("max_seqlen_k", max_seqlen_k))
+    if _trains(q, k, v, sinks, bias, alibi_slopes, *hooks[3]):
+        return _differentiable(q, k, v, bias, alibi_slopes, *sequences, score, sinks, hooks,
+                               deterministic, out, return_softmax_lse)
+    total_q, heads = q.shape[:2]
+    out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
+    lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else None
+    _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, *sequences, *score, sinks,
+         *hooks)
+    return out if lse is None else (out, lse)
+
+
+def _unpacked(name, packed, rank, count, layout):
+    """The `count` tensors packed along dim -3 of `packed` (q, k and v, or k and v), as views;
+    their gradients flow back into `packed`'s."""
+    with_rank(name, packed, rank, layout)
+    if packed.shape[-3] != count:
+        _invalid(f"{name} has shape {tuple(packed.shape)}: its dim {rank - 3} must be {count}, "
+                 f"{layout}")
+    return packed.unbind(-3)
+
+
+def flash_attn_qkvpacked_func(qkv, dropout_p=0.0, softmax_scale=None, causal=False,
+                              window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                              deterministic=False, return_attn_probs=False, **kiln_extras):
+    """flash_attn_func with q, k and v packed in qkv (batch, seqlen, 3, heads, d), as
+    FlashAttention's flash_attn_qkvpacked_func; its gradient is qkv's. kiln_extras: the
+    keyword-only extras of flash_attn_func (bias=, sinks=, return_softmax_lse=, ...)."""
+    q, k, v = _unpacked("qkv", qkv, 5, 3, "(batch, seqlen, 3, heads, head_dim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, **kiln_extras)
+
+
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False,
+                             window_size=(-1, -1), softcap=0.0, alibi_slopes=None,
+                             deterministic=False, return_attn_probs=False, **kiln_extras):
+    """flash_attn_func with k and v packed in kv (batch, seqlen_k, 2, heads_kv, d), as
+    FlashAttention's flash_attn_kvpacked_func; kiln_extras as flash_attn_qkvpacked_func's."""
+    k, v = _unpacked("kv", kv, 5, 2, "(batch, seqlen_k, 2, heads_kv, head_dim)")
+    return flash_attn_func(q, k, v, dropout_p, softmax_scale, causal, window_size, softcap,
+                           alibi_slopes, deterministic, return_attn_probs, **kiln_extras)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
+                                     softmax_scale=None, causal=False, window_size=(-1, -1),
+                                     softcap=0.0, alibi_slopes=None, deterministic=False,
+                                     return_attn_probs=False, **kiln_extras):
+    """flash_attn_varlen_func with q, k and v packed in qkv (total, 3, heads, d), sharing
+    cu_seqlens and max_seqlen, as FlashAttention's flash_attn_varlen_qkvpacked_func;
+    kiln_extras: the keyword-only extras of flash_attn_varlen_func."""
+    q, k, v = _unpacked("qkv", qkv, 4, 3, "(total_tokens, 3, heads, head_dim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen,
+                                  dropout_p, softmax_scale, causal, window_size, softcap,
+                                  alibi_slopes, deterministic, return_attn_probs, **kiln_extras)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, dropout_p=0.0, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=False,
+                                    return_attn_probs=False, **kiln_extras):
+    """flash_attn_varlen_func with k and v packed in kv (total_k, 2, heads_kv, d), as
+    FlashAttention's flash_attn_varlen_kvpacked_func; kiln_extras as
+    flash_attn_varlen_qkvpacked_func's."""
+    k, v = _unpacked("kv", kv, 4, 2, "(total_tokens, 2, heads_kv, head_dim)")
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                  max_seqlen_k, dropout_p, softmax_scale, causal, window_size,
+                                  softcap, alibi_slopes, deterministic, return_attn_probs,
+                                  **kiln_extras)
 
 
 def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None,

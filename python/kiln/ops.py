@@ -2,21 +2,29 @@
 """kiln's torch custom ops (namespace kiln), one per C call, and the path an eager call takes
 around them.
 
-Each op writes into tensors its caller allocated (`out`, `lse`, and the KV cache when appending)
-and returns nothing, so each declares mutates_args and its fake kernel has no shape to compute:
-the Python calls (kiln.interface) allocate the outputs, which torch.compile traces like any other
-allocation, and shape inference is theirs. No op reads a tensor's values on the host.
+Two kinds of op:
+- attention, attention_with_kvcache, merge_states and merge_states_many write into tensors
+  their caller allocated (`out`, `lse`, and the KV cache when appending) and return nothing, so
+  each declares mutates_args and its fake kernel has no shape to compute: the Python calls
+  (kiln.interface) allocate the outputs, which torch.compile traces like any other allocation.
+  torch refuses an autograd formula for an op that mutates its arguments, so outputs of these
+  that need one pass through NoBackward, whose backward raises;
+- attention_forward and attention_backward are functional (they allocate and return their
+  outputs, and mutate nothing), so that autograd can attach: attention_forward has
+  attention_backward, over kiln_attention_backward, as its registered autograd formula. The
+  Python calls take them when an input requires grad (attention_with_grad).
+No op reads a tensor's values on the host.
 
 Eager calls on plain CUDA tensors skip the dispatcher and call the implementation directly: the
-dispatcher adds about 16 us a call (python/bench_host.py), more than a call's whole budget. Anything else (torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU
-tensors) goes through the op.
-
-No autograd yet: torch refuses an autograd formula for an op that mutates its arguments, so
-outputs that need one pass through NoBackward, whose backward raises.
+dispatcher adds about 16 us a call (python/bench_host.py), more than a call's whole budget, and
+its autograd wrapper of a custom op some 150 us more, so an eager call that needs a gradient
+records the op's own formula through a torch.autograd.Function (_EagerAttention). Anything else
+(torch.compile tracing, FakeTensor and meta tensors, tensor subclasses, CPU tensors) goes
+through the op.
 """
 import ctypes
 import functools
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -111,7 +119,8 @@ def needs_grad(tensors):
 
 
 class NoBackward(torch.autograd.Function):
-    """Identity on a kiln output, recorded so that a backward through it raises."""
+    """Identity on the output of a kiln call without a backward, recorded so that a backward
+    through it raises."""
 
     @staticmethod
     def forward(ctx, out, what, *inputs):
@@ -122,10 +131,10 @@ class NoBackward(torch.autograd.Function):
     def backward(ctx, *grads):
         raise _capi.KilnNotImplementedError(
             _capi.KILN_ERROR_UNSUPPORTED,
-            f"kiln.{ctx.what} has no backward yet: a backward pass is not yet supported, kiln "
-            f"computes the forward pass only. Run it under torch.no_grad() or "
-            f"torch.inference_mode(), or use an attention with a backward (torch.nn.functional."
-            f"scaled_dot_product_attention) where gradients are needed")
+            f"kiln.{ctx.what} has no backward: kiln differentiates flash_attn_func, "
+            f"flash_attn_varlen_func and their qkvpacked and kvpacked forms. Run it under "
+            f"torch.no_grad() or torch.inference_mode(), or compute what needs a gradient with "
+            f"one of those")
 
 
 # The implementation behind each op, for eager calls (see the module's docstring).
@@ -133,16 +142,17 @@ direct = {}
 
 
 def _op(fn, mutates_args, check):
-    """fn (named _<op>) as the custom op kiln::<op>, with `check` (kiln._checks), which takes
-    the op's arguments, as its fake kernel: the op's outputs are tensors its caller made, so
-    there is no shape to compute and nothing to return, but what the real call refuses, tracing
-    refuses too. The real call asks libkiln first and, when it refuses, `check`: a refusal is
-    said in the same words traced or not, and a call libkiln takes pays for no Python check."""
+    """fn (named _<op>) as the custom op kiln::<op>, with `check`, which takes the op's
+    arguments and applies kiln._checks' rules to them, as its fake kernel: for an op that writes
+    into tensors its caller made there is no shape to compute and `check` returns nothing; a
+    functional op's returns new tensors of its outputs' shapes. Either way, what the real call
+    refuses, tracing refuses too. The real call asks libkiln first and, when it refuses, `check`:
+    a refusal is said in the same words traced or not, and a call libkiln takes pays for no
+    Python check."""
     @functools.wraps(fn)  # the op's schema is read from fn's signature
     def checked(*args):
         try:
-            fn(*args)
-            return
+            return fn(*args)
         except KilnError as e:
             refused = e
         check(*args)
@@ -172,6 +182,19 @@ def _variant(name, code, scalars, tensors):
 
 # --- kiln_attention ----------------------------------------------------------------------------
 
+def _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
+                       max_seqlen_k, softmax_scale, causal, window_left, window_right, top_left,
+                       softcap, sinks, variant):
+    """kiln_attention_options of the forward and the backward, packed with their tensors
+    (`variant`: the score's variant fields, from _variant); returns its address."""
+    score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
+             _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(10, sinks, "sinks")) + variant
+    return _capi.pack_attention_options(
+        score, _maybe(6, bias, "bias"), _maybe(7, cu_seqlens_q, "cu_seqlens_q"),
+        _maybe(8, cu_seqlens_k, "cu_seqlens_k"), _maybe(9, seqused_k, "seqused_k"), max_seqlen_q,
+        max_seqlen_k)
+
+
 def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
                bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
                cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
@@ -181,17 +204,165 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
                variant_name: Optional[str], variant_code: Optional[str],
                variant_scalars: List[float], variant_tensors: List[Tensor]) -> None:
     variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
-    score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
-             _maybe(5, alibi_slopes, "alibi_slopes"), _maybe(10, sinks, "sinks")) + variant
-    options = _capi.pack_attention_options(
-        score, _maybe(6, bias, "bias"), _maybe(7, cu_seqlens_q, "cu_seqlens_q"),
-        _maybe(8, cu_seqlens_k, "cu_seqlens_k"), _maybe(9, seqused_k, "seqused_k"), max_seqlen_q,
-        max_seqlen_k)
+    options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                 max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                 window_right, top_left, softcap, sinks, variant)
     _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
                            _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
 
 attention = _op(_attention, mutates_args=("out", "lse"), check=_checks.attention)
+
+
+# --- kiln_attention and kiln_attention_backward, functional, with autograd -----------------------
+
+_NO_VARIANT_ARGUMENTS = (None, None, [], [])
+
+
+def _forward_outputs(q, v, varlen):
+    """New tensors for a forward's out, like q with v's head dim, and its lse, float32
+    (batch, heads, seqlen_q), or (heads, total_q) with varlen; None for a q of another rank,
+    which the rules refuse."""
+    out = q.new_empty((*q.shape[:-1], v.shape[-1]))
+    if q.dim() != (3 if varlen else 4):
+        return out, None
+    shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
+    return out, q.new_empty(shape, dtype=torch.float32)
+
+
+def _attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
+                       alibi_slopes: Optional[Tensor], cu_seqlens_q: Optional[Tensor],
+                       cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
+                       max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
+                       window_left: int, window_right: int, top_left: bool, softcap: float,
+                       sinks: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor]:
+    """kiln_attention returning (out, lse), for autograd; `deterministic` is the backward's
+    (grads.deterministic), kept for it."""
+    out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
+    _attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
+               top_left, softcap, sinks, *_NO_VARIANT_ARGUMENTS)
+    return out, lse
+
+
+def _attention_forward_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                            max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                            window_right, top_left, softcap, sinks, deterministic):
+    out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
+    _checks.attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                      seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                      window_right, top_left, softcap, sinks, *_NO_VARIANT_ARGUMENTS)
+    return out, lse
+
+
+attention_forward = _op(_attention_forward, mutates_args=(), check=_attention_forward_fake)
+
+
+def _gradients(q, k, v, sinks, dsinks_wanted):
+    """New tensors for dq, dk, dv (q's, k's and v's shapes and dtypes) and dsinks: float32 like
+    sinks when wanted, else empty (an op returns a tensor in each place)."""
+    dsinks = (0,) if sinks is None or not dsinks_wanted else sinks.shape
+    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
+            q.new_empty(dsinks, dtype=torch.float32))
+
+
+def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
+                        bias: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                        cu_seqlens_q: Optional[Tensor], cu_seqlens_k: Optional[Tensor],
+                        seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
+                        softmax_scale: float, causal: bool, window_left: int, window_right: int,
+                        top_left: bool, softcap: float, sinks: Optional[Tensor],
+                        deterministic: bool, dsinks_wanted: bool
+                        ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """kiln_attention_backward: (dq, dk, dv, dsinks) of attention_forward's call on the same
+    arguments, given dout; dsinks is empty unless dsinks_wanted (and sinks given)."""
+    dq, dk, dv, dsinks = _gradients(q, k, v, sinks, dsinks_wanted)
+    options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+                                 max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
+                                 window_right, top_left, softcap, sinks, _capi.NO_VARIANT)
+    at = _capi.BACKWARD_SLOT
+    grads = _capi.pack_grad_options(
+        deterministic, _maybe(at + 4, dsinks if dsinks.numel() else None, "dsinks"), _NULL)
+    _check(_capi.attention_backward(
+        _tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"), _tensor(3, out, "out"),
+        _tensor(at, dout, "dout"), _tensor(at + 1, dq, "dq"), _tensor(at + 2, dk, "dk"),
+        _tensor(at + 3, dv, "dv"), options, _tensor(4, lse, "lse"), grads, _stream(q)))
+    return dq, dk, dv, dsinks
+
+
+def _attention_backward_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
+                             cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                             causal, window_left, window_right, top_left, softcap, sinks,
+                             deterministic, dsinks_wanted):
+    _checks.attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
+                               cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
+                               softmax_scale, causal, window_left, window_right, top_left,
+                               softcap, sinks)
+    return _gradients(q, k, v, sinks, dsinks_wanted)
+
+
+attention_backward = _op(_attention_backward, mutates_args=(), check=_attention_backward_fake)
+
+# attention_forward's arguments by position, as setup_context and the backward read them.
+_BIAS, _ALIBI_SLOPES, _SINKS = 3, 4, 16
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars = inputs
+    *scalars, sinks, deterministic = scalars
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
+                          seqused_k, sinks)
+    ctx.scalars = scalars  # max_seqlen_q and _k, then the score's
+    ctx.deterministic = deterministic
+    # FlashAttention's semantics: the LSE is an output for inspection (or merging), not
+    # differentiated; marked so, a loss through it alone has no grad_fn rather than a wrong one.
+    ctx.mark_non_differentiable(lse)
+
+
+def _backward(ctx, dout, _dlse):
+    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = \
+        ctx.saved_tensors
+    for name, at in (("bias", _BIAS), ("alibi_slopes", _ALIBI_SLOPES)):
+        if ctx.needs_input_grad[at]:  # kiln.interface refuses these at the forward
+            raise _capi.KilnNotImplementedError(
+                _capi.KILN_ERROR_UNSUPPORTED,
+                f"kiln::attention_forward's {name} requires grad: kiln computes no gradient "
+                f"for it; pass it detached")
+    dsinks_wanted = sinks is not None and ctx.needs_input_grad[_SINKS]
+    # kiln reads dout with unit stride on its last dim and 16-byte aligned rows; autograd may
+    # hand it expanded (the gradient of a sum) or as any view.
+    dout = dout.contiguous()
+    backward = direct[attention_backward] if eager(dout) else attention_backward
+    dq, dk, dv, dsinks = backward(
+        dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
+        *ctx.scalars, sinks, ctx.deterministic, dsinks_wanted)
+    return (dq, dk, dv) + (None,) * (_SINKS - 3) + (dsinks if dsinks_wanted else None, None)
+
+
+attention_forward.register_autograd(_backward, setup_context=_setup_context)
+
+
+class _EagerAttention(torch.autograd.Function):
+    """attention_forward and its registered formula (the same setup_context and backward)
+    around the implementations themselves, for eager calls: through the dispatcher, torch's
+    autograd wrapper of a custom op costs about 150 us a forward (python/bench_host.py)."""
+
+    @staticmethod
+    def forward(ctx, *inputs):
+        output = direct[attention_forward](*inputs)
+        _setup_context(ctx, inputs, output)
+        return output
+
+    backward = staticmethod(_backward)
+
+
+def attention_with_grad(*arguments):
+    """attention_forward(*arguments) with its backward recorded: straight to the implementation
+    when eager, else through the op (which torch.compile traces, forward and backward)."""
+    if eager(arguments[0]):
+        return _EagerAttention.apply(*arguments)
+    return attention_forward(*arguments)
 
 
 # --- kiln_attention_with_kvcache -----------------------------------------------------------------

@@ -28,9 +28,11 @@ What reaches kiln, and how:
   has already updated its cache); everything else to flash_attn_func.
 - softcap and the softmax scale pass through as FlashAttention's softcap and softmax_scale.
 - Attention sinks (gpt-oss's `s_aux`, a learned logit per head) pass through as kiln's sinks,
-  in float32.
-- kiln has no backward and no dropout: dropout > 0 raises, and so does a module in training
-  mode with gradients enabled; training mode under torch.no_grad() with dropout 0 runs.
+  in float32 (a differentiable cast when they are trained, so that their gradient reaches the
+  parameter).
+- Training: kiln's calls are differentiable in q, k, v and the sinks, so model.train() with
+  gradients trains; a step that needs gradients runs flash_attn_func even for one query (the
+  decode kernel has no backward). kiln has no dropout: dropout > 0 raises.
 """
 
 import math
@@ -131,7 +133,10 @@ _float_sinks_cache = {}
 
 
 def _float_sinks(sinks):
-    """`sinks` (s_aux) as the contiguous float32 (heads) tensor kiln takes, without its grad."""
+    """`sinks` (s_aux) as the contiguous float32 (heads) tensor kiln takes: a differentiable
+    cast when a step trains them, else without its grad, cast once per value."""
+    if sinks.requires_grad and torch.is_grad_enabled():
+        return sinks.float().contiguous()
     if sinks.dtype == torch.float32 and sinks.is_contiguous():
         return sinks.detach()
     if _ops._is_compiling():  # a traced graph fuses the cast; no Python cache there
@@ -148,27 +153,15 @@ def _float_sinks(sinks):
     return cached[2]
 
 
-def _inference_only(module, dropout):
-    """Refuses what kiln cannot do: dropout, and a module in training mode with gradients on
-    (its backward would fail later). Training mode under torch.no_grad() with dropout 0 is
-    inference, and runs."""
-    fix = (
-        "call model.eval() or set the attention dropout to 0 for inference, or load the model "
-        "with attn_implementation='sdpa' to train it"
-    )
+def _no_dropout(module, dropout):
+    """Refuses what kiln cannot do: dropout."""
     if dropout > 0:
         raise _kiln.KilnNotImplementedError(
             _capi.KILN_ERROR_UNSUPPORTED,
             f"attn_implementation='kiln' has no dropout, and {type(module).__name__} asks for "
-            f"dropout={dropout} (in training mode: {module.training}): {fix}",
-        )
-    if module.training and torch.is_grad_enabled():
-        raise _kiln.KilnNotImplementedError(
-            _capi.KILN_ERROR_UNSUPPORTED,
-            f"attn_implementation='kiln' has no backward yet: a backward pass is not yet "
-            f"supported, and {type(module).__name__} is in training mode with gradients "
-            f"enabled. For inference run it under torch.no_grad() (training mode with dropout 0 "
-            f"is fine then) or {fix}",
+            f"dropout={dropout} (in training mode: {module.training}): set the attention "
+            f"dropout to 0 (for inference, model.eval() does), or load the model with "
+            f"attn_implementation='sdpa' to train it with dropout",
         )
 
 
@@ -189,7 +182,7 @@ def attention_forward(
     value (batch, heads_kv, seqlen_k, d), attention_mask None or (batch or 1, 1, seqlen_q,
     >= seqlen_k). Returns (output (batch, seqlen_q, heads, d), None): kiln never forms the
     attention weights."""
-    _inference_only(module, dropout)
+    _no_dropout(module, dropout)
     q = query.transpose(1, 2)  # views: (batch, seqlen, heads, d)
     k = key.transpose(1, 2)
     v = value.transpose(1, 2)
@@ -204,7 +197,8 @@ def attention_forward(
         return out, None
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     window = (sliding_window - 1, sliding_window - 1) if sliding_window else (-1, -1)
-    if q.shape[1] == 1:
+    trains = torch.is_grad_enabled() and _ops.needs_grad((q, k, v, score["sinks"]))
+    if q.shape[1] == 1 and not trains:
         out = _kiln.flash_attn_with_kvcache(q, k, v, causal=causal, window_size=window, **score)
     else:
         out = _kiln.flash_attn_func(q, k, v, causal=causal, window_size=window, **score)

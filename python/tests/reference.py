@@ -16,7 +16,7 @@ Semantics (as FlashAttention, and as kiln's kernels):
 - the band: query i sees key j when i + offset - left <= j <= i + offset + right, where
   offset = seqlen_k - seqlen_q (bottom-right) or 0 (top_left), a negative bound is unbounded,
   and causal sets right = 0 keeping left;
-- a row that sees no key gives output 0 and LSE -inf;
+- a row that sees no key gives output 0 and LSE -inf, and zero gradients;
 - sinks (h): each row's softmax denominator gains exp(sink) with no value (gpt-oss), and the
   LSE counts it (a row that sees no key gets LSE = sink);
 - GQA / MQA: query head h reads kv head h // (heads / heads_kv).
@@ -76,7 +76,9 @@ def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_l
 
     lse = torch.logsumexp(logits, dim=-1)  # -inf for a row that sees no key (and no sink)
     empty = torch.isneginf(lse).unsqueeze(-1)
-    probs = torch.softmax(logits, dim=-1).masked_fill(empty, 0.0)  # not the NaN of 0/0
+    # Not the NaN of 0/0: an empty row's probabilities are 0, and so (for autograd, whose
+    # softmax backward would turn its NaN into every gradient) are its logits' gradients.
+    probs = torch.softmax(logits.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
     out = torch.einsum("hij,jhd->ihd", probs[..., :s_k], v)
     return out, lse
 

@@ -26,7 +26,7 @@ def test_version_is_the_libraries_and_the_cmake_projects():
 # kiln.h's structs as _capi describes them, and DLPack's DLTensor, by their C names.
 STRUCTS = {ctype: ctype.c_name for ctype in (
     _capi.ScoreOptions, _capi.AttentionOptions, _capi.DecodeOptions, _capi.KVCache,
-    _capi.WarmupOptions)}
+    _capi.WarmupOptions, _capi.AttentionGradOptions)}
 STRUCTS[_capi.DLTensor] = "DLTensor"
 
 
@@ -132,6 +132,7 @@ def test_a_packed_tensor_reads_back_as_the_dltensor_kiln_gets(as_gpu):
     (_capi.DecodeOptions, "kiln_decode_options_init_sized"),
     (_capi.KVCache, "kiln_kvcache_init_sized"),
     (_capi.WarmupOptions, "kiln_warmup_options_init_sized"),
+    (_capi.AttentionGradOptions, "kiln_attention_grad_options_init_sized"),
 ])
 def test_the_library_fills_our_struct_sizes_with_the_described_defaults(ctype, init):
     # The library writes at most our size and echoes it: kiln.h's contract for an older

@@ -1,8 +1,8 @@
 # SPDX-License-Identifier: Apache-2.0
 """Every refusal: FlashAttention arguments kiln cannot honour, Python-side checks, and kiln's own
-messages and statuses surfaced as KilnError; backward raises; a kernel missing during CUDA graph
-capture names the fix. No GPU: kiln checks CPU tensors as device 0's (conftest.as_gpu), and a
-problem with batch 0 returns before any launch."""
+messages and statuses surfaced as KilnError; a backward through a call without one raises; a
+kernel missing during CUDA graph capture names the fix. No GPU: kiln checks CPU tensors as
+device 0's (conftest.as_gpu), and a problem with batch 0 returns before any launch."""
 import math
 
 import pytest
@@ -205,17 +205,16 @@ def test_merge_states_takes_an_lse_of_any_strides(as_gpu):
 
 
 @pytest.mark.parametrize("call", [
-    lambda q: kiln.flash_attn_func(q, K, K),
-    lambda q: kiln.flash_attn_varlen_func(q.flatten(0, 1), KV, KV, CU, CU, 0, 0),
     lambda q: kiln.flash_attn_with_kvcache(q, CACHE, CACHE, cache_seqlens=SEQLENS),
     lambda q: kiln.merge_states(q[:, 0], torch.empty(0, 8), q[:, 1], torch.empty(0, 8))[0],
-], ids=["flash_attn_func", "flash_attn_varlen_func", "flash_attn_with_kvcache", "merge_states"])
-def test_backward_raises_naming_the_missing_piece(as_gpu, call):
+], ids=["flash_attn_with_kvcache", "merge_states"])
+def test_a_backward_through_a_call_without_one_raises_naming_those_with_one(as_gpu, call):
     q = Q.clone().requires_grad_()
     out = call(q)
     assert out.requires_grad
     with pytest.raises(kiln.KilnNotImplementedError,
-                       match="has no backward yet: a backward pass is not yet supported") as error:
+                       match="has no backward: kiln differentiates flash_attn_func, "
+                             "flash_attn_varlen_func and their qkvpacked and kvpacked") as error:
         out.float().sum().backward()
     assert isinstance(error.value, kiln.KilnError) and isinstance(error.value, NotImplementedError)
     assert error.value.status == _capi.KILN_ERROR_UNSUPPORTED

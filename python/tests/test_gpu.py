@@ -336,11 +336,11 @@ def test_capturing_a_call_whose_kernel_is_not_loaded_names_kiln_warmup():
             kiln.flash_attn_func(q, k, v, softcap=7.0, top_left=True, causal=True)
 
 
-def test_backward_raises_on_the_gpu():
-    q = randn(1, 16, 2, 64).requires_grad_()
-    out = kiln.flash_attn_func(q, q.detach(), q.detach())
+def test_a_backward_through_the_decode_call_raises_on_the_gpu():
+    q, cache = randn(1, 1, 2, 64).requires_grad_(), randn(1, 16, 2, 64)
+    out = kiln.flash_attn_with_kvcache(q, cache, cache)
     with pytest.raises(kiln.KilnNotImplementedError,
-                       match="kiln.flash_attn_func has no backward yet"):
+                       match="kiln.flash_attn_with_kvcache has no backward"):
         out.float().sum().backward()
 
 

@@ -31,6 +31,21 @@ FLASH_ATTN = {
         ("num_splits", 0), ("return_softmax_lse", False)],
 }
 
+# FlashAttention 2.x's packed forms: (name, default) in order. kiln's extras go on to the
+# unpacked call (flash_attn_func or flash_attn_varlen_func) as **kiln_extras.
+_OPTIONS = [("dropout_p", 0.0), ("softmax_scale", None), ("causal", False),
+            ("window_size", (-1, -1)), ("softcap", 0.0), ("alibi_slopes", None),
+            ("deterministic", False), ("return_attn_probs", False)]
+PACKED = {
+    "flash_attn_qkvpacked_func": [("qkv", EMPTY)] + _OPTIONS,
+    "flash_attn_kvpacked_func": [("q", EMPTY), ("kv", EMPTY)] + _OPTIONS,
+    "flash_attn_varlen_qkvpacked_func": [("qkv", EMPTY), ("cu_seqlens", EMPTY),
+                                         ("max_seqlen", EMPTY)] + _OPTIONS,
+    "flash_attn_varlen_kvpacked_func": [
+        ("q", EMPTY), ("kv", EMPTY), ("cu_seqlens_q", EMPTY), ("cu_seqlens_k", EMPTY),
+        ("max_seqlen_q", EMPTY), ("max_seqlen_k", EMPTY)] + _OPTIONS,
+}
+
 # kiln's extras, keyword-only, with their defaults.
 VARIANT = {"variant": None, "variant_scalars": (), "variant_tensors": ()}
 EXTRAS = {
@@ -58,6 +73,14 @@ def test_kilns_extras_are_keyword_only(name):
     assert all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in parameters)
 
 
+@pytest.mark.parametrize("name", sorted(PACKED))
+def test_packed_forms_take_flash_attentions_arguments_and_pass_kilns_extras_on(name):
+    *parameters, extras = inspect.signature(getattr(kiln, name)).parameters.values()
+    assert [(p.name, p.default, p.kind) for p in parameters] == [
+        (n, default, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n, default in PACKED[name]]
+    assert (extras.name, extras.kind) == ("kiln_extras", inspect.Parameter.VAR_KEYWORD)
+
+
 def test_kilns_own_calls():
     def shape(fn):
         return [(p.name, p.default, p.kind) for p in inspect.signature(fn).parameters.values()]
@@ -68,7 +91,7 @@ def test_kilns_own_calls():
     assert shape(kiln.warmup) == [("device", None, P), ("target", None, P), ("threads", 0, P),
                                   ("progress", None, K)]
     assert shape(kiln.info) == []
-    for name in list(FLASH_ATTN) + ["merge_states", "warmup", "info"]:
+    for name in list(FLASH_ATTN) + list(PACKED) + ["merge_states", "warmup", "info"]:
         assert getattr(kiln, name).__doc__, f"kiln.{name} has no docstring"
 
 

@@ -4,6 +4,7 @@
 // call here is refused before anything could launch, GPU or not; the [gpu] case launches.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstddef>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "gpu.hpp"
+#include "kiln/attention_backward.hpp"
 #include "kiln/kiln.h"
 #include "kiln/kiln.hpp"
 #include "ops/attention_reference.hpp"
@@ -109,6 +111,30 @@ struct DecodeCall {
   Tensor q, k, v, seqlens, out;
   kiln_kvcache cache;
   kiln_decode_options options;
+};
+
+// The backward of Call: dout like out, dq, dk and dv like q, k and v, and the forward's lse;
+// dq has no data, so validation always refuses it, after the call has found its runtime.
+struct BackwardCall {
+  BackwardCall()
+      : dout(0x5000000, kBf16, {1, 3, 2, 64}),
+        dq(0, kBf16, {1, 3, 2, 64}),
+        dk(0x6000000, kBf16, {1, 17, 2, 64}),
+        dv(0x7000000, kBf16, {1, 17, 2, 64}),
+        lse(0x8000000, {kDLFloat, 32, 1}, {1, 2, 3}) {
+    forward.out.t().data = reinterpret_cast<void*>(0x4000000);
+    kiln_attention_grad_options_init(&grads);
+  }
+  kiln_status run(const kiln_attention_grad_options* g) const {
+    return kiln_attention_backward(forward.q.get(), forward.k.get(), forward.v.get(),
+                                   forward.out.get(), dout.get(), dq.get(), dk.get(), dv.get(),
+                                   &forward.options, lse.get(), g, nullptr);
+  }
+  kiln_status run() const { return run(&grads); }
+
+  Call forward;
+  Tensor dout, dq, dk, dv, lse;
+  kiln_attention_grad_options grads;
 };
 
 std::string last_error() {
@@ -224,6 +250,30 @@ TEST_CASE("the C structs' init macros set struct_size and the defaults", "[capi]
     CHECK(t == nullptr);
   }
   kiln_kvcache_init(nullptr);  // no crash
+
+  kiln_attention_grad_options g;
+  std::memset(&g, 0xab, sizeof g);
+  kiln_attention_grad_options_init(&g);
+  CHECK(g.struct_size == sizeof(kiln_attention_grad_options));
+  CHECK(g.deterministic == 0);  // FlashAttention's default
+  CHECK(g.dsinks == nullptr);
+  CHECK(g.dbias == nullptr);
+  kiln_attention_grad_options_init(nullptr);  // no crash
+}
+
+TEST_CASE("kiln_attention_grad_options_init_sized writes no byte past an older caller's struct",
+          "[capi]") {
+  // A kiln.h whose struct ended at dsinks: its sizeof, padded, stops before dbias.
+  const std::size_t size = offsetof(kiln_attention_grad_options, dbias);
+  std::vector<std::byte> older(size + 8, std::byte{0xab});
+  kiln_attention_grad_options_init_sized(
+      reinterpret_cast<kiln_attention_grad_options*>(older.data()), size);
+  kiln_attention_grad_options read{};
+  std::memcpy(&read, older.data(), size);
+  CHECK(read.struct_size == size);
+  CHECK(read.deterministic == 0);
+  CHECK(read.dsinks == nullptr);
+  for (std::size_t i = size; i < older.size(); ++i) CHECK(older[i] == std::byte{0xab});
 }
 
 TEST_CASE("an older kiln.h's smaller options get the defaults at its own offsets, no further",
@@ -276,6 +326,17 @@ TEST_CASE("a struct_size kiln does not know is refused, naming it and the fix", 
     c.cache.struct_size = size;
     check_status(c.run(), KILN_ERROR_INVALID_ARGUMENT,
                  {("cache->struct_size is " + std::to_string(size)).c_str(), "kiln_kvcache_init"});
+    BackwardCall b;
+    b.grads.struct_size = size;
+    check_status(
+        b.run(), KILN_ERROR_INVALID_ARGUMENT,
+        {("grads->struct_size is " + std::to_string(size)).c_str(),
+         "no size of kiln_attention_grad_options", "call kiln_attention_grad_options_init(grads)"});
+    b.grads.struct_size = sizeof(kiln_attention_grad_options);
+    b.forward.options.struct_size = size;
+    check_status(b.run(), KILN_ERROR_INVALID_ARGUMENT,
+                 {("options->struct_size is " + std::to_string(size)).c_str(),
+                  "call kiln_attention_options_init(options)"});
   }
 }
 
@@ -355,6 +416,14 @@ TEST_CASE("an older kiln.h's smaller struct is read to its struct_size, the rest
   OlderDecode older_rotary(v.options, padded, sizeof(kiln_decode_options) - OlderDecode::kOwnAt);
   check_status(v.run(&v.cache, older_rotary.get()), KILN_ERROR_INVALID_ARGUMENT,
                {"rotary_sin is on DLPack device type 1"});
+
+  // The grads of a kiln.h that ended at deterministic: dsinks and dbias, past it, are unread.
+  BackwardCall b;
+  b.grads.dsinks = host.get();
+  check_status(b.run(), KILN_ERROR_INVALID_ARGUMENT, {"dsinks is on DLPack device type 1"});
+  const OlderStruct older_b(b.grads, offsetof(kiln_attention_grad_options, dsinks));
+  b.run(older_b.get());
+  CHECK_THAT(last_error(), !Catch::Contains("dsinks"));
 
   DecodeCall c;
   c.cache.block_table = host.get();
@@ -453,12 +522,21 @@ TEST_CASE("a C call without a GPU says that it needs one, naming itself, not a t
   const Tensor states(0x6000000, kBf16, {3, 2, 2, 64}, kDevice),
       states_lse(0x7000000, kF32, {3, 2, 2}, kDevice), v(0x8000000, kBf16, {3, 2, 64}, kDevice),
       lse(0x9000000, kF32, {3, 2}, kDevice);
+  const Tensor dout(0xa000000, kBf16, {1, 3, 2, 64}, kDevice),
+      dq(0xb000000, kBf16, {1, 3, 2, 64}, kDevice), dk(0xc000000, kBf16, {1, 17, 2, 64}, kDevice),
+      dv(0xd000000, kBf16, {1, 17, 2, 64}, kDevice), call_lse(0xe000000, kF32, {1, 2, 3}, kDevice);
   const std::pair<const char*, std::function<kiln_status()>> calls[] = {
       {"kiln_attention", [&] { return call.run(); }},
       {"kiln_attention_with_kvcache",
        [&] {
          return kiln_attention_with_kvcache(call.q.get(), &cache, call.out.get(), nullptr, nullptr,
                                             nullptr);
+       }},
+      {"kiln_attention_backward",
+       [&] {
+         return kiln_attention_backward(call.q.get(), call.k.get(), call.v.get(), call.out.get(),
+                                        dout.get(), dq.get(), dk.get(), dv.get(), &call.options,
+                                        call_lse.get(), nullptr, nullptr);
        }},
       {"kiln_merge_states",
        [&] {
@@ -509,6 +587,57 @@ TEST_CASE("the C API's messages on malformed tensors say what is wrong and the f
   mixed_cache.v.t().dtype = {kDLFloat, 16, 1};
   check_status(mixed_cache.run(), KILN_ERROR_INVALID_ARGUMENT,
                {"cache.v has dtype f16 but q has dtype bf16", "so cache.v needs bf16"});
+}
+
+TEST_CASE("kiln_attention_backward names a NULL tensor, and takes NULL options and grads",
+          "[capi]") {
+  BackwardCall b;
+  const DLTensor* q = b.forward.q.get();
+  const DLTensor* k = b.forward.k.get();
+  const DLTensor* v = b.forward.v.get();
+  const DLTensor* out = b.forward.out.get();
+  const DLTensor *dout = b.dout.get(), *dq = b.dq.get(), *dk = b.dk.get(), *dv = b.dv.get();
+  const std::array<const DLTensor*, 8> all = {q, k, v, out, dout, dq, dk, dv};
+  const std::array<const char*, 8> names = {"q", "k", "v", "out", "dout", "dq", "dk", "dv"};
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    std::array<const DLTensor*, 8> t = all;
+    t[i] = nullptr;
+    check_status(kiln_attention_backward(t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+                                         &b.forward.options, b.lse.get(), &b.grads, nullptr),
+                 KILN_ERROR_INVALID_ARGUMENT,
+                 {(std::string(names[i]) + " is NULL: it is required").c_str()});
+  }
+  check_status(kiln_attention_backward(q, k, v, out, dout, dq, dk, dv, &b.forward.options, nullptr,
+                                       &b.grads, nullptr),
+               KILN_ERROR_INVALID_ARGUMENT,
+               {"lse is NULL", "the backward needs the forward's LSE", "kiln_attention wrote"});
+
+  // The tensors of one call share a device, the gradients' too.
+  b.dk.set_device(native_type(), 1);
+  check_status(b.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"dk is on DLPack device (", ", 1) but q is on (", "one device"});
+  b.dk.set_device(native_type(), 0);
+
+  // The options' and grads' tensors are converted as the call's, named by their fields.
+  Tensor host(0x9000000, {kDLFloat, 32, 1}, {2});
+  host.set_device(kDLCPU, 0);
+  b.grads.dbias = host.get();
+  check_status(b.run(), KILN_ERROR_INVALID_ARGUMENT, {"dbias is on DLPack device type 1"});
+  b.grads.dbias = nullptr;
+  b.forward.options.score.sinks = host.get();
+  check_status(b.run(), KILN_ERROR_INVALID_ARGUMENT, {"sinks is on DLPack device type 1"});
+  b.forward.options.score.sinks = nullptr;
+
+  // NULL options and grads are the defaults: the call gets past them to kiln's own checks.
+  for (const bool null_options : {false, true}) {
+    const kiln_status status = kiln_attention_backward(
+        q, k, v, out, dout, dq, dk, dv, null_options ? nullptr : &b.forward.options, b.lse.get(),
+        null_options ? &b.grads : nullptr, nullptr);
+    INFO(last_error());
+    CHECK(status != KILN_OK);
+    CHECK_FALSE(contains(last_error(), "struct_size"));
+    CHECK_FALSE(contains(last_error(), "NULL"));
+  }
 }
 
 TEST_CASE("the score's fields of both C options structs reach the call", "[capi]") {
@@ -634,6 +763,80 @@ TEST_CASE("kiln_attention on cuda:0 matches the reference, and a missing ordinal
   for (Tensor* t : {&call.q, &call.k, &call.v, &call.out}) t->set_device(kDLCUDA, count);
   check_status(call.run(), KILN_ERROR_NOT_FOUND,
                {("there is no cuda device " + std::to_string(count)).c_str()});
+}
+
+TEST_CASE("kiln_attention_backward writes what kiln::attention_backward writes", "[gpu][capi]") {
+  KILN_REQUIRE_GPU();
+  std::mt19937 rng(31);
+  const auto random_bf16 = [&rng](std::size_t count) {
+    std::vector<std::uint16_t> image;
+    for (const double x : random_normal(DType::bf16, count, rng)) {
+      image.push_back(to_bits(DType::bf16, x));
+    }
+    return upload(image);
+  };
+  constexpr std::size_t kQ = 3 * 2 * 64, kKV = 17 * 2 * 64;
+  const auto q = random_bf16(kQ), k = random_bf16(kKV), v = random_bf16(kKV),
+             dout = random_bf16(kQ);
+  const auto sinks = upload(std::vector<float>{0.5f, -1.25f});
+  DeviceBuffer out(kQ * 2), lse(2 * 3 * 4);
+
+  // The forward through C, causal with sinks, then its backward through C and through C++.
+  BackwardCall b;
+  b.forward.q.t().data = q->get();
+  b.forward.k.t().data = k->get();
+  b.forward.v.t().data = v->get();
+  b.forward.out.t().data = out.get();
+  b.dout.t().data = dout->get();
+  b.lse.t().data = lse.get();
+  Tensor sinks_tensor(reinterpret_cast<std::uintptr_t>(sinks->get()), {kDLFloat, 32, 1}, {2});
+  b.forward.options.score.causal = 1;
+  b.forward.options.score.sinks = sinks_tensor.get();
+  check_status(kiln_attention(b.forward.q.get(), b.forward.k.get(), b.forward.v.get(),
+                              b.forward.out.get(), &b.forward.options, b.lse.get(), nullptr),
+               KILN_OK, {});
+
+  struct Gradients {
+    DeviceBuffer dq{kQ * 2}, dk{kKV * 2}, dv{kKV * 2}, dsinks{2 * 4};
+    Gradients() {
+      for (DeviceBuffer* g : {&dq, &dk, &dv, &dsinks}) g->poison();
+    }
+  } c, cpp;
+  b.dq.t().data = c.dq.get();
+  b.dk.t().data = c.dk.get();
+  b.dv.t().data = c.dv.get();
+  Tensor dsinks_tensor(reinterpret_cast<std::uintptr_t>(c.dsinks.get()), {kDLFloat, 32, 1}, {2});
+  b.grads.deterministic = 1;
+  b.grads.dsinks = dsinks_tensor.get();
+  check_status(b.run(), KILN_OK, {});
+
+  const auto view = [](const DeviceBuffer& buffer, DType dtype,
+                       std::initializer_list<std::int64_t> shape) {
+    return TensorView::contiguous(buffer.get(), dtype, shape);
+  };
+  AttentionOptions o;
+  o.score.causal = true;
+  o.score.sinks = view(*sinks, DType::f32, {2});
+  o.lse = view(lse, DType::f32, {1, 2, 3});
+  attention_backward(
+      view(*q, DType::bf16, {1, 3, 2, 64}), view(*k, DType::bf16, {1, 17, 2, 64}),
+      view(*v, DType::bf16, {1, 17, 2, 64}), view(out, DType::bf16, {1, 3, 2, 64}),
+      view(*dout, DType::bf16, {1, 3, 2, 64}), view(cpp.dq, DType::bf16, {1, 3, 2, 64}),
+      view(cpp.dk, DType::bf16, {1, 17, 2, 64}), view(cpp.dv, DType::bf16, {1, 17, 2, 64}), o,
+      {.deterministic = true, .dsinks = view(cpp.dsinks, DType::f32, {2})});
+  sync_and_check();
+
+  // Deterministic: the same bits both ways, every element written (the poison is NaN).
+  for (const auto& [from_c, from_cpp] :
+       {std::pair{&c.dq, &cpp.dq}, std::pair{&c.dk, &cpp.dk}, std::pair{&c.dv, &cpp.dv}}) {
+    const auto got = from_c->download<std::uint16_t>();
+    CHECK(got == from_cpp->download<std::uint16_t>());
+    CHECK(std::none_of(got.begin(), got.end(),
+                       [](std::uint16_t x) { return std::isnan(from_bits(DType::bf16, x)); }));
+  }
+  const auto dsinks = c.dsinks.download<float>();
+  CHECK(dsinks == cpp.dsinks.download<float>());
+  CHECK(std::none_of(dsinks.begin(), dsinks.end(), [](float x) { return std::isnan(x); }));
 }
 
 TEST_CASE("kiln_warmup warms the runtime of the device it is given", "[capi]") {
