@@ -258,12 +258,14 @@ def _attention_forward_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlen
 attention_forward = _op(_attention_forward, mutates_args=(), check=_attention_forward_fake)
 
 
-def _gradients(q, k, v, sinks, dsinks_wanted):
+def _gradients(q, k, v, sinks, dsinks_wanted, varlen):
     """New tensors for dq, dk, dv (q's, k's and v's shapes and dtypes) and dsinks: float32 like
-    sinks when wanted, else empty (an op returns a tensor in each place)."""
+    sinks when wanted, else empty (an op returns a tensor in each place). Varlen ones start at
+    zero: tokens that cu_seqlens leaves out of every sequence get no gradient from the kernels,
+    and theirs is 0."""
     dsinks = (0,) if sinks is None or not dsinks_wanted else sinks.shape
-    return (q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape),
-            q.new_empty(dsinks, dtype=torch.float32))
+    new = (lambda t: t.new_zeros(t.shape)) if varlen else (lambda t: t.new_empty(t.shape))
+    return new(q), new(k), new(v), q.new_empty(dsinks, dtype=torch.float32)
 
 
 def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -276,7 +278,7 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """kiln_attention_backward: (dq, dk, dv, dsinks) of attention_forward's call on the same
     arguments, given dout; dsinks is empty unless dsinks_wanted (and sinks given)."""
-    dq, dk, dv, dsinks = _gradients(q, k, v, sinks, dsinks_wanted)
+    dq, dk, dv, dsinks = _gradients(q, k, v, sinks, dsinks_wanted, cu_seqlens_q is not None)
     options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                  window_right, top_left, softcap, sinks, _capi.NO_VARIANT)
@@ -298,7 +300,7 @@ def _attention_backward_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seq
                                cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale, causal, window_left, window_right, top_left,
                                softcap, sinks)
-    return _gradients(q, k, v, sinks, dsinks_wanted)
+    return _gradients(q, k, v, sinks, dsinks_wanted, cu_seqlens_q is not None)
 
 
 attention_backward = _op(_attention_backward, mutates_args=(), check=_attention_backward_fake)
