@@ -308,7 +308,7 @@ def test_eager_calls_record_the_ops_formula_around_the_implementations(as_gpu, m
 
     def backward(*arguments):
         seen.append(arguments)
-        return ops._gradients(*arguments[1:4], arguments[19], arguments[-1])
+        return ops._gradients(*arguments[1:4], arguments[19], arguments[-1], False)
     monkeypatch.setitem(ops.direct, ops.attention_backward, backward)
     q, k, v = (t(0, 5, 8, 64, device="cpu"), t(0, 7, 2, 64, device="cpu"),
                t(0, 7, 2, 64, device="cpu"))
