@@ -37,10 +37,12 @@ struct AttentionBackwardProblem {
   bool dsinks = false;
 };
 
-// The backward kernels attention_backward() can run.
+// The backward kernels attention_backward() can run. Both have no atomics, so deterministic.
 enum class AttentionBackwardKernel {
   portable,  // attention/backward/backward_portable.cuh: plain loads and fp32 arithmetic, no
-             // inline assembly and no atomics, so deterministic; every target attention runs on
+             // inline assembly; every target attention runs on
+  mma,       // attention/backward/backward_mma.cuh: FlashAttention-2's on tensor cores
+             // (mma.sync); NVIDIA sm_80 and newer
 };
 
 // How it runs. Every config gives results within the same tolerance.
@@ -48,6 +50,11 @@ enum class AttentionBackwardKernel {
 //   time; the dq kernel takes block_m query rows per CTA and stages block_n keys at a time. Each
 //   CTA has warps * 32 threads, which split a key (dk/dv) or query row (dq) between
 //   warps * 32 / block_n (or / block_m) lanes.
+//   mma: each kernel's CTA holds block_n rows (keys for dk/dv, query rows for dq; a multiple of
+//   16) and streams block_m rows of the other side at a time (a multiple of 16, at most
+//   warps * 32). Its warps * 32 threads make block_n / 16 row groups of 16 rows, whose
+//   warps / (block_n / 16) warps (warps a multiple of block_n / 16) each take a slice of the
+//   head dims.
 struct AttentionBackwardConfig {
   int block_m = 32;
   int block_n = 32;
@@ -55,9 +62,9 @@ struct AttentionBackwardConfig {
   AttentionBackwardKernel kernel = AttentionBackwardKernel::portable;
 };
 
-// The config attention_backward() and warm-up use for `problem` on `target`: the portable
-// kernels on every target attention runs on (NVIDIA sm_80+, AMD gfx9). Throws kiln::Error
-// (unsupported) for any other target.
+// The config attention_backward() and warm-up use for `problem` on `target`: the mma kernels on
+// NVIDIA sm_80 and newer, the portable ones on AMD gfx9. Throws kiln::Error (unsupported) for
+// any other target.
 AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target);
 
 // The kernels one backward call launches, in order: the row-dot pre-pass (D = rowsum(dO * O)),

@@ -55,29 +55,59 @@ long long portable_dq_bytes(const AttentionProblem& p, const AttentionBackwardCo
                                                element_bytes(p.dtype_kv));
 }
 
+// The mma kernels' operands have one dtype (the forward's operand table), q's.
+long long mma_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+  return attention_backward_mma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.warps,
+                                           element_bytes(p.dtype_q), 2);
+}
+
+long long mma_dq_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+  return attention_backward_mma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.warps,
+                                           element_bytes(p.dtype_q), 0);
+}
+
+// A kernel's shared memory for a spec that arrives as text.
+template <long long (*Bytes)(const AttentionProblem&, const AttentionBackwardConfig&)>
+long long spec_bytes(const KernelSpec& spec) {
+  const ParsedSpec s = parse(spec);
+  return Bytes(s.problem, s.config);
+}
+
+int warps_threads(const AttentionBackwardConfig& c) {
+  return c.warps * 32;
+}
+
 constexpr const char* kParams = "kiln::AttentionBackwardParams";
 constexpr const char* kPortableSource = "attention/backward/backward_portable.cuh";
+constexpr const char* kMmaSource = "attention/backward/backward_mma.cuh";
 
+// Both kernels of each take the portable forward kernel's constants.
 const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::portable,
      .name = "portable",
+     .targets = AttentionTargets::any,
      .dkdv = {kPortableSource, "kiln::attention_backward_dkdv_portable", kParams,
-              attention_portable_constants(),
-              [](const KernelSpec& spec) {
-                const ParsedSpec s = parse(spec);
-                return portable_dkdv_bytes(s.problem, s.config);
-              },
+              attention_portable_constants(), spec_bytes<portable_dkdv_bytes>,
               attention_operand_dtypes()},
      .dq = {kPortableSource, "kiln::attention_backward_dq_portable", kParams,
-            attention_portable_constants(),
-            [](const KernelSpec& spec) {
-              const ParsedSpec s = parse(spec);
-              return portable_dq_bytes(s.problem, s.config);
-            },
+            attention_portable_constants(), spec_bytes<portable_dq_bytes>,
             attention_operand_dtypes()},
-     .threads = [](const AttentionBackwardConfig& c) { return c.warps * 32; },
+     .threads = warps_threads,
+     .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_m; },
      .dkdv_shared_bytes = portable_dkdv_bytes,
      .dq_shared_bytes = portable_dq_bytes},
+    {.kernel = AttentionBackwardKernel::mma,
+     .name = "mma",
+     .targets = AttentionTargets::sm80,
+     .dkdv = {kMmaSource, "kiln::attention_backward_dkdv_mma", kParams,
+              attention_portable_constants(), spec_bytes<mma_dkdv_bytes>,
+              attention_operand_dtypes()},
+     .dq = {kMmaSource, "kiln::attention_backward_dq_mma", kParams, attention_portable_constants(),
+            spec_bytes<mma_dq_bytes>, attention_operand_dtypes()},
+     .threads = warps_threads,
+     .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_n; },
+     .dkdv_shared_bytes = mma_dkdv_bytes,
+     .dq_shared_bytes = mma_dq_bytes},
 };
 
 // The most block_m and block_n of a config, and its most warps (a CTA of 1024 threads).
@@ -90,6 +120,63 @@ KernelSpec dot_spec(const AttentionProblem& problem) {
       .set("head_dim_v", problem.head_dim_v)
       .set("varlen", problem.varlen);
   return spec;
+}
+
+// --- Tuning tables ---------------------------------------------------------------------------
+//
+// NOTE: the tables change speed only, never results; tests/ops/choose_pins.txt pins what
+// choose() gives. Not yet timed on a GPU: FlashAttention-2's sm80 tiles where they fit. Each
+// mma kernel's CTA holds block_n rows and streams block_m through two slots; 8 warps on 128 rows
+// (one warp a 16-row group) up to head dim 128, and at 256 on 64 rows, two warps a group each
+// taking half of the head dims (dK and dV in 128 registers a thread, not 256).
+
+// A row: the config for problems whose wider head dim is at most `widest`.
+struct BackwardTuning {
+  int widest;
+  AttentionBackwardConfig config;
+};
+
+constexpr AttentionBackwardKernel kMma = AttentionBackwardKernel::mma;
+
+// Targets with at least 163 KiB of shared memory a CTA (sm_80, sm_87, sm_90, sm_100): 73 KiB at
+// 64, 137 KiB at 128 and 132.5 KiB at 256 (attention_backward_mma_smem_bytes, dk/dv).
+constexpr BackwardTuning kMmaLarge[] = {
+    {64, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kMma}},
+    {128, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kMma}},
+    {256, {.block_m = 32, .block_n = 64, .warps = 8, .kernel = kMma}},
+};
+// The others (sm_86, sm_89, sm_120: 99 KiB): 73 KiB at 64, 68.5 KiB at 128, 66 KiB at 256.
+constexpr BackwardTuning kMmaSmall[] = {
+    {64, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kMma}},
+    {128, {.block_m = 32, .block_n = 64, .warps = 4, .kernel = kMma}},
+    {256, {.block_m = 16, .block_n = 32, .warps = 4, .kernel = kMma}},
+};
+constexpr int kLargeSharedBytes = 163 * 1024;
+
+// Every head dim kiln compiles has a row, whose tiles fit the shared memory of its targets.
+template <std::size_t N>
+constexpr bool fits_every_head_dim(const BackwardTuning (&rows)[N], long long shared_bytes) {
+  int previous = 0;
+  for (const BackwardTuning& row : rows) {
+    const AttentionBackwardConfig& c = row.config;
+    // dk/dv's tiles are the larger, by the streamed rows' LSE and D.
+    if (row.widest <= previous ||
+        attention_backward_mma_smem_bytes(row.widest, row.widest, c.block_m, c.block_n, c.warps, 2,
+                                          2) > shared_bytes) {
+      return false;
+    }
+    previous = row.widest;
+  }
+  return previous == kMaxHeadDim;
+}
+static_assert(fits_every_head_dim(kMmaLarge, kLargeSharedBytes) &&
+                  fits_every_head_dim(kMmaSmall, 99 * 1024),
+              "Each mma tuning table has a row for every head dim kiln compiles, whose tiles fit "
+              "its targets' shared memory.");
+
+std::span<const BackwardTuning> mma_table(const Target& target) {
+  if (target.max_shared_bytes_per_block() >= kLargeSharedBytes) return kMmaLarge;
+  return kMmaSmall;
 }
 
 }  // namespace
@@ -109,8 +196,9 @@ const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel) {
   for (const AttentionBackwardDescription& d : kDescriptions) {
     if (d.kernel == kernel) return d;
   }
-  invalid(fmt::format("config.kernel is {}, which is no AttentionBackwardKernel: use portable",
-                      static_cast<int>(kernel)));
+  invalid(
+      fmt::format("config.kernel is {}, which is no AttentionBackwardKernel: use mma or portable",
+                  static_cast<int>(kernel)));
 }
 
 std::vector<const KernelSchema*> attention_backward_schemas() {
@@ -124,8 +212,7 @@ std::vector<const KernelSchema*> attention_backward_schemas() {
 }
 
 void check_config(const AttentionBackwardConfig& config, const Target& target) {
-  describe(config.kernel);
-  require_target(target, AttentionKernel::portable);
+  require_target(target, config.kernel);
   const auto in = [](int value, int most) { return value >= 1 && value <= most; };
   if (!in(config.block_m, kMaxBlock) || !in(config.block_n, kMaxBlock) ||
       !in(config.warps, kMaxWarps)) {
@@ -133,6 +220,17 @@ void check_config(const AttentionBackwardConfig& config, const Target& target) {
         "backward config (block_m {}, block_n {}, warps {}) has a value out of range: block_m "
         "and block_n must be from 1 to {}, warps from 1 to {} (a CTA has at most {} threads)",
         config.block_m, config.block_n, config.warps, kMaxBlock, kMaxWarps, kMaxWarps * 32));
+  }
+}
+
+void require_target(const Target& target, AttentionBackwardKernel kernel) {
+  const AttentionBackwardDescription& d = describe(kernel);
+  require_target(target, AttentionKernel::portable);  // a target attention runs on at all
+  if (target.amd() && d.targets != AttentionTargets::any) {
+    unsupported(fmt::format(
+        "the {} backward kernel uses NVIDIA instructions and cannot run on {}: use a portable "
+        "config (AttentionBackwardKernel::portable), as choose() gives AMD targets",
+        d.name, target.name()));
   }
 }
 
@@ -148,7 +246,8 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
                .shared_bytes = d.dkdv_shared_bytes(problem.forward, config)},
       .dq = {.spec = attention_family_spec(d.dq, problem.forward, forward_config(config)),
              .threads = threads,
-             .shared_bytes = d.dq_shared_bytes(problem.forward, config)}};
+             .shared_bytes = d.dq_shared_bytes(problem.forward, config)},
+      .dq_rows = d.dq_rows(config)};
   if (problem.dsinks) {
     plan.sinks = LaunchPlan{.spec = spec_of(kBackwardSinksKernel.schema),
                             .threads = kBackwardSinksKernel.threads};
@@ -171,10 +270,19 @@ void require_fits(const AttentionBackwardPlan& plan, const AttentionBackwardConf
 
 }  // namespace detail
 
-// One config for every problem until the tensor-core kernels come.
-AttentionBackwardConfig choose(const AttentionBackwardProblem& /*problem*/, const Target& target) {
-  detail::require_target(target, AttentionKernel::portable);
-  return {};
+AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target) {
+  if (target.amd()) {
+    detail::require_target(target, AttentionBackwardKernel::portable);
+    return {};
+  }
+  detail::require_target(target, AttentionBackwardKernel::mma);
+  const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
+  for (const detail::BackwardTuning& row : detail::mma_table(target)) {
+    if (widest <= row.widest) return row.config;
+  }
+  // NOTE: only a head dim past kMaxHeadDim gets here, which no call validates; its compile
+  // refuses it.
+  return detail::mma_table(target).back().config;
 }
 
 std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem& problem,

@@ -8,6 +8,7 @@
 #include <optional>
 #include <span>
 
+#include "kernels/attention.hpp"
 #include "kernels/kernel.hpp"
 #include "kiln/attention_backward.hpp"
 
@@ -20,9 +21,11 @@ extern const FixedKernel kBackwardSinksKernel;
 struct AttentionBackwardDescription {
   AttentionBackwardKernel kernel;
   std::string_view name;  // "portable", as messages name the kernel
+  AttentionTargets targets;
   KernelSchema dkdv;
   KernelSchema dq;
   int (*threads)(const AttentionBackwardConfig& config);  // per CTA, both kernels
+  int (*dq_rows)(const AttentionBackwardConfig& config);  // query rows per dq CTA
   long long (*dkdv_shared_bytes)(const AttentionProblem& problem,
                                  const AttentionBackwardConfig& config);
   long long (*dq_shared_bytes)(const AttentionProblem& problem,
@@ -36,17 +39,22 @@ const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel);
 // description's dk/dv and dq kernels.
 std::vector<const KernelSchema*> attention_backward_schemas();
 
+// Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
+void require_target(const Target& target, AttentionBackwardKernel kernel);
+
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out
 // of range, and (unsupported) for a target the backward does not run on.
 void check_config(const AttentionBackwardConfig& config, const Target& target);
 
 // Every launch of one backward call, planned before any is fetched or run: the row dots, the
 // sinks' sum when problem.dsinks, the dk/dv kernel and the dq kernel.
+// The dk/dv kernel's CTAs take config.block_n keys each, the dq kernel's dq_rows query rows.
 struct AttentionBackwardPlan {
   LaunchPlan dot;
   std::optional<LaunchPlan> sinks;
   LaunchPlan dkdv;
   LaunchPlan dq;
+  int dq_rows = 0;
 };
 AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
                                               const AttentionBackwardConfig& config);

@@ -192,7 +192,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
                  .stream = stream},
                 bp);
   }
-  const std::uint32_t row_blocks = grid_dim(s.seqlen_q, c.block_m);
+  const std::uint32_t row_blocks = grid_dim(s.seqlen_q, plan.dq_rows);
   if (row_blocks > 0) {
     dq_kernel.launch({.grid = {row_blocks, heads, batch},
                       .block = {static_cast<std::uint32_t>(plan.dq.threads)},

@@ -52,4 +52,21 @@ KILN_PARAMS_FN constexpr long long attention_backward_dkdv_portable_smem_bytes(l
   return block_m * (head_dim * q_size + head_dim_v * out_size) + 2 * block_m * 4;
 }
 
+// Dynamic shared memory of attention_backward_dkdv_mma (row_floats 2: each streamed row's LSE
+// and D) and attention_backward_dq_mma (row_floats 0), in bytes: the block_n rows a CTA holds
+// (k and v; q and dout) and two slots of block_m streamed rows (q and dout; k and v) with their
+// row_floats fp32 values. Rows padded as the forward's (attention_forward_smem_bytes), each head
+// dim to 16 for each of the split = warps / (block_n / 16) warps that share a row group:
+//   qk_pitch = round_up(head_dim, 16 split) + 8, v_pitch = round_up(head_dim_v, 16 split) + 8
+//   bytes = size (block_n + 2 block_m) (qk_pitch + v_pitch) + 2 block_m row_floats 4
+KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n, long long warps,
+    long long size, long long row_floats) {
+  const long long groups = block_n / 16;
+  const long long multiple = 16 * (groups >= 1 && warps > groups ? warps / groups : 1);
+  const long long qk_pitch = (head_dim + multiple - 1) / multiple * multiple + 8;
+  const long long v_pitch = (head_dim_v + multiple - 1) / multiple * multiple + 8;
+  return size * (block_n + 2 * block_m) * (qk_pitch + v_pitch) + 2 * block_m * row_floats * 4;
+}
+
 }  // namespace kiln

@@ -60,6 +60,26 @@ __device__ __forceinline__ void zero_fragments(float (&acc)[MTiles][Tiles][4]) {
   }
 }
 
+// Writes a warp's fp32 accumulator tiles, rounded to T, into a shared-memory tile of
+// Pitch-element rows: m16 tile mt's rows from row0 + 16 mt, n8 tile j's columns from col0 + 8 j.
+template <int Pitch, class T, int MTiles, int Tiles>
+__device__ __forceinline__ void stage_fragments(T* smem, const float (&acc)[MTiles][Tiles][4],
+                                                int row0, int col0, int lane) {
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + mt * 16 + half * 8 + lane / 4;
+#pragma unroll
+      for (int j = 0; j < Tiles; ++j) {
+        const int col = col0 + j * 8 + 2 * (lane % 4);
+        *reinterpret_cast<unsigned*>(smem + row * Pitch + col) =
+            mma::pack2<T>(acc[mt][j][2 * half], acc[mt][j][2 * half + 1]);
+      }
+    }
+  }
+}
+
 // s = Q K^T for the warp's rows and one K tile. q_lane and k_lane are this lane's ldmatrix row
 // addresses (see lane_offsets). Step i of the (kk, np) loop loads its fragments Tr::prefetch
 // steps early, into register rings.

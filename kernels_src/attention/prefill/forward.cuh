@@ -118,19 +118,7 @@ template <class Tr>
 __device__ __forceinline__ void stage_output(typename Tr::Out* smem,
                                              const float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                              int warp, int lane) {
-#pragma unroll
-  for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int row = warp * Tr::rows_per_warp + mt * 16 + half * 8 + lane / 4;
-#pragma unroll
-      for (int j = 0; j < Tr::o_tiles; ++j) {
-        const int col = j * 8 + 2 * (lane % 4);
-        *reinterpret_cast<unsigned*>(smem + row * Tr::v_pitch + col) =
-            mma::pack2<typename Tr::Out>(o[mt][j][2 * half], o[mt][j][2 * half + 1]);
-      }
-    }
-  }
+  stage_fragments<Tr::v_pitch>(smem, o, warp * Tr::rows_per_warp, 0, lane);
 }
 
 // Each quad's first lane writes the LSE of the quad's rows (row0 + 8 r), those in the sequence.
