@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // kiln::attention_backward() on a GPU against the fp64 backward reference, by FlashAttention's
 // backward rule: the forward runs on the device for out and lse, then the backward with the
-// config choose() picks and with another portable one, on random inputs with poisoned, guarded
-// outputs; every forward feature, strided layouts, odd sizes, both dtypes, empty problems and
-// determinism.
+// config choose() picks and with explicit portable and mma ones, on random inputs with poisoned,
+// guarded outputs; every forward feature, strided layouts, odd sizes, both dtypes, empty problems
+// and determinism.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -38,18 +38,22 @@ using kiln::test::Layout;
 using kiln::test::Output;
 using kiln::test::Prepared;
 
-// The configs every case runs with: choose()'s (none passed), and a portable one of other tiles
-// and 16 lanes on each key and row. NOTE: 16 x 64 with 4 warps put 2 lanes on a key, whose 16
-// chunks of a d256 row spilled 15 KB and made the suite's slowest case (run 31a).
+// The configs every case runs with: choose()'s (none passed: mma on NVIDIA), a portable one of
+// other tiles and 16 lanes on each key and row, and an mma one of small tiles whose two warps a
+// row group each take half of the head dims (choose() does that at 256 only). NOTE: 16 x 64
+// with 4 warps put 2 lanes on a key, whose 16 chunks of a d256 row spilled 15 KB and made the
+// suite's slowest case (run 31a).
 using Config = std::optional<kiln::AttentionBackwardConfig>;
-const Config kConfigs[] = {std::nullopt,
-                           kiln::AttentionBackwardConfig{.block_m = 16, .block_n = 16, .warps = 8}};
+const Config kConfigs[] = {
+    std::nullopt, kiln::AttentionBackwardConfig{.block_m = 16, .block_n = 16, .warps = 8},
+    kiln::AttentionBackwardConfig{
+        .block_m = 16, .block_n = 32, .warps = 4, .kernel = kiln::AttentionBackwardKernel::mma}};
 
 std::string describe(const Config& config) {
   if (!config) return "the config choose() picks";
   std::ostringstream s;
-  s << "block_m " << config->block_m << " block_n " << config->block_n << " warps "
-    << config->warps;
+  s << (config->kernel == kiln::AttentionBackwardKernel::mma ? "mma" : "portable") << " block_m "
+    << config->block_m << " block_n " << config->block_n << " warps " << config->warps;
   return s.str();
 }
 

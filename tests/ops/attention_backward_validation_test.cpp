@@ -221,10 +221,13 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
           "[attention_backward]") {
   const kiln::AttentionBackwardProblem problem{
       .forward = {.head_dim = 128, .head_dim_v = 128, .band = true}};
-  for (const char* target : {"sm_80", "sm_90a", "gfx90a"}) {
+  for (const char* target : {"sm_80", "sm_86", "sm_90a", "gfx90a"}) {
     INFO(target);
     const kiln::AttentionBackwardConfig config = kiln::choose(problem, target);
-    CHECK(config.kernel == kiln::AttentionBackwardKernel::portable);
+    // Tensor cores on NVIDIA, the portable kernels on AMD.
+    CHECK(config.kernel == (std::string(target).starts_with("gfx")
+                                ? kiln::AttentionBackwardKernel::portable
+                                : kiln::AttentionBackwardKernel::mma));
     // The row-dot pre-pass, the dk/dv kernel and the dq kernel; the sinks' reduction between
     // them when asked.
     CHECK(kiln::attention_backward_specs(problem, config).size() == 3);
@@ -236,4 +239,24 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
   const kiln::test::Refusal old = refusal([&] { kiln::choose(problem, "sm_75"); });
   check_refusal(old, ErrorCategory::unsupported, {"sm_80 or newer"});
   CHECK(kiln::attention_backward_default_specs("sm_75").empty());
+}
+
+// A caller's config: the mma kernels use NVIDIA instructions, and a kernel must be one there is.
+TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that do not exist",
+          "[attention_backward]") {
+  const Call c = padded_call();
+  const auto with = [&](kiln::AttentionBackwardConfig config, const char* target) {
+    return refusal([&] {
+      kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, c.options, c.grads,
+                               config, nullptr, validating_runtime(target));
+    });
+  };
+  const kiln::AttentionBackwardConfig mma{.kernel = kiln::AttentionBackwardKernel::mma};
+  check_refusal(with(mma, "gfx90a"), ErrorCategory::unsupported,
+                {"the mma backward kernel uses NVIDIA instructions and cannot run on gfx90a",
+                 "AttentionBackwardKernel::portable"});
+  kiln::AttentionBackwardConfig none = mma;
+  none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
+  check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,
+                {"config.kernel is 7", "use mma or portable"});
 }

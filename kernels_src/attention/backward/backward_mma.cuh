@@ -324,35 +324,37 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
   const int last_key = min(key0 + Tr::block_n, first.seqlen_k) - 1;
   const int row_begin = band.first_query(key0);
   const int row_end = last_key < key0 ? 0 : band.last_query(last_key, first.seqlen_q) + 1;
-  const int row_blocks =
-      row_end > row_begin ? (row_end - row_begin + Tr::block_m - 1) / Tr::block_m : 0;
-  const int steps = heads_per_kv * row_blocks;
-  const auto head_of = [&](int step) { return first_head + step / row_blocks; };
-  const auto row0_of = [&](int step) { return row_begin + step % row_blocks * Tr::block_m; };
+  const int end_head = row_begin < row_end ? first_head + heads_per_kv : first_head;
+  // A step's (head, first row); the next one.
+  struct Step {
+    int head, r0;
+  };
+  const auto after = [&](Step at) {
+    return at.r0 + Tr::block_m < row_end ? Step{at.head, at.r0 + Tr::block_m}
+                                         : Step{at.head + 1, row_begin};
+  };
 
-  // Starts loading step's Q and dO rows into `slot` (committing nothing), and returns this thread's
-  // row of LSE and D
-  // (-inf and 0 past the rows: no probability there), which store_rows puts in the slot.
+  // Starts loading a step's Q and dO rows into `slot` (committing nothing), and returns this
+  // thread's row of LSE and D (-inf and 0 past the rows: no probability there), which
+  // store_rows puts in the slot.
   struct RowValues {
     float lse, dot;
   };
-  const auto load_rows = [&](int step, int slot) {
-    const int head = head_of(step);
-    const int r0 = row0_of(step);
-    const Sequence seq = locate_sequence<Spec::varlen>(p, batch, head);
-    const int rows = row_end - r0;
+  const auto load_rows = [&](Step at, int slot) {
+    const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
+    const int rows = row_end - at.r0;
     load_tile_async<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-        tiles.streamed_qk(slot), static_cast<const T*>(p.q) + seq.q_offset + r0 * p.q_seq_stride,
+        tiles.streamed_qk(slot), static_cast<const T*>(p.q) + seq.q_offset + at.r0 * p.q_seq_stride,
         p.q_seq_stride, rows, thread);
     load_tile_async<Tr::block_m, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, Tr::threads>(
         tiles.streamed_v(slot),
-        static_cast<const T*>(bp.dout) + dout_offset<Spec::varlen>(bp, batch, head) +
-            r0 * bp.dout_seq_stride,
+        static_cast<const T*>(bp.dout) + dout_offset<Spec::varlen>(bp, batch, at.head) +
+            at.r0 * bp.dout_seq_stride,
         bp.dout_seq_stride, rows, thread);
     RowValues values{neg_inf(), 0.f};
     if (thread < rows && thread < Tr::block_m) {
-      values.lse = p.maybe_lse[seq.lse_offset + r0 + thread] * kLog2e;
-      values.dot = bp.row_dot[seq.lse_offset + r0 + thread];
+      values.lse = p.maybe_lse[seq.lse_offset + at.r0 + thread] * kLog2e;
+      values.dot = bp.row_dot[seq.lse_offset + at.r0 + thread];
     }
     return values;
   };
@@ -362,7 +364,7 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
       tiles.row_floats(slot, 1)[thread] = values.dot;
     }
   };
-  if (steps > 0) store_rows(load_rows(0, 0), 0);
+  if (first_head < end_head) store_rows(load_rows({first_head, row_begin}, 0), 0);
   mma::cp_async_commit();
 
   const WarpPlace place = warp_place<Tr>(warp);
@@ -375,17 +377,17 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
   float dv[1][Tr::v_slice / 8][4];
   zero_fragments(dk);
   zero_fragments(dv);
-  for (int step = 0; step < steps; ++step) {
-    const int slot = step % 2;
+  int slot = 0;
+  for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), slot = 1 - slot) {
     mma::cp_async_wait<0>();
     __syncthreads();  // the slot is visible to all, and every warp is done with the other one
-    const bool more = step + 1 < steps;
+    const bool more = after(at).head < end_head;
     RowValues next{};
-    if (more) next = load_rows(step + 1, 1 - slot);
+    if (more) next = load_rows(after(at), 1 - slot);
     mma::cp_async_commit();
 
-    const int r0 = row0_of(step);
-    const Sequence seq = locate_sequence<Spec::varlen>(p, batch, head_of(step));
+    const int r0 = at.r0;
+    const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
     const auto transform = make_logit_transform<Spec, mma::ApproxMath, 1>(p, seq, band, r0);
     const float to_log2 = transform.to_log2();
     const float* const lse = tiles.row_floats(slot, 0);
