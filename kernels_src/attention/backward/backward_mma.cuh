@@ -297,20 +297,16 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
   extern __shared__ __align__(128) unsigned char smem_bytes[];
   const BackwardMmaTiles<Tr, 2> tiles{smem_bytes};  // row floats: LSE (log2 units), D
 
-  const int batch = static_cast<int>(blockIdx.z);
-  const int head_kv = static_cast<int>(blockIdx.y);
-  const int key0 = static_cast<int>(blockIdx.x) * Tr::block_n;
-  const int stored = stored_keys<Spec::varlen>(p, batch);
-  if (key0 >= stored) return;
+  const KeyBlockTile tile = key_block_tile<Spec, Tr::block_n>(p);
+  const int key0 = tile.key0;
+  if (key0 >= tile.stored) return;
   const int thread = static_cast<int>(threadIdx.x);
   const int warp = thread / 32;
   const int lane = thread % 32;
-  const int heads_per_kv = p.heads / p.heads_kv;
-  const int first_head = head_kv * heads_per_kv;
 
-  // Lengths, band and K/V rows are the same for every query head of the group.
-  const Sequence first = locate_sequence<Spec::varlen>(p, batch, first_head);
-  const Band band = make_band<Spec::band>(p.score, first.seqlen_q, first.seqlen_k);
+  // K and V rows are the same for every query head of the group.
+  const Sequence& first = tile.first;
+  const Band& band = tile.band;
   const auto kv = sequence_kv<Spec, T>(p, first);
   load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
       tiles.own_qk(), kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride, first.seqlen_k - key0,
@@ -319,12 +315,12 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
       tiles.own_v(), kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride, first.seqlen_k - key0,
       thread);
 
-  // The query rows that attend some key of the block (none past seqused_k), block_m a step, for
-  // each head of the group.
-  const int last_key = min(key0 + Tr::block_n, first.seqlen_k) - 1;
-  const int row_begin = band.first_query(key0);
-  const int row_end = last_key < key0 ? 0 : band.last_query(last_key, first.seqlen_q) + 1;
-  const int end_head = row_begin < row_end ? first_head + heads_per_kv : first_head;
+  // The rows that attend the block, block_m a step, for each head of the group.
+  const int batch = tile.batch;
+  const int row_begin = tile.rows.begin;
+  const int row_end = tile.rows.end;
+  const int first_head = tile.first_head;
+  const int end_head = row_begin < row_end ? first_head + tile.heads : first_head;
   // A step's (head, first row); the next one.
   struct Step {
     int head, r0;
@@ -425,12 +421,12 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
   stage_fragments<Tr::qk_pitch>(tiles.own_qk(), dk, place.row, place.slice * Tr::qk_slice, lane);
   stage_fragments<Tr::v_pitch>(tiles.own_v(), dv, place.row, place.slice * Tr::v_slice, lane);
   __syncthreads();
-  const auto grads = grad_rows<Spec::varlen, T>(bp, batch, head_kv);
+  const auto grads = grad_rows<Spec::varlen, T>(bp, batch, tile.head_kv);
   store_tile<Tr::block_n, Tr::head_dim, Tr::qk_pitch, Tr::threads>(
-      grads.k + key0 * grads.k_seq_stride, grads.k_seq_stride, tiles.own_qk(), stored - key0,
+      grads.k + key0 * grads.k_seq_stride, grads.k_seq_stride, tiles.own_qk(), tile.stored - key0,
       thread);
   store_tile<Tr::block_n, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(
-      grads.v + key0 * grads.v_seq_stride, grads.v_seq_stride, tiles.own_v(), stored - key0,
+      grads.v + key0 * grads.v_seq_stride, grads.v_seq_stride, tiles.own_v(), tile.stored - key0,
       thread);
 }
 

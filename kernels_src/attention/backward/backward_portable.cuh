@@ -137,19 +137,17 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
   float* const lse_tile = reinterpret_cast<float*>(smem + Tr::q_bytes + Tr::dout_bytes);
   float* const dot_tile = lse_tile + Tr::block_m;
 
-  const int batch = static_cast<int>(blockIdx.z);
-  const int head_kv = static_cast<int>(blockIdx.y);
-  const int key0 = static_cast<int>(blockIdx.x) * Tr::block_n;
-  const int stored = stored_keys<Spec::varlen>(p, batch);
-  if (key0 >= stored) return;
+  const KeyBlockTile tile = key_block_tile<Spec, Tr::block_n>(p);
+  const int batch = tile.batch;
+  const int key0 = tile.key0;
+  if (key0 >= tile.stored) return;
   const int thread = static_cast<int>(threadIdx.x);
   const int lane = thread % kLanes;
   const int key = key0 + thread / kLanes;
-  const int group = p.heads / p.heads_kv;
 
-  // Lengths, band and K/V rows are the same for every query head of the group.
-  const Sequence first = locate_sequence<Spec::varlen>(p, batch, head_kv * group);
-  const Band band = make_band<Spec::band>(p.score, first.seqlen_q, first.seqlen_k);
+  // K/V rows are the same for every query head of the group.
+  const Sequence& first = tile.first;
+  const Band& band = tile.band;
   float k[kQK][8], v[kV][8], dk[kQK][8], dv[kV][8];
   fill(k, 0.f);
   fill(v, 0.f);
@@ -163,12 +161,10 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
     load_lane_chunks<Tr::v_chunks, kLanes>(v, kv.v + v_off, lane);
   }
 
-  // The query rows that attend some key of the block (none past seqused_k).
-  const int last_key = min(key0 + Tr::block_n, first.seqlen_k) - 1;
-  const int row_begin = band.first_query(key0);
-  const int row_end = last_key < key0 ? 0 : band.last_query(last_key, first.seqlen_q) + 1;
-
-  for (int head = head_kv * group; head < (head_kv + 1) * group && row_begin < row_end; ++head) {
+  const int row_begin = tile.rows.begin;
+  const int row_end = tile.rows.end;
+  for (int head = tile.first_head; head < tile.first_head + tile.heads && row_begin < row_end;
+       ++head) {
     const Sequence seq = locate_sequence<Spec::varlen>(p, batch, head);
     auto transform = make_logit_transform<Spec, Math, 1>(p, seq, band, row_begin);
     const float to_log2 = transform.to_log2();
@@ -202,8 +198,8 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
     }
   }
 
-  if (key >= stored) return;
-  const auto grads = grad_rows<Spec::varlen, KV>(bp, batch, head_kv);
+  if (key >= tile.stored) return;
+  const auto grads = grad_rows<Spec::varlen, KV>(bp, batch, tile.head_kv);
   long long k_off, v_off;
   grads.offsets(key, k_off, v_off);
   store_lane_chunks<Tr::qk_chunks, kLanes>(grads.k + k_off, dk, lane);

@@ -52,6 +52,35 @@ __device__ __forceinline__ KVRows<tensor_mode(Varlen), T> grad_rows(
   return kv_rows<tensor_mode(Varlen), T>(grads, batch, head_kv);
 }
 
+// One dk/dv CTA's block of keys: BlockN keys from key0 of sequence `batch` at kv head head_kv
+// (grid (key blocks, kv heads, batch)), the query heads of its group, whose lengths and band are
+// the same, and the query rows that attend some of its keys (none past seqused_k; begin >= end
+// when none does). key0 >= stored: the block holds no key of the sequence, and nothing to write.
+struct KeyBlockTile {
+  int batch, head_kv, key0, stored;
+  int first_head, heads;  // the group's query heads
+  Sequence first;         // of first_head
+  Band band;
+  RowBlock rows;
+};
+
+template <class Spec, int BlockN>
+__device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p) {
+  KeyBlockTile t;
+  t.batch = static_cast<int>(blockIdx.z);
+  t.head_kv = static_cast<int>(blockIdx.y);
+  t.key0 = static_cast<int>(blockIdx.x) * BlockN;
+  t.stored = stored_keys<Spec::varlen>(p, t.batch);
+  t.heads = p.heads / p.heads_kv;
+  t.first_head = t.head_kv * t.heads;
+  t.first = locate_sequence<Spec::varlen>(p, t.batch, t.first_head);
+  t.band = make_band<Spec::band>(p.score, t.first.seqlen_q, t.first.seqlen_k);
+  const int last_key = min(t.key0 + BlockN, t.first.seqlen_k) - 1;
+  t.rows.begin = t.band.first_query(t.key0);
+  t.rows.end = last_key < t.key0 ? 0 : t.band.last_query(last_key, t.first.seqlen_q) + 1;
+  return t;
+}
+
 // exp(logit - lse) as the forward normalized it, from a logit in the transform's units (times
 // to_log2 it is in log2 units) and the row's LSE in log2 units; 0 for a masked logit, and for
 // a row that attended nothing (its LSE -inf).
