@@ -221,6 +221,20 @@ void check_config(const AttentionBackwardConfig& config, const Target& target) {
         "and block_n must be from 1 to {}, warps from 1 to {} (a CTA has at most {} threads)",
         config.block_m, config.block_n, config.warps, kMaxBlock, kMaxWarps, kMaxWarps * 32));
   }
+  if (config.kernel != AttentionBackwardKernel::mma) return;
+  // The mma kernel's tile rules (BackwardMmaTraits asserts them too): each warp's row group
+  // holds 16 key rows, a row group's warps split the head dim, and each streamed query row's
+  // LSE and D are loaded by one thread.
+  const int groups = config.block_n / 16;
+  if (config.block_n % 16 != 0 || config.block_n > 256 || config.warps > 16 ||
+      config.warps % groups != 0 || config.block_m % 16 != 0 ||
+      config.block_m > config.warps * 32) {
+    invalid(fmt::format(
+        "mma backward config (block_m {}, block_n {}, warps {}) breaks the kernel's tile rules: "
+        "block_n must be a multiple of 16 up to 256, warps a multiple of block_n / 16 up to 16, "
+        "and block_m a multiple of 16 up to warps * 32 (e.g. block_m 64, block_n 64, warps 8)",
+        config.block_m, config.block_n, config.warps));
+  }
 }
 
 void require_target(const Target& target, AttentionBackwardKernel kernel) {

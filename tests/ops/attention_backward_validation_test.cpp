@@ -255,6 +255,20 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   check_refusal(with(mma, "gfx90a"), ErrorCategory::unsupported,
                 {"the mma backward kernel uses NVIDIA instructions and cannot run on gfx90a",
                  "AttentionBackwardKernel::portable"});
+  // Tiles the mma kernel cannot hold are refused before any compile, naming the rules.
+  for (const kiln::AttentionBackwardConfig bad :
+       {kiln::AttentionBackwardConfig{
+            .block_m = 24, .block_n = 48, .warps = 3, .kernel = mma.kernel},
+        kiln::AttentionBackwardConfig{
+            .block_m = 64, .block_n = 40, .warps = 8, .kernel = mma.kernel},
+        kiln::AttentionBackwardConfig{
+            .block_m = 64, .block_n = 64, .warps = 6, .kernel = mma.kernel},
+        kiln::AttentionBackwardConfig{
+            .block_m = 128, .block_n = 32, .warps = 2, .kernel = mma.kernel}}) {
+    INFO(bad.block_m << " " << bad.block_n << " " << bad.warps);
+    check_refusal(with(bad, "sm_90a"), ErrorCategory::invalid_argument,
+                  {"breaks the kernel's tile rules", "multiple of 16 up to 256", "warps * 32"});
+  }
   kiln::AttentionBackwardConfig none = mma;
   none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
   check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,
