@@ -23,11 +23,15 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
                                                const std::vector<double>& q,
                                                const std::vector<double>& k,
                                                const std::vector<double>& v,
-                                               const std::vector<double>& dout) {
+                                               const std::vector<double>& dout,
+                                               std::span<const double> stored_out) {
   BackwardReference r;
   r.forward = attention_reference(p, q, k, v);  // checks q, k and v
   if (dout.size() != r.forward.out.size()) {
     throw std::invalid_argument("attention_backward_reference: dout does not match out");
+  }
+  if (!stored_out.empty() && stored_out.size() != r.forward.out.size()) {
+    throw std::invalid_argument("attention_backward_reference: stored_out does not match out");
   }
   const auto hq = static_cast<std::size_t>(p.heads), hkv = static_cast<std::size_t>(p.heads_kv);
   const auto d = static_cast<std::size_t>(p.head_dim), dv = static_cast<std::size_t>(p.head_dim_v);
@@ -51,15 +55,17 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
     const double* o = &r.forward.out[at * dv];
     const double* o_plain = &r.forward.out_plain[at * dv];
     const double* g = &dout[at * dv];
-    double rowsum = 0, rowsum_plain = 0;  // D
+    const double* o_stored = stored_out.empty() ? o_plain : &stored_out[at * dv];
+    double rowsum = 0, rowsum_plain = 0, rowsum_stored = 0;  // D
     for (std::size_t c = 0; c < dv; ++c) {
       rowsum += g[c] * o[c];
       rowsum_plain += g[c] * o_plain[c];
+      rowsum_stored += g[c] * o_stored[c];
     }
     if (!p.sinks.empty()) {
       const auto h = static_cast<std::size_t>(row.head);
       r.dsinks.exact[h] -= row.sink_p * rowsum;
-      r.dsinks.plain[h] -= row.sink_p_plain * rowsum_plain;
+      r.dsinks.plain[h] -= row.sink_p_plain * rowsum_stored;
     }
     const double* qi = &q[at * d];
     double* dqi = &r.dq.exact[at * d];

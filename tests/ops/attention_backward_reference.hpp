@@ -4,6 +4,7 @@
 // dtype, the baseline of FlashAttention's backward rule.
 #pragma once
 
+#include <span>
 #include <vector>
 
 #include "attention_reference.hpp"
@@ -33,10 +34,16 @@ struct BackwardReference {
 // output of attention_reference(problem, q, k, v) and dout laid out as out (total_q, heads,
 // head_dim_v). ALiBi slopes and the bias get none (kiln computes neither); rows that attend no
 // key get zero gradients.
+//
+// stored_out, when given, is the out the backward under test reads (the forward kernel's, laid
+// out as out): the plain dsinks takes its row sums D from it. dsinks is one sum over all of a
+// head's rows, and the rounding of out moves it by about its whole error budget, in a direction
+// that is a coin toss: a plain baseline with an out of its own would pass or fail by luck.
 BackwardReference attention_backward_reference(const ReferenceProblem& problem,
                                                const std::vector<double>& q,
                                                const std::vector<double>& k,
                                                const std::vector<double>& v,
-                                               const std::vector<double>& dout);
+                                               const std::vector<double>& dout,
+                                               std::span<const double> stored_out = {});
 
 }  // namespace kiln::test

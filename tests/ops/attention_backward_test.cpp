@@ -59,9 +59,10 @@ std::string describe(const Config& config) {
 
 // A case's backward on the device: the forward's inputs and outputs (prepare()), dout in out's
 // layout, the gradients' outputs in q's, k's and v's layouts (poisoned before each run), and
-// the fp64 backward reference of the same inputs.
+// the fp64 backward reference of the same inputs (run_forward's, which knows the stored out).
 struct Backward {
   Prepared forward;
+  std::vector<double> dout_values;
   TensorView dout;
   std::unique_ptr<Output> dq, dk, dv, dsinks;
   BackwardReference want;
@@ -71,9 +72,9 @@ Backward prepare_backward(Case c, std::mt19937& rng) {
   c.lse = true;  // the backward takes the forward's lse
   Backward b{.forward = kiln::test::prepare(c, rng)};
   const kiln::test::Layouts l = kiln::test::layouts_of(c, b.forward.ref);
-  const auto dout = kiln::test::random_normal(c.dtype, l.out.count(), rng);
+  b.dout_values = kiln::test::random_normal(c.dtype, l.out.count(), rng);
   std::vector<std::uint16_t> image(kiln::test::guarded_size({&l.out}), kiln::test::kPoison16);
-  kiln::test::scatter(c.dtype, l.out, dout, image);
+  kiln::test::scatter(c.dtype, l.out, b.dout_values, image);
   b.forward.d.buffers.push_back(kiln::test::upload(image));
   b.dout = kiln::test::view_of(*b.forward.d.buffers.back(), c.dtype, l.out);
   b.dq = std::make_unique<Output>(c.dtype, l.q);
@@ -82,20 +83,23 @@ Backward prepare_backward(Case c, std::mt19937& rng) {
   if (c.score.sinks) {
     b.dsinks = std::make_unique<Output>(DType::f32, kiln::test::Strided::dense({c.heads}));
   }
-  const Prepared& f = b.forward;
-  b.want = kiln::test::attention_backward_reference(f.ref, f.q, f.k, f.v, dout);
   return b;
 }
 
-// The forward on the device, for the out and lse the backward takes (out checked on the way).
+// The forward on the device, for the out and lse the backward takes (out checked on the way);
+// then the reference, whose plain dsinks reads that out.
 void run_forward(kiln::Runtime& rt, const Case& c, Backward& b) {
   kiln::test::DeviceCase& d = b.forward.d;
   d.out->poison();
   d.lse->poison();
   kiln::attention(d.q, d.k, d.v, d.out->view(), d.options, nullptr, rt);
   kiln::test::sync_and_check();
-  kiln::test::check_out(*d.out, d.out->bytes(), b.forward.want, c.heads, c.dim_v());
+  const std::vector<std::uint8_t> out = d.out->bytes();
+  kiln::test::check_out(*d.out, out, b.forward.want, c.heads, c.dim_v());
   CHECK(d.lse->written_outside(d.lse->bytes()) == 0);
+  const Prepared& f = b.forward;
+  b.want = kiln::test::attention_backward_reference(f.ref, f.q, f.k, f.v, b.dout_values,
+                                                    d.out->values(out));
 }
 
 // What one backward run left in the gradients' buffers.
