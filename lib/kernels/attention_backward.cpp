@@ -66,6 +66,14 @@ long long mma_dq_bytes(const AttentionProblem& p, const AttentionBackwardConfig&
                                            element_bytes(p.dtype_q), 0);
 }
 
+long long wgmma_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+  return attention_backward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n);
+}
+
+long long no_dynamic_shared(const AttentionProblem&, const AttentionBackwardConfig&) {
+  return 0;
+}
+
 // A kernel's shared memory for a spec that arrives as text.
 template <long long (*Bytes)(const AttentionProblem&, const AttentionBackwardConfig&)>
 long long spec_bytes(const KernelSpec& spec) {
@@ -80,6 +88,7 @@ int warps_threads(const AttentionBackwardConfig& c) {
 constexpr const char* kParams = "kiln::AttentionBackwardParams";
 constexpr const char* kPortableSource = "attention/backward/backward_portable.cuh";
 constexpr const char* kMmaSource = "attention/backward/backward_mma.cuh";
+constexpr const char* kWgmmaSource = "attention/backward/backward_wgmma.cuh";
 
 // Both kernels of each take the portable forward kernel's constants.
 const AttentionBackwardDescription kDescriptions[] = {
@@ -108,6 +117,19 @@ const AttentionBackwardDescription kDescriptions[] = {
      .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_n; },
      .dkdv_shared_bytes = mma_dkdv_bytes,
      .dq_shared_bytes = mma_dq_bytes},
+    // Its dq kernel converts the fp32 accumulators the dk/dv kernel adds to.
+    {.kernel = AttentionBackwardKernel::wgmma,
+     .name = "wgmma",
+     .targets = AttentionTargets::sm90a,
+     .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams,
+              attention_portable_constants(), spec_bytes<wgmma_dkdv_bytes>,
+              attention_operand_dtypes()},
+     .dq = {kWgmmaSource, "kiln::attention_backward_dq_wgmma", kParams,
+            attention_portable_constants(), no_shared_memory, attention_operand_dtypes()},
+     .threads = warps_threads,
+     .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_m; },
+     .dkdv_shared_bytes = wgmma_dkdv_bytes,
+     .dq_shared_bytes = no_dynamic_shared},
 };
 
 // The most block_m and block_n of a config, and its most warps (a CTA of 1024 threads).
@@ -152,6 +174,16 @@ constexpr BackwardTuning kMmaSmall[] = {
     {256, {.block_m = 16, .block_n = 32, .warps = 4, .kernel = kMma}},
 };
 constexpr int kLargeSharedBytes = 163 * 1024;
+
+// sm_90a up to head dim 128 (not yet timed), 64 query rows a step: at head dim 64 one warpgroup
+// of 64 keys (no spills; two would split dQ's 64 columns below the swizzle width), at 128 two,
+// which split dQ's columns (one warpgroup would hold all 128 of them: 64 more registers).
+constexpr AttentionBackwardKernel kWgmma = AttentionBackwardKernel::wgmma;
+constexpr BackwardTuning kWgmmaTable[] = {
+    {64, {.block_m = 64, .block_n = 64, .warps = 4, .kernel = kWgmma}},
+    {128, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kWgmma}},
+};
+constexpr int kWgmmaMaxHeadDim = 128;
 
 // Every head dim kiln compiles has a row, whose tiles fit the shared memory of its targets.
 template <std::size_t N>
@@ -221,6 +253,18 @@ void check_config(const AttentionBackwardConfig& config, const Target& target) {
         "and block_n must be from 1 to {}, warps from 1 to {} (a CTA has at most {} threads)",
         config.block_m, config.block_n, config.warps, kMaxBlock, kMaxWarps, kMaxWarps * 32));
   }
+  if (config.kernel == AttentionBackwardKernel::wgmma) {
+    // BackwardWgmmaTraits asserts these too: a warpgroup per 64 keys, 64-row wgmma tiles.
+    if ((config.block_n != 64 && config.block_n != 128) || config.warps != config.block_n / 16 ||
+        (config.block_m != 64 && config.block_m != 128) || config.block_m > config.block_n) {
+      invalid(fmt::format(
+          "wgmma backward config (block_m {}, block_n {}, warps {}) breaks the kernel's tile "
+          "rules: block_n must be 64 or 128 with warps = block_n / 16, and block_m 64 or 128, at "
+          "most block_n (e.g. block_m 64, block_n 128, warps 8)",
+          config.block_m, config.block_n, config.warps));
+    }
+    return;
+  }
   if (config.kernel != AttentionBackwardKernel::mma) return;
   // The mma kernel's tile rules (BackwardMmaTraits asserts them too): each warp's row group
   // holds 16 key rows, a row group's warps split the head dim, and each streamed query row's
@@ -246,11 +290,32 @@ void require_target(const Target& target, AttentionBackwardKernel kernel) {
         "config (AttentionBackwardKernel::portable), as choose() gives AMD targets",
         d.name, target.name()));
   }
+  if (d.targets == AttentionTargets::sm90a && !is_sm90a(target)) {
+    unsupported(fmt::format(
+        "the {} backward kernel runs on sm_90a (H100, H200) only; the target is {}: use the mma "
+        "kernel (AttentionBackwardKernel::mma)",
+        d.name, target.name()));
+  }
 }
 
 AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
                                               const AttentionBackwardConfig& config) {
   const AttentionBackwardDescription& d = describe(config.kernel);
+  if (config.kernel == AttentionBackwardKernel::wgmma) {
+    const AttentionProblem& f = problem.forward;
+    if (std::max(f.head_dim, f.head_dim_v) > kWgmmaMaxHeadDim) {
+      unsupported(fmt::format(
+          "the wgmma backward kernel takes head dims up to {}, not {} and {}: use the mma kernel "
+          "(AttentionBackwardKernel::mma), as choose() does",
+          kWgmmaMaxHeadDim, f.head_dim, f.head_dim_v));
+    }
+    if (problem.deterministic) {
+      unsupported(
+          "the wgmma backward kernel adds dq up with atomics, so it is not deterministic: with "
+          "grads.deterministic use the mma kernel (AttentionBackwardKernel::mma), as choose() "
+          "does");
+    }
+  }
   const int threads = d.threads(config);
   AttentionBackwardPlan plan{
       .dot = {.spec = dot_spec(problem.forward), .threads = kBackwardDotKernel.threads},
@@ -291,6 +356,11 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
+  if (detail::is_sm90a(target) && !problem.deterministic) {
+    for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
+      if (widest <= row.widest) return row.config;
+    }
+  }
   for (const detail::BackwardTuning& row : detail::mma_table(target)) {
     if (widest <= row.widest) return row.config;
   }

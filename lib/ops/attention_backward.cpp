@@ -160,13 +160,21 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   // The row dots at the LSE's offsets; the sinks' partial sums after them.
   const std::size_t dot_bytes =
       detail::scratch_align(static_cast<std::size_t>(extent(*options.lse)) * sizeof(float));
-  const std::size_t partial_bytes =
-      plan.sinks ? static_cast<std::size_t>(s.heads * s.batch * dot_blocks) * sizeof(float) : 0;
-  const detail::Scratch scratch(runtime, dot_bytes + partial_bytes, stream);
+  const std::size_t partial_bytes = detail::scratch_align(
+      plan.sinks ? static_cast<std::size_t>(s.heads * s.batch * dot_blocks) * sizeof(float) : 0);
+  // The wgmma kernels' dq accumulators: head_dim floats a row, rows at the LSE's offsets.
+  const bool accumulates = c.kernel == AttentionBackwardKernel::wgmma;
+  const std::size_t accum_bytes =
+      accumulates ? static_cast<std::size_t>(extent(*options.lse) * s.head_dim) * sizeof(float) : 0;
+  const detail::Scratch scratch(runtime, dot_bytes + partial_bytes + accum_bytes, stream);
   bp.row_dot = reinterpret_cast<float*>(scratch.at(0));
   if (plan.sinks) {
     bp.maybe_sink_partials = reinterpret_cast<float*>(scratch.at(dot_bytes));
     bp.maybe_dsinks = static_cast<float*>(grads.dsinks->data);
+  }
+  if (accum_bytes > 0) {
+    bp.maybe_dq_accum = reinterpret_cast<float*>(scratch.at(dot_bytes + partial_bytes));
+    detail::zero_async(runtime, bp.maybe_dq_accum, accum_bytes, stream);
   }
 
   const auto heads = static_cast<std::uint32_t>(s.heads);

@@ -38,21 +38,28 @@ using kiln::test::Layout;
 using kiln::test::Output;
 using kiln::test::Prepared;
 
-// The configs every case runs with: choose()'s (none passed: mma on NVIDIA), a portable one of
-// other tiles and 16 lanes on each key and row, and an mma one of small tiles whose two warps a
-// row group each take half of the head dims (choose() does that at 256 only). NOTE: 16 x 64
+// The configs every case runs with: choose()'s (none passed: on an H100 or H200 the wgmma
+// kernels up to head dim 128, the mma ones past it and when deterministic), a portable one of
+// other tiles and 16 lanes on each key and row, an mma one of small tiles whose two warps a
+// row group each take half of the head dims (choose() does that at 256 only), and an mma one of
+// large tiles, as choose() gives sm_80. NOTE: 16 x 64
 // with 4 warps put 2 lanes on a key, whose 16 chunks of a d256 row spilled 15 KB and made the
 // suite's slowest case (run 31a).
 using Config = std::optional<kiln::AttentionBackwardConfig>;
 const Config kConfigs[] = {
     std::nullopt, kiln::AttentionBackwardConfig{.block_m = 16, .block_n = 16, .warps = 8},
     kiln::AttentionBackwardConfig{
-        .block_m = 16, .block_n = 32, .warps = 4, .kernel = kiln::AttentionBackwardKernel::mma}};
+        .block_m = 16, .block_n = 32, .warps = 4, .kernel = kiln::AttentionBackwardKernel::mma},
+    kiln::AttentionBackwardConfig{
+        .block_m = 64, .block_n = 64, .warps = 8, .kernel = kiln::AttentionBackwardKernel::mma}};
 
 std::string describe(const Config& config) {
   if (!config) return "the config choose() picks";
   std::ostringstream s;
-  s << (config->kernel == kiln::AttentionBackwardKernel::mma ? "mma" : "portable") << " block_m "
+  s << (config->kernel == kiln::AttentionBackwardKernel::portable ? "portable"
+        : config->kernel == kiln::AttentionBackwardKernel::mma    ? "mma"
+                                                                   : "wgmma")
+    << " block_m "
     << config->block_m << " block_n " << config->block_n << " warps " << config->warps;
   return s.str();
 }

@@ -224,10 +224,20 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
   for (const char* target : {"sm_80", "sm_86", "sm_90a", "gfx90a"}) {
     INFO(target);
     const kiln::AttentionBackwardConfig config = kiln::choose(problem, target);
-    // Tensor cores on NVIDIA, the portable kernels on AMD.
-    CHECK(config.kernel == (std::string(target).starts_with("gfx")
-                                ? kiln::AttentionBackwardKernel::portable
-                                : kiln::AttentionBackwardKernel::mma));
+    // Tensor cores on NVIDIA (wgmma on sm_90a unless deterministic), the portable kernels on
+    // AMD.
+    const std::string name = target;
+    CHECK(config.kernel == (name.starts_with("gfx") ? kiln::AttentionBackwardKernel::portable
+                            : name == "sm_90a"      ? kiln::AttentionBackwardKernel::wgmma
+                                                    : kiln::AttentionBackwardKernel::mma));
+    kiln::AttentionBackwardProblem deterministic = problem;
+    deterministic.deterministic = true;
+    CHECK(kiln::choose(deterministic, target).kernel ==
+          (name.starts_with("gfx") ? kiln::AttentionBackwardKernel::portable
+                                   : kiln::AttentionBackwardKernel::mma));
+    kiln::AttentionBackwardProblem wide = problem;
+    wide.forward.head_dim = wide.forward.head_dim_v = 256;
+    CHECK(kiln::choose(wide, target).kernel != kiln::AttentionBackwardKernel::wgmma);
     // The row-dot pre-pass, the dk/dv kernel and the dq kernel; the sinks' reduction between
     // them when asked.
     CHECK(kiln::attention_backward_specs(problem, config).size() == 3);
@@ -269,6 +279,30 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
     check_refusal(with(bad, "sm_90a"), ErrorCategory::invalid_argument,
                   {"breaks the kernel's tile rules", "multiple of 16 up to 256", "warps * 32"});
   }
+  // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128, not deterministic.
+  const kiln::AttentionBackwardConfig wgmma{
+      .block_m = 64, .block_n = 128, .warps = 8, .kernel = kiln::AttentionBackwardKernel::wgmma};
+  check_refusal(with(wgmma, "sm_80"), ErrorCategory::unsupported,
+                {"the wgmma backward kernel runs on sm_90a (H100, H200) only", "sm_80",
+                 "AttentionBackwardKernel::mma"});
+  kiln::AttentionBackwardConfig bad_wgmma = wgmma;
+  bad_wgmma.warps = 4;
+  check_refusal(
+      with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument,
+      {"wgmma backward config (block_m 64, block_n 128, warps 4)", "warps = block_n / 16"});
+  bad_wgmma = wgmma;
+  bad_wgmma.block_m = 128;
+  bad_wgmma.block_n = 64;
+  bad_wgmma.warps = 4;
+  check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument, {"at most block_n"});
+  const kiln::test::Refusal deterministic = refusal([&] {
+    kiln::AttentionGradOptions grads = c.grads;
+    grads.deterministic = true;
+    kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, c.options, grads,
+                             wgmma, nullptr, validating_runtime("sm_90a"));
+  });
+  check_refusal(deterministic, ErrorCategory::unsupported,
+                {"adds dq up with atomics", "grads.deterministic", "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig none = mma;
   none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
   check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,

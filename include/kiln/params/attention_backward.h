@@ -34,6 +34,10 @@ struct AttentionBackwardParams {
   float* maybe_sink_partials;
   float* maybe_dsinks;
   int dot_row_blocks;
+  // The wgmma kernels' dq accumulators, fp32, zeroed before attention_backward_dkdv_wgmma adds
+  // each key block's share with atomics: head_dim floats a query row, the row at its LSE offset
+  // (row r of (batch, head) at (lse offset + r) * head_dim). Null for the other kernels.
+  float* maybe_dq_accum;
 };
 
 // Query rows per CTA of attention_backward_dot, and its threads: 4 lanes a row.
@@ -67,6 +71,22 @@ KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
   const long long qk_pitch = (head_dim + multiple - 1) / multiple * multiple + 8;
   const long long v_pitch = (head_dim_v + multiple - 1) / multiple * multiple + 8;
   return size * (block_n + 2 * block_m) * (qk_pitch + v_pitch) + 2 * block_m * row_floats * 4;
+}
+
+// Dynamic shared memory of attention_backward_dkdv_wgmma, in bytes: 1024 for alignment, the K
+// and V tiles of block_n keys and the dS^T tile (block_n x block_m), then two slots of block_m
+// query rows (Q, dO, and each row's LSE and D in fp32, the slot rounded up to 1024), head dims
+// padded to 64 (the swizzle width), 2-byte operands:
+//   qk = round_up(head_dim, 64), v = round_up(head_dim_v, 64)
+//   bytes = 1024 + 2 block_n (qk + v + block_m) + 2 round_up(2 block_m (qk + v) + 8 block_m, 1024)
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
+                                                                       long long head_dim_v,
+                                                                       long long block_m,
+                                                                       long long block_n) {
+  const long long qk = (head_dim + 63) / 64 * 64;
+  const long long v = (head_dim_v + 63) / 64 * 64;
+  const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
+  return 1024 + 2 * block_n * (qk + v + block_m) + 2 * slot;
 }
 
 }  // namespace kiln
