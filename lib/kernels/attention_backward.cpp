@@ -175,9 +175,10 @@ constexpr BackwardTuning kMmaSmall[] = {
 };
 constexpr int kLargeSharedBytes = 163 * 1024;
 
-// sm_90a up to head dim 128 (not yet timed), 64 query rows a step: at head dim 64 one warpgroup
-// of 64 keys (no spills; two would split dQ's 64 columns below the swizzle width), at 128 two,
-// which split dQ's columns (one warpgroup would hold all 128 of them: 64 more registers).
+// sm_90a up to head dims 128, 64 query rows a step; rows by q's and k's head dim (not the
+// wider one): where it is at most 64, one warpgroup of 64 keys (two would split dQ's 64 columns
+// below the swizzle width), else two, which split dQ's columns (one warpgroup would hold all 128
+// of them: 64 more registers). Timed on an H200: bench/RESULTS.md.
 constexpr AttentionBackwardKernel kWgmma = AttentionBackwardKernel::wgmma;
 constexpr BackwardTuning kWgmmaTable[] = {
     {64, {.block_m = 64, .block_n = 64, .warps = 4, .kernel = kWgmma}},
@@ -309,6 +310,14 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
           "(AttentionBackwardKernel::mma), as choose() does",
           kWgmmaMaxHeadDim, f.head_dim, f.head_dim_v));
     }
+    // dQ's columns, split between the warpgroups (BackwardWgmmaTraits::dq_cols).
+    const int dq_cols = (f.head_dim + 63) / 64 * 64 * (config.block_m / 64) / (config.block_n / 64);
+    if (dq_cols % 64 != 0) {
+      unsupported(fmt::format(
+          "wgmma backward config (block_m {}, block_n {}) splits head dim {}'s dQ columns "
+          "between its warpgroups below 64, the swizzle width: use block_m 128 or block_n 64",
+          config.block_m, config.block_n, f.head_dim));
+    }
     if (problem.deterministic) {
       unsupported(
           "the wgmma backward kernel adds dq up with atomics, so it is not deterministic: with "
@@ -356,9 +365,10 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  if (detail::is_sm90a(target) && !problem.deterministic) {
+  if (detail::is_sm90a(target) && !problem.deterministic &&
+      widest <= detail::kWgmmaTable[std::size(detail::kWgmmaTable) - 1].widest) {
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
-      if (widest <= row.widest) return row.config;
+      if (problem.forward.head_dim <= row.widest) return row.config;
     }
   }
   for (const detail::BackwardTuning& row : detail::mma_table(target)) {

@@ -238,6 +238,11 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
     kiln::AttentionBackwardProblem wide = problem;
     wide.forward.head_dim = wide.forward.head_dim_v = 256;
     CHECK(kiln::choose(wide, target).kernel != kiln::AttentionBackwardKernel::wgmma);
+    // The wgmma rows go by q's head dim, which dQ's columns have (run 31d compiled a split of
+    // head dim 64's into 32 and 32 for head_dim_v 128).
+    kiln::AttentionBackwardProblem narrow_qk = problem;
+    narrow_qk.forward.head_dim = 64;
+    if (name == "sm_90a") CHECK(kiln::choose(narrow_qk, target).block_n == 64);
     // The row-dot pre-pass, the dk/dv kernel and the dq kernel; the sinks' reduction between
     // them when asked.
     CHECK(kiln::attention_backward_specs(problem, config).size() == 3);
@@ -281,20 +286,27 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   }
   // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128, not deterministic.
   const kiln::AttentionBackwardConfig wgmma{
-      .block_m = 64, .block_n = 128, .warps = 8, .kernel = kiln::AttentionBackwardKernel::wgmma};
+      .block_m = 64, .block_n = 64, .warps = 4, .kernel = kiln::AttentionBackwardKernel::wgmma};
   check_refusal(with(wgmma, "sm_80"), ErrorCategory::unsupported,
                 {"the wgmma backward kernel runs on sm_90a (H100, H200) only", "sm_80",
                  "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig bad_wgmma = wgmma;
-  bad_wgmma.warps = 4;
+  bad_wgmma.warps = 8;
   check_refusal(
       with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument,
-      {"wgmma backward config (block_m 64, block_n 128, warps 4)", "warps = block_n / 16"});
+      {"wgmma backward config (block_m 64, block_n 64, warps 8)", "warps = block_n / 16"});
   bad_wgmma = wgmma;
   bad_wgmma.block_m = 128;
   bad_wgmma.block_n = 64;
   bad_wgmma.warps = 4;
   check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument, {"at most block_n"});
+  // At head dim 64 (padded_call's), two warpgroups on 64 query rows would split dQ's 64
+  // columns in two.
+  kiln::AttentionBackwardConfig split = wgmma;
+  split.block_n = 128;
+  split.warps = 8;
+  check_refusal(with(split, "sm_90a"), ErrorCategory::unsupported,
+                {"splits head dim 64's dQ columns", "block_m 128 or block_n 64"});
   const kiln::test::Refusal deterministic = refusal([&] {
     kiln::AttentionGradOptions grads = c.grads;
     grads.deterministic = true;
