@@ -91,7 +91,9 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
 };
 
 // Adds a warpgroup's 64-row fp32 accumulator of Cols columns to rows row0 + (the fragment's row)
-// of `accum` (row_stride floats a row), skipping rows from rows_end and columns from cols.
+// of `accum` (row_stride floats a row), skipping rows from rows_end and columns from cols. One
+// address a row, stepped (opaque to the optimizer, which otherwise keeps a 64-bit address per
+// column live and spills).
 template <int Cols>
 __device__ __forceinline__ void add_rows(float* accum, long long row_stride,
                                          const float (&acc)[Cols / 2], int row0, int rows_end,
@@ -100,14 +102,15 @@ __device__ __forceinline__ void add_rows(float* accum, long long row_stride,
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + lane / 4 + 8 * half;
     if (row >= rows_end) continue;
-    float* const at = accum + row * row_stride;
+    const int col = col0 + 2 * (lane % 4);
+    float* at = accum + row * row_stride + col;
 #pragma unroll
     for (int j = 0; j < Cols / 8; ++j) {
-      const int col = col0 + 8 * j + 2 * (lane % 4);
-      if (col >= cols) continue;
-      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at + col),
-                   "f"(acc[4 * j + 2 * half]), "f"(acc[4 * j + 2 * half + 1])
+      if (col + 8 * j >= cols) break;
+      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(acc[4 * j + 2 * half]),
+                   "f"(acc[4 * j + 2 * half + 1])
                    : "memory");
+      at = mma::opaque(at + 8);
     }
   }
 }
@@ -223,12 +226,12 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     const unsigned dout_tile = q_tile + Tr::q_bytes;
     float s[1][Tr::s_tiles][4];
     float dp[1][Tr::s_tiles][4];
+    // Two groups: the probabilities are computed while dP^T's products run.
     start_kmajor_product<T, Tr::qk_dim, Tr::block_n, Tr::block_m>(all_columns(s), k_rows, q_tile);
     start_kmajor_product<T, Tr::v_dim, Tr::block_n, Tr::block_m>(all_columns(dp), v_rows,
                                                                  dout_tile);
-    wgmma::wait<0>();
+    wgmma::wait<1>();
     pin_columns(s);
-    pin_columns(dp);
 
     const int r0 = at.r0;
     const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
@@ -249,6 +252,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     if (masked) mask_transposed(s, band, key_row, query_col);
     logits_to_probs(s, transform.to_log2(),
                     [&](int nt, int e) { return lse[fragment_col(nt, e, lane)]; });
+    wgmma::wait<0>();
+    pin_columns(dp);
     dp_to_ds(dp, s, grad, [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; });
 
     // dV += P^T dO and dK += dS^T Q, while dS^T goes to shared memory for dQ.
