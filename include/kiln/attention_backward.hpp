@@ -26,7 +26,12 @@ struct AttentionGradOptions {
   // Only with sinks in the forward's options.
   std::optional<TensorView> dsinks;
 
-  // Output: the gradient of AttentionOptions::bias. Not supported yet: passing one is refused.
+  // Output: the gradient of AttentionOptions::bias, dL / d logit (the bias joins each logit
+  // after the softcap; 0 where the band masks), with the bias's shape and dtype. Where the bias
+  // has size 1 in batch or heads (broadcast by size), dbias sums over that dim, as autograd's
+  // gradient of a broadcast tensor does; every element of a bias that broadcasts by stride 0
+  // gets its own (batch, head)'s gradient, as any element of a view does (autograd's expand
+  // then sums them). Only with a bias in the forward's options.
   std::optional<TensorView> dbias;
 };
 
@@ -35,10 +40,12 @@ struct AttentionBackwardProblem {
   AttentionProblem forward;
   bool deterministic = false;
   bool dsinks = false;
+  bool dbias = false;
 };
 
 // The backward kernels attention_backward() can run. portable and mma have no atomics, so they
-// are deterministic; wgmma adds dq up with fp32 atomics and refuses deterministic calls.
+// are deterministic; wgmma adds dq up with fp32 atomics and refuses deterministic calls (and,
+// for now, dbias).
 enum class AttentionBackwardKernel {
   portable,  // attention/backward/backward_portable.cuh: plain loads and fp32 arithmetic, no
              // inline assembly; every target attention runs on
@@ -70,12 +77,14 @@ struct AttentionBackwardConfig {
 };
 
 // The config attention_backward() and warm-up use for `problem` on `target`: the wgmma kernels on
-// sm_90a up to head dim 128 unless deterministic, else the mma kernels on NVIDIA sm_80 and
-// newer, the portable ones on AMD gfx9. Throws kiln::Error (unsupported) for any other target.
+// sm_90a up to head dim 128 unless deterministic or with dbias, else the mma kernels on NVIDIA
+// sm_80 and newer, the portable ones on AMD gfx9. Throws kiln::Error (unsupported) for any other
+// target.
 AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target);
 
 // The kernels one backward call launches, in order: the row-dot pre-pass (D = rowsum(dO * O)),
-// the sinks' reduction when problem.dsinks, the dk/dv kernel and the dq kernel.
+// the sinks' reduction when problem.dsinks, the dk/dv kernel, the dq kernel, and the bias's
+// gradient's sum when problem.dbias.
 std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem& problem,
                                                  const AttentionBackwardConfig& config);
 
@@ -85,7 +94,8 @@ std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem&
 // v, with their dtypes; under GQA/MQA dk and dv sum over the query heads of each group. Rows
 // that attend no key get zero gradients. Scratch (fp32, about seqlen_q * heads * batch words,
 // times head_dim with the wgmma kernels) comes from the runtime's stream-ordered allocator;
-// nothing grows with seqlen_q * seqlen_k.
+// nothing grows with seqlen_q * seqlen_k, except with grads.dbias, itself that large: batch *
+// heads * seqlen_q * seqlen_k fp32 words more, dL / d logit before dbias's sum and rounding.
 // Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take
 // (options.score.variant is not supported yet); never launches on bad input.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -4,6 +4,8 @@
 #include "kernels/attention_backward.hpp"
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -18,6 +20,22 @@ namespace {
 constexpr ConstantSchema kDotConstants[] = {{"dtype_out", ConstantKind::dtype},
                                             {"head_dim_v", ConstantKind::integer},
                                             {"varlen", ConstantKind::boolean}};
+constexpr ConstantSchema kDbiasConstants[] = {{"dtype_q", ConstantKind::dtype}};
+
+// The dk/dv kernels' constants: the portable forward kernel's, and has_dbias (whether they
+// write the bias's gradient: a spec of its own, so that the kernels without it stay as they
+// were, in registers and speed).
+std::span<const ConstantSchema> dkdv_constants() {
+  static const std::vector<ConstantSchema> constants = [] {
+    std::vector<ConstantSchema> c(attention_portable_constants().begin(),
+                                  attention_portable_constants().end());
+    c.push_back({"has_dbias", ConstantKind::boolean});
+    std::sort(c.begin(), c.end(),
+              [](const ConstantSchema& a, const ConstantSchema& b) { return a.name < b.name; });
+    return c;
+  }();
+  return constants;
+}
 
 // The forward's portable config of the same sizes, whose spec constants the portable backward
 // kernels share.
@@ -90,14 +108,14 @@ constexpr const char* kPortableSource = "attention/backward/backward_portable.cu
 constexpr const char* kMmaSource = "attention/backward/backward_mma.cuh";
 constexpr const char* kWgmmaSource = "attention/backward/backward_wgmma.cuh";
 
-// Both kernels of each take the portable forward kernel's constants.
+// Both kernels of each take the portable forward kernel's constants; the mma and portable dk/dv
+// kernels has_dbias too (wgmma writes no dbias yet).
 const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::portable,
      .name = "portable",
      .targets = AttentionTargets::any,
-     .dkdv = {kPortableSource, "kiln::attention_backward_dkdv_portable", kParams,
-              attention_portable_constants(), spec_bytes<portable_dkdv_bytes>,
-              attention_operand_dtypes()},
+     .dkdv = {kPortableSource, "kiln::attention_backward_dkdv_portable", kParams, dkdv_constants(),
+              spec_bytes<portable_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kPortableSource, "kiln::attention_backward_dq_portable", kParams,
             attention_portable_constants(), spec_bytes<portable_dq_bytes>,
             attention_operand_dtypes()},
@@ -108,9 +126,8 @@ const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::mma,
      .name = "mma",
      .targets = AttentionTargets::sm80,
-     .dkdv = {kMmaSource, "kiln::attention_backward_dkdv_mma", kParams,
-              attention_portable_constants(), spec_bytes<mma_dkdv_bytes>,
-              attention_operand_dtypes()},
+     .dkdv = {kMmaSource, "kiln::attention_backward_dkdv_mma", kParams, dkdv_constants(),
+              spec_bytes<mma_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kMmaSource, "kiln::attention_backward_dq_mma", kParams, attention_portable_constants(),
             spec_bytes<mma_dq_bytes>, attention_operand_dtypes()},
      .threads = warps_threads,
@@ -224,6 +241,10 @@ const FixedKernel kBackwardSinksKernel{.schema = {"attention/backward/dot.cuh",
                                                   {},
                                                   no_shared_memory},
                                        .threads = kAttentionBackwardSinksThreads};
+const FixedKernel kBackwardDbiasKernel{
+    .schema = {"attention/backward/dbias.cuh", "kiln::attention_backward_dbias", kParams,
+               kDbiasConstants, no_shared_memory},
+    .threads = kAttentionBackwardDbiasThreads};
 
 const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel) {
   for (const AttentionBackwardDescription& d : kDescriptions) {
@@ -235,8 +256,8 @@ const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel) {
 }
 
 std::vector<const KernelSchema*> attention_backward_schemas() {
-  std::vector<const KernelSchema*> schemas{&kBackwardDotKernel.schema,
-                                           &kBackwardSinksKernel.schema};
+  std::vector<const KernelSchema*> schemas{&kBackwardDotKernel.schema, &kBackwardSinksKernel.schema,
+                                           &kBackwardDbiasKernel.schema};
   for (const AttentionBackwardDescription& d : kDescriptions) {
     schemas.push_back(&d.dkdv);
     schemas.push_back(&d.dq);
@@ -324,6 +345,11 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
           "grads.deterministic use the mma kernel (AttentionBackwardKernel::mma), as choose() "
           "does");
     }
+    if (problem.dbias) {
+      unsupported(
+          "the wgmma backward kernel does not write the bias's gradient yet: with grads.dbias "
+          "use the mma kernel (AttentionBackwardKernel::mma), as choose() does");
+    }
   }
   const int threads = d.threads(config);
   AttentionBackwardPlan plan{
@@ -335,10 +361,17 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
       .dq = {.spec = attention_family_spec(d.dq, problem.forward, forward_config(config)),
              .threads = threads,
              .shared_bytes = d.dq_shared_bytes(problem.forward, config)},
-      .dq_rows = d.dq_rows(config)};
+      .dq_rows = d.dq_rows(config),
+      .dbias = std::nullopt};
+  if (takes(d.dkdv, "has_dbias")) plan.dkdv.spec.set("has_dbias", problem.dbias);
   if (problem.dsinks) {
     plan.sinks = LaunchPlan{.spec = spec_of(kBackwardSinksKernel.schema),
                             .threads = kBackwardSinksKernel.threads};
+  }
+  if (problem.dbias) {
+    plan.dbias = LaunchPlan{.spec = spec_of(kBackwardDbiasKernel.schema),
+                            .threads = kBackwardDbiasKernel.threads};
+    plan.dbias->spec.set("dtype_q", problem.forward.dtype_q);
   }
   return plan;
 }
@@ -365,7 +398,7 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  if (detail::is_sm90a(target) && !problem.deterministic &&
+  if (detail::is_sm90a(target) && !problem.deterministic && !problem.dbias &&
       widest <= detail::kWgmmaTable[std::size(detail::kWgmmaTable) - 1].widest) {
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
       if (problem.forward.head_dim <= row.widest) return row.config;
@@ -386,6 +419,7 @@ std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem&
   if (plan.sinks) specs.push_back(plan.sinks->spec);
   specs.push_back(plan.dkdv.spec);
   specs.push_back(plan.dq.spec);
+  if (plan.dbias) specs.push_back(plan.dbias->spec);
   return specs;
 }
 

@@ -6,6 +6,8 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/attention_backward.hpp"
 #include "kiln/error.hpp"
@@ -106,8 +108,25 @@ TEST_CASE("attention backward passes valid calls", "[attention_backward]") {
   options.options.score.sinks = view(0xa100000, DType::f32, {8});
   options.options.seqused_k = view(0xa200000, DType::i32, {2});
   options.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
-  options.grads = {.deterministic = true, .dsinks = view(0xa400000, DType::f32, {8})};
+  options.grads = {.deterministic = true,
+                   .dsinks = view(0xa400000, DType::f32, {8}),
+                   .dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256})};
   check_accepted(options);
+
+  // dbias takes the bias's shape, also where it broadcasts by size 1 (dbias sums there) or by
+  // stride 0 (a dense dbias: every element its own gradient); its own strides are free.
+  Call broadcast = padded_call();
+  broadcast.options.bias = view(0xa300000, DType::bf16, {1, 8, 128, 256});
+  broadcast.grads.dbias = view(0xa500000, DType::bf16, {1, 8, 128, 256});
+  check_accepted(broadcast);
+  broadcast.options.bias->strides[0] = 0;
+  broadcast.options.bias->shape[0] = 2;
+  broadcast.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
+  check_accepted(broadcast);
+  broadcast.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 256, 128});
+  std::swap(broadcast.grads.dbias->shape[2], broadcast.grads.dbias->shape[3]);
+  std::swap(broadcast.grads.dbias->strides[2], broadcast.grads.dbias->strides[3]);
+  check_accepted(broadcast);
 
   // Empty problems pass validation too (the kernels still zero dk, dv and dsinks where they
   // have elements).
@@ -117,6 +136,10 @@ TEST_CASE("attention backward passes valid calls", "[attention_backward]") {
     t->shape[0] = 0;
   }
   no_batch.options.lse = view(0x9000000, DType::f32, {0, 8, 128});
+  check_accepted(no_batch);
+  // A dbias of size 1 over the batch still has elements: their sums over no batch, 0.
+  no_batch.options.bias = view(0xa300000, DType::bf16, {1, 8, 128, 256});
+  no_batch.grads.dbias = view(0xa500000, DType::bf16, {1, 8, 128, 256});
   check_accepted(no_batch);
   Call empty = padded_call();
   for (TensorView* t :
@@ -197,15 +220,32 @@ TEST_CASE("attention backward refuses dsinks without sinks, or of the wrong shap
   check_invalid(c, {"dsinks has dtype bf16: it must be f32"});
 }
 
-TEST_CASE("attention backward refuses what it does not support yet: dbias, user variants",
+TEST_CASE("attention backward refuses dbias without a bias, or not of its shape and dtype",
           "[attention_backward]") {
   Call c = padded_call();
-  c.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
   c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
-  check_refused(c, ErrorCategory::unsupported,
-                {"grads.dbias", "not supported yet", "leave it unset"});
+  check_invalid(c, {"grads.dbias is set but options.bias is not", "leave dbias unset"});
 
-  c = padded_call();
+  // The bias broadcasts over the batch by size 1: dbias sums there, so it has size 1 too.
+  c.options.bias = view(0xa300000, DType::bf16, {1, 8, 128, 256});
+  check_invalid(c, {"dbias.size(0) is 2 but bias.size(0) is 1", "dbias takes bias's shape"});
+
+  c.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
+  c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128});
+  check_invalid(c, {"dbias has rank 3 but bias has rank 4"});
+
+  c.grads.dbias = view(0xa500000, DType::f32, {2, 8, 128, 256});
+  check_invalid(c, {"dbias has dtype f32 but bias has dtype bf16", "dbias takes bias's dtype"});
+
+  // Each element of dbias is written once: a stride 0 would put several at one address.
+  c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
+  c.grads.dbias->strides[1] = 0;
+  check_invalid(c, {"dbias.stride(1) is 0 but dbias.size(1) is 8"});
+}
+
+TEST_CASE("attention backward refuses what it does not support yet: user variants",
+          "[attention_backward]") {
+  Call c = padded_call();
   const kiln::Variant variant{.name = "identity", .code = R"(struct kiln_variant {
   static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
     return x;
@@ -249,6 +289,19 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
     kiln::AttentionBackwardProblem with_sinks = problem;
     with_sinks.dsinks = true;
     CHECK(kiln::attention_backward_specs(with_sinks, config).size() == 4);
+    // With dbias (which the wgmma kernels do not write yet), its sum after them; the dk/dv kernel
+    // is another spec (has_dbias).
+    kiln::AttentionBackwardProblem with_dbias = problem;
+    with_dbias.forward.bias = true;
+    with_dbias.dbias = true;
+    const kiln::AttentionBackwardConfig dbias_config = kiln::choose(with_dbias, target);
+    CHECK(dbias_config.kernel != kiln::AttentionBackwardKernel::wgmma);
+    const std::vector<kiln::KernelSpec> specs =
+        kiln::attention_backward_specs(with_dbias, dbias_config);
+    REQUIRE(specs.size() == 4);
+    CHECK(specs[3].entry == "kiln::attention_backward_dbias");
+    with_dbias.dbias = false;
+    CHECK(specs[1] != kiln::attention_backward_specs(with_dbias, dbias_config)[1]);
     CHECK_FALSE(kiln::attention_backward_default_specs(target).empty());
   }
   const kiln::test::Refusal old = refusal([&] { kiln::choose(problem, "sm_75"); });
@@ -315,6 +368,16 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   });
   check_refusal(deterministic, ErrorCategory::unsupported,
                 {"adds dq up with atomics", "grads.deterministic", "AttentionBackwardKernel::mma"});
+  const kiln::test::Refusal dbias = refusal([&] {
+    kiln::AttentionOptions options = c.options;
+    options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
+    kiln::AttentionGradOptions grads = c.grads;
+    grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
+    kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, options, grads, wgmma,
+                             nullptr, validating_runtime("sm_90a"));
+  });
+  check_refusal(dbias, ErrorCategory::unsupported,
+                {"does not write the bias's gradient yet", "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig none = mma;
   none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
   check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,

@@ -179,12 +179,14 @@ void add_new(std::vector<kiln::KernelSpec>& specs, const std::vector<kiln::Kerne
   }
 }
 
-// The feature problems' backward specs with `config`, or choose()'s for `target` when none.
+// The feature problems' backward specs with `config`, or choose()'s for `target` when none;
+// with dsinks, and dbias where there is a bias.
 std::vector<kiln::KernelSpec> backward_feature_specs(
     const char* target, std::optional<kiln::AttentionBackwardConfig> config = std::nullopt) {
   std::vector<kiln::KernelSpec> specs;
   for (const kiln::AttentionProblem& problem : feature_problems()) {
-    const kiln::AttentionBackwardProblem backward{.forward = problem, .dsinks = true};
+    const kiln::AttentionBackwardProblem backward{
+        .forward = problem, .dsinks = true, .dbias = problem.bias};
     add_new(specs, kiln::attention_backward_specs(backward,
                                                   config.value_or(kiln::choose(backward, target))));
   }

@@ -38,6 +38,16 @@ struct AttentionBackwardParams {
   // each key block's share with atomics: head_dim floats a query row, the row at its LSE offset
   // (row r of (batch, head) at (lse offset + r) * head_dim). Null for the other kernels.
   float* maybe_dq_accum;
+  // The bias's gradient (fwd.maybe_bias set; the dk/dv kernel compiled with has_dbias, else
+  // null): the dk/dv kernel writes dL / d logit of each (batch, head, query row, key) it
+  // visits to maybe_dbias_accum (fp32, dense (batch, heads, seqlen_q, seqlen_k), zeroed before
+  // it: the pairs it skips, outside the band, stay 0); attention_backward_dbias then sums that
+  // over the dims that dbias has size 1 in (dbias_batch or dbias_heads 1 where there are more),
+  // in a fixed order, into maybe_dbias (the bias's dtype, at the dbias_*_stride strides).
+  float* maybe_dbias_accum;
+  void* maybe_dbias;
+  long long dbias_batch_stride, dbias_head_stride, dbias_row_stride, dbias_col_stride;
+  int dbias_batch, dbias_heads;
 };
 
 // Query rows per CTA of attention_backward_dot, and its threads: 4 lanes a row.
@@ -45,6 +55,8 @@ constexpr int kAttentionBackwardDotRows = 64;
 constexpr int kAttentionBackwardDotThreads = 256;
 // Threads of attention_backward_sinks, whose grid is one CTA per head.
 constexpr int kAttentionBackwardSinksThreads = 256;
+// Threads of attention_backward_dbias, one element of dbias each.
+constexpr int kAttentionBackwardDbiasThreads = 256;
 
 // Dynamic shared memory of attention_backward_dkdv_portable, in bytes: a tile of block_m query
 // rows and one of their output gradients, unpadded, then each row's LSE and D (fp32).
