@@ -108,8 +108,8 @@ constexpr const char* kPortableSource = "attention/backward/backward_portable.cu
 constexpr const char* kMmaSource = "attention/backward/backward_mma.cuh";
 constexpr const char* kWgmmaSource = "attention/backward/backward_wgmma.cuh";
 
-// Both kernels of each take the portable forward kernel's constants; the mma and portable dk/dv
-// kernels has_dbias too (wgmma writes no dbias yet).
+// Both kernels of each take the portable forward kernel's constants, the dk/dv kernels has_dbias
+// too.
 const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::portable,
      .name = "portable",
@@ -138,9 +138,8 @@ const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::wgmma,
      .name = "wgmma",
      .targets = AttentionTargets::sm90a,
-     .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams,
-              attention_portable_constants(), spec_bytes<wgmma_dkdv_bytes>,
-              attention_operand_dtypes()},
+     .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams, dkdv_constants(),
+              spec_bytes<wgmma_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kWgmmaSource, "kiln::attention_backward_dq_wgmma", kParams,
             attention_portable_constants(), no_shared_memory, attention_operand_dtypes()},
      .threads = warps_threads,
@@ -345,11 +344,6 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
           "grads.deterministic use the mma kernel (AttentionBackwardKernel::mma), as choose() "
           "does");
     }
-    if (problem.dbias) {
-      unsupported(
-          "the wgmma backward kernel does not write the bias's gradient yet: with grads.dbias "
-          "use the mma kernel (AttentionBackwardKernel::mma), as choose() does");
-    }
   }
   const int threads = d.threads(config);
   AttentionBackwardPlan plan{
@@ -363,7 +357,7 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
              .shared_bytes = d.dq_shared_bytes(problem.forward, config)},
       .dq_rows = d.dq_rows(config),
       .dbias = std::nullopt};
-  if (takes(d.dkdv, "has_dbias")) plan.dkdv.spec.set("has_dbias", problem.dbias);
+  plan.dkdv.spec.set("has_dbias", problem.dbias);
   if (problem.dsinks) {
     plan.sinks = LaunchPlan{.spec = spec_of(kBackwardSinksKernel.schema),
                             .threads = kBackwardSinksKernel.threads};
@@ -398,7 +392,7 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  if (detail::is_sm90a(target) && !problem.deterministic && !problem.dbias &&
+  if (detail::is_sm90a(target) && !problem.deterministic &&
       widest <= detail::kWgmmaTable[std::size(detail::kWgmmaTable) - 1].widest) {
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
       if (problem.forward.head_dim <= row.widest) return row.config;

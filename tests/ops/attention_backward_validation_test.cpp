@@ -289,13 +289,12 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
     kiln::AttentionBackwardProblem with_sinks = problem;
     with_sinks.dsinks = true;
     CHECK(kiln::attention_backward_specs(with_sinks, config).size() == 4);
-    // With dbias (which the wgmma kernels do not write yet), its sum after them; the dk/dv kernel
-    // is another spec (has_dbias).
+    // With dbias, its sum after them; the dk/dv kernel is another spec (has_dbias).
     kiln::AttentionBackwardProblem with_dbias = problem;
     with_dbias.forward.bias = true;
     with_dbias.dbias = true;
     const kiln::AttentionBackwardConfig dbias_config = kiln::choose(with_dbias, target);
-    CHECK(dbias_config.kernel != kiln::AttentionBackwardKernel::wgmma);
+    CHECK(dbias_config.kernel == config.kernel);
     const std::vector<kiln::KernelSpec> specs =
         kiln::attention_backward_specs(with_dbias, dbias_config);
     REQUIRE(specs.size() == 4);
@@ -368,16 +367,6 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   });
   check_refusal(deterministic, ErrorCategory::unsupported,
                 {"adds dq up with atomics", "grads.deterministic", "AttentionBackwardKernel::mma"});
-  const kiln::test::Refusal dbias = refusal([&] {
-    kiln::AttentionOptions options = c.options;
-    options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
-    kiln::AttentionGradOptions grads = c.grads;
-    grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
-    kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, options, grads, wgmma,
-                             nullptr, validating_runtime("sm_90a"));
-  });
-  check_refusal(dbias, ErrorCategory::unsupported,
-                {"does not write the bias's gradient yet", "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig none = mma;
   none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
   check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,

@@ -8,7 +8,8 @@
 //     group, Q and dO in two cp.async slots. Per streamed block, with the scores transposed
 //     (keys as the wgmma's M, so that P^T and dS^T are A operands straight from registers):
 //       S^T = K Q^T and dP^T = V dO^T (both operands in shared memory), P^T = exp(logit - lse),
-//       dS^T = P^T (dP^T - D) d logit / d score, dV += P^T dO and dK += dS^T Q (A in registers),
+//       dS^T = P^T (dP^T - D) d logit / d score (with has_dbias, P^T (dP^T - D) also goes to
+//       bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO and dK += dS^T Q (A in registers),
 //     then dS^T goes to shared memory and dQ = dS K (A read transposed) is added to the fp32
 //     accumulators bp.maybe_dq_accum with red.global.add.
 //   attention_backward_dq_wgmma: converts the accumulators into dq, in q's dtype and dq's layout.
@@ -17,7 +18,7 @@
 // logit, mask and gradient steps are the mma kernel's (attention/backward/backward_mma.cuh): a
 // warp's 16 rows of a wgmma accumulator are laid out as an mma.sync one.
 //
-// Spec constants: as attention_backward_dkdv_mma's, with
+// Spec constants: as attention_backward_dkdv_mma's (has_dbias the dk/dv kernel's), with
 //   block_n   64 or 128: keys a CTA holds, 64 for each warpgroup.
 //   warps     block_n / 16.
 //   block_m   64 or 128, at most block_n: query rows a step. dQ's block_m x head_dim is split
@@ -254,7 +255,12 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
                     [&](int nt, int e) { return lse[fragment_col(nt, e, lane)]; });
     wgmma::wait<0>();
     pin_columns(dp);
-    dp_to_ds(dp, s, grad, [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; });
+    const auto query_dot = [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; };
+    if constexpr (Spec::has_dbias) {
+      store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, s, dp, query_dot,
+                               key_row, tile.stored, query_col, rows_end);
+    }
+    dp_to_ds(dp, s, grad, query_dot);
 
     // dV += P^T dO and dK += dS^T Q, while dS^T goes to shared memory for dQ.
     unsigned a[Tr::block_m / 16][4];
