@@ -78,8 +78,10 @@ std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem&
 // v, with their dtypes; under GQA/MQA dk and dv sum over the query heads of each group. Rows
 // that attend no key get zero gradients. Scratch (fp32, about seqlen_q * heads * batch words)
 // comes from the runtime's stream-ordered allocator; nothing grows with seqlen_q * seqlen_k.
-// Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take
-// (options.score.variant is not supported yet); never launches on bad input.
+// Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take;
+// never launches on bad input. A user variant's logit hook needs its derivative (logit_grad, or
+// logit_is_additive: kiln/variant.hpp): without one its kernels fail to compile (a compile
+// error naming logit_grad), as does dsinks through a sink hook. Variant tensors get no gradient.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& dout, const TensorView& dq,
                         const TensorView& dk, const TensorView& dv, const AttentionOptions& options,

@@ -9,16 +9,18 @@
 namespace kiln::test {
 
 // Per row, with D = rowsum(dO * O): dP_j = dO . v_j, dS_j = P_j (dP_j - D) times the softcap's
-// tanh', dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q, dv_j += P_j dO, and dsink -= P_sink D
-// (the sink joins the denominator with no value, so d out / d sink = -P_sink out).
+// tanh' and the logit hook's logit_grad, dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q,
+// dv_j += P_j dO, and dsink -= P_sink D (the sink joins the denominator with no value, so
+// d out / d sink = -P_sink out).
 //
 // The plain-dtype baseline approximates FlashAttention's (PyTorch eager autograd through
 // attention_ref with upcast=False), as attention_reference's does the forward: each matmul
 // rounds its result to the dtype (dP = dO V^T, dV = P^T dO per query head, dQ = dS K * scale,
 // dK = dS^T Q * scale per query head), the softmax's gradient dS = P (dP - D) with the rounded P
-// and the rounded output's D is rounded to the dtype, then once more after tanh's derivative;
-// GQA sums the rounded per-head dK and dV of a group and rounds the sum, as the backward of
-// repeating k and v over the group does. Accumulations are fp64; dsinks stays fp32.
+// and the rounded output's D is rounded to the dtype, then once more after d logit / d score
+// (tanh's and the logit hook's); GQA sums the rounded per-head dK and dV of a group and rounds the
+// sum, as the backward of repeating k and v over the group does. Accumulations are fp64; dsinks
+// stays fp32.
 BackwardReference attention_backward_reference(const ReferenceProblem& p,
                                                const std::vector<double>& q,
                                                const std::vector<double>& k,
@@ -78,9 +80,9 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
       const double* vj = &v[kv_at * dv];
       double dp = 0;
       for (std::size_t c = 0; c < dv; ++c) dp += g[c] * vj[c];
-      const double ds = p.softmax_scale * row.p[n] * (dp - rowsum) * row.dtanh[n];
+      const double ds = p.softmax_scale * row.p[n] * (dp - rowsum) * row.dlogit[n];
       double ds_plain = round_to(p.dtype, row.p_plain[n] * (round_to(p.dtype, dp) - rowsum_plain));
-      ds_plain = round_to(p.dtype, ds_plain * row.dtanh_plain[n]);
+      ds_plain = round_to(p.dtype, ds_plain * row.dlogit_plain[n]);
       for (std::size_t c = 0; c < d; ++c) {
         dqi[c] += ds * kj[c];
         dq_row[c] += ds_plain * kj[c];

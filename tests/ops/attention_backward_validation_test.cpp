@@ -197,24 +197,39 @@ TEST_CASE("attention backward refuses dsinks without sinks, or of the wrong shap
   check_invalid(c, {"dsinks has dtype bf16: it must be f32"});
 }
 
-TEST_CASE("attention backward refuses what it does not support yet: dbias, user variants",
+TEST_CASE("attention backward refuses what it does not support yet: dbias",
           "[attention_backward]") {
   Call c = padded_call();
   c.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
   c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
   check_refused(c, ErrorCategory::unsupported,
                 {"grads.dbias", "not supported yet", "leave it unset"});
+}
 
-  c = padded_call();
+// A user variant reaches its kernels, whose compile refuses what the backward cannot
+// differentiate (tests/ops/attention_compile_test.cpp); its tensors are validated as the
+// forward's.
+TEST_CASE("attention backward takes user variants, validated as the forward's",
+          "[attention_backward][variant]") {
+  Call c = padded_call();
   const kiln::Variant variant{.name = "identity", .code = R"(struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
   static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
     return x;
   }
 };
 )"};
   c.options.score.variant = &variant;
-  check_refused(c, ErrorCategory::unsupported,
-                {"user variant (options.score.variant, identity) is not supported yet"});
+  c.options.score.variant_tensors = {view(0xa600000, DType::f32, {8})};
+  c.options.score.sinks = view(0xa100000, DType::f32, {8});
+  c.grads.dsinks = view(0xa400000, DType::f32, {8});
+  check_accepted(c);
+  c.options.score.variant_tensors.assign(5, view(0xa600000, DType::f32, {8}));
+  check_invalid(c, {"variant_tensors holds 5 tensors: a variant takes at most 4"});
+  const kiln::Variant empty{.name = "empty", .code = ""};
+  c.options.score.variant = &empty;
+  c.options.score.variant_tensors.clear();
+  check_invalid(c, {"variant 'empty' has no code"});
 }
 
 TEST_CASE("attention backward's choose, specs and default specs, with no device",

@@ -193,16 +193,17 @@ __device__ __forceinline__ void backward_step(float (&acc)[1][Tr::qk_slice / 8][
       acc, dp, streamed_qk + lanes.aq.v + slice * Tr::qk_slice * Tr::q_size, lanes.aq);
 }
 
-// d logit / d score of each score of a tile: the scale, times tanh's derivative under a
-// softcap (a constant the compiler folds away without one).
-template <class Transform, int STiles>
+// d logit / d score of each score of a tile, grad_of(nt, e, score): LogitTransform::score_grad
+// at element (nt, e)'s row, query and key (without a softcap or a variant's logit_grad, the
+// scale, a constant the compiler folds away).
+template <int STiles, class GradOf>
 __device__ __forceinline__ void logit_derivatives(float (&grad)[1][STiles][4],
                                                   const float (&s)[1][STiles][4],
-                                                  const Transform& f) {
+                                                  const GradOf& grad_of) {
 #pragma unroll
   for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) grad[0][nt][e] = f.score_grad(s[0][nt][e]);
+    for (int e = 0; e < 4; ++e) grad[0][nt][e] = grad_of(nt, e, s[0][nt][e]);
   }
 }
 
@@ -212,17 +213,18 @@ __device__ __forceinline__ int fragment_col(int nt, int e, int lane) {
   return 8 * nt + 2 * (lane % 4) + e % 2;
 }
 
-// dS = P (dP - D) d logit / d score in place of dp; D of the element's row (dq) or column
-// (dk/dv) comes from dot(nt, e).
-template <int STiles, class Dot>
+// dS = P (dP - D) d logit / d score in place of dp (LogitTransform::score_ds); D of the
+// element's row (dq) or column (dk/dv) comes from dot(nt, e).
+template <int STiles, class Transform, class Dot>
 __device__ __forceinline__ void dp_to_ds(float (&dp)[1][STiles][4],
                                          const float (&prob)[1][STiles][4],
-                                         const float (&grad)[1][STiles][4], const Dot& dot) {
+                                         const float (&grad)[1][STiles][4], const Transform& f,
+                                         const Dot& dot) {
 #pragma unroll
   for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      dp[0][nt][e] = prob[0][nt][e] * (dp[0][nt][e] - dot(nt, e)) * grad[0][nt][e];
+      dp[0][nt][e] = f.score_ds(prob[0][nt][e], dp[0][nt][e] - dot(nt, e), grad[0][nt][e]);
     }
   }
 }
@@ -239,9 +241,17 @@ __device__ __forceinline__ void logits_to_probs(float (&s)[1][STiles][4], float 
   }
 }
 
-// The logits of the dk/dv kernel's transposed scores: element (nt, x) of the thread's tile is
-// key key_row + 8 * (x / 2) and query query_col + 8 * nt + x % 2. The transform's row 0 serves
-// every query: without a variant a row's terms depend on its (batch, head) alone.
+// The dk/dv kernel's transposed scores: element (nt, x) of the thread's tile is key
+// key_row + 8 * (x / 2) and query query_col + 8 * nt + x % 2, whose row is f.row_at(query): row
+// 0's, with a variant's row state made for the query when it has one.
+__device__ __forceinline__ int transposed_query(int query_col, int nt, int x) {
+  return query_col + 8 * nt + x % 2;
+}
+__device__ __forceinline__ int transposed_key(int key_row, int x) {
+  return key_row + 8 * (x / 2);
+}
+
+// The logits of the dk/dv kernel's transposed scores.
 template <bool Edge, class Transform, int STiles>
 __device__ __forceinline__ void transposed_logits(float (&s)[1][STiles][4], const Transform& f,
                                                   int key_row, int query_col) {
@@ -249,9 +259,13 @@ __device__ __forceinline__ void transposed_logits(float (&s)[1][STiles][4], cons
 #pragma unroll
     for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        s[0][nt][x] = f.template logit<Edge>(s[0][nt][x], f.rows[0], query_col + 8 * nt + x % 2,
-                                             key_row + 8 * (x / 2));
+      for (int e = 0; e < 2; ++e) {
+        const int i = transposed_query(query_col, nt, e);
+        const auto row = f.row_at(i);  // for both of the query's keys
+#pragma unroll
+        for (int x = e; x < 4; x += 2) {
+          s[0][nt][x] = f.template logit<Edge>(s[0][nt][x], row, i, transposed_key(key_row, x));
+        }
       }
     }
   }
@@ -398,7 +412,10 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
         dk, own_qk, own_v, mma::smem_address(tiles.streamed_qk(slot)), streamed_v, lanes,
         place.slice,
         [&](float(&s)[1][Tr::s_tiles][4]) {
-          logit_derivatives(grad, s, transform);
+          logit_derivatives(grad, s, [&](int nt, int x, float score) {
+            const int i = transposed_query(query_col, nt, x);
+            return transform.score_grad(score, transform.row_at(i), i, transposed_key(key_row, x));
+          });
           if (transform.has_bias && edge) {
             transposed_logits<true>(s, transform, key_row, query_col);
           } else {
@@ -411,7 +428,8 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
               dv, s, streamed_v + lanes.av.v + place.slice * Tr::v_slice * Tr::q_size, lanes.av);
         },
         [&](const float(&prob)[1][Tr::s_tiles][4], float(&dp)[1][Tr::s_tiles][4]) {
-          dp_to_ds(dp, prob, grad, [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; });
+          dp_to_ds(dp, prob, grad, transform,
+                   [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; });
         });
     if (more) store_rows(next, 1 - slot);
   }
@@ -506,12 +524,16 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
         dq, own_qk, own_v, mma::smem_address(tiles.streamed_qk(slot)),
         mma::smem_address(tiles.streamed_v(slot)), lanes, place.slice,
         [&](float(&s)[1][Tr::s_tiles][4]) {
-          logit_derivatives(grad, s, transform);
+          logit_derivatives(grad, s, [&](int nt, int x, float score) {
+            const int r = x / 2;
+            return transform.score_grad(score, transform.rows[r], transform.query(r),
+                                        key0 + 8 * nt + x % 2);
+          });
           transform.apply(s, key0, masked, [&] { mask_logits(s, band, row0, key0); });
           logits_to_probs(s, to_log2, [&](int, int e) { return lse[e / 2]; });
         },
         [&](const float(&prob)[1][Tr::s_tiles][4], float(&dp)[1][Tr::s_tiles][4]) {
-          dp_to_ds(dp, prob, grad, [&](int, int e) { return dot[e / 2]; });
+          dp_to_ds(dp, prob, grad, transform, [&](int, int e) { return dot[e / 2]; });
         });
   }
 

@@ -188,10 +188,11 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
         const float score = row_dot<Tr::head_dim, kLanes>(k, q_tile + r * Tr::head_dim, lane);
         const float dp = row_dot<Tr::head_dim_v, kLanes>(v, dout_tile + r * Tr::head_dim_v, lane);
         float logit[1] = {score};
-        transform.rows[0].at.query = i;
+        transform.rows[0] = transform.row_at(i);
         transform.apply(logit, key, true, [&] { mask_row(logit, band, i, key); });
         const float prob = probability(logit[0], to_log2, lse_tile[r]);
-        const float ds = prob * (dp - dot_tile[r]) * transform.score_grad(score);
+        const float ds = transform.score_ds(prob, dp - dot_tile[r],
+                                            transform.score_grad(score, transform.rows[0], i, key));
         row_accumulate<Tr::head_dim_v, kLanes>(dv, prob, dout_tile + r * Tr::head_dim_v, lane);
         row_accumulate<Tr::head_dim, kLanes>(dk, ds, q_tile + r * Tr::head_dim, lane);
       }
@@ -281,7 +282,9 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
       transform.apply(s, first, masked, [&] { mask_row(s, band, row, first); });
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        s[j] = probability(s[j], to_log2, lse) * (dp[j] - dot) * transform.score_grad(score[j]);
+        s[j] =
+            transform.score_ds(probability(s[j], to_log2, lse), dp[j] - dot,
+                               transform.score_grad(score[j], transform.rows[0], row, first + j));
       }
       tile_accumulate<8, Tr::head_dim, kLanes>(dq, s, k_rows, lane);
     }
