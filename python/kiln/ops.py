@@ -216,8 +216,6 @@ attention = _op(_attention, mutates_args=("out", "lse"), check=_checks.attention
 
 # --- kiln_attention and kiln_attention_backward, functional, with autograd -----------------------
 
-_NO_VARIANT_ARGUMENTS = (None, None, [], [])
-
 
 def _forward_outputs(q, v, varlen):
     """New tensors for a forward's out, like q with v's head dim, and its lse, float32
@@ -235,23 +233,29 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                        cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
                        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                        window_left: int, window_right: int, top_left: bool, softcap: float,
-                       sinks: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor]:
+                       sinks: Optional[Tensor], variant_name: Optional[str],
+                       variant_code: Optional[str], variant_scalars: List[float],
+                       variant_tensors: List[Tensor], deterministic: bool
+                       ) -> Tuple[Tensor, Tensor]:
     """kiln_attention returning (out, lse), for autograd; `deterministic` is the backward's
     (grads.deterministic), kept for it."""
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
     _attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-               top_left, softcap, sinks, *_NO_VARIANT_ARGUMENTS)
+               top_left, softcap, sinks, variant_name, variant_code, variant_scalars,
+               variant_tensors)
     return out, lse
 
 
 def _attention_forward_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                            window_right, top_left, softcap, sinks, deterministic):
+                            window_right, top_left, softcap, sinks, variant_name, variant_code,
+                            variant_scalars, variant_tensors, deterministic):
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
     _checks.attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                       seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                      window_right, top_left, softcap, sinks, *_NO_VARIANT_ARGUMENTS)
+                      window_right, top_left, softcap, sinks, variant_name, variant_code,
+                      variant_scalars, variant_tensors)
     return out, lse
 
 
@@ -274,14 +278,17 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                         softmax_scale: float, causal: bool, window_left: int, window_right: int,
                         top_left: bool, softcap: float, sinks: Optional[Tensor],
+                        variant_name: Optional[str], variant_code: Optional[str],
+                        variant_scalars: List[float], variant_tensors: List[Tensor],
                         deterministic: bool, dsinks_wanted: bool
                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """kiln_attention_backward: (dq, dk, dv, dsinks) of attention_forward's call on the same
     arguments, given dout; dsinks is empty unless dsinks_wanted (and sinks given)."""
     dq, dk, dv, dsinks = _gradients(q, k, v, sinks, dsinks_wanted, cu_seqlens_q is not None)
+    variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                 window_right, top_left, softcap, sinks, _capi.NO_VARIANT)
+                                 window_right, top_left, softcap, sinks, variant)
     at = _capi.BACKWARD_SLOT
     grads = _capi.pack_grad_options(
         deterministic, _maybe(at + 4, dsinks if dsinks.numel() else None, "dsinks"), _NULL)
@@ -295,27 +302,31 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
 def _attention_backward_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                              causal, window_left, window_right, top_left, softcap, sinks,
+                             variant_name, variant_code, variant_scalars, variant_tensors,
                              deterministic, dsinks_wanted):
     _checks.attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
                                cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale, causal, window_left, window_right, top_left,
-                               softcap, sinks)
+                               softcap, sinks, variant_name, variant_code, variant_scalars,
+                               variant_tensors)
     return _gradients(q, k, v, sinks, dsinks_wanted, cu_seqlens_q is not None)
 
 
 attention_backward = _op(_attention_backward, mutates_args=(), check=_attention_backward_fake)
 
 # attention_forward's arguments by position, as setup_context and the backward read them.
-_BIAS, _ALIBI_SLOPES, _SINKS = 3, 4, 16
+_BIAS, _ALIBI_SLOPES, _SINKS, _VARIANT_TENSORS = 3, 4, 16, 20
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars = inputs
-    *scalars, sinks, deterministic = scalars
+    *scalars, sinks, variant_name, variant_code, variant_scalars, variant_tensors, \
+        deterministic = scalars
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                          seqused_k, sinks)
+                          seqused_k, sinks, *variant_tensors)
     ctx.scalars = scalars  # max_seqlen_q and _k, then the score's
+    ctx.variant = (variant_name, variant_code, variant_scalars)
     ctx.deterministic = deterministic
     # FlashAttention's semantics: the LSE is an output for inspection (or merging), not
     # differentiated; marked so, a loss through it alone has no grad_fn rather than a wrong one.
@@ -323,10 +334,12 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = \
-        ctx.saved_tensors
-    for name, at in (("bias", _BIAS), ("alibi_slopes", _ALIBI_SLOPES)):
-        if ctx.needs_input_grad[at]:  # kiln.interface refuses these at the forward
+    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, \
+        *variant_tensors = ctx.saved_tensors
+    for name, at in (("bias", _BIAS), ("alibi_slopes", _ALIBI_SLOPES),
+                     ("variant_tensors", _VARIANT_TENSORS)):
+        if any(torch.utils._pytree.tree_leaves(ctx.needs_input_grad[at])):
+            # kiln.interface refuses these at the forward
             raise _capi.KilnNotImplementedError(
                 _capi.KILN_ERROR_UNSUPPORTED,
                 f"kiln::attention_forward's {name} requires grad: kiln computes no gradient "
@@ -338,8 +351,17 @@ def _backward(ctx, dout, _dlse):
     backward = direct[attention_backward] if eager(dout) else attention_backward
     dq, dk, dv, dsinks = backward(
         dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-        *ctx.scalars, sinks, ctx.deterministic, dsinks_wanted)
-    return (dq, dk, dv) + (None,) * (_SINKS - 3) + (dsinks if dsinks_wanted else None, None)
+        *ctx.scalars, sinks, *ctx.variant, variant_tensors, ctx.deterministic, dsinks_wanted)
+    return (dq, dk, dv) + (None,) * (_SINKS - 3) + (dsinks if dsinks_wanted else None,) + \
+        (None, None, _no_gradient(ctx.variant[2]), _no_gradient(variant_tensors), None)
+
+
+def _no_gradient(argument):
+    """An argument's lack of a gradient in the structure autograd checks it against: None, or
+    for a list of tensors (an empty list counts as one) a list of Nones."""
+    if isinstance(argument, (list, tuple)) and all(isinstance(x, Tensor) for x in argument):
+        return [None] * len(argument)
+    return None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -356,7 +378,10 @@ class _EagerAttention(torch.autograd.Function):
         _setup_context(ctx, inputs, output)
         return output
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, *grads):
+        # A Function's list argument (the variant's tensors) is no input of autograd's: None.
+        return tuple(None if isinstance(g, list) else g for g in _backward(ctx, *grads))
 
 
 def attention_with_grad(*arguments):

@@ -18,7 +18,7 @@
 //
 // Spec constants (both kernels), as attention_backward_dkdv_portable's: dtype_q, dtype_kv,
 // dtype_out (one of f16, bf16 for all), head_dim, head_dim_v, band, varlen, has_softcap,
-// has_alibi, has_bias, and:
+// has_alibi, has_bias (and a user variant), and:
 //   block_n   rows a CTA holds (keys in dkdv, query rows in dq), a multiple of 16: 16 for each of
 //             block_n / 16 row groups.
 //   warps     a multiple of block_n / 16: the warps / (block_n / 16) warps of a row group each

@@ -15,9 +15,10 @@
 // dK_j += dS q_i;  dQ_i += dS k_j.
 //
 // Spec constants (both kernels): as attention_forward_portable's: dtype_q, dtype_kv, dtype_out,
-// head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias, block_m, block_n, and
-// warps (warps * 32 threads; warps * 32 / block_n lanes share a key in dkdv, warps * 32 /
-// block_m a query row in dq).
+// head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias (and a user variant,
+// whose logit hook's derivative LogitTransform::score_grad takes), block_m, block_n, and warps
+// (warps * 32 threads; warps * 32 / block_n lanes share a key in dkdv, warps * 32 / block_m a
+// query row in dq).
 //
 // Launch, after attention_backward_dot: dkdv on grid (ceil(seqlen_k / block_n), heads_kv,
 // batch), seqlen_k the longest sequence's stored keys, with dynamic shared memory
