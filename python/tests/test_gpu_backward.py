@@ -11,7 +11,7 @@ import torch
 
 import kiln
 from test_gpu import CASES as FORWARD_CASES
-from test_gpu import randn, varlen
+from test_gpu import example_variant, randn, varlen
 
 pytestmark = pytest.mark.gpu
 BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
@@ -111,28 +111,13 @@ def test_gradients_with_alibi_and_a_broadcast_bias():
     check_gradients(flash_attn_func, inputs, causal=True, alibi_slopes=slopes, bias=bias)
 
 
-ALIBI = kiln.Variant("alibi", """
-struct kiln_variant {
-  static constexpr bool logit_is_additive = true;
-  float slope;
-  static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
-    return {kiln::variant_load<float>(v.tensors[0], at.head)};
-  }
-  __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords& at,
-                         float logit) const {
-    return logit - slope * static_cast<float>(abs(at.query + at.offset - at.key));
-  }
-};
-""")
-
-
 def test_a_variant_trains_as_the_built_in_it_writes():
-    # ALiBi as a variant (declared additive), against the reference's ALiBi; its slopes, a
-    # variant tensor, get no gradient.
+    # ALiBi as a variant (examples/variants.hpp, declared additive), against the reference's
+    # ALiBi; its slopes, a variant tensor, get no gradient.
     slopes = torch.rand(8, device="cuda", dtype=F32)
     inputs = dict(q=leaf(2, 50, 8, 64), k=leaf(2, 70, 2, 64), v=leaf(2, 70, 2, 64))
     check_gradients(flash_attn_func, inputs, dict(causal=True, alibi_slopes=slopes), causal=True,
-                    variant=ALIBI, variant_tensors=[slopes])
+                    variant=example_variant("alibi"), variant_tensors=[slopes])
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):

@@ -590,57 +590,37 @@ TEST_CASE("attention backward with user variants: additive and nonlinear logit h
   std::mt19937 rng(19);
   using kiln::test::UserVariant;
   for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype, .batch = 2, .seqlen_q = 113, .seqlen_k = 203, .heads = 4, .heads_kv = 2};
     for (UserVariant variant :
          {UserVariant::alibi, UserVariant::document, UserVariant::t5_bias, UserVariant::key_padding,
           UserVariant::softmax_one, UserVariant::gated_cap}) {
-      run_case(rt,
-               {.dtype = dtype,
-                .batch = 2,
-                .seqlen_q = 113,
-                .seqlen_k = 203,
-                .heads = 4,
-                .heads_kv = 2,
-                .score = {.causal = dtype == DType::f16, .variant = variant}},
-               rng);
+      c.score = {.causal = dtype == DType::f16, .variant = variant};
+      run_case(rt, c, rng);
     }
-    // More queries than keys, top-left (the variants' positions need the query's inside the
-    // keys): rows past the keys' reach, and a tile's rows past the sequence.
-    run_case(rt,
-             {.dtype = dtype,
-              .batch = 2,
-              .seqlen_q = 203,
-              .seqlen_k = 113,
-              .heads = 2,
-              .heads_kv = 1,
-              .head_dim = 128,
-              .score = {.causal = true, .top_left = true, .variant = UserVariant::document}},
-             rng);
-    run_case(rt,
-             {.dtype = dtype,
-              .batch = 2,
-              .seqlen_q = 203,
-              .seqlen_k = 113,
-              .heads = 4,
-              .heads_kv = 1,
-              .head_dim = 96,
-              .head_dim_v = 64,
-              .score = {.causal = true,
-                        .window_left = 40,
-                        .top_left = true,
-                        .softcap = 5,
-                        .softmax_scale = 0.5f,
-                        .variant = UserVariant::gated_cap},
-              .bias = Bias::full},
-             rng);
+    // Each query row's state under MQA at head dim 128; more queries than keys under every
+    // other feature, top-left: rows past the keys' reach, and a tile's rows past the sequence.
+    c.heads_kv = 1;
+    c.head_dim = 128;
+    c.score = {.causal = true, .variant = UserVariant::document};
+    run_case(rt, c, rng);
+    std::swap(c.seqlen_q, c.seqlen_k);
+    c.head_dim = 96;
+    c.head_dim_v = 64;
+    c.score = {.causal = true,
+               .window_left = 40,
+               .top_left = true,
+               .softcap = 5,
+               .softmax_scale = 0.5f,
+               .variant = UserVariant::gated_cap};
+    c.bias = Bias::full;
+    run_case(rt, c, rng);
   }
 }
 
 // What the backward cannot differentiate fails to compile, and the call says why: a logit hook
 // with neither logit_grad nor logit_is_additive, and dsinks through a sink hook.
-TEST_CASE(
-    "attention backward refuses a logit hook without its derivative, and dsinks of a sink "
-    "hook",
-    "[gpu][attention_backward][variant]") {
+TEST_CASE("attention backward refuses a logit hook without derivative, a sink hook's dsinks",
+          "[gpu][attention_backward][variant]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(kiln::test::gpu_options());
   std::mt19937 rng(20);
