@@ -120,7 +120,9 @@ typedef struct kiln_attention_grad_options {
   int deterministic;      /* nonzero: bitwise the same gradients from run to run */
   const DLTensor* dsinks; /* output: fp32 (heads), the gradient of options->score.sinks, summed
                              over batch and rows; only with sinks */
-  const DLTensor* dbias;  /* output: the gradient of options->bias; not supported yet (refused) */
+  const DLTensor* dbias;  /* output: the gradient of options->bias, its shape and dtype; summed
+                             over batch or heads where the bias has size 1 there (see
+                             kiln::AttentionGradOptions::dbias); only with a bias */
 } kiln_attention_grad_options;
 
 void kiln_attention_grad_options_init_sized(kiln_attention_grad_options* grads, size_t struct_size);

@@ -20,7 +20,7 @@ __device__ __forceinline__ unsigned smem_address(const void* pointer) {
 // The same pointer, but the optimizer can no longer see how it was computed: stops it from
 // turning a running pointer back into many loop-invariant offsets held in registers.
 template <class T>
-__device__ __forceinline__ const T* opaque(const T* pointer) {
+__device__ __forceinline__ T* opaque(T* pointer) {
   asm volatile("" : "+l"(pointer));
   return pointer;
 }

@@ -110,13 +110,14 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 
 // The operands after the accumulator's f: for A in shared memory a, b, accumulate, TransposeB;
 // for A in registers a[0..3], then the same.
-#define KILN_WGMMA_SS(type, n, f, a_, b_, p_, t_)                                                  \
+#define KILN_WGMMA_SS(type, n, f, a_, b_, p_, t_, ta_)                                             \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #p_                                            \
                ", 0;\n"                                                                            \
                "wgmma.mma_async.sync.aligned.m64n" #n "k16.f32." type "." type " " KILN_WGMMA_R##f \
-               ", %" #a_ ", %" #b_ ", p, 1, 1, 0, %" #t_ ";\n}\n"                                  \
+               ", %" #a_ ", %" #b_ ", p, 1, 1, %" #ta_ ", %" #t_ ";\n}\n"                          \
                : KILN_WGMMA_F_##f                                                                  \
-               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0),       \
+                 "n"(TransposeA ? 1 : 0))
 #define KILN_WGMMA_RS(type, n, f, a0, a1, a2, a3, b_, p_, t_)                                      \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #p_                                            \
                ", 0;\n"                                                                            \
@@ -138,11 +139,12 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
   }
 
 // d (+)= A * B for a 64x16 A and a 16xN B (N 64, 128, 176, 192 or 256), both from shared memory
-// (descriptors a and b); accumulate false overwrites d. Thread t of the warpgroup holds, with
-// w = t / 32, g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e),
+// (descriptors a and b); accumulate false overwrites d. A is K-major (the reduction dim
+// contiguous) unless TransposeA, where it is M-major: described as an N-major B is. Thread t of the
+// warpgroup holds, with w = t / 32, g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e),
 // d[4j + 2 + e] = D(16w + g + 8, 8j + 2q + e), the mma.sync m16n8 accumulator layout per warp,
 // so n8 tiles j of one wide product are those of narrower ones side by side.
-template <class T, bool TransposeB, int N>
+template <class T, bool TransposeB, int N, bool TransposeA = false>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
                                        unsigned long long b, bool accumulate) {
   static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
@@ -150,15 +152,15 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
   static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
                 "N must be 64, 128, 176, 192 or 256.");
   if constexpr (N == 64) {
-    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 64, 32, 32, 33, 34, 35)
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 64, 32, 32, 33, 34, 35, 36)
   } else if constexpr (N == 128) {
-    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 128, 64, 64, 65, 66, 67)
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 128, 64, 64, 65, 66, 67, 68)
   } else if constexpr (N == 176) {
-    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 176, 88, 88, 89, 90, 91)
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 176, 88, 88, 89, 90, 91, 92)
   } else if constexpr (N == 192) {
-    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 192, 96, 96, 97, 98, 99)
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 192, 96, 96, 97, 98, 99, 100)
   } else {
-    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 256, 128, 128, 129, 130, 131)
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 256, 128, 128, 129, 130, 131, 132)
   }
 }
 

@@ -142,9 +142,6 @@ bool amd_target_supported(const Target& target) {
 }
 
 // Hopper's arch-specific target, the one with wgmma (the wgmma and tma kernels).
-bool is_sm90a(const Target& target) {
-  return target.nvidia() && target.arch() == 90 && target.arch_specific();
-}
 
 // --- Tuning tables ---------------------------------------------------------------------------
 //
@@ -245,6 +242,10 @@ std::span<const AttentionTuning> table_of(const AttentionProblem& problem, const
 }
 
 }  // namespace
+
+bool is_sm90a(const Target& target) {
+  return target.nvidia() && target.arch() == 90 && target.arch_specific();
+}
 
 const AttentionDescription& describe(AttentionKernel kernel) {
   for (const AttentionDescription& d : kDescriptions) {

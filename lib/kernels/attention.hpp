@@ -47,6 +47,9 @@ KernelSpec attention_family_spec(const KernelSchema& schema, const AttentionProb
 // Whether attention runs on `target` at all: NVIDIA sm_80 and newer, AMD gfx9.
 bool attention_runs_on(const Target& target);
 
+// Whether `target` is Hopper's arch-specific sm_90a, the one with wgmma and TMA.
+bool is_sm90a(const Target& target);
+
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
 void require_target(const Target& target, AttentionKernel kernel);
 

@@ -4,6 +4,8 @@
 #include "kernels/attention_backward.hpp"
 
 #include <algorithm>
+#include <span>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -18,6 +20,22 @@ namespace {
 constexpr ConstantSchema kDotConstants[] = {{"dtype_out", ConstantKind::dtype},
                                             {"head_dim_v", ConstantKind::integer},
                                             {"varlen", ConstantKind::boolean}};
+constexpr ConstantSchema kDbiasConstants[] = {{"dtype_q", ConstantKind::dtype}};
+
+// The dk/dv kernels' constants: the portable forward kernel's, and has_dbias (whether they
+// write the bias's gradient: a spec of its own, so that the kernels without it stay as they
+// were, in registers and speed).
+std::span<const ConstantSchema> dkdv_constants() {
+  static const std::vector<ConstantSchema> constants = [] {
+    std::vector<ConstantSchema> c(attention_portable_constants().begin(),
+                                  attention_portable_constants().end());
+    c.push_back({"has_dbias", ConstantKind::boolean});
+    std::sort(c.begin(), c.end(),
+              [](const ConstantSchema& a, const ConstantSchema& b) { return a.name < b.name; });
+    return c;
+  }();
+  return constants;
+}
 
 // The forward's portable config of the same sizes, whose spec constants the portable backward
 // kernels share.
@@ -66,6 +84,14 @@ long long mma_dq_bytes(const AttentionProblem& p, const AttentionBackwardConfig&
                                            element_bytes(p.dtype_q), 0);
 }
 
+long long wgmma_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+  return attention_backward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n);
+}
+
+long long no_dynamic_shared(const AttentionProblem&, const AttentionBackwardConfig&) {
+  return 0;
+}
+
 // A kernel's shared memory for a spec that arrives as text.
 template <long long (*Bytes)(const AttentionProblem&, const AttentionBackwardConfig&)>
 long long spec_bytes(const KernelSpec& spec) {
@@ -80,15 +106,16 @@ int warps_threads(const AttentionBackwardConfig& c) {
 constexpr const char* kParams = "kiln::AttentionBackwardParams";
 constexpr const char* kPortableSource = "attention/backward/backward_portable.cuh";
 constexpr const char* kMmaSource = "attention/backward/backward_mma.cuh";
+constexpr const char* kWgmmaSource = "attention/backward/backward_wgmma.cuh";
 
-// Both kernels of each take the portable forward kernel's constants.
+// Both kernels of each take the portable forward kernel's constants, the dk/dv kernels has_dbias
+// too.
 const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::portable,
      .name = "portable",
      .targets = AttentionTargets::any,
-     .dkdv = {kPortableSource, "kiln::attention_backward_dkdv_portable", kParams,
-              attention_portable_constants(), spec_bytes<portable_dkdv_bytes>,
-              attention_operand_dtypes()},
+     .dkdv = {kPortableSource, "kiln::attention_backward_dkdv_portable", kParams, dkdv_constants(),
+              spec_bytes<portable_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kPortableSource, "kiln::attention_backward_dq_portable", kParams,
             attention_portable_constants(), spec_bytes<portable_dq_bytes>,
             attention_operand_dtypes()},
@@ -99,15 +126,26 @@ const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::mma,
      .name = "mma",
      .targets = AttentionTargets::sm80,
-     .dkdv = {kMmaSource, "kiln::attention_backward_dkdv_mma", kParams,
-              attention_portable_constants(), spec_bytes<mma_dkdv_bytes>,
-              attention_operand_dtypes()},
+     .dkdv = {kMmaSource, "kiln::attention_backward_dkdv_mma", kParams, dkdv_constants(),
+              spec_bytes<mma_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kMmaSource, "kiln::attention_backward_dq_mma", kParams, attention_portable_constants(),
             spec_bytes<mma_dq_bytes>, attention_operand_dtypes()},
      .threads = warps_threads,
      .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_n; },
      .dkdv_shared_bytes = mma_dkdv_bytes,
      .dq_shared_bytes = mma_dq_bytes},
+    // Its dq kernel converts the fp32 accumulators the dk/dv kernel adds to.
+    {.kernel = AttentionBackwardKernel::wgmma,
+     .name = "wgmma",
+     .targets = AttentionTargets::sm90a,
+     .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams, dkdv_constants(),
+              spec_bytes<wgmma_dkdv_bytes>, attention_operand_dtypes()},
+     .dq = {kWgmmaSource, "kiln::attention_backward_dq_wgmma", kParams,
+            attention_portable_constants(), no_shared_memory, attention_operand_dtypes()},
+     .threads = warps_threads,
+     .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_m; },
+     .dkdv_shared_bytes = wgmma_dkdv_bytes,
+     .dq_shared_bytes = no_dynamic_shared},
 };
 
 // The most block_m and block_n of a config, and its most warps (a CTA of 1024 threads).
@@ -155,6 +193,17 @@ constexpr BackwardTuning kMmaSmall[] = {
 };
 constexpr int kLargeSharedBytes = 163 * 1024;
 
+// sm_90a up to head dims 128, 64 query rows a step; rows by q's and k's head dim (not the
+// wider one): where it is at most 64, one warpgroup of 64 keys (two would split dQ's 64 columns
+// below the swizzle width), else two, which split dQ's columns (one warpgroup would hold all 128
+// of them: 64 more registers). Timed on an H200: bench/RESULTS.md.
+constexpr AttentionBackwardKernel kWgmma = AttentionBackwardKernel::wgmma;
+constexpr BackwardTuning kWgmmaTable[] = {
+    {64, {.block_m = 64, .block_n = 64, .warps = 4, .kernel = kWgmma}},
+    {128, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kWgmma}},
+};
+constexpr int kWgmmaMaxHeadDim = 128;
+
 // Every head dim kiln compiles has a row, whose tiles fit the shared memory of its targets.
 template <std::size_t N>
 constexpr bool fits_every_head_dim(const BackwardTuning (&rows)[N], long long shared_bytes) {
@@ -193,6 +242,10 @@ const FixedKernel kBackwardSinksKernel{.schema = {"attention/backward/dot.cuh",
                                                   {},
                                                   no_shared_memory},
                                        .threads = kAttentionBackwardSinksThreads};
+const FixedKernel kBackwardDbiasKernel{
+    .schema = {"attention/backward/dbias.cuh", "kiln::attention_backward_dbias", kParams,
+               kDbiasConstants, no_shared_memory},
+    .threads = kAttentionBackwardDbiasThreads};
 
 const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel) {
   for (const AttentionBackwardDescription& d : kDescriptions) {
@@ -204,8 +257,8 @@ const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel) {
 }
 
 std::vector<const KernelSchema*> attention_backward_schemas() {
-  std::vector<const KernelSchema*> schemas{&kBackwardDotKernel.schema,
-                                           &kBackwardSinksKernel.schema};
+  std::vector<const KernelSchema*> schemas{&kBackwardDotKernel.schema, &kBackwardSinksKernel.schema,
+                                           &kBackwardDbiasKernel.schema};
   for (const AttentionBackwardDescription& d : kDescriptions) {
     schemas.push_back(&d.dkdv);
     schemas.push_back(&d.dq);
@@ -222,6 +275,18 @@ void check_config(const AttentionBackwardConfig& config, const Target& target) {
         "backward config (block_m {}, block_n {}, warps {}) has a value out of range: block_m "
         "and block_n must be from 1 to {}, warps from 1 to {} (a CTA has at most {} threads)",
         config.block_m, config.block_n, config.warps, kMaxBlock, kMaxWarps, kMaxWarps * 32));
+  }
+  if (config.kernel == AttentionBackwardKernel::wgmma) {
+    // BackwardWgmmaTraits asserts these too: a warpgroup per 64 keys, 64-row wgmma tiles.
+    if ((config.block_n != 64 && config.block_n != 128) || config.warps != config.block_n / 16 ||
+        (config.block_m != 64 && config.block_m != 128) || config.block_m > config.block_n) {
+      invalid(fmt::format(
+          "wgmma backward config (block_m {}, block_n {}, warps {}) breaks the kernel's tile "
+          "rules: block_n must be 64 or 128 with warps = block_n / 16, and block_m 64 or 128, at "
+          "most block_n (e.g. block_m 64, block_n 128, warps 8)",
+          config.block_m, config.block_n, config.warps));
+    }
+    return;
   }
   if (config.kernel != AttentionBackwardKernel::mma) return;
   // The mma kernel's tile rules (BackwardMmaTraits asserts them too): each warp's row group
@@ -248,11 +313,40 @@ void require_target(const Target& target, AttentionBackwardKernel kernel) {
         "config (AttentionBackwardKernel::portable), as choose() gives AMD targets",
         d.name, target.name()));
   }
+  if (d.targets == AttentionTargets::sm90a && !is_sm90a(target)) {
+    unsupported(fmt::format(
+        "the {} backward kernel runs on sm_90a (H100, H200) only; the target is {}: use the mma "
+        "kernel (AttentionBackwardKernel::mma)",
+        d.name, target.name()));
+  }
 }
 
 AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
                                               const AttentionBackwardConfig& config) {
   const AttentionBackwardDescription& d = describe(config.kernel);
+  if (config.kernel == AttentionBackwardKernel::wgmma) {
+    const AttentionProblem& f = problem.forward;
+    if (std::max(f.head_dim, f.head_dim_v) > kWgmmaMaxHeadDim) {
+      unsupported(fmt::format(
+          "the wgmma backward kernel takes head dims up to {}, not {} and {}: use the mma kernel "
+          "(AttentionBackwardKernel::mma), as choose() does",
+          kWgmmaMaxHeadDim, f.head_dim, f.head_dim_v));
+    }
+    // dQ's columns, split between the warpgroups (BackwardWgmmaTraits::dq_cols).
+    const int dq_cols = (f.head_dim + 63) / 64 * 64 * (config.block_m / 64) / (config.block_n / 64);
+    if (dq_cols % 64 != 0) {
+      unsupported(fmt::format(
+          "wgmma backward config (block_m {}, block_n {}) splits head dim {}'s dQ columns "
+          "between its warpgroups below 64, the swizzle width: use block_m 128 or block_n 64",
+          config.block_m, config.block_n, f.head_dim));
+    }
+    if (problem.deterministic) {
+      unsupported(
+          "the wgmma backward kernel adds dq up with atomics, so it is not deterministic: with "
+          "grads.deterministic use the mma kernel (AttentionBackwardKernel::mma), as choose() "
+          "does");
+    }
+  }
   const int threads = d.threads(config);
   AttentionBackwardPlan plan{
       .dot = {.spec = dot_spec(problem), .threads = kBackwardDotKernel.threads},
@@ -263,10 +357,17 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
       .dq = {.spec = attention_family_spec(d.dq, problem.forward, forward_config(config)),
              .threads = threads,
              .shared_bytes = d.dq_shared_bytes(problem.forward, config)},
-      .dq_rows = d.dq_rows(config)};
+      .dq_rows = d.dq_rows(config),
+      .dbias = std::nullopt};
+  plan.dkdv.spec.set("has_dbias", problem.dbias);
   if (problem.dsinks) {
     plan.sinks = LaunchPlan{.spec = spec_of(kBackwardSinksKernel.schema),
                             .threads = kBackwardSinksKernel.threads};
+  }
+  if (problem.dbias) {
+    plan.dbias = LaunchPlan{.spec = spec_of(kBackwardDbiasKernel.schema),
+                            .threads = kBackwardDbiasKernel.threads};
+    plan.dbias->spec.set("dtype_q", problem.forward.dtype_q);
   }
   return plan;
 }
@@ -293,6 +394,12 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
+  if (detail::is_sm90a(target) && !problem.deterministic &&
+      widest <= detail::kWgmmaTable[std::size(detail::kWgmmaTable) - 1].widest) {
+    for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
+      if (problem.forward.head_dim <= row.widest) return row.config;
+    }
+  }
   for (const detail::BackwardTuning& row : detail::mma_table(target)) {
     if (widest <= row.widest) return row.config;
   }
@@ -308,6 +415,7 @@ std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem&
   if (plan.sinks) specs.push_back(plan.sinks->spec);
   specs.push_back(plan.dkdv.spec);
   specs.push_back(plan.dq.spec);
+  if (plan.dbias) specs.push_back(plan.dbias->spec);
   return specs;
 }
 

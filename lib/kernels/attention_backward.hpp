@@ -16,6 +16,7 @@ namespace kiln::detail {
 
 extern const FixedKernel kBackwardDotKernel;
 extern const FixedKernel kBackwardSinksKernel;
+extern const FixedKernel kBackwardDbiasKernel;
 
 // The two kernels of an AttentionBackwardKernel.
 struct AttentionBackwardDescription {
@@ -35,8 +36,8 @@ struct AttentionBackwardDescription {
 // The description of `kernel`; kiln::Error (invalid_argument) for a value that is none.
 const AttentionBackwardDescription& describe(AttentionBackwardKernel kernel);
 
-// Every backward kernel's schema, for the registry: the row dots, the sinks' sum, then each
-// description's dk/dv and dq kernels.
+// Every backward kernel's schema, for the registry: the row dots, the sinks' sum, the bias's
+// gradient, then each description's dk/dv and dq kernels.
 std::vector<const KernelSchema*> attention_backward_schemas();
 
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
@@ -47,7 +48,8 @@ void require_target(const Target& target, AttentionBackwardKernel kernel);
 void check_config(const AttentionBackwardConfig& config, const Target& target);
 
 // Every launch of one backward call, planned before any is fetched or run: the row dots, the
-// sinks' sum when problem.dsinks, the dk/dv kernel and the dq kernel.
+// sinks' sum when problem.dsinks, the dk/dv kernel, the dq kernel, and the bias's gradient when
+// problem.dbias.
 // The dk/dv kernel's CTAs take config.block_n keys each, the dq kernel's dq_rows query rows.
 struct AttentionBackwardPlan {
   LaunchPlan dot;
@@ -55,6 +57,7 @@ struct AttentionBackwardPlan {
   LaunchPlan dkdv;
   LaunchPlan dq;
   int dq_rows = 0;
+  std::optional<LaunchPlan> dbias;
 };
 AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
                                               const AttentionBackwardConfig& config);

@@ -63,11 +63,6 @@ BackwardCall validate(const TensorView& q, const TensorView& k, const TensorView
         "the backward needs the forward's LSE in options.lse: pass the forward call's options, "
         "with the lse tensor the forward wrote");
   }
-  if (grads.dbias) {
-    unsupported(
-        "grads.dbias, the gradient of the bias, is not supported yet: leave it unset (dq, dk "
-        "and dv take the bias into account all the same)");
-  }
   BackwardCall call{.forward = detail::validate_attention(q, k, v, out, o, device)};
   const detail::AttentionShape& s = call.forward.shape;
   require_like(dout, "dout", out, "out", device);
@@ -87,6 +82,15 @@ BackwardCall validate(const TensorView& q, const TensorView& k, const TensorView
     detail::check_lse(*grads.dsinks, "dsinks", "(heads), fp32", {{s.heads, "heads"}}, device);
     detail::require_no_overlap(*grads.dsinks, "dsinks");
   }
+  if (grads.dbias) {
+    if (!o.bias) {
+      invalid(
+          "grads.dbias is set but options.bias is not: dbias is the bias's gradient; pass the "
+          "forward's bias, or leave dbias unset");
+    }
+    require_like(*grads.dbias, "dbias", *o.bias, "bias", device);
+    detail::require_no_overlap(*grads.dbias, "dbias");
+  }
   if (s.varlen && k.size(0) > 0 && (o.max_seqlen_k <= 0 || o.max_seqlen_k > k.size(0))) {
     invalid(fmt::format(
         "max_seqlen_k is {}: the varlen backward needs the longest key sequence, from 1 to "
@@ -95,7 +99,8 @@ BackwardCall validate(const TensorView& q, const TensorView& k, const TensorView
   }
   call.problem = {.forward = call.forward.problem,
                   .deterministic = grads.deterministic,
-                  .dsinks = grads.dsinks.has_value()};
+                  .dsinks = grads.dsinks.has_value(),
+                  .dbias = grads.dbias.has_value()};
   return call;
 }
 
@@ -123,6 +128,19 @@ AttentionBackwardParams params_of(const TensorView& q, const TensorView& k, cons
   return bp;
 }
 
+// The bias's gradient: dbias (validated like the bias), and the dk/dv kernel's dL / d logit at
+// `accum`.
+void set_dbias(AttentionBackwardParams& bp, const TensorView& dbias, std::byte* accum) {
+  bp.maybe_dbias_accum = reinterpret_cast<float*>(accum);
+  bp.maybe_dbias = dbias.data;
+  bp.dbias_batch_stride = dbias.stride(0);
+  bp.dbias_head_stride = dbias.stride(1);
+  bp.dbias_row_stride = dbias.stride(2);
+  bp.dbias_col_stride = dbias.stride(3);
+  bp.dbias_batch = static_cast<int>(dbias.size(0));
+  bp.dbias_heads = static_cast<int>(dbias.size(1));
+}
+
 std::uint32_t grid_dim(std::int64_t n, std::int64_t per_block) {
   return static_cast<std::uint32_t>(detail::ceil_div(n, per_block));
 }
@@ -134,7 +152,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const BackwardCall call =
       validate(q, k, v, out, dout, dq, dk, dv, options, grads, runtime.device());
   const detail::AttentionShape& s = call.forward.shape;
-  if (s.heads == 0) return;  // no element of any gradient
+  // No element of any gradient, but for a dbias of size 1 over the heads: its sums, all 0.
+  if (s.heads == 0 && !call.problem.dbias) return;
   const Target target = detail::target_to_run(runtime, kCall);
   if (config) detail::check_config(*config, target);
   const AttentionBackwardConfig c = config ? *config : choose(call.problem, target);
@@ -147,6 +166,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Kernel sinks = plan.sinks ? runtime.kernel(plan.sinks->spec, stream) : Kernel();
   const Kernel dkdv = runtime.kernel(plan.dkdv.spec, stream);
   const Kernel dq_kernel = runtime.kernel(plan.dq.spec, stream);
+  const Kernel dbias = plan.dbias ? runtime.kernel(plan.dbias->spec, stream) : Kernel();
 
   AttentionBackwardParams bp = params_of(q, k, v, out, dout, dq, dk, dv, options, s);
   const std::int64_t dot_blocks = detail::ceil_div(s.seqlen_q, kAttentionBackwardDotRows);
@@ -154,31 +174,50 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   // The row dots at the LSE's offsets; the sinks' partial sums after them.
   const std::size_t dot_bytes =
       detail::scratch_align(static_cast<std::size_t>(extent(*options.lse)) * sizeof(float));
-  const std::size_t partial_bytes =
-      plan.sinks ? static_cast<std::size_t>(s.heads * s.batch * dot_blocks) * sizeof(float) : 0;
-  const detail::Scratch scratch(runtime, dot_bytes + partial_bytes, stream);
+  const std::size_t partial_bytes = detail::scratch_align(
+      plan.sinks ? static_cast<std::size_t>(s.heads * s.batch * dot_blocks) * sizeof(float) : 0);
+  // The wgmma kernels' dq accumulators: head_dim floats a row, rows at the LSE's offsets.
+  const bool accumulates = c.kernel == AttentionBackwardKernel::wgmma;
+  const std::size_t accum_bytes = detail::scratch_align(
+      accumulates ? static_cast<std::size_t>(extent(*options.lse) * s.head_dim) * sizeof(float)
+                  : 0);
+  // Then dL / d logit of every (batch, head, row, key), for the bias's gradient.
+  const std::size_t dbias_bytes =
+      plan.dbias
+          ? static_cast<std::size_t>(s.batch * s.heads * s.seqlen_q * s.seqlen_k) * sizeof(float)
+          : 0;
+  const detail::Scratch scratch(runtime, dot_bytes + partial_bytes + accum_bytes + dbias_bytes,
+                                stream);
   bp.row_dot = reinterpret_cast<float*>(scratch.at(0));
   if (plan.sinks) {
     bp.maybe_sink_partials = reinterpret_cast<float*>(scratch.at(dot_bytes));
     bp.maybe_dsinks = static_cast<float*>(grads.dsinks->data);
   }
+  if (accum_bytes > 0) {
+    bp.maybe_dq_accum = reinterpret_cast<float*>(scratch.at(dot_bytes + partial_bytes));
+    detail::zero_async(runtime, bp.maybe_dq_accum, accum_bytes, stream);
+  }
+  if (plan.dbias) {
+    set_dbias(bp, *grads.dbias, scratch.at(dot_bytes + partial_bytes + accum_bytes));
+    // NOTE: the dk/dv kernel visits only the (row, key) pairs of its band: the rest stay 0.
+    if (dbias_bytes > 0) detail::zero_async(runtime, bp.maybe_dbias_accum, dbias_bytes, stream);
+  }
 
   const auto heads = static_cast<std::uint32_t>(s.heads);
   const auto batch = static_cast<std::uint32_t>(s.batch);
-  if (dot_blocks > 0 && batch > 0) {
+  if (dot_blocks > 0 && batch > 0 && heads > 0) {
     dot.launch({.grid = {static_cast<std::uint32_t>(dot_blocks), heads, batch},
                 .block = {static_cast<std::uint32_t>(plan.dot.threads)},
                 .stream = stream},
                bp);
   }
-  if (plan.sinks) {  // zeros without rows
+  if (plan.sinks && heads > 0) {  // zeros without rows
     sinks.launch({.grid = {heads},
                   .block = {static_cast<std::uint32_t>(plan.sinks->threads)},
                   .stream = stream},
                  bp);
   }
-  if (batch == 0) return;
-  const std::uint32_t key_blocks = grid_dim(s.seqlen_k, c.block_n);
+  const std::uint32_t key_blocks = batch > 0 && heads > 0 ? grid_dim(s.seqlen_k, c.block_n) : 0;
   if (key_blocks > 0) {
     dkdv.launch({.grid = {key_blocks, static_cast<std::uint32_t>(s.heads_kv), batch},
                  .block = {static_cast<std::uint32_t>(plan.dkdv.threads)},
@@ -186,13 +225,25 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
                  .stream = stream},
                 bp);
   }
-  const std::uint32_t row_blocks = grid_dim(s.seqlen_q, plan.dq_rows);
+  const std::uint32_t row_blocks = batch > 0 && heads > 0 ? grid_dim(s.seqlen_q, plan.dq_rows) : 0;
   if (row_blocks > 0) {
     dq_kernel.launch({.grid = {row_blocks, heads, batch},
                       .block = {static_cast<std::uint32_t>(plan.dq.threads)},
                       .shared_bytes = static_cast<std::uint32_t>(plan.dq.shared_bytes),
                       .stream = stream},
                      bp);
+  }
+  // dbias's dims of size 1 sum over the batch or heads, 0 of them without any.
+  const std::uint32_t dbias_blocks =
+      plan.dbias && extent(*grads.dbias) > 0
+          ? grid_dim(s.seqlen_q * s.seqlen_k, kAttentionBackwardDbiasThreads)
+          : 0;
+  if (dbias_blocks > 0) {
+    dbias.launch({.grid = {dbias_blocks, static_cast<std::uint32_t>(bp.dbias_heads),
+                           static_cast<std::uint32_t>(bp.dbias_batch)},
+                  .block = {static_cast<std::uint32_t>(plan.dbias->threads)},
+                  .stream = stream},
+                 bp);
   }
 }
 

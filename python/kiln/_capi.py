@@ -231,11 +231,11 @@ COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in ra
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
 # block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, then the
-# variant's, from VARIANT_SLOT on), and kiln_attention_backward's own (dout, dq, dk, dv, dsinks),
-# from BACKWARD_SLOT on, past the forward's.
+# variant's, from VARIANT_SLOT on), and kiln_attention_backward's own (dout, dq, dk, dv, dsinks,
+# dbias), from BACKWARD_SLOT on, past the forward's.
 VARIANT_SLOT = 14
 BACKWARD_SLOT = VARIANT_SLOT + VARIANT_TENSORS
-MAX_TENSORS = BACKWARD_SLOT + 5
+MAX_TENSORS = BACKWARD_SLOT + 6
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
 _CACHE_AT = _OPTIONS_AT + max(AttentionOptions.size, DecodeOptions.size)
 _GRADS_AT = _CACHE_AT + KVCache.size

@@ -248,6 +248,8 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                         ("seqused_k", seqused_k), ("sinks", sinks)))
     variant(variant_scalars, variant_tensors)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+    if varlen and bias is not None:
+        unsupported("bias with varlen is not supported: pad the batch instead")
     rank = 3 if varlen else 4
     if q.dim() != rank:
         invalid(f"q has rank {q.dim()} but must have rank {rank}: "

@@ -7,9 +7,9 @@ kiln's extras are keyword-only: an additive `bias` (any strides), `top_left` ban
 of FlashAttention's that kiln cannot honour (dropout, attention probabilities, a paged varlen
 call, cache_leftpad) raises a KilnError naming it; none is ignored.
 
-flash_attn_func, flash_attn_varlen_func and their packed forms are differentiable in q, k, v and
-sinks: with an input that requires grad (and grad mode on) they call kiln's functional op, whose
-autograd formula is kiln's backward; what that backward cannot differentiate (a bias, ALiBi
+flash_attn_func, flash_attn_varlen_func and their packed forms are differentiable in q, k, v,
+sinks and bias: with an input that requires grad (and grad mode on) they call kiln's functional
+op, whose autograd formula is kiln's backward; what that backward cannot differentiate (ALiBi
 slopes or a variant tensor that requires grad, out=) is refused then, naming it. A variant's
 logit hook needs its derivative (logit_grad, or logit_is_additive: kiln/variant.hpp), or the
 backward's kernels fail to compile, saying so.
@@ -167,9 +167,6 @@ def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seq
     """The call through kiln's differentiable op (kiln.ops.attention_with_grad), for inputs that
     require grad: what kiln's backward cannot differentiate is refused here, at the forward,
     never answered with a missing or zero gradient."""
-    if bias is not None and bias.requires_grad:
-        _not_differentiable("bias", "kiln's backward computes no gradient for an additive bias "
-                            "yet (a mask needs none)")
     if alibi_slopes is not None and alibi_slopes.requires_grad:
         _not_differentiable("alibi_slopes", "kiln, as FlashAttention, computes no gradient for "
                             "the ALiBi slopes")
@@ -178,7 +175,8 @@ def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seq
             _not_differentiable(f"variant_tensors[{i}]", "kiln computes no gradient for a "
                                 "variant's tensors yet")
     if out is not None:
-        training = ", ".join(name for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks))
+        training = ", ".join(name for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks),
+                                                  ("bias", bias))
                              if t is not None and t.requires_grad)
         _invalid(f"out= with inputs that require grad ({training}): autograd cannot "
                  f"differentiate a call that writes into a tensor given to it; leave out=None, "
@@ -208,10 +206,11 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     into the kernels), with its variant_scalars (up to 8 numbers) and variant_tensors (up to 4,
     any dtype and strides), which change without a recompile. The forward is deterministic.
 
-    Differentiable in q, k, v and sinks (dsinks), as FlashAttention's: deterministic=True makes
-    the backward's gradients bitwise reproducible. softmax_lse gets no gradient (as
-    FlashAttention's), nor do a variant's tensors. With an input that requires grad, out= and
-    a bias, ALiBi slopes or variant tensor that requires grad are refused.
+    Differentiable in q, k, v, sinks (dsinks) and bias (dbias, summed where it has size 1 and
+    broadcasts), as FlashAttention's and PyTorch's: deterministic=True makes the backward's
+    gradients bitwise reproducible. softmax_lse gets no gradient (as FlashAttention's), nor do a
+    variant's tensors. With an input that requires grad, out= and ALiBi slopes or a variant
+    tensor that requires grad are refused.
     """
     _forward_only(dropout_p, return_attn_probs)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)

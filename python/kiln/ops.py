@@ -262,14 +262,16 @@ def _attention_forward_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlen
 attention_forward = _op(_attention_forward, mutates_args=(), check=_attention_forward_fake)
 
 
-def _gradients(q, k, v, sinks, dsinks_wanted, varlen):
-    """New tensors for dq, dk, dv (q's, k's and v's shapes and dtypes) and dsinks: float32 like
-    sinks when wanted, else empty (an op returns a tensor in each place). Varlen ones start at
-    zero: tokens that cu_seqlens leaves out of every sequence get no gradient from the kernels,
-    and theirs is 0."""
+def _gradients(q, k, v, sinks, bias, varlen, dsinks_wanted, dbias_wanted):
+    """New tensors for dq, dk, dv (q's, k's and v's shapes and dtypes), dsinks (float32 like
+    sinks) and dbias (bias's shape and dtype, dense: kiln writes each element, and autograd sums
+    those of a stride-0 bias's broadcast dims), each of the last two empty when not wanted (an op
+    returns a tensor in each place). Varlen ones start at zero: tokens that cu_seqlens leaves out
+    of every sequence get no gradient from the kernels, and theirs is 0."""
     dsinks = (0,) if sinks is None or not dsinks_wanted else sinks.shape
+    dbias = q.new_empty((0,)) if bias is None or not dbias_wanted else bias.new_empty(bias.shape)
     new = (lambda t: t.new_zeros(t.shape)) if varlen else (lambda t: t.new_empty(t.shape))
-    return new(q), new(k), new(v), q.new_empty(dsinks, dtype=torch.float32)
+    return new(q), new(k), new(v), q.new_empty(dsinks, dtype=torch.float32), dbias
 
 
 def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor,
@@ -280,42 +282,47 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         top_left: bool, softcap: float, sinks: Optional[Tensor],
                         variant_name: Optional[str], variant_code: Optional[str],
                         variant_scalars: List[float], variant_tensors: List[Tensor],
-                        deterministic: bool, dsinks_wanted: bool
-                        ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    """kiln_attention_backward: (dq, dk, dv, dsinks) of attention_forward's call on the same
-    arguments, given dout; dsinks is empty unless dsinks_wanted (and sinks given)."""
-    dq, dk, dv, dsinks = _gradients(q, k, v, sinks, dsinks_wanted, cu_seqlens_q is not None)
+                        deterministic: bool, dsinks_wanted: bool, dbias_wanted: bool
+                        ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """kiln_attention_backward: (dq, dk, dv, dsinks, dbias) of attention_forward's call on the
+    same arguments, given dout; dsinks is empty unless dsinks_wanted (and sinks given), dbias
+    unless dbias_wanted (and a bias given)."""
+    dq, dk, dv, dsinks, dbias = _gradients(q, k, v, sinks, bias, cu_seqlens_q is not None,
+                                           dsinks_wanted, dbias_wanted)
     variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                  window_right, top_left, softcap, sinks, variant)
     at = _capi.BACKWARD_SLOT
     grads = _capi.pack_grad_options(
-        deterministic, _maybe(at + 4, dsinks if dsinks.numel() else None, "dsinks"), _NULL)
+        deterministic, _maybe(at + 4, dsinks if dsinks.numel() else None, "dsinks"),
+        _maybe(at + 5, dbias if dbias.numel() else None, "dbias"))
     _check(_capi.attention_backward(
         _tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"), _tensor(3, out, "out"),
         _tensor(at, dout, "dout"), _tensor(at + 1, dq, "dq"), _tensor(at + 2, dk, "dk"),
         _tensor(at + 3, dv, "dv"), options, _tensor(4, lse, "lse"), grads, _stream(q)))
-    return dq, dk, dv, dsinks
+    return dq, dk, dv, dsinks, dbias
 
 
 def _attention_backward_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                              causal, window_left, window_right, top_left, softcap, sinks,
                              variant_name, variant_code, variant_scalars, variant_tensors,
-                             deterministic, dsinks_wanted):
+                             deterministic, dsinks_wanted, dbias_wanted):
     _checks.attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
                                cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale, causal, window_left, window_right, top_left,
                                softcap, sinks, variant_name, variant_code, variant_scalars,
                                variant_tensors)
-    return _gradients(q, k, v, sinks, dsinks_wanted, cu_seqlens_q is not None)
+    return _gradients(q, k, v, sinks, bias, cu_seqlens_q is not None, dsinks_wanted,
+                      dbias_wanted)
 
 
 attention_backward = _op(_attention_backward, mutates_args=(), check=_attention_backward_fake)
 
 # attention_forward's arguments by position, as setup_context and the backward read them.
-_BIAS, _ALIBI_SLOPES, _SINKS, _VARIANT_TENSORS = 3, 4, 16, 20
+_BIAS, _ALIBI_SLOPES, _SINKS, _VARIANT_SCALARS, _VARIANT_TENSORS, _DETERMINISTIC = \
+    3, 4, 16, 19, 20, 21
 
 
 def _setup_context(ctx, inputs, output):
@@ -336,8 +343,7 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, dout, _dlse):
     q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, \
         *variant_tensors = ctx.saved_tensors
-    for name, at in (("bias", _BIAS), ("alibi_slopes", _ALIBI_SLOPES),
-                     ("variant_tensors", _VARIANT_TENSORS)):
+    for name, at in (("alibi_slopes", _ALIBI_SLOPES), ("variant_tensors", _VARIANT_TENSORS)):
         if any(torch.utils._pytree.tree_leaves(ctx.needs_input_grad[at])):
             # kiln.interface refuses these at the forward
             raise _capi.KilnNotImplementedError(
@@ -345,15 +351,23 @@ def _backward(ctx, dout, _dlse):
                 f"kiln::attention_forward's {name} requires grad: kiln computes no gradient "
                 f"for it; pass it detached")
     dsinks_wanted = sinks is not None and ctx.needs_input_grad[_SINKS]
+    dbias_wanted = bias is not None and ctx.needs_input_grad[_BIAS]
     # kiln reads dout with unit stride on its last dim and 16-byte aligned rows; autograd may
     # hand it expanded (the gradient of a sum) or as any view.
     dout = dout.contiguous()
     backward = direct[attention_backward] if eager(dout) else attention_backward
-    dq, dk, dv, dsinks = backward(
+    dq, dk, dv, dsinks, dbias = backward(
         dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-        *ctx.scalars, sinks, *ctx.variant, variant_tensors, ctx.deterministic, dsinks_wanted)
-    return (dq, dk, dv) + (None,) * (_SINKS - 3) + (dsinks if dsinks_wanted else None,) + \
-        (None, None, _no_gradient(ctx.variant[2]), _no_gradient(variant_tensors), None)
+        *ctx.scalars, sinks, *ctx.variant, variant_tensors, ctx.deterministic, dsinks_wanted,
+        dbias_wanted)
+    grads = [None] * (_DETERMINISTIC + 1)  # one per argument of attention_forward
+    grads[:3] = dq, dk, dv
+    grads[_BIAS] = dbias if dbias_wanted else None
+    grads[_SINKS] = dsinks if dsinks_wanted else None
+    # In the structure autograd checks the variant's lists against.
+    grads[_VARIANT_SCALARS] = _no_gradient(ctx.variant[2])
+    grads[_VARIANT_TENSORS] = _no_gradient(variant_tensors)
+    return tuple(grads)
 
 
 def _no_gradient(argument):

@@ -2,7 +2,8 @@
 """kiln's autograd plumbing, no GPU needed: the functional ops' fake kernels (forward and
 backward shapes and dtypes), their registration (torch.library.opcheck), gradients through every
 differentiable call on meta tensors, torch.compile(fullgraph=True) tracing forward and backward
-with no graph break, what reaches the backward op (deterministic, dsinks), and the refusals, at
+with no graph break, what reaches the backward op (deterministic, dsinks, dbias), and the
+refusals, at
 the forward, of what kiln's backward cannot differentiate."""
 import pytest
 import torch
@@ -41,6 +42,13 @@ CALLS = {
                        v=t(2, 7, 2, 32, device=d), sinks=t(8, dtype=F32, device=d)),
         lambda x: kiln.flash_attn_func(x["q"], x["k"], x["v"], causal=True, sinks=x["sinks"]),
         (2, 5, 8, 32)),
+    # The bias broadcasts over the batch by stride 0: autograd sums kiln's dense dbias into the
+    # (1, heads, seqlen_q, seqlen_k) tensor it expands.
+    "flash_attn_func with a bias": (
+        lambda d: dict(q=t(2, 5, 8, 64, device=d), k=t(2, 7, 2, 64, device=d),
+                       v=t(2, 7, 2, 64, device=d), bias=t(1, 8, 5, 7, device=d)),
+        lambda x: kiln.flash_attn_func(x["q"], x["k"], x["v"], bias=x["bias"].expand(2, 8, 5, 7)),
+        (2, 5, 8, 64)),
     "flash_attn_varlen_func": (
         lambda d: dict(q=t(9, 8, 64, device=d), k=t(11, 2, 64, device=d),
                        v=t(11, 2, 32, device=d), cu_q=cu(d), cu_k=cu(d)),
@@ -120,16 +128,18 @@ def test_the_backward_op_is_functional():
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((2, 5, 8, 32), BF16, (2, 8, 5), F32)
     assert not lse.requires_grad  # FlashAttention's: the LSE is not differentiated
     sinks = rest[-6].detach()
-    arguments = (out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse, None, None,
+    bias = t(1, 8, 5, 7, grad=False)  # of size 1 over the batch: dbias too
+    arguments = (out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse, bias, None,
                  None, None, None, 0, 0, 0.0, True, -1, -1, False, 0.0, sinks, None, None, [], [],
-                 True, True)
+                 True, True, True)
     result = torch.library.opcheck(ops.attention_backward, arguments)
     assert set(result.values()) == {"SUCCESS"}, result
-    dq, dk, dv, dsinks = ops.attention_backward(*arguments)
-    assert [(g.shape, g.dtype) for g in (dq, dk, dv, dsinks)] == [
-        ((2, 5, 8, 64), BF16), ((2, 7, 2, 64), BF16), ((2, 7, 2, 32), BF16), ((8,), F32)]
-    dsinks = ops.attention_backward(*arguments[:-1], False)[3]
-    assert dsinks.shape == (0,)  # not asked for
+    dq, dk, dv, dsinks, dbias = ops.attention_backward(*arguments)
+    assert [(g.shape, g.dtype) for g in (dq, dk, dv, dsinks, dbias)] == [
+        ((2, 5, 8, 64), BF16), ((2, 7, 2, 64), BF16), ((2, 7, 2, 32), BF16), ((8,), F32),
+        ((1, 8, 5, 7), BF16)]
+    dsinks, dbias = ops.attention_backward(*arguments[:-2], False, False)[3:]
+    assert dsinks.shape == dbias.shape == (0,)  # not asked for
 
 
 class Recording(TorchDispatchMode):
@@ -159,7 +169,7 @@ def test_deterministic_and_dsinks_reach_the_backward(deterministic, sinks_grad):
     (forward,), (backward,) = (recording.of(torch.ops.kiln.attention_forward),
                                recording.of(torch.ops.kiln.attention_backward))
     assert forward[-1] is deterministic
-    assert backward[-2:] == (deterministic, sinks_grad)
+    assert backward[-3:] == (deterministic, sinks_grad, False)  # no bias: no dbias
     assert (sinks.grad is not None) == sinks_grad
     assert not recording.of(torch.ops.kiln.attention)
 
@@ -173,7 +183,7 @@ def test_a_variant_reaches_the_forward_and_the_backward():
         out.float().sum().backward()
     (forward,), (backward,) = (recording.of(torch.ops.kiln.attention_forward),
                                recording.of(torch.ops.kiln.attention_backward))
-    for name, code, scalars, tensors in (forward[-5:-1], backward[-6:-2]):
+    for name, code, scalars, tensors in (forward[-5:-1], backward[-7:-3]):
         assert (name, code, scalars) == ("shifted", ADDITIVE.code, [0.5])
         assert len(tensors) == 1 and tensors[0] is shift
     assert q.grad.shape == q.shape and shift.grad is None
@@ -255,10 +265,6 @@ def q_k_v(grad=True):
 
 
 REFUSED = {
-    "bias requires grad": (
-        lambda q, k, v: kiln.flash_attn_func(q, k, v, bias=t(2, 8, 5, 7)),
-        kiln.KilnNotImplementedError,
-        "bias requires grad: kiln's backward computes no gradient for an additive bias yet"),
     "alibi slopes require grad": (
         lambda q, k, v: kiln.flash_attn_func(q, k, v, alibi_slopes=t(8, dtype=F32)),
         kiln.KilnNotImplementedError,
@@ -275,10 +281,10 @@ REFUSED = {
     "dropout": (
         lambda q, k, v: kiln.flash_attn_func(q, k, v, dropout_p=0.1),
         kiln.KilnValueError, "dropout_p=0.1 is not supported by kiln"),
-    "a varlen bias that requires grad": (
+    "a varlen bias": (
         lambda q, k, v: kiln.flash_attn_varlen_func(q[0], k[0], v[0], cu(), cu(), 5, 7,
                                                     bias=t(1, 8, 5, 7)),
-        kiln.KilnNotImplementedError, "bias requires grad"),
+        kiln.KilnValueError, "bias with varlen is not supported: pad the batch instead"),
     "deterministic not a flag": (
         lambda q, k, v: kiln.flash_attn_func(q, k, v, deterministic="yes"),
         kiln.KilnTypeError, "deterministic is a str ('yes'): pass True or False"),
@@ -333,7 +339,8 @@ def test_eager_calls_record_the_ops_formula_around_the_implementations(as_gpu, m
 
     def backward(*arguments):
         seen.append(arguments)
-        return ops._gradients(*arguments[1:4], arguments[19], arguments[-1], False)
+        return ops._gradients(*arguments[1:4], arguments[19], arguments[6], False,
+                              *arguments[-2:])
     monkeypatch.setitem(ops.direct, ops.attention_backward, backward)
     q, k, v = (t(0, 5, 8, 64, device="cpu"), t(0, 7, 2, 64, device="cpu"),
                t(0, 7, 2, 64, device="cpu"))
@@ -345,7 +352,7 @@ def test_eager_calls_record_the_ops_formula_around_the_implementations(as_gpu, m
     dout = arguments[0]
     assert dout.shape == out.shape and dout.is_contiguous()
     assert all(a is b for a, b in zip(arguments[1:4], (q, k, v))) and arguments[19] is sinks
-    assert arguments[-2:] == (True, True)  # deterministic, dsinks
+    assert arguments[-3:] == (True, True, False)  # deterministic, dsinks, dbias
     assert q.grad.shape == q.shape and sinks.grad.shape == (8,)
 
 
@@ -354,7 +361,7 @@ def test_eager_calls_hand_the_backward_the_variant(as_gpu, monkeypatch):
 
     def backward(*arguments):
         seen.append(arguments)
-        return ops._gradients(*arguments[1:4], None, False, False)
+        return ops._gradients(*arguments[1:4], None, None, False, False, False)
     monkeypatch.setitem(ops.direct, ops.attention_backward, backward)
     q, k, v = (t(0, 5, 8, 64, device="cpu"), t(0, 7, 2, 64, device="cpu"),
                t(0, 7, 2, 64, device="cpu"))

@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""kiln's backward on a GPU: the gradients of every differentiable call (dq, dk, dv and dsinks)
+"""kiln's backward on a GPU: the gradients of every differentiable call (dq, dk, dv, dsinks, dbias)
 against autograd through the float64 reference (python/tests/reference.py) with FlashAttention's
 rule (the error at most twice that of the same computation done plainly in the input dtype, plus
 1e-5); deterministic mode bitwise reproducible; the packed forms' gradients those of the
@@ -118,6 +118,24 @@ def test_a_variant_trains_as_the_built_in_it_writes():
     inputs = dict(q=leaf(2, 50, 8, 64), k=leaf(2, 70, 2, 64), v=leaf(2, 70, 2, 64))
     check_gradients(flash_attn_func, inputs, dict(causal=True, alibi_slopes=slopes), causal=True,
                     variant=example_variant("alibi"), variant_tensors=[slopes])
+
+
+def flash_attn_func_expanded_bias(q, k, v, bias, **kw):
+    """flash_attn_func with `bias` expanded over the batch (stride 0), as a mask often is."""
+    return kiln.flash_attn_func(q, k, v, bias=bias.expand(2, *bias.shape[1:]), **kw)
+
+
+# A bias that requires grad: dbias of its shape, summed where it has size 1; a stride-0 expand
+# gets one per batch, which autograd sums. Under a softcap, which the bias joins after.
+@pytest.mark.parametrize("call, shape", [
+    (flash_attn_func, (2, 8, 50, 70)), (flash_attn_func, (1, 8, 50, 70)),
+    (flash_attn_func, (2, 1, 50, 70)), (flash_attn_func_expanded_bias, (1, 8, 50, 70))],
+    ids=["full", "batch 1", "heads 1", "expanded over the batch"])
+@pytest.mark.parametrize("dtype", [BF16, F16], ids=["bf16", "fp16"])
+def test_bias_gradients(call, shape, dtype):
+    inputs = dict(q=leaf(2, 50, 8, 64, dtype=dtype), k=leaf(2, 70, 2, 64, dtype=dtype),
+                  v=leaf(2, 70, 2, 64, dtype=dtype), bias=leaf(*shape, dtype=dtype))
+    check_gradients(call, inputs, causal=True, softcap=5.0)
 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, **kw):

@@ -8,19 +8,32 @@
 
 namespace kiln::test {
 
-// Per row, with D = rowsum(dO * O): dP_j = dO . v_j, dS_j = P_j (dP_j - D) times the softcap's
-// tanh' and the logit hook's logit_grad, dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q,
+BiasShape bias_shape(const ReferenceProblem& p) {
+  BiasShape s{.batch = static_cast<std::size_t>(p.batch()),
+              .heads = static_cast<std::size_t>(p.heads)};
+  for (std::size_t b = 0; b < s.batch; ++b) {
+    s.seqlen_q =
+        std::max(s.seqlen_q, static_cast<std::size_t>(p.cu_seqlens_q[b + 1] - p.cu_seqlens_q[b]));
+    s.seqlen_k =
+        std::max(s.seqlen_k, static_cast<std::size_t>(p.cu_seqlens_k[b + 1] - p.cu_seqlens_k[b]));
+  }
+  return s;
+}
+
+// Per row, with D = rowsum(dO * O): dP_j = dO . v_j, dS_j = P_j (dP_j - D) times the logit
+// hook's logit_grad and the softcap's tanh', dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q,
 // dv_j += P_j dO, and dsink -= P_sink D (the sink joins the denominator with no value, so
-// d out / d sink = -P_sink out).
+// d out / d sink = -P_sink out). The bias joins the logit after the softcap and before the logit
+// hook: dbias_j = P_j (dP_j - D) times the hook's logit_grad.
 //
 // The plain-dtype baseline approximates FlashAttention's (PyTorch eager autograd through
 // attention_ref with upcast=False), as attention_reference's does the forward: each matmul
 // rounds its result to the dtype (dP = dO V^T, dV = P^T dO per query head, dQ = dS K * scale,
 // dK = dS^T Q * scale per query head), the softmax's gradient dS = P (dP - D) with the rounded P
-// and the rounded output's D is rounded to the dtype, then once more after d logit / d score
-// (tanh's and the logit hook's); GQA sums the rounded per-head dK and dV of a group and rounds the
-// sum, as the backward of repeating k and v over the group does. Accumulations are fp64; dsinks
-// stays fp32.
+// and the rounded output's D is rounded to the dtype, then once more after the logit hook's
+// derivative (the plain dbias) and after tanh's; GQA sums the rounded per-head dK and dV of a
+// group and rounds the sum, as the backward of repeating k and v over the group does.
+// Accumulations are fp64; dsinks stays fp32.
 BackwardReference attention_backward_reference(const ReferenceProblem& p,
                                                const std::vector<double>& q,
                                                const std::vector<double>& k,
@@ -45,6 +58,8 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
   r.dk = zeros(k.size());
   r.dv = zeros(v.size());
   if (!p.sinks.empty()) r.dsinks = zeros(hq);
+  const BiasShape bias = bias_shape(p);
+  if (p.bias) r.dbias = zeros(bias.count());
   r.keyless.assign(r.forward.lse.size(), false);
   // The plain dK and dV of each query head, (total_k, heads, dim), before a group's sum.
   std::vector<double> dk_heads(total_k * hq * d, 0.0), dv_heads(total_k * hq * dv, 0.0);
@@ -69,6 +84,10 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
       r.dsinks.exact[h] -= row.sink_p * rowsum;
       r.dsinks.plain[h] -= row.sink_p_plain * rowsum_stored;
     }
+    // The sequence's first query and key tokens, from which the bias counts its rows and keys.
+    const auto batch = static_cast<std::size_t>(row.batch);
+    const auto query0 = static_cast<std::size_t>(p.cu_seqlens_q[batch]);
+    const auto key0 = static_cast<std::size_t>(p.cu_seqlens_k[batch]);
     const double* qi = &q[at * d];
     double* dqi = &r.dq.exact[at * d];
     std::fill(dq_row.begin(), dq_row.end(), 0.0);
@@ -80,9 +99,20 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
       const double* vj = &v[kv_at * dv];
       double dp = 0;
       for (std::size_t c = 0; c < dv; ++c) dp += g[c] * vj[c];
-      const double ds = p.softmax_scale * row.p[n] * (dp - rowsum) * row.dlogit[n];
-      double ds_plain = round_to(p.dtype, row.p_plain[n] * (round_to(p.dtype, dp) - rowsum_plain));
-      ds_plain = round_to(p.dtype, ds_plain * row.dlogit_plain[n]);
+      // dL / d the logit the hook was given, with the bias in it.
+      const double dlogit = row.p[n] * (dp - rowsum) * row.dhook[n];
+      const double dlogit_plain = round_to(
+          p.dtype, round_to(p.dtype, row.p_plain[n] * (round_to(p.dtype, dp) - rowsum_plain)) *
+                       row.dhook_plain[n]);
+      if (p.bias) {
+        const std::size_t at_bias =
+            bias.at(batch, static_cast<std::size_t>(row.head),
+                    static_cast<std::size_t>(row.token) - query0, key - key0);
+        r.dbias.exact[at_bias] = dlogit;
+        r.dbias.plain[at_bias] = dlogit_plain;
+      }
+      const double ds = p.softmax_scale * dlogit * row.dtanh[n];
+      const double ds_plain = round_to(p.dtype, dlogit_plain * row.dtanh_plain[n]);
       for (std::size_t c = 0; c < d; ++c) {
         dqi[c] += ds * kj[c];
         dq_row[c] += ds_plain * kj[c];
@@ -118,6 +148,32 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
   reduce(dk_heads, p.softmax_scale, d, r.dk.plain);
   reduce(dv_heads, 1.0, dv, r.dv.plain);
   for (double& x : r.dsinks.plain) x = round_to(DType::f32, x);
+  return r;
+}
+
+GradientReference reduce_dbias(const ReferenceProblem& problem, const GradientReference& dbias,
+                               bool over_batch, bool over_heads) {
+  const BiasShape full = bias_shape(problem);
+  if (dbias.exact.size() != full.count()) {
+    throw std::invalid_argument("reduce_dbias: dbias is not the problem's");
+  }
+  BiasShape reduced = full;
+  if (over_batch) reduced.batch = 1;
+  if (over_heads) reduced.heads = 1;
+  GradientReference r{std::vector<double>(reduced.count(), 0.0),
+                      std::vector<double>(reduced.count(), 0.0)};
+  for (std::size_t b = 0; b < full.batch; ++b) {
+    for (std::size_t h = 0; h < full.heads; ++h) {
+      for (std::size_t i = 0; i < full.seqlen_q; ++i) {
+        for (std::size_t j = 0; j < full.seqlen_k; ++j) {
+          const std::size_t to = reduced.at(over_batch ? 0 : b, over_heads ? 0 : h, i, j);
+          r.exact[to] += dbias.exact[full.at(b, h, i, j)];
+          r.plain[to] += dbias.plain[full.at(b, h, i, j)];
+        }
+      }
+    }
+  }
+  for (double& x : r.plain) x = round_to(problem.dtype, x);
   return r;
 }
 

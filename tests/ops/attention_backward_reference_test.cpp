@@ -53,11 +53,13 @@ double loss(const ReferenceProblem& p, const Inputs& in) {
   return sum;
 }
 
-// The central difference of the loss in each element of `x`, which `in` or `p` holds.
+// The central difference of the loss in each element of `x`, which `in` or `p` holds; 0 for an
+// infinite one (a bias's mask, a head without a sink), which no step moves.
 std::vector<double> numeric_gradient(ReferenceProblem& p, Inputs& in, std::vector<double>& x) {
-  std::vector<double> gradient(x.size());
+  std::vector<double> gradient(x.size(), 0.0);
   for (std::size_t i = 0; i < x.size(); ++i) {
     const double at = x[i];
+    if (!std::isfinite(at)) continue;
     x[i] = at + kStep;
     const double above = loss(p, in);
     x[i] = at - kStep;
@@ -80,9 +82,33 @@ double mismatch(const std::vector<double>& numeric, const std::vector<double>& a
   return scale == 0 ? 0 : worst / scale;
 }
 
+// The central differences of the loss in each element of a table of p.bias's values of `shape`
+// (a BiasShape), which p.bias then reads: at batch or head 0 where the table has size 1 (a bias
+// broadcast by size).
+std::vector<double> numeric_bias_gradient(ReferenceProblem p, Inputs in,
+                                          kiln::test::BiasShape shape) {
+  std::vector<double> table(shape.count());
+  for (std::size_t b = 0; b < shape.batch; ++b) {
+    for (std::size_t h = 0; h < shape.heads; ++h) {
+      for (std::size_t i = 0; i < shape.seqlen_q; ++i) {
+        for (std::size_t j = 0; j < shape.seqlen_k; ++j) {
+          table[shape.at(b, h, i, j)] = p.bias(static_cast<int>(b), static_cast<int>(h),
+                                               static_cast<int>(i), static_cast<int>(j));
+        }
+      }
+    }
+  }
+  p.bias = [&table, shape](int b, int h, int i, int j) {
+    return table[shape.at(shape.batch == 1 ? 0 : static_cast<std::size_t>(b),
+                          shape.heads == 1 ? 0 : static_cast<std::size_t>(h),
+                          static_cast<std::size_t>(i), static_cast<std::size_t>(j))];
+  };
+  return numeric_gradient(p, in, table);
+}
+
 struct Mismatches {
-  double dq = 0, dk = 0, dv = 0, dsinks = 0;
-  double max() const { return std::max({dq, dk, dv, dsinks}); }
+  double dq = 0, dk = 0, dv = 0, dsinks = 0, dbias = 0;
+  double max() const { return std::max({dq, dk, dv, dsinks, dbias}); }
 };
 
 // Each fp64 gradient of `got` against finite differences of the loss of `p` on `in`.
@@ -92,8 +118,11 @@ Mismatches check_against_numeric(ReferenceProblem p, Inputs in, const BackwardRe
   m.dk = mismatch(numeric_gradient(p, in, in.k), got.dk.exact);
   m.dv = mismatch(numeric_gradient(p, in, in.v), got.dv.exact);
   if (!p.sinks.empty()) m.dsinks = mismatch(numeric_gradient(p, in, p.sinks), got.dsinks.exact);
-  INFO("relative mismatch dq " << m.dq << " dk " << m.dk << " dv " << m.dv << " dsinks "
-                               << m.dsinks);
+  if (p.bias) {
+    m.dbias = mismatch(numeric_bias_gradient(p, in, kiln::test::bias_shape(p)), got.dbias.exact);
+  }
+  INFO("relative mismatch dq " << m.dq << " dk " << m.dk << " dv " << m.dv << " dsinks " << m.dsinks
+                               << " dbias " << m.dbias);
   CHECK(m.max() < kTolerance);
   return m;
 }
@@ -109,11 +138,13 @@ ReferenceProblem small_problem() {
   return p;
 }
 
-// A random bias, (batch, head, row, key) up to 8 x 8 x 16 x 16.
-std::function<double(int, int, int, int)> random_bias(std::mt19937& rng) {
-  std::vector<double> values = kiln::test::random_normal(DType::bf16, 8 * 8 * 16 * 16, rng);
-  return [values](int b, int h, int i, int j) {
-    return values[static_cast<std::size_t>(((b * 8 + h) * 16 + i) * 16 + j)];
+// A random bias, (batch, head, row, key) up to 8 x heads x seqlen_q x seqlen_k.
+std::function<double(int, int, int, int)> random_bias(std::mt19937& rng, int heads = 8,
+                                                      int seqlen_q = 16, int seqlen_k = 16) {
+  std::vector<double> values = kiln::test::random_normal(
+      DType::bf16, static_cast<std::size_t>(8 * heads * seqlen_q * seqlen_k), rng);
+  return [values, heads, seqlen_q, seqlen_k](int b, int h, int i, int j) {
+    return values[static_cast<std::size_t>(((b * heads + h) * seqlen_q + i) * seqlen_k + j)];
   };
 }
 
@@ -255,6 +286,35 @@ TEST_CASE("attention backward reference: fp64 gradients match finite differences
   }
 }
 
+// A bias of size 1 over the batch or the heads is broadcast: its gradient is the full one summed
+// over that dim (reduce_dbias), as finite differences of its smaller table say.
+TEST_CASE("attention backward reference: a bias broadcast by size 1 gets the summed gradient",
+          "[attention_backward][reference]") {
+  std::mt19937 rng(35);
+  const auto bias = random_bias(rng);
+  for (auto [over_batch, over_heads] : {std::pair{true, false}, {false, true}, {true, true}}) {
+    INFO("over the batch " << over_batch << ", over the heads " << over_heads);
+    ReferenceProblem p = small_problem();
+    p.heads = 4;
+    p.window_right = 0;
+    p.bias = [&bias, over_batch, over_heads](int b, int h, int i, int j) {
+      return bias(over_batch ? 0 : b, over_heads ? 0 : h, i, j);
+    };
+    const Inputs in = random_inputs(p, rng);
+    const BackwardReference r = attention_backward_reference(p, in.q, in.k, in.v, in.dout);
+    kiln::test::BiasShape shape = kiln::test::bias_shape(p);
+    if (over_batch) shape.batch = 1;
+    if (over_heads) shape.heads = 1;
+    const kiln::test::GradientReference reduced =
+        kiln::test::reduce_dbias(p, r.dbias, over_batch, over_heads);
+    REQUIRE(reduced.exact.size() == shape.count());
+    CHECK(mismatch(numeric_bias_gradient(p, in, shape), reduced.exact) < kTolerance);
+    // The full gradient would not do: it is per (batch, head).
+    CHECK(reduced.exact !=
+          std::vector<double>(r.dbias.exact.begin(), r.dbias.exact.begin() + reduced.exact.size()));
+  }
+}
+
 TEST_CASE("attention backward reference: rows that attend no key get zero gradients, no NaN",
           "[attention_backward][reference]") {
   std::mt19937 rng(32);
@@ -340,7 +400,15 @@ TEST_CASE("attention backward reference: finite differences catch a wrong gradie
     m.dq = mismatch(numeric_gradient(probe, at, at.q), r.dq.exact);
     m.dk = mismatch(numeric_gradient(probe, at, at.k), r.dk.exact);
     m.dsinks = mismatch(numeric_gradient(probe, at, probe.sinks), r.dsinks.exact);
-    CHECK(m.max() > 100 * kTolerance);
+    if (r.dbias.exact.empty()) {
+      CHECK(m.max() > 100 * kTolerance);
+    } else {
+      // The bias's gradient alone shows it too.
+      m.dbias =
+          mismatch(numeric_bias_gradient(probe, at, kiln::test::bias_shape(p)), r.dbias.exact);
+      INFO("dbias mismatch " << m.dbias);
+      CHECK(m.dbias > 100 * kTolerance);
+    }
   }
   // One element of dk off by 1e-5 of the largest: over the tolerance.
   std::vector<double> off = right.dk.exact;
@@ -369,11 +437,16 @@ TEST_CASE("attention backward reference: the plain-dtype gradients are a little 
     p.softcap = 5;
     p.set_padded(1, 33, 47);
     p.sinks = {1.0, 2.0, 3.0, -kInf};
+    p.bias = random_bias(rng, 4, 33, 47);
     const Inputs in = random_inputs(p, rng);
     const BackwardReference r = attention_backward_reference(p, in.q, in.k, in.v, in.dout);
     const auto stored = [&](double x) { return kiln::test::round_to(dtype, x) == x; };
+    // dbias also summed over the heads, as a bias of size 1 there gets it.
+    const kiln::test::GradientReference dbias_heads =
+        kiln::test::reduce_dbias(p, r.dbias, false, true);
     const std::pair<const char*, const kiln::test::GradientReference*> grads[] = {
-        {"dq", &r.dq}, {"dk", &r.dk}, {"dv", &r.dv}, {"dsinks", &r.dsinks}};
+        {"dq", &r.dq},         {"dk", &r.dk},       {"dv", &r.dv},
+        {"dsinks", &r.dsinks}, {"dbias", &r.dbias}, {"dbias summed over the heads", &dbias_heads}};
     for (const auto& [name, g] : grads) {
       INFO(name);
       const bool dsinks = g == &r.dsinks;

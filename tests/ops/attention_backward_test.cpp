@@ -41,22 +41,29 @@ using kiln::test::Layout;
 using kiln::test::Output;
 using kiln::test::Prepared;
 
-// The configs every case runs with: choose()'s (none passed: mma on NVIDIA), a portable one of
-// other tiles and 16 lanes on each key and row, and an mma one of small tiles whose two warps a
-// row group each take half of the head dims (choose() does that at 256 only). NOTE: 16 x 64
+// The configs every case runs with: choose()'s (none passed: on an H100 or H200 the wgmma
+// kernels up to head dim 128, the mma ones past it and when deterministic), a portable one of
+// other tiles and 16 lanes on each key and row, an mma one of small tiles whose two warps a
+// row group each take half of the head dims (choose() does that at 256 only), and an mma one of
+// large tiles, as choose() gives sm_80. NOTE: 16 x 64
 // with 4 warps put 2 lanes on a key, whose 16 chunks of a d256 row spilled 15 KB and made the
 // suite's slowest case (run 31a).
 using Config = std::optional<kiln::AttentionBackwardConfig>;
 const Config kConfigs[] = {
     std::nullopt, kiln::AttentionBackwardConfig{.block_m = 16, .block_n = 16, .warps = 8},
     kiln::AttentionBackwardConfig{
-        .block_m = 16, .block_n = 32, .warps = 4, .kernel = kiln::AttentionBackwardKernel::mma}};
+        .block_m = 16, .block_n = 32, .warps = 4, .kernel = kiln::AttentionBackwardKernel::mma},
+    kiln::AttentionBackwardConfig{
+        .block_m = 64, .block_n = 64, .warps = 8, .kernel = kiln::AttentionBackwardKernel::mma}};
 
 std::string describe(const Config& config) {
   if (!config) return "the config choose() picks";
   std::ostringstream s;
-  s << (config->kernel == kiln::AttentionBackwardKernel::mma ? "mma" : "portable") << " block_m "
-    << config->block_m << " block_n " << config->block_n << " warps " << config->warps;
+  s << (config->kernel == kiln::AttentionBackwardKernel::portable ? "portable"
+        : config->kernel == kiln::AttentionBackwardKernel::mma    ? "mma"
+                                                                  : "wgmma")
+    << " block_m " << config->block_m << " block_n " << config->block_n << " warps "
+    << config->warps;
   return s.str();
 }
 
@@ -67,9 +74,25 @@ struct Backward {
   Prepared forward;
   std::vector<double> dout_values;
   TensorView dout;
-  std::unique_ptr<Output> dq, dk, dv, dsinks;
+  std::unique_ptr<Output> dq, dk, dv, dsinks, dbias;
   BackwardReference want;
 };
+
+// Where a case's bias broadcasts by size 1: dbias sums over those dims.
+bool dbias_over_batch(const Case& c) {
+  return c.bias == Bias::batch_size_one;
+}
+bool dbias_over_heads(const Case& c) {
+  return c.bias == Bias::heads_size_one;
+}
+
+// dbias in the bias's shape: dense, with keys the rows of memory where the bias's are.
+kiln::test::Strided dbias_layout(const Case& c) {
+  const std::int64_t b = dbias_over_batch(c) ? 1 : c.batch, h = dbias_over_heads(c) ? 1 : c.heads;
+  const std::int64_t sq = c.seqlen_q, sk = c.seqlen_k;
+  if (c.bias == Bias::transposed) return {{b, h, sq, sk}, {h * sk * sq, sk * sq, 1, sq}, 0};
+  return kiln::test::Strided::dense({b, h, sq, sk});
+}
 
 Backward prepare_backward(Case c, std::mt19937& rng) {
   c.lse = true;  // the backward takes the forward's lse
@@ -86,6 +109,7 @@ Backward prepare_backward(Case c, std::mt19937& rng) {
   if (c.score.sinks) {
     b.dsinks = std::make_unique<Output>(DType::f32, kiln::test::Strided::dense({c.heads}));
   }
+  if (c.bias != Bias::none) b.dbias = std::make_unique<Output>(c.dtype, dbias_layout(c));
   return b;
 }
 
@@ -107,7 +131,7 @@ void run_forward(kiln::Runtime& rt, const Case& c, Backward& b) {
 
 // What one backward run left in the gradients' buffers.
 struct Grads {
-  std::vector<std::uint8_t> dq, dk, dv, dsinks;
+  std::vector<std::uint8_t> dq, dk, dv, dsinks, dbias;
   bool operator==(const Grads&) const = default;
 };
 
@@ -116,10 +140,11 @@ Grads run_backward(kiln::Runtime& rt, Backward& b, const Config& config,
                    bool deterministic = false) {
   const kiln::test::DeviceCase& d = b.forward.d;
   kiln::AttentionGradOptions grads{.deterministic = deterministic};
-  for (Output* o : {b.dq.get(), b.dk.get(), b.dv.get(), b.dsinks.get()}) {
+  for (Output* o : {b.dq.get(), b.dk.get(), b.dv.get(), b.dsinks.get(), b.dbias.get()}) {
     if (o) o->poison();
   }
   if (b.dsinks) grads.dsinks = b.dsinks->view();
+  if (b.dbias) grads.dbias = b.dbias->view();
   const TensorView out = d.out->view();
   if (config) {
     kiln::attention_backward(d.q, d.k, d.v, out, b.dout, b.dq->view(), b.dk->view(), b.dv->view(),
@@ -130,7 +155,8 @@ Grads run_backward(kiln::Runtime& rt, Backward& b, const Config& config,
   }
   kiln::test::sync_and_check();
   return {b.dq->bytes(), b.dk->bytes(), b.dv->bytes(),
-          b.dsinks ? b.dsinks->bytes() : std::vector<std::uint8_t>{}};
+          b.dsinks ? b.dsinks->bytes() : std::vector<std::uint8_t>{},
+          b.dbias ? b.dbias->bytes() : std::vector<std::uint8_t>{}};
 }
 
 // Each gradient against the reference by the rule, nothing written outside it, and a dq of
@@ -165,6 +191,14 @@ void check_grads(const Case& c, const Backward& b, const Grads& got) {
     INFO("dsinks");
     kiln::test::check_values(*b.dsinks, got.dsinks, b.want.dsinks.exact, b.want.dsinks.plain,
                              c.heads, 1);
+  }
+  if (b.dbias) {
+    // Explained as (tokens, heads, dim): "token" is batch * heads + head, "head" the query row
+    // and "col" the key.
+    INFO("dbias");
+    const kiln::test::GradientReference want = kiln::test::reduce_dbias(
+        b.forward.ref, b.want.dbias, dbias_over_batch(c), dbias_over_heads(c));
+    kiln::test::check_values(*b.dbias, got.dbias, want.exact, want.plain, c.seqlen_q, c.seqlen_k);
   }
 }
 
@@ -350,6 +384,8 @@ TEST_CASE("attention backward ALiBi slopes per head and per batch and head",
   }
 }
 
+// dbias takes the bias's shape: summed over the batch or heads where the bias has size 1 there,
+// every element its own where it broadcasts by stride 0; 0 outside the band.
 TEST_CASE("attention backward with the forward's additive bias: full, broadcast, transposed",
           "[gpu][attention_backward]") {
   KILN_REQUIRE_GPU();
@@ -357,14 +393,24 @@ TEST_CASE("attention backward with the forward's additive bias: full, broadcast,
   std::mt19937 rng(8);
   for (DType dtype : kDTypes) {
     Case c{.dtype = dtype, .batch = 2, .seqlen_q = 113, .seqlen_k = 203, .heads = 4, .heads_kv = 4};
-    for (Bias bias : {Bias::full, Bias::batch_broadcast, Bias::head_broadcast, Bias::transposed}) {
+    for (Bias bias : {Bias::full, Bias::batch_broadcast, Bias::head_broadcast, Bias::transposed,
+                      Bias::batch_size_one, Bias::heads_size_one}) {
       c.bias = bias;
       run_case(rt, c, rng);
     }
+    // Causal with more queries than keys (rows without keys) under MQA; then with a softcap,
+    // which the bias joins after, and seqused_k.
     c.seqlen_q = 203;
     c.seqlen_k = 113;
     c.heads_kv = 1;
     c.score.causal = true;
+    for (Bias bias : {Bias::transposed, Bias::heads_size_one}) {
+      c.bias = bias;
+      run_case(rt, c, rng);
+    }
+    c.score = {.window_left = 40, .softcap = 2};
+    c.bias = Bias::batch_size_one;
+    c.seqused_k = {100, 113};
     run_case(rt, c, rng);
   }
 }

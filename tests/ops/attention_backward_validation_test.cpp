@@ -6,6 +6,8 @@
 
 #include <initializer_list>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kiln/attention_backward.hpp"
 #include "kiln/error.hpp"
@@ -106,8 +108,25 @@ TEST_CASE("attention backward passes valid calls", "[attention_backward]") {
   options.options.score.sinks = view(0xa100000, DType::f32, {8});
   options.options.seqused_k = view(0xa200000, DType::i32, {2});
   options.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
-  options.grads = {.deterministic = true, .dsinks = view(0xa400000, DType::f32, {8})};
+  options.grads = {.deterministic = true,
+                   .dsinks = view(0xa400000, DType::f32, {8}),
+                   .dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256})};
   check_accepted(options);
+
+  // dbias takes the bias's shape, also where it broadcasts by size 1 (dbias sums there) or by
+  // stride 0 (a dense dbias: every element its own gradient); its own strides are free.
+  Call broadcast = padded_call();
+  broadcast.options.bias = view(0xa300000, DType::bf16, {1, 8, 128, 256});
+  broadcast.grads.dbias = view(0xa500000, DType::bf16, {1, 8, 128, 256});
+  check_accepted(broadcast);
+  broadcast.options.bias->strides[0] = 0;
+  broadcast.options.bias->shape[0] = 2;
+  broadcast.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
+  check_accepted(broadcast);
+  broadcast.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 256, 128});
+  std::swap(broadcast.grads.dbias->shape[2], broadcast.grads.dbias->shape[3]);
+  std::swap(broadcast.grads.dbias->strides[2], broadcast.grads.dbias->strides[3]);
+  check_accepted(broadcast);
 
   // Empty problems pass validation too (the kernels still zero dk, dv and dsinks where they
   // have elements).
@@ -117,6 +136,10 @@ TEST_CASE("attention backward passes valid calls", "[attention_backward]") {
     t->shape[0] = 0;
   }
   no_batch.options.lse = view(0x9000000, DType::f32, {0, 8, 128});
+  check_accepted(no_batch);
+  // A dbias of size 1 over the batch still has elements: their sums over no batch, 0.
+  no_batch.options.bias = view(0xa300000, DType::bf16, {1, 8, 128, 256});
+  no_batch.grads.dbias = view(0xa500000, DType::bf16, {1, 8, 128, 256});
   check_accepted(no_batch);
   Call empty = padded_call();
   for (TensorView* t :
@@ -197,13 +220,27 @@ TEST_CASE("attention backward refuses dsinks without sinks, or of the wrong shap
   check_invalid(c, {"dsinks has dtype bf16: it must be f32"});
 }
 
-TEST_CASE("attention backward refuses what it does not support yet: dbias",
+TEST_CASE("attention backward refuses dbias without a bias, or not of its shape and dtype",
           "[attention_backward]") {
   Call c = padded_call();
-  c.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
   c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
-  check_refused(c, ErrorCategory::unsupported,
-                {"grads.dbias", "not supported yet", "leave it unset"});
+  check_invalid(c, {"grads.dbias is set but options.bias is not", "leave dbias unset"});
+
+  // The bias broadcasts over the batch by size 1: dbias sums there, so it has size 1 too.
+  c.options.bias = view(0xa300000, DType::bf16, {1, 8, 128, 256});
+  check_invalid(c, {"dbias.size(0) is 2 but bias.size(0) is 1", "dbias takes bias's shape"});
+
+  c.options.bias = view(0xa300000, DType::bf16, {2, 8, 128, 256});
+  c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128});
+  check_invalid(c, {"dbias has rank 3 but bias has rank 4"});
+
+  c.grads.dbias = view(0xa500000, DType::f32, {2, 8, 128, 256});
+  check_invalid(c, {"dbias has dtype f32 but bias has dtype bf16", "dbias takes bias's dtype"});
+
+  // Each element of dbias is written once: a stride 0 would put several at one address.
+  c.grads.dbias = view(0xa500000, DType::bf16, {2, 8, 128, 256});
+  c.grads.dbias->strides[1] = 0;
+  check_invalid(c, {"dbias.stride(1) is 0 but dbias.size(1) is 8"});
 }
 
 // A user variant reaches its kernels, whose compile refuses what the backward cannot
@@ -239,16 +276,43 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
   for (const char* target : {"sm_80", "sm_86", "sm_90a", "gfx90a"}) {
     INFO(target);
     const kiln::AttentionBackwardConfig config = kiln::choose(problem, target);
-    // Tensor cores on NVIDIA, the portable kernels on AMD.
-    CHECK(config.kernel == (std::string(target).starts_with("gfx")
-                                ? kiln::AttentionBackwardKernel::portable
-                                : kiln::AttentionBackwardKernel::mma));
+    // Tensor cores on NVIDIA (wgmma on sm_90a unless deterministic), the portable kernels on
+    // AMD.
+    const std::string name = target;
+    CHECK(config.kernel == (name.starts_with("gfx") ? kiln::AttentionBackwardKernel::portable
+                            : name == "sm_90a"      ? kiln::AttentionBackwardKernel::wgmma
+                                                    : kiln::AttentionBackwardKernel::mma));
+    kiln::AttentionBackwardProblem deterministic = problem;
+    deterministic.deterministic = true;
+    CHECK(kiln::choose(deterministic, target).kernel ==
+          (name.starts_with("gfx") ? kiln::AttentionBackwardKernel::portable
+                                   : kiln::AttentionBackwardKernel::mma));
+    kiln::AttentionBackwardProblem wide = problem;
+    wide.forward.head_dim = wide.forward.head_dim_v = 256;
+    CHECK(kiln::choose(wide, target).kernel != kiln::AttentionBackwardKernel::wgmma);
+    // The wgmma rows go by q's head dim, which dQ's columns have (run 31d compiled a split of
+    // head dim 64's into 32 and 32 for head_dim_v 128).
+    kiln::AttentionBackwardProblem narrow_qk = problem;
+    narrow_qk.forward.head_dim = 64;
+    if (name == "sm_90a") CHECK(kiln::choose(narrow_qk, target).block_n == 64);
     // The row-dot pre-pass, the dk/dv kernel and the dq kernel; the sinks' reduction between
     // them when asked.
     CHECK(kiln::attention_backward_specs(problem, config).size() == 3);
     kiln::AttentionBackwardProblem with_sinks = problem;
     with_sinks.dsinks = true;
     CHECK(kiln::attention_backward_specs(with_sinks, config).size() == 4);
+    // With dbias, its sum after them; the dk/dv kernel is another spec (has_dbias).
+    kiln::AttentionBackwardProblem with_dbias = problem;
+    with_dbias.forward.bias = true;
+    with_dbias.dbias = true;
+    const kiln::AttentionBackwardConfig dbias_config = kiln::choose(with_dbias, target);
+    CHECK(dbias_config.kernel == config.kernel);
+    const std::vector<kiln::KernelSpec> specs =
+        kiln::attention_backward_specs(with_dbias, dbias_config);
+    REQUIRE(specs.size() == 4);
+    CHECK(specs[3].entry == "kiln::attention_backward_dbias");
+    with_dbias.dbias = false;
+    CHECK(specs[1] != kiln::attention_backward_specs(with_dbias, dbias_config)[1]);
     CHECK_FALSE(kiln::attention_backward_default_specs(target).empty());
   }
   const kiln::test::Refusal old = refusal([&] { kiln::choose(problem, "sm_75"); });
@@ -284,6 +348,37 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
     check_refusal(with(bad, "sm_90a"), ErrorCategory::invalid_argument,
                   {"breaks the kernel's tile rules", "multiple of 16 up to 256", "warps * 32"});
   }
+  // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128, not deterministic.
+  const kiln::AttentionBackwardConfig wgmma{
+      .block_m = 64, .block_n = 64, .warps = 4, .kernel = kiln::AttentionBackwardKernel::wgmma};
+  check_refusal(with(wgmma, "sm_80"), ErrorCategory::unsupported,
+                {"the wgmma backward kernel runs on sm_90a (H100, H200) only", "sm_80",
+                 "AttentionBackwardKernel::mma"});
+  kiln::AttentionBackwardConfig bad_wgmma = wgmma;
+  bad_wgmma.warps = 8;
+  check_refusal(
+      with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument,
+      {"wgmma backward config (block_m 64, block_n 64, warps 8)", "warps = block_n / 16"});
+  bad_wgmma = wgmma;
+  bad_wgmma.block_m = 128;
+  bad_wgmma.block_n = 64;
+  bad_wgmma.warps = 4;
+  check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument, {"at most block_n"});
+  // At head dim 64 (padded_call's), two warpgroups on 64 query rows would split dQ's 64
+  // columns in two.
+  kiln::AttentionBackwardConfig split = wgmma;
+  split.block_n = 128;
+  split.warps = 8;
+  check_refusal(with(split, "sm_90a"), ErrorCategory::unsupported,
+                {"splits head dim 64's dQ columns", "block_m 128 or block_n 64"});
+  const kiln::test::Refusal deterministic = refusal([&] {
+    kiln::AttentionGradOptions grads = c.grads;
+    grads.deterministic = true;
+    kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, c.options, grads,
+                             wgmma, nullptr, validating_runtime("sm_90a"));
+  });
+  check_refusal(deterministic, ErrorCategory::unsupported,
+                {"adds dq up with atomics", "grads.deterministic", "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig none = mma;
   none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
   check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,

@@ -93,8 +93,9 @@ void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
 void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937& rng) {
   REQUIRE_FALSE(c.varlen());
   const std::int64_t b = c.batch, h = c.heads, sq = c.seqlen_q, sk = c.seqlen_k;
-  // The memory the bias lives in, and the view's (batch, heads, row, key) strides into it.
+  // The memory the bias lives in, and the view's (batch, heads, row, key) shape and strides.
   Strided storage;
+  std::vector<std::int64_t> shape = {b, h, sq, sk};
   std::vector<std::int64_t> strides;
   switch (c.bias) {
     case Bias::batch_broadcast:
@@ -109,6 +110,16 @@ void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937&
       storage = Strided::dense({b, h, sk, sq});
       strides = {h * sk * sq, sk * sq, 1, sq};
       break;
+    case Bias::batch_size_one:  // the reference reads every batch through the stride 0
+      shape[0] = 1;
+      storage = Strided::dense({h, sq, sk});
+      strides = {0, sq * sk, sk, 1};
+      break;
+    case Bias::heads_size_one:
+      shape[1] = 1;
+      storage = Strided::dense({b, sq, sk});
+      strides = {sq * sk, 0, sk, 1};
+      break;
     default: storage = Strided::dense({b, h, sq, sk}); strides = storage.strides;
   }
   const auto values = kiln::test::random_normal(c.dtype, storage.count(), rng);
@@ -118,7 +129,7 @@ void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937&
   ref.bias = [values, strides](int bi, int hi, int i, int j) {
     return values[bi * strides[0] + hi * strides[1] + i * strides[2] + j * strides[3]];
   };
-  d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{{b, h, sq, sk}, strides, 0});
+  d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{shape, strides, 0});
 }
 
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
@@ -156,8 +167,13 @@ std::string describe(const Case& c) {
   s << kiln::test::describe(c.score);
   const char* layouts[] = {"contiguous", "padded", "packed qkv", "bhsd"};
   s << " layout " << layouts[static_cast<int>(c.layout)];
-  const char* biases[] = {"", " bias", " bias shared by the batch (stride 0)",
-                          " bias shared by the heads (stride 0)", " bias transposed"};
+  const char* biases[] = {"",
+                          " bias",
+                          " bias shared by the batch (stride 0)",
+                          " bias shared by the heads (stride 0)",
+                          " bias transposed",
+                          " bias of size 1 over the batch",
+                          " bias of size 1 over the heads"};
   s << biases[static_cast<int>(c.bias)];
   if (c.lse) s << " lse";
   return s.str();

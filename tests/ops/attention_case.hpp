@@ -23,7 +23,16 @@ enum class Layout {
   packed_qkv,  // q, k, v slices of one (batch, seqlen, 3, heads, d) buffer
   bhsd,        // (batch, heads, seqlen, d) memory, or (heads, tokens, d), seen through strides
 };
-enum class Bias { none, full, batch_broadcast, head_broadcast, transposed };
+// batch_broadcast and head_broadcast broadcast by stride 0; the *_size_one ones by size 1.
+enum class Bias {
+  none,
+  full,
+  batch_broadcast,
+  head_broadcast,
+  transposed,
+  batch_size_one,
+  heads_size_one
+};
 
 struct Case {
   DType dtype = DType::bf16;

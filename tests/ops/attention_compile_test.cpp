@@ -164,8 +164,9 @@ TEST_CASE("the default backward specs compile for sm_90a and gfx90a, without spi
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = nvidia.compile(spec);
     INFO(info.spec);
-    // With NVRTC 13.0 the mma kernels spill nothing at head dims 64 and 256, and the dk/dv
-    // kernel at 128 8 or 16 bytes (255 registers); more is a regression worth a look.
+    // With NVRTC 13.0 the mma kernels (head dim 256 here) and the wgmma ones spill nothing
+    // (the wgmma dk/dv kernel at 128 uses 255 registers, and spilled 136-320 bytes while its dQ
+    // atomics had an address a column); more is a regression worth a look.
     CHECK(info.spill_bytes <= 64);
   }
   KILN_REQUIRE_HIPRTC();
@@ -180,12 +181,14 @@ void add_new(std::vector<kiln::KernelSpec>& specs, const std::vector<kiln::Kerne
   }
 }
 
-// The feature problems' backward specs with `config`, or choose()'s for `target` when none.
+// The feature problems' backward specs with `config`, or choose()'s for `target` when none;
+// with dsinks, and dbias where there is a bias.
 std::vector<kiln::KernelSpec> backward_feature_specs(
     const char* target, std::optional<kiln::AttentionBackwardConfig> config = std::nullopt) {
   std::vector<kiln::KernelSpec> specs;
   for (const kiln::AttentionProblem& problem : feature_problems()) {
-    const kiln::AttentionBackwardProblem backward{.forward = problem, .dsinks = true};
+    const kiln::AttentionBackwardProblem backward{
+        .forward = problem, .dsinks = true, .dbias = problem.bias};
     add_new(specs, kiln::attention_backward_specs(backward,
                                                   config.value_or(kiln::choose(backward, target))));
   }
@@ -437,6 +440,15 @@ TEST_CASE(
   kiln::test::TempDir dir;
   kiln::Runtime nvidia = runtime_for(dir.path(), "sm_80");
   check_compiled(nvidia, nvidia_specs);
+  // The wgmma kernels (choose()'s on sm_90a at head dim 128), under a nonlinear logit hook with
+  // a row's state.
+  kiln::AttentionProblem d128{.head_dim = 128, .head_dim_v = 128, .band = true, .softcap = true};
+  d128.variant = &kiln::test::gated_cap_variant();
+  const kiln::AttentionBackwardProblem hopper{.forward = d128};
+  const kiln::AttentionBackwardConfig wgmma = kiln::choose(hopper, "sm_90a");
+  CHECK(wgmma.kernel == kiln::AttentionBackwardKernel::wgmma);
+  kiln::Runtime sm90 = runtime_for(dir.path(), "sm_90a");
+  check_compiled(sm90, kiln::attention_backward_specs(hopper, wgmma));
 
   // Another variant is another kernel; the row dots take one only with dsinks.
   kiln::AttentionBackwardProblem problem{.forward = feature_problems()[2]};
@@ -508,6 +520,12 @@ TEST_CASE(
 };)"};
   CHECK_THAT(compile_error(both, false),
              Catch::Contains("declares logit_is_additive and has a logit_grad too"));
+  // dbias under a nonlinear logit hook (its factor is not in dbias yet); gated_cap's kernels
+  // without dbias compile (above).
+  problem.dbias = true;
+  CHECK_THAT(compile_error(kiln::test::gated_cap_variant(), false),
+             Catch::Contains("grads.dbias under a kiln_variant::logit that is not additive"));
+  problem.dbias = false;
   // dsinks through a sink hook; without dsinks its kernels compile (above).
   CHECK_THAT(compile_error(kiln::examples::softmax_one_variant(), true),
              Catch::Contains("grads.dsinks through kiln_variant::sink is not supported yet"));

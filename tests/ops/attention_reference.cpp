@@ -174,8 +174,10 @@ void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& 
         r.first_key = k_start + first;
         r.p.clear();
         r.p_plain.clear();
-        r.dlogit.clear();
-        r.dlogit_plain.clear();
+        r.dtanh.clear();
+        r.dtanh_plain.clear();
+        r.dhook.clear();
+        r.dhook_plain.clear();
         if (last < first) {  // fully masked: out 0, and lse -inf or the sink
           r.lse = sink;
           r.sink_p = r.sink_p_plain = sink > -inf ? 1 : 0;
@@ -189,29 +191,31 @@ void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& 
           for (std::size_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
           double s = p.softmax_scale * dot;
           double sp = round_to(p.dtype, s);
-          double dlogit = 1, dlogit_plain = 1;
+          double dtanh = 1, dtanh_plain = 1, dhook = 1, dhook_plain = 1;
           if (p.softcap > 0) {
             const double t = std::tanh(s / p.softcap), t_plain = std::tanh(sp / p.softcap);
             s = p.softcap * t;
             sp = round_to(p.dtype, p.softcap * t_plain);
-            dlogit = 1 - t * t;
+            dtanh = 1 - t * t;
             const double t_stored = round_to(p.dtype, t_plain);  // eager's tanh output
-            dlogit_plain = 1 - t_stored * t_stored;
+            dtanh_plain = 1 - t_stored * t_stored;
           }
           double add = -slope * std::abs(i + offset - j);
           if (p.bias) add += p.bias(b, h, i, j);
           s += add;
           sp += add;
           if (p.logit) {  // in the dtype, as softcap
-            dlogit *= p.logit_grad(b, h, i, j, s);
-            dlogit_plain = round_to(p.dtype, dlogit_plain * p.logit_grad(b, h, i, j, sp));
+            dhook = p.logit_grad(b, h, i, j, s);
+            dhook_plain = round_to(p.dtype, p.logit_grad(b, h, i, j, sp));
             s = p.logit(b, h, i, j, s);
             sp = round_to(p.dtype, p.logit(b, h, i, j, sp));
           }
           r.p.push_back(s);
           r.p_plain.push_back(sp);
-          r.dlogit.push_back(dlogit);
-          r.dlogit_plain.push_back(dlogit_plain);
+          r.dtanh.push_back(dtanh);
+          r.dtanh_plain.push_back(dtanh_plain);
+          r.dhook.push_back(dhook);
+          r.dhook_plain.push_back(dhook_plain);
         }
         const double max = std::max(sink, *std::max_element(r.p.begin(), r.p.end()));
         if (max == -inf) {  // the bias masked every key, and no sink: as fully masked

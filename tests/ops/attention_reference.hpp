@@ -112,9 +112,11 @@ struct SoftmaxRow {
   // Per key the row sees, from first_key on; empty for a row the band leaves without keys, 0
   // where the bias masked every key and there is no sink.
   std::vector<double> p, p_plain;  // softmax weights; p_plain rounded to the dtype
-  // d logit / d (scale * q.k) (in fp64, and of the plain logit): 1 - tanh^2 under softcap, times
-  // the logit hook's logit_grad.
-  std::vector<double> dlogit, dlogit_plain;
+  // d logit / d (scale * q.k): 1 - tanh^2 under softcap (in fp64, and of the plain logit), else 1.
+  std::vector<double> dtanh, dtanh_plain;
+  // d logit / d the logit the logit hook was given (the bias's gradient's factor): its
+  // logit_grad, 1 without a hook.
+  std::vector<double> dhook, dhook_plain;
   double sink_p = 0, sink_p_plain = 0;  // the sink's softmax weight
 };
 

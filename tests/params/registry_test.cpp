@@ -48,6 +48,13 @@ std::vector<KernelSpec> built_specs() {
        {AttentionKernel::mma, AttentionKernel::wgmma, AttentionKernel::portable}) {
     specs.push_back(attention_spec(all, {.kernel = kernel}));
   }
+  const AttentionBackwardProblem backward{.forward = all, .dsinks = true, .dbias = true};
+  for (AttentionBackwardKernel kernel :
+       {AttentionBackwardKernel::mma, AttentionBackwardKernel::portable}) {
+    for (KernelSpec& spec : attention_backward_specs(backward, {.kernel = kernel})) {
+      specs.push_back(std::move(spec));
+    }
+  }
   const DecodeProblem decode{.head_dim = 128, .head_dim_v = 128, .append = true};
   for (KernelSpec& spec : decode_specs(decode, {})) specs.push_back(std::move(spec));
   return specs;
@@ -63,9 +70,10 @@ TEST_CASE("every spec kiln's families build matches its kernel's schema", "[para
     CHECK_NOTHROW(check_schema(spec));
     entries.insert(spec.entry);
   }
-  // The default sets and the specs above reach all fourteen kernels (six of them the
-  // backward's: the row dots, the sinks' sum, and dk/dv and dq of mma and portable).
-  CHECK(entries.size() == 14);
+  // The default sets and the specs above reach all seventeen kernels (nine of them the
+  // backward's: the row dots, the sinks' sum, the bias's gradient, and dk/dv and dq of portable,
+  // mma and wgmma).
+  CHECK(entries.size() == 17);
 }
 
 TEST_CASE("a spec missing a constant, or with one its kernel does not take, is refused",

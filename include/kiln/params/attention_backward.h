@@ -34,6 +34,20 @@ struct AttentionBackwardParams {
   float* maybe_sink_partials;
   float* maybe_dsinks;
   int dot_row_blocks;
+  // The wgmma kernels' dq accumulators, fp32, zeroed before attention_backward_dkdv_wgmma adds
+  // each key block's share with atomics: head_dim floats a query row, the row at its LSE offset
+  // (row r of (batch, head) at (lse offset + r) * head_dim). Null for the other kernels.
+  float* maybe_dq_accum;
+  // The bias's gradient (fwd.maybe_bias set; the dk/dv kernel compiled with has_dbias, else
+  // null): the dk/dv kernel writes dL / d logit of each (batch, head, query row, key) it
+  // visits to maybe_dbias_accum (fp32, dense (batch, heads, seqlen_q, seqlen_k), zeroed before
+  // it: the pairs it skips, outside the band, stay 0); attention_backward_dbias then sums that
+  // over the dims that dbias has size 1 in (dbias_batch or dbias_heads 1 where there are more),
+  // in a fixed order, into maybe_dbias (the bias's dtype, at the dbias_*_stride strides).
+  float* maybe_dbias_accum;
+  void* maybe_dbias;
+  long long dbias_batch_stride, dbias_head_stride, dbias_row_stride, dbias_col_stride;
+  int dbias_batch, dbias_heads;
 };
 
 // Query rows per CTA of attention_backward_dot, and its threads: 4 lanes a row.
@@ -41,6 +55,8 @@ constexpr int kAttentionBackwardDotRows = 64;
 constexpr int kAttentionBackwardDotThreads = 256;
 // Threads of attention_backward_sinks, whose grid is one CTA per head.
 constexpr int kAttentionBackwardSinksThreads = 256;
+// Threads of attention_backward_dbias, one element of dbias each.
+constexpr int kAttentionBackwardDbiasThreads = 256;
 
 // Dynamic shared memory of attention_backward_dkdv_portable, in bytes: a tile of block_m query
 // rows and one of their output gradients, unpadded, then each row's LSE and D (fp32).
@@ -67,6 +83,22 @@ KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
   const long long qk_pitch = (head_dim + multiple - 1) / multiple * multiple + 8;
   const long long v_pitch = (head_dim_v + multiple - 1) / multiple * multiple + 8;
   return size * (block_n + 2 * block_m) * (qk_pitch + v_pitch) + 2 * block_m * row_floats * 4;
+}
+
+// Dynamic shared memory of attention_backward_dkdv_wgmma, in bytes: 1024 for alignment, the K
+// and V tiles of block_n keys and the dS^T tile (block_n x block_m), then two slots of block_m
+// query rows (Q, dO, and each row's LSE and D in fp32, the slot rounded up to 1024), head dims
+// padded to 64 (the swizzle width), 2-byte operands:
+//   qk = round_up(head_dim, 64), v = round_up(head_dim_v, 64)
+//   bytes = 1024 + 2 block_n (qk + v + block_m) + 2 round_up(2 block_m (qk + v) + 8 block_m, 1024)
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
+                                                                       long long head_dim_v,
+                                                                       long long block_m,
+                                                                       long long block_n) {
+  const long long qk = (head_dim + 63) / 64 * 64;
+  const long long v = (head_dim_v + 63) / 64 * 64;
+  const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
+  return 1024 + 2 * block_n * (qk + v + block_m) + 2 * slot;
 }
 
 }  // namespace kiln

@@ -8,7 +8,9 @@
 //     group (GQA sums there, without atomics). Per streamed block, with the scores transposed
 //     (keys as the mma's rows, so that P^T and dS^T are A operands straight from registers):
 //       S^T = K Q^T, P^T = exp(logit - lse), dV += P^T dO, dP^T = V dO^T,
-//       dS^T = P^T (dP^T - D) d logit / d score, dK += dS^T Q.
+//       dS^T = P^T (dP^T - D) d logit / d score, dK += dS^T Q;
+//     with has_dbias it also writes P^T (dP^T - D) = dL / d logit, the bias's gradient (the bias
+//     joins the logit after the softcap), to bp.maybe_dbias_accum.
 //   attention_backward_dq_mma: a CTA per (block_n query rows, head, batch) holds their Q and dO
 //     tiles and dQ accumulators and streams the key blocks they attend, block_m keys at a time,
 //     as the forward (attention/prefill/forward.cuh) does: S = Q K^T, P, dP = dO V^T, dS,
@@ -18,7 +20,7 @@
 //
 // Spec constants (both kernels), as attention_backward_dkdv_portable's: dtype_q, dtype_kv,
 // dtype_out (one of f16, bf16 for all), head_dim, head_dim_v, band, varlen, has_softcap,
-// has_alibi, has_bias (and a user variant), and:
+// has_alibi, has_bias (dkdv also has_dbias) and a user variant, and:
 //   block_n   rows a CTA holds (keys in dkdv, query rows in dq), a multiple of 16: 16 for each of
 //             block_n / 16 row groups.
 //   warps     a multiple of block_n / 16: the warps / (block_n / 16) warps of a row group each
@@ -224,7 +226,7 @@ __device__ __forceinline__ void dp_to_ds(float (&dp)[1][STiles][4],
   for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      dp[0][nt][e] = f.score_ds(prob[0][nt][e], dp[0][nt][e] - dot(nt, e), grad[0][nt][e]);
+      dp[0][nt][e] = f.score_ds(prob[0][nt][e] * (dp[0][nt][e] - dot(nt, e)), grad[0][nt][e]);
     }
   }
 }
@@ -251,6 +253,18 @@ __device__ __forceinline__ int transposed_key(int key_row, int x) {
   return key_row + 8 * (x / 2);
 }
 
+// d logit / d score of the dk/dv kernel's transposed scores (logit_derivatives).
+template <class Transform, int STiles>
+__device__ __forceinline__ void transposed_derivatives(float (&grad)[1][STiles][4],
+                                                       const float (&s)[1][STiles][4],
+                                                       const Transform& f, int key_row,
+                                                       int query_col) {
+  logit_derivatives(grad, s, [&](int nt, int x, float score) {
+    const int i = transposed_query(query_col, nt, x);
+    return f.score_grad(score, f.row_at(i), i, transposed_key(key_row, x));
+  });
+}
+
 // The logits of the dk/dv kernel's transposed scores.
 template <bool Edge, class Transform, int STiles>
 __device__ __forceinline__ void transposed_logits(float (&s)[1][STiles][4], const Transform& f,
@@ -266,6 +280,28 @@ __device__ __forceinline__ void transposed_logits(float (&s)[1][STiles][4], cons
         for (int x = e; x < 4; x += 2) {
           s[0][nt][x] = f.template logit<Edge>(s[0][nt][x], row, i, transposed_key(key_row, x));
         }
+      }
+    }
+  }
+}
+
+// Stores dL / d logit = P (dP - D), the bias's gradient, of each element of the dk/dv kernel's
+// transposed tile (transposed_logits' coordinates) at rows[query * cols + key], for queries
+// before `queries` and keys before `keys`; D of the element's query comes from dot(nt, e).
+template <int STiles, class Dot>
+__device__ __forceinline__ void store_transposed_dlogits(float* rows, long long cols,
+                                                         const float (&prob)[1][STiles][4],
+                                                         const float (&dp)[1][STiles][4],
+                                                         const Dot& dot, int key_row, int keys,
+                                                         int query_col, int queries) {
+#pragma unroll
+  for (int nt = 0; nt < STiles; ++nt) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) {
+      const int i = query_col + 8 * nt + x % 2;
+      const int j = key_row + 8 * (x / 2);
+      if (i < queries && j < keys) {
+        rows[i * cols + j] = prob[0][nt][x] * (dp[0][nt][x] - dot(nt, x));
       }
     }
   }
@@ -412,10 +448,7 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
         dk, own_qk, own_v, mma::smem_address(tiles.streamed_qk(slot)), streamed_v, lanes,
         place.slice,
         [&](float(&s)[1][Tr::s_tiles][4]) {
-          logit_derivatives(grad, s, [&](int nt, int x, float score) {
-            const int i = transposed_query(query_col, nt, x);
-            return transform.score_grad(score, transform.row_at(i), i, transposed_key(key_row, x));
-          });
+          transposed_derivatives(grad, s, transform, key_row, query_col);
           if (transform.has_bias && edge) {
             transposed_logits<true>(s, transform, key_row, query_col);
           } else {
@@ -428,8 +461,15 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
               dv, s, streamed_v + lanes.av.v + place.slice * Tr::v_slice * Tr::q_size, lanes.av);
         },
         [&](const float(&prob)[1][Tr::s_tiles][4], float(&dp)[1][Tr::s_tiles][4]) {
-          dp_to_ds(dp, prob, grad, transform,
-                   [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; });
+          const auto query_dot = [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; };
+          if constexpr (Spec::has_dbias) {
+            // The row group's warps all compute its scores: the first slice's writes them.
+            if (place.slice == 0) {
+              store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, prob, dp,
+                                       query_dot, key_row, tile.stored, query_col, rows_end);
+            }
+          }
+          dp_to_ds(dp, prob, grad, transform, query_dot);
         });
     if (more) store_rows(next, 1 - slot);
   }

@@ -12,13 +12,15 @@
 //     forward (attention/prefill/forward_portable.cuh) does.
 // Per (query i, key j), with P = exp(logit - lse_i) and D_i = rowsum(dO_i * O_i) from
 // attention/backward/dot.cuh:  dV_j += P dO_i;  dS = P (dO_i . v_j - D_i) d logit / d score;
-// dK_j += dS q_i;  dQ_i += dS k_j.
+// dK_j += dS q_i;  dQ_i += dS k_j. With has_dbias the dk/dv kernel also writes dL / d logit =
+// P (dO_i . v_j - D_i), the bias's gradient (the bias joins the logit after the softcap), to
+// bp.maybe_dbias_accum.
 //
 // Spec constants (both kernels): as attention_forward_portable's: dtype_q, dtype_kv, dtype_out,
 // head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias (and a user variant,
 // whose logit hook's derivative LogitTransform::score_grad takes), block_m, block_n, and warps
 // (warps * 32 threads; warps * 32 / block_n lanes share a key in dkdv, warps * 32 / block_m a
-// query row in dq).
+// query row in dq); dkdv also has_dbias.
 //
 // Launch, after attention_backward_dot: dkdv on grid (ceil(seqlen_k / block_n), heads_kv,
 // batch), seqlen_k the longest sequence's stored keys, with dynamic shared memory
@@ -172,6 +174,8 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
     const Q* const q_rows = static_cast<const Q*>(p.q) + seq.q_offset;
     const Out* const dout_rows =
         static_cast<const Out*>(bp.dout) + dout_offset<Spec::varlen>(bp, batch, head);
+    float* dbias_rows = nullptr;
+    if constexpr (Spec::has_dbias) dbias_rows = dbias_accum_rows(bp, batch, head);
     for (int r0 = row_begin; r0 < row_end; r0 += Tr::block_m) {
       const int rows = min(Tr::block_m, row_end - r0);
       __syncthreads();  // every lane is done with the previous tiles
@@ -192,8 +196,14 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
         transform.rows[0] = transform.row_at(i);
         transform.apply(logit, key, true, [&] { mask_row(logit, band, i, key); });
         const float prob = probability(logit[0], to_log2, lse_tile[r]);
-        const float ds = transform.score_ds(prob, dp - dot_tile[r],
-                                            transform.score_grad(score, transform.rows[0], i, key));
+        const float dlogit = prob * (dp - dot_tile[r]);  // the bias's gradient
+        const float ds =
+            transform.score_ds(dlogit, transform.score_grad(score, transform.rows[0], i, key));
+        if constexpr (Spec::has_dbias) {
+          if (lane == 0 && key < tile.stored) {
+            dbias_rows[static_cast<long long>(i) * p.seqlen_k + key] = dlogit;
+          }
+        }
         row_accumulate<Tr::head_dim_v, kLanes>(dv, prob, dout_tile + r * Tr::head_dim_v, lane);
         row_accumulate<Tr::head_dim, kLanes>(dk, ds, q_tile + r * Tr::head_dim, lane);
       }
@@ -284,7 +294,7 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
         s[j] =
-            transform.score_ds(probability(s[j], to_log2, lse), dp[j] - dot,
+            transform.score_ds(probability(s[j], to_log2, lse) * (dp[j] - dot),
                                transform.score_grad(score[j], transform.rows[0], row, first + j));
       }
       tile_accumulate<8, Tr::head_dim, kLanes>(dq, s, k_rows, lane);

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Where the backward's own tensors lie for one (batch, head) sequence: dout and dq, laid out like
 // out and q with strides of their own, and dk and dv (AttentionBackwardParams::grads) like k and
-// v; and the gradient of a probability back to its q.k score.
+// v; the dense fp32 gradient of the bias the dk/dv kernels write; and the gradient of a probability
+// back to its q.k score.
 #pragma once
 
 #include "attention/core/kv_layout.cuh"
@@ -79,6 +80,15 @@ __device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p)
   t.rows.begin = t.band.first_query(t.key0);
   t.rows.end = last_key < t.key0 ? 0 : t.band.last_query(last_key, t.first.seqlen_q) + 1;
   return t;
+}
+
+// Row 0 of (batch, head) in bp.maybe_dbias_accum, whose rows hold fwd.seqlen_k keys each (a
+// bias comes with batched calls only, so every sequence has fwd.seqlen_q rows).
+__device__ __forceinline__ float* dbias_accum_rows(const AttentionBackwardParams& bp, int batch,
+                                                   int head) {
+  const AttentionParams& p = bp.fwd;
+  return bp.maybe_dbias_accum +
+         (static_cast<long long>(batch) * p.heads + head) * p.seqlen_q * p.seqlen_k;
 }
 
 // exp(logit - lse) as the forward normalized it, from a logit in the transform's units (times

@@ -197,6 +197,16 @@ constexpr __device__ bool spec_has_bias(...) {
   return false;
 }
 
+// Whether a spec writes the bias's gradient (the backward's dk/dv kernels' has_dbias).
+template <class Spec>
+constexpr __device__ auto spec_has_dbias(int) -> decltype(Spec::has_dbias) {
+  return Spec::has_dbias;
+}
+template <class Spec>
+constexpr __device__ bool spec_has_dbias(...) {
+  return false;
+}
+
 // One row of logits: what they depend on besides the key. Its coordinates (at.key is set per
 // logit; the query may lie past the sequence in a tile's overhang), its ALiBi slope and the
 // variant's state for it (made from a real row).
@@ -293,6 +303,10 @@ struct LogitTransform {
                     "d logit / d x, or declare static constexpr bool logit_is_additive = true "
                     "where logit only adds a function of the coordinates to x (-inf masking) "
                     "(kiln/variant.hpp)");
+      static_assert(!spec_has_dbias<Spec>(0),
+                    "grads.dbias under a kiln_variant::logit that is not additive is not "
+                    "supported yet (the bias's gradient would need logit_grad's factor): leave "
+                    "dbias unset (kiln/variant.hpp)");
       // NOTE: the bias is read at clamped coordinates: this runs on every element of a tile.
       if constexpr (has_grad) {
         grad *= row.variant.logit_grad(*variant, coords(row, i, j),
@@ -302,14 +316,13 @@ struct LogitTransform {
     return grad;
   }
 
-  // dS = P (dP - D) d logit / d score, from prob = P, dprob = dP - D and grad = d logit / d
-  // score. 0 where P is: logit_grad is called on every element, as logit is, masked ones and
-  // those past the sequence among them, and what it returns there (inf or NaN, say) must not
-  // reach the gradients.
-  static __device__ __forceinline__ float score_ds(float prob, float dprob, float grad) {
-    const float ds = prob * dprob * grad;
-    if constexpr (variant_logit_grad) return prob == 0.f ? 0.f : ds;
-    return ds;
+  // dS = dlogit grad, from dlogit = dL / d logit = P (dP - D) and grad = d logit / d score;
+  // 0 where dlogit is (P is 0 where masked or past the sequence): logit_grad is called on every
+  // element, as logit is, and what it returns there (inf or NaN, say) must not reach the
+  // gradients.
+  static __device__ __forceinline__ float score_ds(float dlogit, float grad) {
+    if constexpr (variant_logit_grad) return dlogit == 0.f ? 0.f : dlogit * grad;
+    return dlogit * grad;
   }
 
   // Row 0's row (its batch and head) with query i: the dk/dv kernels' rows, whose queries vary

@@ -98,39 +98,57 @@ __device__ __forceinline__ float (&all_columns(float (&acc)[1][Tiles][4]))[4 * T
   return *reinterpret_cast<float(*)[4 * Tiles]>(&acc[0][0][0]);
 }
 
-// Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile) and the K tile at
-// k_tile, as one committed wgmma group: k16 steps walk 32 bytes within a 128-byte chunk, then
-// to the next chunk. s is being written until the group is waited for.
-template <class Tr>
-__device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsigned q_rows,
-                                             unsigned k_tile) {
+// Issues acc = A B^T as one committed wgmma group, with A (64 rows, at a_rows in a tile of ARows
+// rows) and B (N rows, a tile of N rows at b_tile) both K-major over Dim (padded) columns: k16
+// steps walk 32 bytes within a 128-byte chunk, then to the next chunk. acc is being written
+// until the group is waited for.
+template <class T, int Dim, int ARows, int N>
+__device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2], unsigned a_rows,
+                                                     unsigned b_tile) {
   wgmma::fence();
-  const unsigned long long q = wgmma::descriptor(q_rows, 0, 1024);
-  const unsigned long long k = wgmma::descriptor(k_tile, 0, 1024);
+  const unsigned long long a = wgmma::descriptor(a_rows, 0, 1024);
+  const unsigned long long b = wgmma::descriptor(b_tile, 0, 1024);
 #pragma unroll
-  for (int kk = 0; kk < Tr::qk_dim / 16; ++kk) {
-    const unsigned long long a = wgmma::advance(q, (kk / 4) * Tr::block_m * 128 + (kk % 4) * 32);
-    const unsigned long long b = wgmma::advance(k, (kk / 4) * Tr::block_n * 128 + (kk % 4) * 32);
-    wgmma::mma_ss<typename Tr::Q, false, Tr::block_n>(all_columns(s), a, b, kk > 0);
+  for (int kk = 0; kk < Dim / 16; ++kk) {
+    wgmma::mma_ss<T, false, N>(acc, wgmma::advance(a, (kk / 4) * ARows * 128 + (kk % 4) * 32),
+                               wgmma::advance(b, (kk / 4) * N * 128 + (kk % 4) * 32), kk > 0);
   }
   wgmma::commit();
 }
 
-// Issues O += P V with P in registers (a, one A fragment per 16 keys) and the V tile at v_tile, as
-// one committed group: V is N-major (head dim contiguous), so k16 steps are 16 key rows, 2048
-// bytes. o and a are in use until the group is waited for.
+// Issues acc += A B as one committed group, with A in registers (a, one A fragment per 16 of the
+// K reduction rows) and B the N-major tile at b_tile (K rows of N columns, the N dim
+// contiguous), so that k16 steps are 16 rows, 2048 bytes. acc and a are in use until the group
+// is waited for.
+template <class T, int K, int N>
+__device__ __forceinline__ void start_nmajor_product(float (&acc)[N / 2],
+                                                     const unsigned (&a)[K / 16][4],
+                                                     unsigned b_tile) {
+  wgmma::fence();
+  const unsigned long long b = wgmma::descriptor(b_tile, K * 128, 1024);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    wgmma::mma_rs<T, true, N>(acc, a[kk], wgmma::advance(b, kk * 16 * 128), true);
+  }
+  wgmma::commit();
+}
+
+// Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile) and the K tile at
+// k_tile.
+template <class Tr>
+__device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsigned q_rows,
+                                             unsigned k_tile) {
+  start_kmajor_product<typename Tr::Q, Tr::qk_dim, Tr::block_m, Tr::block_n>(all_columns(s), q_rows,
+                                                                             k_tile);
+}
+
+// Issues O += P V with P in registers (a, one A fragment per 16 keys) and the V tile at v_tile:
+// V is N-major (head dim contiguous).
 template <class Tr>
 __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
                                              const unsigned (&a)[Tr::block_n / 16][4],
                                              unsigned v_tile) {
-  wgmma::fence();
-  const unsigned long long v = wgmma::descriptor(v_tile, Tr::block_n * 128, 1024);
-#pragma unroll
-  for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    wgmma::mma_rs<typename Tr::KV, true, Tr::v_dim>(all_columns(o), a[kk],
-                                                    wgmma::advance(v, kk * 16 * 128), true);
-  }
-  wgmma::commit();
+  start_nmajor_product<typename Tr::KV, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile);
 }
 
 // Keeps the compiler from touching an accumulator before the wait that completes it.
