@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Attention variants written by their user (kiln/variant.hpp), as examples: ALiBi, a document
-// mask, a relative position bias table and T5's bucketed relative bias (logit hooks), a key
-// padding mask (a mask hook) and softmax1 (a sink hook). tests/ops/attention_compile_test.cpp
+// mask, a relative position bias table and T5's bucketed relative bias (logit hooks that add to
+// the logit, so declared logit_is_additive for the backward), a key padding mask (a mask hook)
+// and softmax1 (a sink hook). tests/ops/attention_compile_test.cpp
 // compiles each into every attention kernel; the [gpu] tests run them against the fp64
 // reference (tests/ops/attention_test.cpp, decode_test.cpp).
 #pragma once
@@ -16,6 +17,7 @@ namespace kiln::examples {
 inline const Variant& alibi_variant() {
   static const Variant variant{.name = "alibi", .code = R"(
 struct kiln_variant {
+  static constexpr bool logit_is_additive = true;  // for the backward
   float slope;
   static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
     return {kiln::variant_load<float>(v.tensors[0], at.head)};
@@ -35,6 +37,7 @@ struct kiln_variant {
 inline const Variant& document_variant() {
   static const Variant variant{.name = "document", .code = R"(
 struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
   int query_doc;
   static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
     return {kiln::variant_load<int>(v.tensors[0], at.batch, at.query + at.offset)};
@@ -56,6 +59,7 @@ struct kiln_variant {
 inline const Variant& relative_bias_variant() {
   static const Variant variant{.name = "relative_bias", .code = R"(
 struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
   static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
                                 float logit) {
     const int most = static_cast<int>(v.scalars[0]);
@@ -75,6 +79,7 @@ struct kiln_variant {
 inline const Variant& t5_bias_variant() {
   static const Variant variant{.name = "t5_bias", .code = R"(
 struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
   static __device__ int bucket(int relative, int buckets, int max_distance, bool bidirectional) {
     int base = 0;
     if (bidirectional) {

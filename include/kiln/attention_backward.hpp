@@ -96,8 +96,11 @@ std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem&
 // times head_dim with the wgmma kernels) comes from the runtime's stream-ordered allocator;
 // nothing grows with seqlen_q * seqlen_k, except with grads.dbias, itself that large: batch *
 // heads * seqlen_q * seqlen_k fp32 words more, dL / d logit before dbias's sum and rounding.
-// Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take
-// (options.score.variant is not supported yet); never launches on bad input.
+// Throws kiln::Error naming the tensor, the values and the fix for any input it cannot take;
+// never launches on bad input. A user variant's logit hook needs its derivative (logit_grad, or
+// logit_is_additive: kiln/variant.hpp): without one its kernels fail to compile (a compile
+// error naming logit_grad), as do dsinks through a sink hook and dbias under a logit_grad.
+// Variant tensors get no gradient.
 void attention_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView& out, const TensorView& dout, const TensorView& dq,
                         const TensorView& dk, const TensorView& dv, const AttentionOptions& options,

@@ -27,6 +27,20 @@ namespace kiln {
 //   sinks) and returns the row's own: a logit that joins the row's softmax denominator with no
 //   value. at.key is -1 there.
 //
+// The backward (kiln/attention_backward.hpp) needs logit's derivative in the logit it is given.
+// A logit that only adds a function of the coordinates (-inf masking) says so:
+//
+//     static constexpr bool logit_is_additive = true;  // d logit / d x is 1
+//
+// any other gives it as a fourth hook, called where logit is, with the same arguments:
+//
+//     static __device__ float logit_grad(const kiln::VariantParams& v,
+//                                        const kiln::VariantCoords& at, float logit);
+//
+// The backward of a variant whose logit has neither fails to compile, naming logit_grad. mask
+// needs nothing, nor does sink for dq, dk and dv; dsinks through a sink hook is refused.
+// Variant scalars and tensors get no gradient.
+//
 // What a row's logits share can be worked out once per row: give kiln_variant data members and
 //
 //     static __device__ kiln_variant row(const kiln::VariantParams& v,
@@ -40,10 +54,11 @@ namespace kiln {
 // v.scalars[i] and v.tensors[i] (kiln::variant_load<T>(v.tensors[i], i0, ...)) are the call's
 // ScoreOptions::variant_scalars and variant_tensors; `at` holds the batch, query head, kv head,
 // query row and key index, and the diagonal's offset: query row i sits at key position
-// i + offset (kiln/params/score.h). The hooks run in every attention kernel, prefill and decode.
-// `row` and `sink` are given rows inside the sequence. `logit` and `mask` are given each logit's
-// exact coordinates, also where a tile overhangs the sequence: there at.query may be past the
-// last query or at.key past the last key, and what they return is discarded. variant_load
+// i + offset (kiln/params/score.h). The hooks run in every attention kernel, prefill, decode
+// and backward. `row` and `sink` are given rows inside the sequence. `logit`, `logit_grad` and
+// `mask` are given each logit's exact coordinates, also where a tile overhangs the sequence (or
+// the backward's is masked): there at.query may be past the last query or at.key past the last
+// key, and what they return is discarded. variant_load
 // clamps each index into its dimension, so a read at such coordinates stays inside the tensor:
 // read tensors through it, never through their data pointers.
 //

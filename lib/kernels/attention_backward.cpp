@@ -152,11 +152,13 @@ const AttentionBackwardDescription kDescriptions[] = {
 constexpr int kMaxBlock = 1024;
 constexpr int kMaxWarps = 32;
 
-KernelSpec dot_spec(const AttentionProblem& problem) {
+// With dsinks the row dots take the call's variant, only to refuse a sink hook (dot.cuh).
+KernelSpec dot_spec(const AttentionBackwardProblem& problem) {
   KernelSpec spec = spec_of(kBackwardDotKernel.schema);
-  spec.set("dtype_out", problem.dtype_out)
-      .set("head_dim_v", problem.head_dim_v)
-      .set("varlen", problem.varlen);
+  spec.set("dtype_out", problem.forward.dtype_out)
+      .set("head_dim_v", problem.forward.head_dim_v)
+      .set("varlen", problem.forward.varlen);
+  if (problem.dsinks) set_variant(spec, problem.forward.variant);
   return spec;
 }
 
@@ -347,7 +349,7 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
   }
   const int threads = d.threads(config);
   AttentionBackwardPlan plan{
-      .dot = {.spec = dot_spec(problem.forward), .threads = kBackwardDotKernel.threads},
+      .dot = {.spec = dot_spec(problem), .threads = kBackwardDotKernel.threads},
       .sinks = std::nullopt,
       .dkdv = {.spec = attention_family_spec(d.dkdv, problem.forward, forward_config(config)),
                .threads = threads,

@@ -63,12 +63,6 @@ BackwardCall validate(const TensorView& q, const TensorView& k, const TensorView
         "the backward needs the forward's LSE in options.lse: pass the forward call's options, "
         "with the lse tensor the forward wrote");
   }
-  if (o.score.variant != nullptr) {
-    unsupported(fmt::format(
-        "the backward of a user variant (options.score.variant, {}) is not supported yet: "
-        "train with the built-in score (causal, windows, softcap, ALiBi, bias, sinks)",
-        o.score.variant->name));
-  }
   BackwardCall call{.forward = detail::validate_attention(q, k, v, out, o, device)};
   const detail::AttentionShape& s = call.forward.shape;
   require_like(dout, "dout", out, "out", device);

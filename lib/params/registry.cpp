@@ -34,7 +34,7 @@ constexpr ParamsLayout kLayouts[] = {
     {"kiln::AttentionTmaParams", "kiln/params/attention.h", sizeof(AttentionTmaParams),
      alignof(AttentionTmaParams), true},
     {"kiln::AttentionBackwardParams", "kiln/params/attention_backward.h",
-     sizeof(AttentionBackwardParams), alignof(AttentionBackwardParams), false},
+     sizeof(AttentionBackwardParams), alignof(AttentionBackwardParams), true},
     {"kiln::DecodeParams", "kiln/params/decode.h", sizeof(DecodeParams), alignof(DecodeParams),
      true},
     {"kiln::MergeParams", "kiln/params/decode.h", sizeof(MergeParams), alignof(MergeParams), false},

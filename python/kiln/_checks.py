@@ -267,12 +267,14 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
 
 def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                        seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                       window_right, top_left, softcap, sinks):
+                       window_right, top_left, softcap, sinks, variant_name, variant_code,
+                       variant_scalars, variant_tensors):
     """kiln::attention_backward's op (kiln.ops.attention_backward): the forward's rules on the
     forward's arguments, and dout, the gradient of out, in out's dtype and rank."""
     attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              top_left, softcap, sinks, None, None, [], [])
+              top_left, softcap, sinks, variant_name, variant_code, variant_scalars,
+              variant_tensors)
     known(dout, "dout")
     _ranks(q, (("dout", dout),))
     _dtypes((("dout", dout),), out.dtype, f"out's, {DTYPE_NAMES[out.dtype]}")

@@ -9,8 +9,10 @@ call, cache_leftpad) raises a KilnError naming it; none is ignored.
 
 flash_attn_func, flash_attn_varlen_func and their packed forms are differentiable in q, k, v,
 sinks and bias: with an input that requires grad (and grad mode on) they call kiln's functional
-op, whose autograd formula is kiln's backward; what that backward cannot differentiate (a user
-variant, ALiBi slopes or a variant tensor that requires grad, out=) is refused then, naming it.
+op, whose autograd formula is kiln's backward; what that backward cannot differentiate (ALiBi
+slopes or a variant tensor that requires grad, out=) is refused then, naming it. A variant's
+logit hook needs its derivative (logit_grad, or logit_is_additive: kiln/variant.hpp), or the
+backward's kernels fail to compile, saying so.
 """
 import os
 
@@ -172,22 +174,16 @@ def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seq
         if t.requires_grad:
             _not_differentiable(f"variant_tensors[{i}]", "kiln computes no gradient for a "
                                 "variant's tensors yet")
-    training = ", ".join(name for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks),
-                                              ("bias", bias))
-                         if t is not None and t.requires_grad)
-    if hooks[0] is not None:
-        raise _capi.KilnNotImplementedError(
-            KILN_ERROR_UNSUPPORTED,
-            f"variant={hooks[0]!r} with inputs that require grad ({training}): kiln's backward "
-            f"does not support user variants yet; run the call under torch.no_grad(), or "
-            f"detach its inputs")
     if out is not None:
+        training = ", ".join(name for name, t in (("q", q), ("k", k), ("v", v), ("sinks", sinks),
+                                                  ("bias", bias))
+                             if t is not None and t.requires_grad)
         _invalid(f"out= with inputs that require grad ({training}): autograd cannot "
                  f"differentiate a call that writes into a tensor given to it; leave out=None, "
                  f"or run the call under torch.no_grad()")
     out, lse = ops.attention_with_grad(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                                        seqused_k, max_seqlen_q, max_seqlen_k, *score, sinks,
-                                       flag("deterministic", deterministic))
+                                       *hooks, flag("deterministic", deterministic))
     return (out, lse) if return_softmax_lse else out
 
 
@@ -212,9 +208,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     Differentiable in q, k, v, sinks (dsinks) and bias (dbias, summed where it has size 1 and
     broadcasts), as FlashAttention's and PyTorch's: deterministic=True makes the backward's
-    gradients bitwise reproducible. softmax_lse gets no gradient (as FlashAttention's). With an
-    input that requires grad, a variant, out= and ALiBi slopes or a variant tensor that requires
-    grad are refused.
+    gradients bitwise reproducible. softmax_lse gets no gradient (as FlashAttention's), nor do a
+    variant's tensors. With an input that requires grad, out= and ALiBi slopes or a variant
+    tensor that requires grad are refused.
     """
     _forward_only(dropout_p, return_attn_probs)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)

@@ -216,8 +216,6 @@ attention = _op(_attention, mutates_args=("out", "lse"), check=_checks.attention
 
 # --- kiln_attention and kiln_attention_backward, functional, with autograd -----------------------
 
-_NO_VARIANT_ARGUMENTS = (None, None, [], [])
-
 
 def _forward_outputs(q, v, varlen):
     """New tensors for a forward's out, like q with v's head dim, and its lse, float32
@@ -235,23 +233,29 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
                        cu_seqlens_k: Optional[Tensor], seqused_k: Optional[Tensor],
                        max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, causal: bool,
                        window_left: int, window_right: int, top_left: bool, softcap: float,
-                       sinks: Optional[Tensor], deterministic: bool) -> Tuple[Tensor, Tensor]:
+                       sinks: Optional[Tensor], variant_name: Optional[str],
+                       variant_code: Optional[str], variant_scalars: List[float],
+                       variant_tensors: List[Tensor], deterministic: bool
+                       ) -> Tuple[Tensor, Tensor]:
     """kiln_attention returning (out, lse), for autograd; `deterministic` is the backward's
     (grads.deterministic), kept for it."""
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
     _attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-               top_left, softcap, sinks, *_NO_VARIANT_ARGUMENTS)
+               top_left, softcap, sinks, variant_name, variant_code, variant_scalars,
+               variant_tensors)
     return out, lse
 
 
 def _attention_forward_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                             max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                            window_right, top_left, softcap, sinks, deterministic):
+                            window_right, top_left, softcap, sinks, variant_name, variant_code,
+                            variant_scalars, variant_tensors, deterministic):
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
     _checks.attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                       seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                      window_right, top_left, softcap, sinks, *_NO_VARIANT_ARGUMENTS)
+                      window_right, top_left, softcap, sinks, variant_name, variant_code,
+                      variant_scalars, variant_tensors)
     return out, lse
 
 
@@ -276,6 +280,8 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
                         seqused_k: Optional[Tensor], max_seqlen_q: int, max_seqlen_k: int,
                         softmax_scale: float, causal: bool, window_left: int, window_right: int,
                         top_left: bool, softcap: float, sinks: Optional[Tensor],
+                        variant_name: Optional[str], variant_code: Optional[str],
+                        variant_scalars: List[float], variant_tensors: List[Tensor],
                         deterministic: bool, dsinks_wanted: bool, dbias_wanted: bool
                         ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
     """kiln_attention_backward: (dq, dk, dv, dsinks, dbias) of attention_forward's call on the
@@ -283,9 +289,10 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
     unless dbias_wanted (and a bias given)."""
     dq, dk, dv, dsinks, dbias = _gradients(q, k, v, sinks, bias, cu_seqlens_q is not None,
                                            dsinks_wanted, dbias_wanted)
+    variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                                 window_right, top_left, softcap, sinks, _capi.NO_VARIANT)
+                                 window_right, top_left, softcap, sinks, variant)
     at = _capi.BACKWARD_SLOT
     grads = _capi.pack_grad_options(
         deterministic, _maybe(at + 4, dsinks if dsinks.numel() else None, "dsinks"),
@@ -300,11 +307,13 @@ def _attention_backward(dout: Tensor, q: Tensor, k: Tensor, v: Tensor, out: Tens
 def _attention_backward_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
                              cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale,
                              causal, window_left, window_right, top_left, softcap, sinks,
+                             variant_name, variant_code, variant_scalars, variant_tensors,
                              deterministic, dsinks_wanted, dbias_wanted):
     _checks.attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q,
                                cu_seqlens_k, seqused_k, max_seqlen_q, max_seqlen_k,
                                softmax_scale, causal, window_left, window_right, top_left,
-                               softcap, sinks)
+                               softcap, sinks, variant_name, variant_code, variant_scalars,
+                               variant_tensors)
     return _gradients(q, k, v, sinks, bias, cu_seqlens_q is not None, dsinks_wanted,
                       dbias_wanted)
 
@@ -312,16 +321,19 @@ def _attention_backward_fake(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seq
 attention_backward = _op(_attention_backward, mutates_args=(), check=_attention_backward_fake)
 
 # attention_forward's arguments by position, as setup_context and the backward read them.
-_BIAS, _ALIBI_SLOPES, _SINKS = 3, 4, 16
+_BIAS, _ALIBI_SLOPES, _SINKS, _VARIANT_SCALARS, _VARIANT_TENSORS, _DETERMINISTIC = \
+    3, 4, 16, 19, 20, 21
 
 
 def _setup_context(ctx, inputs, output):
     q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, *scalars = inputs
-    *scalars, sinks, deterministic = scalars
+    *scalars, sinks, variant_name, variant_code, variant_scalars, variant_tensors, \
+        deterministic = scalars
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
-                          seqused_k, sinks)
+                          seqused_k, sinks, *variant_tensors)
     ctx.scalars = scalars  # max_seqlen_q and _k, then the score's
+    ctx.variant = (variant_name, variant_code, variant_scalars)
     ctx.deterministic = deterministic
     # FlashAttention's semantics: the LSE is an output for inspection (or merging), not
     # differentiated; marked so, a loss through it alone has no grad_fn rather than a wrong one.
@@ -329,13 +341,15 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, dout, _dlse):
-    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks = \
-        ctx.saved_tensors
-    if ctx.needs_input_grad[_ALIBI_SLOPES]:  # kiln.interface refuses it at the forward
-        raise _capi.KilnNotImplementedError(
-            _capi.KILN_ERROR_UNSUPPORTED,
-            "kiln::attention_forward's alibi_slopes requires grad: kiln computes no gradient "
-            "for it; pass it detached")
+    q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, sinks, \
+        *variant_tensors = ctx.saved_tensors
+    for name, at in (("alibi_slopes", _ALIBI_SLOPES), ("variant_tensors", _VARIANT_TENSORS)):
+        if any(torch.utils._pytree.tree_leaves(ctx.needs_input_grad[at])):
+            # kiln.interface refuses these at the forward
+            raise _capi.KilnNotImplementedError(
+                _capi.KILN_ERROR_UNSUPPORTED,
+                f"kiln::attention_forward's {name} requires grad: kiln computes no gradient "
+                f"for it; pass it detached")
     dsinks_wanted = sinks is not None and ctx.needs_input_grad[_SINKS]
     dbias_wanted = bias is not None and ctx.needs_input_grad[_BIAS]
     # kiln reads dout with unit stride on its last dim and 16-byte aligned rows; autograd may
@@ -344,11 +358,24 @@ def _backward(ctx, dout, _dlse):
     backward = direct[attention_backward] if eager(dout) else attention_backward
     dq, dk, dv, dsinks, dbias = backward(
         dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
-        *ctx.scalars, sinks, ctx.deterministic, dsinks_wanted, dbias_wanted)
-    grads = [dq, dk, dv] + [None] * (_SINKS - 1)  # one per argument of attention_forward
+        *ctx.scalars, sinks, *ctx.variant, variant_tensors, ctx.deterministic, dsinks_wanted,
+        dbias_wanted)
+    grads = [None] * (_DETERMINISTIC + 1)  # one per argument of attention_forward
+    grads[:3] = dq, dk, dv
     grads[_BIAS] = dbias if dbias_wanted else None
     grads[_SINKS] = dsinks if dsinks_wanted else None
+    # In the structure autograd checks the variant's lists against.
+    grads[_VARIANT_SCALARS] = _no_gradient(ctx.variant[2])
+    grads[_VARIANT_TENSORS] = _no_gradient(variant_tensors)
     return tuple(grads)
+
+
+def _no_gradient(argument):
+    """An argument's lack of a gradient in the structure autograd checks it against: None, or
+    for a list of tensors (an empty list counts as one) a list of Nones."""
+    if isinstance(argument, (list, tuple)) and all(isinstance(x, Tensor) for x in argument):
+        return [None] * len(argument)
+    return None
 
 
 attention_forward.register_autograd(_backward, setup_context=_setup_context)
@@ -365,7 +392,10 @@ class _EagerAttention(torch.autograd.Function):
         _setup_context(ctx, inputs, output)
         return output
 
-    backward = staticmethod(_backward)
+    @staticmethod
+    def backward(ctx, *grads):
+        # A Function's list argument (the variant's tensors) is no input of autograd's: None.
+        return tuple(None if isinstance(g, list) else g for g in _backward(ctx, *grads))
 
 
 def attention_with_grad(*arguments):

@@ -15,6 +15,14 @@ from kiln import ops
 
 BF16, F32, I32 = torch.bfloat16, torch.float32, torch.int32
 VARIANT = kiln.Variant("mine", "struct kiln_variant {};")
+# A variant whose backward compiles (a logit hook declared additive), with a tensor and a scalar.
+ADDITIVE = kiln.Variant("shifted", """struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
+  static __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                                float x) {
+    return x + v.scalars[0] * kiln::variant_load<float>(v.tensors[0], at.key);
+  }
+};""")
 
 
 def t(*shape, dtype=BF16, grad=True, device="meta"):
@@ -47,6 +55,12 @@ CALLS = {
         lambda x: kiln.flash_attn_varlen_func(x["q"], x["k"], x["v"], x["cu_q"], x["cu_k"], 5, 7,
                                               window_size=(3, 0)),
         (9, 8, 32)),
+    "flash_attn_func with a variant": (
+        lambda d: dict(q=t(2, 5, 8, 64, device=d), k=t(2, 7, 2, 64, device=d),
+                       v=t(2, 7, 2, 64, device=d), shift=t(7, dtype=F32, grad=False, device=d)),
+        lambda x: kiln.flash_attn_func(x["q"], x["k"], x["v"], variant=ADDITIVE,
+                                       variant_scalars=[0.5], variant_tensors=[x["shift"]]),
+        (2, 5, 8, 64)),
     "flash_attn_qkvpacked_func": (
         lambda d: dict(qkv=t(2, 5, 3, 4, 64, device=d)),
         lambda x: kiln.flash_attn_qkvpacked_func(x["qkv"], causal=True),
@@ -100,7 +114,7 @@ def op_arguments(sinks_grad=True):
     q, k, v = t(2, 5, 8, 64), t(2, 7, 2, 64), t(2, 7, 2, 32)
     sinks = t(8, dtype=F32, grad=sinks_grad)
     return (q, k, v, None, None, None, None, None, 0, 0, 0.0, True, -1, -1, False, 0.0, sinks,
-            False)
+            None, None, [], [], False)
 
 
 def test_the_forward_op_is_functional_with_an_autograd_formula():
@@ -113,10 +127,11 @@ def test_the_backward_op_is_functional():
     out, lse = ops.attention_forward(q, k, v, *rest)
     assert (out.shape, out.dtype, lse.shape, lse.dtype) == ((2, 5, 8, 32), BF16, (2, 8, 5), F32)
     assert not lse.requires_grad  # FlashAttention's: the LSE is not differentiated
-    sinks = rest[-2].detach()
+    sinks = rest[-6].detach()
     bias = t(1, 8, 5, 7, grad=False)  # of size 1 over the batch: dbias too
     arguments = (out.detach(), q.detach(), k.detach(), v.detach(), out.detach(), lse, bias, None,
-                 None, None, None, 0, 0, 0.0, True, -1, -1, False, 0.0, sinks, True, True, True)
+                 None, None, None, 0, 0, 0.0, True, -1, -1, False, 0.0, sinks, None, None, [], [],
+                 True, True, True)
     result = torch.library.opcheck(ops.attention_backward, arguments)
     assert set(result.values()) == {"SUCCESS"}, result
     dq, dk, dv, dsinks, dbias = ops.attention_backward(*arguments)
@@ -146,7 +161,7 @@ class Recording(TorchDispatchMode):
 @pytest.mark.parametrize("sinks_grad", [False, True])
 def test_deterministic_and_dsinks_reach_the_backward(deterministic, sinks_grad):
     q, k, v, *rest = op_arguments(sinks_grad)
-    sinks = rest[-2]
+    sinks = rest[-6]
     with Recording() as recording:
         out = kiln.flash_attn_func(q, k, v, causal=True, sinks=sinks,
                                    deterministic=deterministic)
@@ -157,6 +172,21 @@ def test_deterministic_and_dsinks_reach_the_backward(deterministic, sinks_grad):
     assert backward[-3:] == (deterministic, sinks_grad, False)  # no bias: no dbias
     assert (sinks.grad is not None) == sinks_grad
     assert not recording.of(torch.ops.kiln.attention)
+
+
+def test_a_variant_reaches_the_forward_and_the_backward():
+    q, k, v = q_k_v()
+    shift = t(7, dtype=F32, grad=False)
+    with Recording() as recording:
+        out = kiln.flash_attn_func(q, k, v, variant=ADDITIVE, variant_scalars=[0.5],
+                                   variant_tensors=[shift])
+        out.float().sum().backward()
+    (forward,), (backward,) = (recording.of(torch.ops.kiln.attention_forward),
+                               recording.of(torch.ops.kiln.attention_backward))
+    for name, code, scalars, tensors in (forward[-5:-1], backward[-7:-3]):
+        assert (name, code, scalars) == ("shifted", ADDITIVE.code, [0.5])
+        assert len(tensors) == 1 and tensors[0] is shift
+    assert q.grad.shape == q.shape and shift.grad is None
 
 
 def test_calls_that_need_no_gradient_keep_the_op_that_writes_into_its_outputs():
@@ -239,11 +269,6 @@ REFUSED = {
         lambda q, k, v: kiln.flash_attn_func(q, k, v, alibi_slopes=t(8, dtype=F32)),
         kiln.KilnNotImplementedError,
         "alibi_slopes requires grad: kiln, as FlashAttention, computes no gradient for the ALiBi"),
-    "a variant": (
-        lambda q, k, v: kiln.flash_attn_func(q, k, v, variant=VARIANT),
-        kiln.KilnNotImplementedError,
-        "variant='mine' with inputs that require grad (q, k, v): kiln's backward does not "
-        "support user variants yet"),
     "a variant tensor that requires grad": (
         lambda q, k, v: kiln.flash_attn_func(q.detach(), k.detach(), v.detach(), variant=VARIANT,
                                              variant_tensors=[t(7, dtype=F32)]),
@@ -329,6 +354,27 @@ def test_eager_calls_record_the_ops_formula_around_the_implementations(as_gpu, m
     assert all(a is b for a, b in zip(arguments[1:4], (q, k, v))) and arguments[19] is sinks
     assert arguments[-3:] == (True, True, False)  # deterministic, dsinks, dbias
     assert q.grad.shape == q.shape and sinks.grad.shape == (8,)
+
+
+def test_eager_calls_hand_the_backward_the_variant(as_gpu, monkeypatch):
+    seen = []
+
+    def backward(*arguments):
+        seen.append(arguments)
+        return ops._gradients(*arguments[1:4], None, None, False, False, False)
+    monkeypatch.setitem(ops.direct, ops.attention_backward, backward)
+    q, k, v = (t(0, 5, 8, 64, device="cpu"), t(0, 7, 2, 64, device="cpu"),
+               t(0, 7, 2, 64, device="cpu"))
+    shift = t(7, dtype=F32, grad=False, device="cpu")
+    out = kiln.flash_attn_func(q, k, v, variant=ADDITIVE, variant_scalars=[0.5],
+                               variant_tensors=[shift])
+    assert type(out.grad_fn).__name__ == "_EagerAttentionBackward"
+    out.sum().backward()
+    (arguments,) = seen
+    name, code, scalars, tensors = arguments[20:24]
+    assert (name, code, scalars) == ("shifted", ADDITIVE.code, [0.5])
+    assert len(tensors) == 1 and tensors[0] is shift
+    assert q.grad.shape == q.shape and shift.grad is None
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU, the gpu tests run the backward")

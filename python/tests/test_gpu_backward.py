@@ -11,7 +11,7 @@ import torch
 
 import kiln
 from test_gpu import CASES as FORWARD_CASES
-from test_gpu import randn, varlen
+from test_gpu import example_variant, randn, varlen
 
 pytestmark = pytest.mark.gpu
 BF16, F16, F32, I32 = torch.bfloat16, torch.float16, torch.float32, torch.int32
@@ -60,14 +60,16 @@ def reference_gradients(inputs, dout, upcast, **kw):
             if isinstance(t, torch.Tensor) and t.requires_grad}
 
 
-def check_gradients(call, inputs, **kw):
-    """kiln's gradients of call against the reference's, FlashAttention's rule on each."""
+def check_gradients(call, inputs, reference_kw=None, **kw):
+    """kiln's gradients of call against the reference's (of reference_kw, when given, in place
+    of kw), FlashAttention's rule on each."""
     ref = reference()
     q, v = inputs["q"], inputs["v"]
     dout = randn(*q.shape[:-1], v.shape[-1], dtype=q.dtype)
     got = kiln_gradients(call, inputs, dout, **kw)
-    exact = reference_gradients(inputs, dout, True, **kw)
-    plain = reference_gradients(inputs, dout, False, **kw)
+    reference_kw = kw if reference_kw is None else reference_kw
+    exact = reference_gradients(inputs, dout, True, **reference_kw)
+    plain = reference_gradients(inputs, dout, False, **reference_kw)
     assert set(got) == set(exact)
     for name in got:
         assert got[name].dtype == inputs[name].dtype and got[name].shape == inputs[name].shape
@@ -107,6 +109,15 @@ def test_gradients_with_alibi_and_a_broadcast_bias():
     bias = randn(1, 8, 50, 70).expand(2, 8, 50, 70)
     inputs = dict(q=leaf(2, 50, 8, 64), k=leaf(2, 70, 2, 64), v=leaf(2, 70, 2, 64))
     check_gradients(flash_attn_func, inputs, causal=True, alibi_slopes=slopes, bias=bias)
+
+
+def test_a_variant_trains_as_the_built_in_it_writes():
+    # ALiBi as a variant (examples/variants.hpp, declared additive), against the reference's
+    # ALiBi; its slopes, a variant tensor, get no gradient.
+    slopes = torch.rand(8, device="cuda", dtype=F32)
+    inputs = dict(q=leaf(2, 50, 8, 64), k=leaf(2, 70, 2, 64), v=leaf(2, 70, 2, 64))
+    check_gradients(flash_attn_func, inputs, dict(causal=True, alibi_slopes=slopes), causal=True,
+                    variant=example_variant("alibi"), variant_tensors=[slopes])
 
 
 def flash_attn_func_expanded_bias(q, k, v, bias, **kw):

@@ -20,19 +20,20 @@ BiasShape bias_shape(const ReferenceProblem& p) {
   return s;
 }
 
-// Per row, with D = rowsum(dO * O): dP_j = dO . v_j, dS_j = P_j (dP_j - D) times the softcap's
-// tanh', dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q, dv_j += P_j dO, and dsink -= P_sink D
-// (the sink joins the denominator with no value, so d out / d sink = -P_sink out). The bias joins
-// the logit after the softcap: dbias_j = P_j (dP_j - D), before tanh'.
+// Per row, with D = rowsum(dO * O): dP_j = dO . v_j, dS_j = P_j (dP_j - D) times the logit
+// hook's logit_grad and the softcap's tanh', dq = scale * sum_j dS_j k_j, dk_j += scale * dS_j q,
+// dv_j += P_j dO, and dsink -= P_sink D (the sink joins the denominator with no value, so
+// d out / d sink = -P_sink out). The bias joins the logit after the softcap and before the logit
+// hook: dbias_j = P_j (dP_j - D) times the hook's logit_grad.
 //
 // The plain-dtype baseline approximates FlashAttention's (PyTorch eager autograd through
 // attention_ref with upcast=False), as attention_reference's does the forward: each matmul
 // rounds its result to the dtype (dP = dO V^T, dV = P^T dO per query head, dQ = dS K * scale,
 // dK = dS^T Q * scale per query head), the softmax's gradient dS = P (dP - D) with the rounded P
-// and the rounded output's D is rounded to the dtype (the plain dbias), then once more after
-// tanh's derivative; GQA sums the rounded per-head dK and dV of a group and rounds the sum, as
-// the backward of repeating k and v over the group does. Accumulations are fp64; dsinks stays
-// fp32.
+// and the rounded output's D is rounded to the dtype, then once more after the logit hook's
+// derivative (the plain dbias) and after tanh's; GQA sums the rounded per-head dK and dV of a
+// group and rounds the sum, as the backward of repeating k and v over the group does.
+// Accumulations are fp64; dsinks stays fp32.
 BackwardReference attention_backward_reference(const ReferenceProblem& p,
                                                const std::vector<double>& q,
                                                const std::vector<double>& k,
@@ -98,9 +99,11 @@ BackwardReference attention_backward_reference(const ReferenceProblem& p,
       const double* vj = &v[kv_at * dv];
       double dp = 0;
       for (std::size_t c = 0; c < dv; ++c) dp += g[c] * vj[c];
-      const double dlogit = row.p[n] * (dp - rowsum);
-      const double dlogit_plain =
-          round_to(p.dtype, row.p_plain[n] * (round_to(p.dtype, dp) - rowsum_plain));
+      // dL / d the logit the hook was given, with the bias in it.
+      const double dlogit = row.p[n] * (dp - rowsum) * row.dhook[n];
+      const double dlogit_plain = round_to(
+          p.dtype, round_to(p.dtype, row.p_plain[n] * (round_to(p.dtype, dp) - rowsum_plain)) *
+                       row.dhook_plain[n]);
       if (p.bias) {
         const std::size_t at_bias =
             bias.at(batch, static_cast<std::size_t>(row.head),

@@ -50,8 +50,8 @@ BiasShape bias_shape(const ReferenceProblem& problem);
 
 // The gradients of loss = sum(out * dout) with respect to q, k, v and the sinks, with out the
 // output of attention_reference(problem, q, k, v) and dout laid out as out (total_q, heads,
-// head_dim_v), and with respect to the bias; ALiBi slopes get none (kiln computes none); rows
-// that attend no key get zero gradients.
+// head_dim_v), and with respect to the bias; ALiBi slopes and the logit hook's inputs get none
+// (kiln computes none); rows that attend no key get zero gradients.
 //
 // stored_out, when given, is the out the backward under test reads (the forward kernel's, laid
 // out as out): the plain dsinks takes its row sums D from it. dsinks is one sum over all of a

@@ -148,6 +148,20 @@ std::function<double(int, int, int, int)> random_bias(std::mt19937& rng, int hea
   };
 }
 
+// A user variant's nonlinear logit hook and its derivative, of the coordinates too: a tanh cap
+// of 1.5 + head on the logit times a gain of the query row and of the key.
+double gain(int b, int i, int j) {
+  return (1 + 0.25 * ((b + i) % 3)) * (0.5 + 0.125 * (j % 5));
+}
+double capped(int b, int h, int i, int j, double x) {
+  const double cap = 1.5 + h;
+  return cap * std::tanh(gain(b, i, j) * x / cap);
+}
+double capped_grad(int b, int h, int i, int j, double x) {
+  const double g = gain(b, i, j), t = std::tanh(g * x / (1.5 + h));
+  return g * (1 - t * t);
+}
+
 struct Feature {
   std::string name;
   std::function<void(ReferenceProblem&, std::mt19937&)> set;
@@ -216,6 +230,22 @@ std::vector<Feature> features() {
          p.window_right = 0;
          p.sinks = kiln::test::random_sinks(4, 4, rng);
        }},
+      {"a nonlinear logit hook of the coordinates, over softcap and a bias",
+       [](ReferenceProblem& p, std::mt19937& rng) {
+         p.softmax_scale = 1;
+         p.softcap = 3;
+         p.bias = random_bias(rng);
+         p.logit = capped;
+         p.logit_grad = capped_grad;
+       }},
+      {"an additive logit hook that masks keys, and a row entirely, causal",
+       [](ReferenceProblem& p, std::mt19937&) {
+         p.window_right = 0;
+         p.logit = [](int b, int h, int i, int j, double x) {
+           return (b == 1 && i == 3) || (i + j + h) % 4 == 0 ? -kInf : x + 0.25 * (i - j);
+         };
+         p.logit_grad = [](int, int, int, int, double) { return 1.0; };
+       }},
       {"everything at once",
        [](ReferenceProblem& p, std::mt19937& rng) {
          p.heads = 4;
@@ -229,6 +259,8 @@ std::vector<Feature> features() {
          p.alibi_slopes = {0.5, 0.25, 0.125, 1.0};
          p.bias = random_bias(rng);
          p.sinks = kiln::test::random_sinks(4, 4, rng);
+         p.logit = capped;
+         p.logit_grad = capped_grad;
        }},
   };
 }
@@ -335,6 +367,8 @@ TEST_CASE("attention backward reference: finite differences catch a wrong gradie
   p.alibi_slopes = {0.5, 0.25};
   p.bias = random_bias(rng);
   p.sinks = {1.0, 2.0};
+  p.logit = capped;
+  p.logit_grad = capped_grad;
   const Inputs in = random_inputs(p, rng);
   const BackwardReference right = attention_backward_reference(p, in.q, in.k, in.v, in.dout);
   const Mismatches clean = check_against_numeric(p, in, right);
@@ -346,6 +380,14 @@ TEST_CASE("attention backward reference: finite differences catch a wrong gradie
       {"no bias", [](ReferenceProblem& w) { w.bias = nullptr; }},
       {"a sink 1% off", [](ReferenceProblem& w) { w.sinks[1] *= 1.01; }},
       {"a scale 0.1% off", [](ReferenceProblem& w) { w.softmax_scale *= 1.001; }},
+      {"the logit hook's derivative taken as 1",
+       [](ReferenceProblem& w) { w.logit_grad = [](int, int, int, int, double) { return 1.0; }; }},
+      {"the logit hook's derivative at the logit it returns",
+       [](ReferenceProblem& w) {
+         w.logit_grad = [](int b, int h, int i, int j, double x) {
+           return capped_grad(b, h, i, j, capped(b, h, i, j, x));
+         };
+       }},
   };
   for (const auto& [name, make_wrong] : wrongs) {
     INFO(name);

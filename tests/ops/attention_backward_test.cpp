@@ -23,7 +23,10 @@
 #include "gpu_harness.hpp"
 #include "kiln/attention.hpp"
 #include "kiln/attention_backward.hpp"
+#include "kiln/error.hpp"
+#include "kiln/variant.hpp"
 #include "support.hpp"
+#include "variant_twins.hpp"
 
 namespace {
 
@@ -58,9 +61,9 @@ std::string describe(const Config& config) {
   std::ostringstream s;
   s << (config->kernel == kiln::AttentionBackwardKernel::portable ? "portable"
         : config->kernel == kiln::AttentionBackwardKernel::mma    ? "mma"
-                                                                   : "wgmma")
-    << " block_m "
-    << config->block_m << " block_n " << config->block_n << " warps " << config->warps;
+                                                                  : "wgmma")
+    << " block_m " << config->block_m << " block_n " << config->block_n << " warps "
+    << config->warps;
   return s.str();
 }
 
@@ -619,4 +622,82 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
       CHECK(same_bits);  // not CHECK(second == first): it would print every byte
     }
   }
+}
+
+// User variants (variant_twins.cpp) through every backward config: logit hooks declared additive
+// (ALiBi's slope the row's state per head, a document mask's segment per query row), a mask
+// hook (key padding, a sequence of padding only: dq 0), a sink hook (dq, dk and dv; its dsinks
+// is refused), and a nonlinear logit hook through its logit_grad, alone and over softcap, a bias
+// and a band.
+TEST_CASE("attention backward with user variants: additive and nonlinear logit hooks, masks",
+          "[gpu][attention_backward][variant]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(19);
+  using kiln::test::UserVariant;
+  for (DType dtype : kDTypes) {
+    Case c{.dtype = dtype, .batch = 2, .seqlen_q = 113, .seqlen_k = 203, .heads = 4, .heads_kv = 2};
+    for (UserVariant variant :
+         {UserVariant::alibi, UserVariant::document, UserVariant::t5_bias, UserVariant::key_padding,
+          UserVariant::softmax_one, UserVariant::gated_cap}) {
+      c.score = {.causal = dtype == DType::f16, .variant = variant};
+      run_case(rt, c, rng);
+    }
+    // Each query row's state under MQA at head dim 128; more queries than keys under every
+    // other feature, top-left: rows past the keys' reach, and a tile's rows past the sequence.
+    c.heads_kv = 1;
+    c.head_dim = 128;
+    c.score = {.causal = true, .variant = UserVariant::document};
+    run_case(rt, c, rng);
+    std::swap(c.seqlen_q, c.seqlen_k);
+    c.head_dim = 96;
+    c.head_dim_v = 64;
+    c.score = {.causal = true,
+               .window_left = 40,
+               .top_left = true,
+               .softcap = 5,
+               .softmax_scale = 0.5f,
+               .variant = UserVariant::gated_cap};
+    c.bias = Bias::full;
+    run_case(rt, c, rng);
+  }
+}
+
+// What the backward cannot differentiate fails to compile, and the call says why: a logit hook
+// with neither logit_grad nor logit_is_additive, and dsinks through a sink hook.
+TEST_CASE("attention backward refuses a logit hook without derivative, a sink hook's dsinks",
+          "[gpu][attention_backward][variant]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  std::mt19937 rng(20);
+  const Case c{.batch = 1, .seqlen_q = 17, .seqlen_k = 17, .score = {.sinks = true}};
+  Backward b = prepare_backward(c, rng);
+  run_forward(rt, c, b);
+  const kiln::Variant squared{.name = "squared", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x * x;
+  }
+};)"};
+  const kiln::Variant sink_hook{.name = "sink_hook", .code = R"(struct kiln_variant {
+  static __device__ float sink(const kiln::VariantParams&, const kiln::VariantCoords&, float s) {
+    return s + 1.f;
+  }
+};)"};
+  const auto refusal = [&](const kiln::Variant& variant) {
+    b.forward.d.options.score.variant = &variant;
+    try {
+      run_backward(rt, b, std::nullopt);
+    } catch (const kiln::Error& e) {
+      CHECK(e.category() == kiln::ErrorCategory::compile);
+      return std::string(e.what());
+    }
+    FAIL("the backward with variant " << variant.name << " ran");
+    return std::string();
+  };
+  CHECK_THAT(refusal(squared), Catch::Contains("variant squared") &&
+                                   Catch::Contains("the backward needs the derivative of "
+                                                   "kiln_variant::logit") &&
+                                   Catch::Contains("logit_grad"));
+  CHECK_THAT(refusal(sink_hook),
+             Catch::Contains("grads.dsinks through kiln_variant::sink is not supported yet"));
 }

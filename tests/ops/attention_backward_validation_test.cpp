@@ -243,18 +243,30 @@ TEST_CASE("attention backward refuses dbias without a bias, or not of its shape 
   check_invalid(c, {"dbias.stride(1) is 0 but dbias.size(1) is 8"});
 }
 
-TEST_CASE("attention backward refuses what it does not support yet: user variants",
-          "[attention_backward]") {
+// A user variant reaches its kernels, whose compile refuses what the backward cannot
+// differentiate (tests/ops/attention_compile_test.cpp); its tensors are validated as the
+// forward's.
+TEST_CASE("attention backward takes user variants, validated as the forward's",
+          "[attention_backward][variant]") {
   Call c = padded_call();
   const kiln::Variant variant{.name = "identity", .code = R"(struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
   static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
     return x;
   }
 };
 )"};
   c.options.score.variant = &variant;
-  check_refused(c, ErrorCategory::unsupported,
-                {"user variant (options.score.variant, identity) is not supported yet"});
+  c.options.score.variant_tensors = {view(0xa600000, DType::f32, {8})};
+  c.options.score.sinks = view(0xa100000, DType::f32, {8});
+  c.grads.dsinks = view(0xa400000, DType::f32, {8});
+  check_accepted(c);
+  c.options.score.variant_tensors.assign(5, view(0xa600000, DType::f32, {8}));
+  check_invalid(c, {"variant_tensors holds 5 tensors: a variant takes at most 4"});
+  const kiln::Variant empty{.name = "empty", .code = ""};
+  c.options.score.variant = &empty;
+  c.options.score.variant_tensors.clear();
+  check_invalid(c, {"variant 'empty' has no code"});
 }
 
 TEST_CASE("attention backward's choose, specs and default specs, with no device",

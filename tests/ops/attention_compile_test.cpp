@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <optional>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "kiln/attention.hpp"
@@ -14,6 +15,7 @@
 #include "kiln/decode.hpp"
 #include "ops/validation_support.hpp"
 #include "support.hpp"
+#include "variant_twins.hpp"
 #include "variants.hpp"
 
 namespace {
@@ -409,4 +411,126 @@ TEST_CASE("a variant's code is in its spec and key, and its compile errors point
 };)"};
   CHECK_THAT(compile_error(mutable_hook),
              Catch::Contains("kiln_variant::logit must be a static or const __device__ member"));
+}
+
+TEST_CASE(
+    "the backward compiles user variants for sm_80 and gfx90a, and refuses what it cannot "
+    "differentiate",
+    "[attention_backward][compile][variant]") {
+  // Additive logit hooks with a row's state, a mask hook, a sink hook and a nonlinear logit hook
+  // with its logit_grad, into the mma kernels and the portable ones, masked or not, with every
+  // score feature.
+  std::vector<kiln::KernelSpec> nvidia_specs, amd_specs;
+  for (const kiln::Variant* variant :
+       {&kiln::examples::alibi_variant(), &kiln::examples::document_variant(),
+        &kiln::examples::key_padding_variant(), &kiln::examples::softmax_one_variant(),
+        &kiln::test::gated_cap_variant()}) {
+    for (kiln::AttentionProblem problem : {feature_problems()[0], feature_problems()[2]}) {
+      problem.variant = variant;
+      // dsinks only where the variant has no sink hook, which it would refuse.
+      const kiln::AttentionBackwardProblem backward{
+          .forward = problem, .dsinks = variant != &kiln::examples::softmax_one_variant()};
+      add_new(nvidia_specs,
+              kiln::attention_backward_specs(backward, kiln::choose(backward, "sm_80")));
+      add_new(amd_specs,
+              kiln::attention_backward_specs(backward, kiln::choose(backward, "gfx90a")));
+    }
+  }
+  add_new(nvidia_specs, amd_specs);
+  kiln::test::TempDir dir;
+  kiln::Runtime nvidia = runtime_for(dir.path(), "sm_80");
+  check_compiled(nvidia, nvidia_specs);
+  // The wgmma kernels (choose()'s on sm_90a at head dim 128), under a nonlinear logit hook with
+  // a row's state.
+  kiln::AttentionProblem d128{.head_dim = 128, .head_dim_v = 128, .band = true, .softcap = true};
+  d128.variant = &kiln::test::gated_cap_variant();
+  const kiln::AttentionBackwardProblem hopper{.forward = d128};
+  const kiln::AttentionBackwardConfig wgmma = kiln::choose(hopper, "sm_90a");
+  CHECK(wgmma.kernel == kiln::AttentionBackwardKernel::wgmma);
+  kiln::Runtime sm90 = runtime_for(dir.path(), "sm_90a");
+  check_compiled(sm90, kiln::attention_backward_specs(hopper, wgmma));
+
+  // Another variant is another kernel; the row dots take one only with dsinks.
+  kiln::AttentionBackwardProblem problem{.forward = feature_problems()[2]};
+  const auto specs_of = [&](const kiln::Variant* variant) {
+    problem.forward.variant = variant;
+    return kiln::attention_backward_specs(problem, kiln::choose(problem, "sm_80"));
+  };
+  const std::vector<kiln::KernelSpec> plain = specs_of(nullptr);
+  const std::vector<kiln::KernelSpec> alibi = specs_of(&kiln::examples::alibi_variant());
+  const std::vector<kiln::KernelSpec> document = specs_of(&kiln::examples::document_variant());
+  REQUIRE(alibi.size() == 3);
+  CHECK(alibi[0] == plain[0]);
+  for (std::size_t i = 1; i < 3; ++i) {  // dk/dv and dq
+    CHECK_THAT(kiln::to_string(alibi[i]), Catch::Contains("{variant alibi "));
+    CHECK(nvidia.key(alibi[i]) != nvidia.key(plain[i]));
+    CHECK(nvidia.key(alibi[i]) != nvidia.key(document[i]));
+  }
+  problem.dsinks = true;
+  CHECK_THAT(kiln::to_string(specs_of(&kiln::examples::alibi_variant())[0]),
+             Catch::Contains("{variant alibi "));
+
+  // The compile error of `variant`'s backward kernels (dsinks or not), which must fail.
+  const auto compile_error = [&](const kiln::Variant& variant, bool dsinks) {
+    problem.dsinks = dsinks;
+    std::vector<kiln::KernelSpec> specs = specs_of(&variant);
+    for (kiln::KernelSpec& spec : specs) spec.target = "sm_80";
+    const kiln::WarmupReport report = nvidia.warmup(specs, {.threads = 1});
+    std::string errors;
+    for (const kiln::WarmupItem& item : report.items) {
+      if (item.status == kiln::WarmupStatus::failed) errors += item.error;
+    }
+    CHECK_FALSE(errors.empty());
+    return errors;
+  };
+  // A nonlinear logit hook without its derivative; the forward takes it.
+  const kiln::Variant squared{.name = "squared", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x * x;
+  }
+};)"};
+  CHECK_THAT(compile_error(squared, false),
+             Catch::Contains("the backward needs the derivative of kiln_variant::logit") &&
+                 Catch::Contains("logit_grad") && Catch::Contains("logit_is_additive"));
+  kiln::AttentionProblem forward = feature_problems()[2];
+  forward.variant = &squared;
+  kiln::KernelSpec forward_spec = kiln::attention_spec(forward, kiln::choose(forward, "sm_80"));
+  forward_spec.target = "sm_80";
+  check_compiled(nvidia, {forward_spec});
+  // A logit_grad that cannot be called as one, or one beside logit_is_additive.
+  const kiln::Variant mutable_grad{.name = "mutable_grad", .code = R"(struct kiln_variant {
+  static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x * x;
+  }
+  __device__ float logit_grad(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return 2.f * x;
+  }
+};)"};
+  CHECK_THAT(compile_error(mutable_grad, false),
+             Catch::Contains("kiln_variant::logit_grad must be a static or const __device__"));
+  const kiln::Variant both{.name = "both", .code = R"(struct kiln_variant {
+  static constexpr bool logit_is_additive = true;
+  static __device__ float logit(const kiln::VariantParams&, const kiln::VariantCoords&, float x) {
+    return x + 1.f;
+  }
+  static __device__ float logit_grad(const kiln::VariantParams&, const kiln::VariantCoords&,
+                                     float) {
+    return 1.f;
+  }
+};)"};
+  CHECK_THAT(compile_error(both, false),
+             Catch::Contains("declares logit_is_additive and has a logit_grad too"));
+  // dbias under a nonlinear logit hook (its factor is not in dbias yet); gated_cap's kernels
+  // without dbias compile (above).
+  problem.dbias = true;
+  CHECK_THAT(compile_error(kiln::test::gated_cap_variant(), false),
+             Catch::Contains("grads.dbias under a kiln_variant::logit that is not additive"));
+  problem.dbias = false;
+  // dsinks through a sink hook; without dsinks its kernels compile (above).
+  CHECK_THAT(compile_error(kiln::examples::softmax_one_variant(), true),
+             Catch::Contains("grads.dsinks through kiln_variant::sink is not supported yet"));
+
+  KILN_REQUIRE_HIPRTC();
+  kiln::Runtime amd = runtime_for(dir.path(), "gfx90a");
+  check_compiled(amd, amd_specs);
 }

@@ -134,10 +134,10 @@ void ReferenceProblem::set_lengths(const std::vector<int>& seqlens_q,
 
 // The plain-dtype baseline approximates FlashAttention's own (attention_ref with upcast=False):
 // there q.k^T is a matmul in the input dtype (fp32 accumulation, result rounded to the dtype),
-// softcap runs in the dtype, ALiBi and bias are added in fp32, softmax runs in fp32 and its P is
-// rounded to the dtype before P.V, whose result is rounded to the dtype once more. Here the
-// accumulations are fp64 and the softmax fp64; the roundings to the dtype, which dominate the
-// error, are the same.
+// softcap and a logit hook run in the dtype, ALiBi and bias are added in fp32, softmax runs in fp32
+// and its P is rounded to the dtype before P.V, whose result is rounded to the dtype once more.
+// Here the accumulations are fp64 and the softmax fp64; the roundings to the dtype, which dominate
+// the error, are the same.
 void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& q,
                           const std::vector<double>& k,
                           const std::function<void(const SoftmaxRow&)>& fn) {
@@ -176,6 +176,8 @@ void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& 
         r.p_plain.clear();
         r.dtanh.clear();
         r.dtanh_plain.clear();
+        r.dhook.clear();
+        r.dhook_plain.clear();
         if (last < first) {  // fully masked: out 0, and lse -inf or the sink
           r.lse = sink;
           r.sink_p = r.sink_p_plain = sink > -inf ? 1 : 0;
@@ -189,7 +191,7 @@ void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& 
           for (std::size_t c = 0; c < d; ++c) dot += qi[c] * kj[c];
           double s = p.softmax_scale * dot;
           double sp = round_to(p.dtype, s);
-          double dtanh = 1, dtanh_plain = 1;
+          double dtanh = 1, dtanh_plain = 1, dhook = 1, dhook_plain = 1;
           if (p.softcap > 0) {
             const double t = std::tanh(s / p.softcap), t_plain = std::tanh(sp / p.softcap);
             s = p.softcap * t;
@@ -200,10 +202,20 @@ void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& 
           }
           double add = -slope * std::abs(i + offset - j);
           if (p.bias) add += p.bias(b, h, i, j);
-          r.p.push_back(s + add);
-          r.p_plain.push_back(sp + add);
+          s += add;
+          sp += add;
+          if (p.logit) {  // in the dtype, as softcap
+            dhook = p.logit_grad(b, h, i, j, s);
+            dhook_plain = round_to(p.dtype, p.logit_grad(b, h, i, j, sp));
+            s = p.logit(b, h, i, j, s);
+            sp = round_to(p.dtype, p.logit(b, h, i, j, sp));
+          }
+          r.p.push_back(s);
+          r.p_plain.push_back(sp);
           r.dtanh.push_back(dtanh);
           r.dtanh_plain.push_back(dtanh_plain);
+          r.dhook.push_back(dhook);
+          r.dhook_plain.push_back(dhook_plain);
         }
         const double max = std::max(sink, *std::max_element(r.p.begin(), r.p.end()));
         if (max == -inf) {  // the bias masked every key, and no sink: as fully masked

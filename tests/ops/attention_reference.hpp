@@ -79,6 +79,10 @@ struct ReferenceProblem {
   std::function<double(int, int, int, double)> row_sink;
   // Additive bias at (batch, head, query row, key) within the sequence; empty: none.
   std::function<double(int, int, int, int)> bias;
+  // A user variant's logit hook at (batch, head, query row, key) within the sequence, given the
+  // logit after the bias, and its derivative in that logit (the backward's); empty: none.
+  std::function<double(int, int, int, int, double)> logit;
+  std::function<double(int, int, int, int, double)> logit_grad;
 
   int batch() const { return static_cast<int>(cu_seqlens_q.size()) - 1; }
   // A padded batch of `batch` sequences of equal lengths.
@@ -110,6 +114,9 @@ struct SoftmaxRow {
   std::vector<double> p, p_plain;  // softmax weights; p_plain rounded to the dtype
   // d logit / d (scale * q.k): 1 - tanh^2 under softcap (in fp64, and of the plain logit), else 1.
   std::vector<double> dtanh, dtanh_plain;
+  // d logit / d the logit the logit hook was given (the bias's gradient's factor): its
+  // logit_grad, 1 without a hook.
+  std::vector<double> dhook, dhook_plain;
   double sink_p = 0, sink_p_plain = 0;  // the sink's softmax weight
 };
 

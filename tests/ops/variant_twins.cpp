@@ -36,6 +36,13 @@ struct kiln_variant {
   return variant;
 }
 
+std::vector<float> uniform_floats(std::size_t n, float low, float high, std::mt19937& rng) {
+  std::uniform_real_distribution<float> uniform(low, high);
+  std::vector<float> values(n);
+  for (float& x : values) x = uniform(rng);
+  return values;
+}
+
 // T5's bucket of relative distance `relative`, as t5_bias_variant's code takes it but in double;
 // the logarithmic bucket's value must stay clear of a whole number, where float rounding on the
 // GPU could land on the other side.
@@ -76,6 +83,32 @@ TensorView upload_view(const std::vector<T>& host, DType dtype,
 
 }  // namespace
 
+const Variant& gated_cap_variant() {
+  static const Variant variant{.name = "gated_cap", .code = R"(
+struct kiln_variant {
+  float cap, query_gain;
+  static __device__ kiln_variant row(const kiln::VariantParams& v, const kiln::VariantCoords& at) {
+    return {kiln::variant_load<float>(v.tensors[0], at.head),
+            kiln::variant_load<float>(v.tensors[1], at.batch, at.query)};
+  }
+  __device__ float gain(const kiln::VariantParams& v, const kiln::VariantCoords& at) const {
+    return query_gain * kiln::variant_load<float>(v.tensors[2], at.batch, at.key);
+  }
+  __device__ float logit(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                         float logit) const {
+    return cap * tanhf(gain(v, at) * logit / cap);
+  }
+  __device__ float logit_grad(const kiln::VariantParams& v, const kiln::VariantCoords& at,
+                              float logit) const {
+    const float g = gain(v, at);
+    const float t = tanhf(g * logit / cap);
+    return g * (1.f - t * t);
+  }
+};
+)"};
+  return variant;
+}
+
 std::string_view to_string(UserVariant variant) {
   switch (variant) {
     case UserVariant::none: return "none";
@@ -86,6 +119,7 @@ std::string_view to_string(UserVariant variant) {
     case UserVariant::key_padding: return "key padding";
     case UserVariant::softmax_one: return "softmax1";
     case UserVariant::row_sinks: return "row sinks";
+    case UserVariant::gated_cap: return "gated cap";
   }
   return "?";
 }
@@ -94,7 +128,7 @@ void add_user_variant(UserVariant variant, const VariantShape& shape, ReferenceP
                       ScoreOptions& score, std::vector<std::unique_ptr<DeviceBuffer>>& buffers,
                       std::mt19937& rng) {
   REQUIRE(shape.offsets.size() == static_cast<std::size_t>(shape.batch));
-  REQUIRE((ref.alibi_slopes.empty() && !ref.bias && !ref.row_sink));
+  REQUIRE((ref.alibi_slopes.empty() && !ref.bias && !ref.row_sink && !ref.logit));
   const std::int64_t batch = shape.batch, heads = shape.heads;
   const std::int64_t seqlen_q = shape.seqlen_q, seqlen_k = shape.seqlen_k;
   const std::vector<int> offsets = shape.offsets;
@@ -195,6 +229,33 @@ void add_user_variant(UserVariant variant, const VariantShape& shape, ReferenceP
       score.variant_tensors.push_back(
           upload_view(own, DType::f32, {batch, heads, seqlen_q}, buffers));
       score.variant = &row_sinks_variant();
+      return;
+    }
+    case UserVariant::gated_cap: {
+      // Caps of 2 to 4 over logits of std about 1 times gains of 0.25 to 2: tanh bends them.
+      const std::vector<float> caps = uniform_floats(static_cast<std::size_t>(heads), 2, 4, rng);
+      const std::vector<float> query_gains =
+          uniform_floats(static_cast<std::size_t>(batch * seqlen_q), 0.5f, 2, rng);
+      const std::vector<float> key_gains =
+          uniform_floats(static_cast<std::size_t>(batch * seqlen_k), 0.5f, 1, rng);
+      const auto gain = [=](int b, int i, int j) {
+        return static_cast<double>(query_gains[static_cast<std::size_t>(b * seqlen_q + i)]) *
+               key_gains[static_cast<std::size_t>(b * seqlen_k + j)];
+      };
+      ref.logit = [=](int b, int h, int i, int j, double x) {
+        const double cap = caps[static_cast<std::size_t>(h)];
+        return cap * std::tanh(gain(b, i, j) * x / cap);
+      };
+      ref.logit_grad = [=](int b, int h, int i, int j, double x) {
+        const double g = gain(b, i, j), t = std::tanh(g * x / caps[static_cast<std::size_t>(h)]);
+        return g * (1 - t * t);
+      };
+      score.variant_tensors.push_back(upload_view(caps, DType::f32, {heads}, buffers));
+      score.variant_tensors.push_back(
+          upload_view(query_gains, DType::f32, {batch, seqlen_q}, buffers));
+      score.variant_tensors.push_back(
+          upload_view(key_gains, DType::f32, {batch, seqlen_k}, buffers));
+      score.variant = &gated_cap_variant();
       return;
     }
   }

@@ -24,9 +24,16 @@ enum class UserVariant {
   key_padding,    // a key padding mask, int64 (batch, seqlen_k) (mask hook)
   softmax_one,    // softmax1: a zero sink logit in every row (sink hook)
   row_sinks,      // a sink per (batch, head, query row), with the head's (sink hook)
+  gated_cap,      // a tanh cap of the logit times query and key gains (logit and logit_grad)
 };
 
 std::string_view to_string(UserVariant variant);
+
+// gated_cap's code: cap * tanh(gain * logit / cap), cap = variant_tensors[0][head] (fp32, heads)
+// and gain = variant_tensors[1][batch][query] * variant_tensors[2][batch][key] (fp32, (batch,
+// seqlen_q) and (batch, seqlen_k)), with its logit_grad; the cap and the query's gain are the
+// row's state.
+const Variant& gated_cap_variant();
 
 // The sequences a variant's tensors cover: each of `batch` has up to `seqlen_q` query rows and
 // `seqlen_k` keys, and its diagonal's offset (query row i sits at key position i + offset[b]).

@@ -20,7 +20,7 @@
 //
 // Spec constants (both kernels), as attention_backward_dkdv_portable's: dtype_q, dtype_kv,
 // dtype_out (one of f16, bf16 for all), head_dim, head_dim_v, band, varlen, has_softcap,
-// has_alibi, has_bias (dkdv also has_dbias), and:
+// has_alibi, has_bias (dkdv also has_dbias) and a user variant, and:
 //   block_n   rows a CTA holds (keys in dkdv, query rows in dq), a multiple of 16: 16 for each of
 //             block_n / 16 row groups.
 //   warps     a multiple of block_n / 16: the warps / (block_n / 16) warps of a row group each
@@ -195,16 +195,17 @@ __device__ __forceinline__ void backward_step(float (&acc)[1][Tr::qk_slice / 8][
       acc, dp, streamed_qk + lanes.aq.v + slice * Tr::qk_slice * Tr::q_size, lanes.aq);
 }
 
-// d logit / d score of each score of a tile: the scale, times tanh's derivative under a
-// softcap (a constant the compiler folds away without one).
-template <class Transform, int STiles>
+// d logit / d score of each score of a tile, grad_of(nt, e, score): LogitTransform::score_grad
+// at element (nt, e)'s row, query and key (without a softcap or a variant's logit_grad, the
+// scale, a constant the compiler folds away).
+template <int STiles, class GradOf>
 __device__ __forceinline__ void logit_derivatives(float (&grad)[1][STiles][4],
                                                   const float (&s)[1][STiles][4],
-                                                  const Transform& f) {
+                                                  const GradOf& grad_of) {
 #pragma unroll
   for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
-    for (int e = 0; e < 4; ++e) grad[0][nt][e] = f.score_grad(s[0][nt][e]);
+    for (int e = 0; e < 4; ++e) grad[0][nt][e] = grad_of(nt, e, s[0][nt][e]);
   }
 }
 
@@ -214,17 +215,18 @@ __device__ __forceinline__ int fragment_col(int nt, int e, int lane) {
   return 8 * nt + 2 * (lane % 4) + e % 2;
 }
 
-// dS = P (dP - D) d logit / d score in place of dp; D of the element's row (dq) or column
-// (dk/dv) comes from dot(nt, e).
-template <int STiles, class Dot>
+// dS = P (dP - D) d logit / d score in place of dp (LogitTransform::score_ds); D of the
+// element's row (dq) or column (dk/dv) comes from dot(nt, e).
+template <int STiles, class Transform, class Dot>
 __device__ __forceinline__ void dp_to_ds(float (&dp)[1][STiles][4],
                                          const float (&prob)[1][STiles][4],
-                                         const float (&grad)[1][STiles][4], const Dot& dot) {
+                                         const float (&grad)[1][STiles][4], const Transform& f,
+                                         const Dot& dot) {
 #pragma unroll
   for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
     for (int e = 0; e < 4; ++e) {
-      dp[0][nt][e] = prob[0][nt][e] * (dp[0][nt][e] - dot(nt, e)) * grad[0][nt][e];
+      dp[0][nt][e] = f.score_ds(prob[0][nt][e] * (dp[0][nt][e] - dot(nt, e)), grad[0][nt][e]);
     }
   }
 }
@@ -241,9 +243,29 @@ __device__ __forceinline__ void logits_to_probs(float (&s)[1][STiles][4], float 
   }
 }
 
-// The logits of the dk/dv kernel's transposed scores: element (nt, x) of the thread's tile is
-// key key_row + 8 * (x / 2) and query query_col + 8 * nt + x % 2. The transform's row 0 serves
-// every query: without a variant a row's terms depend on its (batch, head) alone.
+// The dk/dv kernel's transposed scores: element (nt, x) of the thread's tile is key
+// key_row + 8 * (x / 2) and query query_col + 8 * nt + x % 2, whose row is f.row_at(query): row
+// 0's, with a variant's row state made for the query when it has one.
+__device__ __forceinline__ int transposed_query(int query_col, int nt, int x) {
+  return query_col + 8 * nt + x % 2;
+}
+__device__ __forceinline__ int transposed_key(int key_row, int x) {
+  return key_row + 8 * (x / 2);
+}
+
+// d logit / d score of the dk/dv kernel's transposed scores (logit_derivatives).
+template <class Transform, int STiles>
+__device__ __forceinline__ void transposed_derivatives(float (&grad)[1][STiles][4],
+                                                       const float (&s)[1][STiles][4],
+                                                       const Transform& f, int key_row,
+                                                       int query_col) {
+  logit_derivatives(grad, s, [&](int nt, int x, float score) {
+    const int i = transposed_query(query_col, nt, x);
+    return f.score_grad(score, f.row_at(i), i, transposed_key(key_row, x));
+  });
+}
+
+// The logits of the dk/dv kernel's transposed scores.
 template <bool Edge, class Transform, int STiles>
 __device__ __forceinline__ void transposed_logits(float (&s)[1][STiles][4], const Transform& f,
                                                   int key_row, int query_col) {
@@ -251,9 +273,13 @@ __device__ __forceinline__ void transposed_logits(float (&s)[1][STiles][4], cons
 #pragma unroll
     for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        s[0][nt][x] = f.template logit<Edge>(s[0][nt][x], f.rows[0], query_col + 8 * nt + x % 2,
-                                             key_row + 8 * (x / 2));
+      for (int e = 0; e < 2; ++e) {
+        const int i = transposed_query(query_col, nt, e);
+        const auto row = f.row_at(i);  // for both of the query's keys
+#pragma unroll
+        for (int x = e; x < 4; x += 2) {
+          s[0][nt][x] = f.template logit<Edge>(s[0][nt][x], row, i, transposed_key(key_row, x));
+        }
       }
     }
   }
@@ -422,7 +448,7 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
         dk, own_qk, own_v, mma::smem_address(tiles.streamed_qk(slot)), streamed_v, lanes,
         place.slice,
         [&](float(&s)[1][Tr::s_tiles][4]) {
-          logit_derivatives(grad, s, transform);
+          transposed_derivatives(grad, s, transform, key_row, query_col);
           if (transform.has_bias && edge) {
             transposed_logits<true>(s, transform, key_row, query_col);
           } else {
@@ -443,7 +469,7 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
                                        query_dot, key_row, tile.stored, query_col, rows_end);
             }
           }
-          dp_to_ds(dp, prob, grad, query_dot);
+          dp_to_ds(dp, prob, grad, transform, query_dot);
         });
     if (more) store_rows(next, 1 - slot);
   }
@@ -538,12 +564,16 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
         dq, own_qk, own_v, mma::smem_address(tiles.streamed_qk(slot)),
         mma::smem_address(tiles.streamed_v(slot)), lanes, place.slice,
         [&](float(&s)[1][Tr::s_tiles][4]) {
-          logit_derivatives(grad, s, transform);
+          logit_derivatives(grad, s, [&](int nt, int x, float score) {
+            const int r = x / 2;
+            return transform.score_grad(score, transform.rows[r], transform.query(r),
+                                        key0 + 8 * nt + x % 2);
+          });
           transform.apply(s, key0, masked, [&] { mask_logits(s, band, row0, key0); });
           logits_to_probs(s, to_log2, [&](int, int e) { return lse[e / 2]; });
         },
         [&](const float(&prob)[1][Tr::s_tiles][4], float(&dp)[1][Tr::s_tiles][4]) {
-          dp_to_ds(dp, prob, grad, [&](int, int e) { return dot[e / 2]; });
+          dp_to_ds(dp, prob, grad, transform, [&](int, int e) { return dot[e / 2]; });
         });
   }
 

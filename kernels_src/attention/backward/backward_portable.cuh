@@ -17,9 +17,10 @@
 // bp.maybe_dbias_accum.
 //
 // Spec constants (both kernels): as attention_forward_portable's: dtype_q, dtype_kv, dtype_out,
-// head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias, block_m, block_n, and
-// warps (warps * 32 threads; warps * 32 / block_n lanes share a key in dkdv, warps * 32 /
-// block_m a query row in dq); dkdv also has_dbias.
+// head_dim, head_dim_v, band, varlen, has_softcap, has_alibi, has_bias (and a user variant,
+// whose logit hook's derivative LogitTransform::score_grad takes), block_m, block_n, and warps
+// (warps * 32 threads; warps * 32 / block_n lanes share a key in dkdv, warps * 32 / block_m a
+// query row in dq); dkdv also has_dbias.
 //
 // Launch, after attention_backward_dot: dkdv on grid (ceil(seqlen_k / block_n), heads_kv,
 // batch), seqlen_k the longest sequence's stored keys, with dynamic shared memory
@@ -192,11 +193,12 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
         const float score = row_dot<Tr::head_dim, kLanes>(k, q_tile + r * Tr::head_dim, lane);
         const float dp = row_dot<Tr::head_dim_v, kLanes>(v, dout_tile + r * Tr::head_dim_v, lane);
         float logit[1] = {score};
-        transform.rows[0].at.query = i;
+        transform.rows[0] = transform.row_at(i);
         transform.apply(logit, key, true, [&] { mask_row(logit, band, i, key); });
         const float prob = probability(logit[0], to_log2, lse_tile[r]);
         const float dlogit = prob * (dp - dot_tile[r]);  // the bias's gradient
-        const float ds = dlogit * transform.score_grad(score);
+        const float ds =
+            transform.score_ds(dlogit, transform.score_grad(score, transform.rows[0], i, key));
         if constexpr (Spec::has_dbias) {
           if (lane == 0 && key < tile.stored) {
             dbias_rows[static_cast<long long>(i) * p.seqlen_k + key] = dlogit;
@@ -291,7 +293,9 @@ __global__ void __launch_bounds__(attention::BackwardPortableTraits<Spec>::threa
       transform.apply(s, first, masked, [&] { mask_row(s, band, row, first); });
 #pragma unroll
       for (int j = 0; j < 8; ++j) {
-        s[j] = probability(s[j], to_log2, lse) * (dp[j] - dot) * transform.score_grad(score[j]);
+        s[j] =
+            transform.score_ds(probability(s[j], to_log2, lse) * (dp[j] - dot),
+                               transform.score_grad(score[j], transform.rows[0], row, first + j));
       }
       tile_accumulate<8, Tr::head_dim, kLanes>(dq, s, k_rows, lane);
     }

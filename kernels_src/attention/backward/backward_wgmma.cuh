@@ -244,7 +244,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     const bool edge = r0 + Tr::block_m > seq.seqlen_q || key0 + Tr::block_n > seq.seqlen_k;
     const int query_col = r0 + 2 * (lane % 4);
     float grad[1][Tr::s_tiles][4];
-    logit_derivatives(grad, s, transform);
+    transposed_derivatives(grad, s, transform, key_row, query_col);
     if (transform.has_bias && edge) {
       transposed_logits<true>(s, transform, key_row, query_col);
     } else {
@@ -260,7 +260,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, s, dp, query_dot,
                                key_row, tile.stored, query_col, rows_end);
     }
-    dp_to_ds(dp, s, grad, query_dot);
+    dp_to_ds(dp, s, grad, transform, query_dot);
 
     // dV += P^T dO and dK += dS^T Q, while dS^T goes to shared memory for dQ.
     unsigned a[Tr::block_m / 16][4];

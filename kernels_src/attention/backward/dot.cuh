@@ -6,8 +6,9 @@
 //   attention_backward_sinks: adds those shares up per head, in one fixed order.
 // Neither uses atomics: the gradients are bitwise the same run to run.
 //
-// Spec constants of attention_backward_dot: dtype_out, head_dim_v, varlen (as the forward's).
-// attention_backward_sinks takes none.
+// Spec constants of attention_backward_dot: dtype_out, head_dim_v, varlen (as the forward's), and
+// with dsinks the call's user variant, whose sink hook it refuses. attention_backward_sinks takes
+// none.
 //
 // Launch: attention_backward_dot on grid (ceil(seqlen_q / kAttentionBackwardDotRows), heads,
 // batch), kAttentionBackwardDotThreads threads; attention_backward_sinks on grid (heads),
@@ -16,6 +17,7 @@
 
 #include "attention/backward/rows.cuh"
 #include "attention/core/lane_chunks.cuh"
+#include "attention/core/logits.cuh"
 #include "attention/core/math.cuh"
 #include "attention/prefill/sequence.cuh"
 #include "common/prelude.cuh"
@@ -77,6 +79,12 @@ __global__ void __launch_bounds__(kAttentionBackwardDotThreads)
   if (valid && lane == 0) bp.row_dot[seq.lse_offset + row] = dot;
 
   if (bp.maybe_sink_partials == nullptr) return;
+  if constexpr (Spec::has_variant) {
+    static_assert(!VariantHooks<typename Spec::variant>::sink,
+                  "grads.dsinks through kiln_variant::sink is not supported yet (the hook would "
+                  "need a derivative): leave dsinks unset; dq, dk and dv take the sink hook into "
+                  "account all the same");
+  }
   // The CTA's share of dsinks[head]: rows whose LSE is -inf attended nothing, the sink included.
   const float sink = p.score.maybe_sinks[head];
   float share = 0.f;

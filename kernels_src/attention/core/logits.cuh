@@ -18,7 +18,8 @@ namespace kiln::attention {
 
 // Which of the hooks of kiln/variant.hpp a user variant V defines; each is optional. A hook may
 // be a static or a const member: it is called on the row's V (LogitRow::variant), which
-// V::row(params, coords) makes when V has it (`state`), else V{}.
+// V::row(params, coords) makes when V has it (`state`), else V{}. The backward takes logit's
+// derivative from logit_grad, or 1 where V declares logit_is_additive.
 template <class V>
 struct VariantHooks {
   // Stand-ins for the hooks' arguments, in unevaluated expressions only.
@@ -32,6 +33,23 @@ struct VariantHooks {
   }
   template <class U>
   static constexpr __device__ bool logit_of(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto logit_grad_of(int)
+      -> decltype(static_cast<const U*>(nullptr)->logit_grad(params(), coords(), 0.f), true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool logit_grad_of(...) {
+    return false;
+  }
+  template <class U>
+  static constexpr __device__ auto additive_of(int) -> decltype(bool{U::logit_is_additive}) {
+    return U::logit_is_additive;
+  }
+  template <class U>
+  static constexpr __device__ bool additive_of(...) {
     return false;
   }
   template <class U>
@@ -73,6 +91,14 @@ struct VariantHooks {
     return false;
   }
   template <class U>
+  static constexpr __device__ auto names_logit_grad(int) -> decltype(&U::logit_grad, true) {
+    return true;
+  }
+  template <class U>
+  static constexpr __device__ bool names_logit_grad(...) {
+    return false;
+  }
+  template <class U>
   static constexpr __device__ auto names_mask(int) -> decltype(&U::mask, true) {
     return true;
   }
@@ -98,6 +124,8 @@ struct VariantHooks {
   }
 
   static constexpr bool logit = logit_of<V>(0);
+  static constexpr bool logit_grad = logit_grad_of<V>(0);
+  static constexpr bool logit_is_additive = additive_of<V>(0);
   static constexpr bool mask = mask_of<V>(0);
   static constexpr bool sink = sink_of<V>(0);
   static constexpr bool state = state_of<V>(0);
@@ -105,6 +133,16 @@ struct VariantHooks {
                 "kiln_variant::logit must be a static or const __device__ member float "
                 "logit(const kiln::VariantParams&, const kiln::VariantCoords&, float) "
                 "(kiln/variant.hpp)");
+  static_assert(logit_grad || !names_logit_grad<V>(0),
+                "kiln_variant::logit_grad must be a static or const __device__ member float "
+                "logit_grad(const kiln::VariantParams&, const kiln::VariantCoords&, float) "
+                "(kiln/variant.hpp)");
+  static_assert((logit_grad || logit_is_additive) <= logit,
+                "kiln_variant has a logit_grad or logit_is_additive but no logit hook for it "
+                "(kiln/variant.hpp)");
+  static_assert(!(logit_grad && logit_is_additive),
+                "kiln_variant declares logit_is_additive and has a logit_grad too: an additive "
+                "logit's derivative is 1, so keep one of them (kiln/variant.hpp)");
   static_assert(mask || !names_mask<V>(0),
                 "kiln_variant::mask must be a static or const __device__ member bool mask(const "
                 "kiln::VariantParams&, const kiln::VariantCoords&) (kiln/variant.hpp)");
@@ -137,6 +175,18 @@ struct SpecVariant<Spec, true> {
   using type = typename Spec::variant;
 };
 
+// Whether the backward takes d logit / d x from a spec's variant's logit_grad: the variant has a
+// logit hook it does not declare additive.
+template <class Spec, bool = Spec::has_variant>
+struct VariantLogitGrad {
+  static constexpr bool value = false;
+};
+template <class Spec>
+struct VariantLogitGrad<Spec, true> {
+  using Hooks = VariantHooks<typename Spec::variant>;
+  static constexpr bool value = Hooks::logit && !Hooks::logit_is_additive;
+};
+
 // Whether a spec adds a bias tensor (prefill's has_bias; decode specs have none).
 template <class Spec>
 constexpr __device__ auto spec_has_bias(int) -> decltype(Spec::has_bias) {
@@ -144,6 +194,16 @@ constexpr __device__ auto spec_has_bias(int) -> decltype(Spec::has_bias) {
 }
 template <class Spec>
 constexpr __device__ bool spec_has_bias(...) {
+  return false;
+}
+
+// Whether a spec writes the bias's gradient (the backward's dk/dv kernels' has_dbias).
+template <class Spec>
+constexpr __device__ auto spec_has_dbias(int) -> decltype(Spec::has_dbias) {
+  return Spec::has_dbias;
+}
+template <class Spec>
+constexpr __device__ bool spec_has_dbias(...) {
   return false;
 }
 
@@ -221,16 +281,66 @@ struct LogitTransform {
   // the softmax scale rides along here, saving a multiply per score.
   __device__ __forceinline__ float to_log2() const { return on ? kLog2e : scale * kLog2e; }
 
-  // The backward's chain rule from a logit to its q.k `score`: d logit / d score, the scale
-  // times tanh's derivative under a softcap. ALiBi, the bias and the band add terms that do not
-  // depend on the score. A variant's logit hook would need its own derivative: the backward
-  // refuses variants.
-  __device__ __forceinline__ float score_grad(float score) const {
+  static constexpr bool variant_logit_grad = VariantLogitGrad<Spec>::value;
+
+  // The backward's chain rule from the logit of key j in `row`, whose query is i, to its q.k
+  // `score`: d logit / d score, the scale, times tanh's derivative under a softcap, times the
+  // variant's logit_grad at the logit its logit hook is given. ALiBi, the bias, the band, an
+  // additive variant and the mask hook add terms that do not depend on the score.
+  __device__ __forceinline__ float score_grad(float score, const LogitRow<Spec>& row, int i,
+                                              int j) const {
+    float grad = scale;
     if constexpr (Spec::has_softcap) {
       const float t = Math::tanh(score * scale * inv_softcap);
-      return scale * (1.f - t * t);
+      grad *= 1.f - t * t;
     }
-    return scale;
+    if constexpr (variant_logit_grad) {
+      constexpr bool has_grad = VariantHooks<typename Spec::variant>::logit_grad;
+      static_assert(has_grad,
+                    "the backward needs the derivative of kiln_variant::logit: give kiln_variant "
+                    "a static or const __device__ member float logit_grad(const "
+                    "kiln::VariantParams&, const kiln::VariantCoords&, float x) returning "
+                    "d logit / d x, or declare static constexpr bool logit_is_additive = true "
+                    "where logit only adds a function of the coordinates to x (-inf masking) "
+                    "(kiln/variant.hpp)");
+      static_assert(!spec_has_dbias<Spec>(0),
+                    "grads.dbias under a kiln_variant::logit that is not additive is not "
+                    "supported yet (the bias's gradient would need logit_grad's factor): leave "
+                    "dbias unset (kiln/variant.hpp)");
+      // NOTE: the bias is read at clamped coordinates: this runs on every element of a tile.
+      if constexpr (has_grad) {
+        grad *= row.variant.logit_grad(*variant, coords(row, i, j),
+                                       model_logit<true>(score, row, i, j));
+      }
+    }
+    return grad;
+  }
+
+  // dS = dlogit grad, from dlogit = dL / d logit = P (dP - D) and grad = d logit / d score;
+  // 0 where dlogit is (P is 0 where masked or past the sequence): logit_grad is called on every
+  // element, as logit is, and what it returns there (inf or NaN, say) must not reach the
+  // gradients.
+  static __device__ __forceinline__ float score_ds(float dlogit, float grad) {
+    if constexpr (variant_logit_grad) return dlogit == 0.f ? 0.f : dlogit * grad;
+    return dlogit * grad;
+  }
+
+  // Row 0's row (its batch and head) with query i: the dk/dv kernels' rows, whose queries vary
+  // along a tile. A variant with row state gets it made for query i (the last row for one past
+  // the sequence, as make_logit_transform does).
+  __device__ __forceinline__ LogitRow<Spec> row_at(int i) const {
+    LogitRow<Spec> row = rows[0];
+    row.at.query = i;
+    if constexpr (Spec::has_variant) {
+      using V = typename Spec::variant;
+      if constexpr (VariantHooks<V>::state) {
+        VariantCoords at = row.at;
+        at.query = min(i, seqlen_q - 1);
+        at.key = -1;
+        row.variant = V::row(*variant, at);
+      }
+    }
+    return row;
   }
 
   // The logits of a tile, then `mask()` on them where `masked`: s holds fragments
@@ -269,6 +379,33 @@ struct LogitTransform {
   template <bool Edge>
   __device__ __forceinline__ float logit(float score, const LogitRow<Spec>& row, int i,
                                          int j) const {
+    float x = model_logit<Edge>(score, row, i, j);
+    if constexpr (Spec::has_variant) {
+      const VariantCoords at = coords(row, i, j);
+      if constexpr (VariantHooks<typename Spec::variant>::logit) {
+        x = row.variant.logit(*variant, at, x);
+      }
+      if constexpr (VariantHooks<typename Spec::variant>::mask) {
+        if (!row.variant.mask(*variant, at)) x = neg_inf();
+      }
+    }
+    return x;
+  }
+
+ private:
+  // The hooks' coordinates of key j in `row`, whose query is i.
+  static __device__ __forceinline__ VariantCoords coords(const LogitRow<Spec>& row, int i, int j) {
+    VariantCoords at = row.at;
+    at.query = i;
+    at.key = j;
+    return at;
+  }
+
+  // The logit of key j in `row`, whose query is i, before the variant's hooks: kiln's own score
+  // model.
+  template <bool Edge>
+  __device__ __forceinline__ float model_logit(float score, const LogitRow<Spec>& row, int i,
+                                               int j) const {
     float x = score * scale;
     if constexpr (Spec::has_softcap) x = softcap * Math::tanh(x * inv_softcap);
     if constexpr (Spec::has_alibi) {
@@ -279,20 +416,9 @@ struct LogitTransform {
       const int bias_j = Edge ? min(j, seqlen_k - 1) : j;
       x += to_float(bias[bias_i * bias_row_stride + bias_j * bias_col_stride]);
     }
-    if constexpr (Spec::has_variant) {
-      using V = typename Spec::variant;
-      VariantCoords at = row.at;
-      at.query = i;
-      at.key = j;
-      if constexpr (VariantHooks<V>::logit) x = row.variant.logit(*variant, at, x);
-      if constexpr (VariantHooks<V>::mask) {
-        if (!row.variant.mask(*variant, at)) x = neg_inf();
-      }
-    }
     return x;
   }
 
- private:
   // The last key of the thread's part of a tile from key0.
   template <int MTiles, int STiles>
   static __device__ __forceinline__ int last_key(const float (&)[MTiles][STiles][4], int key0) {
