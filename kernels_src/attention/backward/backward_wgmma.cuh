@@ -14,9 +14,8 @@
 //     accumulators bp.maybe_dq_accum with red.global.add.
 //   attention_backward_dq_wgmma: converts the accumulators into dq, in q's dtype and dq's layout.
 // D = rowsum(dO * O) comes from attention/backward/dot.cuh, the zeroed accumulators from the
-// host. The
-// logit, mask and gradient steps are the mma kernel's (attention/backward/backward_mma.cuh): a
-// warp's 16 rows of a wgmma accumulator are laid out as an mma.sync one.
+// host. The logit, mask and gradient steps are the mma kernel's (backward_mma.cuh): a warp's 16
+// rows of a wgmma accumulator are laid out as an mma.sync one.
 //
 // Spec constants: as attention_backward_dkdv_mma's (has_dbias the dk/dv kernel's), with
 //   block_n   64 or 128: keys a CTA holds, 64 for each warpgroup.
