@@ -24,6 +24,10 @@ __device__ __forceinline__ T* opaque(T* pointer) {
   asm volatile("" : "+l"(pointer));
   return pointer;
 }
+__device__ __forceinline__ unsigned opaque(unsigned value) {
+  asm volatile("" : "+r"(value));
+  return value;
+}
 
 // How long the L2 keeps what a cp.async reads. keep: the default, for data other CTAs read
 // again. stream: evicted first, for data read once (decode's KV cache), so that a long stream

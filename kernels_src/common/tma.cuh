@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // PTX wrappers for Hopper's asynchronous data movement (sm_90a): shared-memory mbarriers, TMA
-// tensor loads (cp.async.bulk.tensor) that signal them, register reallocation between warpgroups
-// (setmaxnreg) and named barriers, the pieces of a warp-specialized kernel.
+// tensor loads (cp.async.bulk.tensor) that signal them, bulk stores and reductions, register
+// reallocation between warpgroups (setmaxnreg) and named barriers, the pieces of a warp-specialized
+// kernel.
 //
 // A tensor map (CUtensorMap, 128 opaque bytes made on the host by cuTensorMapEncodeTiled) must
 // live in kernel parameter space (__grid_constant__) or global memory; kiln's are in the Params.
@@ -72,6 +73,16 @@ __device__ __forceinline__ void prefetch_map(const void* map) {
 // memory through the async proxy, so writes to it must be fenced first (fence_shared_for_async).
 __device__ __forceinline__ void store_bulk(void* destination, unsigned source, unsigned bytes) {
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" ::"l"(destination),
+               "r"(source), "r"(bytes)
+               : "memory");
+}
+// Starts adding `bytes` (a multiple of 16) of fp32 values from shared address `source` to those
+// at `destination` in global memory, both 16-byte aligned, each element atomically, in this
+// thread's current bulk group; fence the shared writes first, as for store_bulk.
+__device__ __forceinline__ void reduce_add_bulk(float* destination, unsigned source,
+                                                unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(
+                   destination),
                "r"(source), "r"(bytes)
                : "memory");
 }

@@ -103,6 +103,11 @@ int warps_threads(const AttentionBackwardConfig& c) {
   return c.warps * 32;
 }
 
+// The consumer warps and the producer warpgroup.
+int wgmma_threads(const AttentionBackwardConfig& c) {
+  return c.warps * 32 + 128;
+}
+
 constexpr const char* kParams = "kiln::AttentionBackwardParams";
 constexpr const char* kPortableSource = "attention/backward/backward_portable.cuh";
 constexpr const char* kMmaSource = "attention/backward/backward_mma.cuh";
@@ -142,7 +147,7 @@ const AttentionBackwardDescription kDescriptions[] = {
               spec_bytes<wgmma_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kWgmmaSource, "kiln::attention_backward_dq_wgmma", kParams,
             attention_portable_constants(), no_shared_memory, attention_operand_dtypes()},
-     .threads = warps_threads,
+     .threads = wgmma_threads,
      .dq_rows = [](const AttentionBackwardConfig& c) { return c.block_m; },
      .dkdv_shared_bytes = wgmma_dkdv_bytes,
      .dq_shared_bytes = no_dynamic_shared},
@@ -385,6 +390,16 @@ void require_fits(const AttentionBackwardPlan& plan, const AttentionBackwardConf
   }
 }
 
+AttentionBackwardConfig mma_config(const AttentionBackwardProblem& problem, const Target& target) {
+  const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
+  for (const BackwardTuning& row : mma_table(target)) {
+    if (widest <= row.widest) return row.config;
+  }
+  // NOTE: only a head dim past kMaxHeadDim gets here, which no call validates; its compile
+  // refuses it.
+  return mma_table(target).back().config;
+}
+
 }  // namespace detail
 
 AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target) {
@@ -400,12 +415,7 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
       if (problem.forward.head_dim <= row.widest) return row.config;
     }
   }
-  for (const detail::BackwardTuning& row : detail::mma_table(target)) {
-    if (widest <= row.widest) return row.config;
-  }
-  // NOTE: only a head dim past kMaxHeadDim gets here, which no call validates; its compile
-  // refuses it.
-  return detail::mma_table(target).back().config;
+  return detail::mma_config(problem, target);
 }
 
 std::vector<KernelSpec> attention_backward_specs(const AttentionBackwardProblem& problem,

@@ -62,6 +62,11 @@ struct AttentionBackwardPlan {
 AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
                                               const AttentionBackwardConfig& config);
 
+// The mma kernel's config from choose()'s tables for `problem` on an NVIDIA `target`: what
+// choose() gives where the wgmma kernel cannot run (deterministic, head dims past 128, or q and
+// dout that TMA cannot tile).
+AttentionBackwardConfig mma_config(const AttentionBackwardProblem& problem, const Target& target);
+
 // Throws kiln::Error (unsupported) when `device` cannot run a launch of `plan`.
 void require_fits(const AttentionBackwardPlan& plan, const AttentionBackwardConfig& config,
                   const DeviceInfo& device);

@@ -231,11 +231,7 @@ AttentionParams detail::attention_params(const TensorView& q, const TensorView& 
   return p;
 }
 
-namespace {
-
-// Whether TMA can tile these tensors: data to point at, no empty dim, and every stride but the
-// last a nonzero multiple of 16 bytes below 2^40 (a broadcast input, stride 0, is not one).
-bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
+bool detail::tma_can_tile(std::initializer_list<const TensorView*> tensors) {
   for (const TensorView* t : tensors) {
     if (t->data == nullptr) return false;
     for (int d = 0; d < t->rank; ++d) {
@@ -254,10 +250,8 @@ bool tma_can_tile(std::initializer_list<const TensorView*> tensors) {
   return true;
 }
 
-// The TMA descriptor of q, k or v (`t`, with `dim` columns) for boxes of `rows` rows: 4-d
-// (columns, tokens, heads, batch), one batch of every token with varlen.
-TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
-                        Runtime& runtime) {
+TensorMap detail::tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
+                                Runtime& runtime) {
   detail::TensorMapLayout layout{.data = t.data, .dtype = t.dtype, .rank = 4};
   const int h = t.rank - 2, tokens = t.rank - 3;
   const auto bytes = [&](std::int64_t stride) {
@@ -278,6 +272,8 @@ TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool va
   return map;
 }
 
+namespace {
+
 // How many (batch, head) pairs the tma kernel's persistent CTAs work through together: as many
 // as keep their K and V in 4 MiB of L2, for the CTAs at work at once read the same keys (on an
 // H100, 16 MiB read K and V from memory twice as often). Scheduling only: results do not depend
@@ -294,9 +290,9 @@ int section_pairs_of(const Shape& s) {
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
                                  const TensorView& k, const TensorView& v, const AttentionConfig& c,
                                  const Shape& s, Runtime& runtime) {
-  return {.q_map = tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
-          .k_map = tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
-          .v_map = tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
+  return {.q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
+          .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
+          .v_map = detail::tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
           .p = params,
           .maybe_tile_counter = nullptr,
           .section_pairs = section_pairs_of(s)};
@@ -315,7 +311,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Target target = detail::target_to_run(runtime, kCall);
   if (config) detail::check_config(*config, target);
   AttentionConfig c = config ? *config : choose(checked.problem, target);
-  if (c.kernel == AttentionKernel::tma && !tma_can_tile({&q, &k, &v})) {
+  if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
     if (config) {
       unsupported(fmt::format(
           "the tma kernel cannot tile q {}, k {} and v {}: TMA needs data, no empty dim and "

@@ -156,7 +156,17 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   if (s.heads == 0 && !call.problem.dbias) return;
   const Target target = detail::target_to_run(runtime, kCall);
   if (config) detail::check_config(*config, target);
-  const AttentionBackwardConfig c = config ? *config : choose(call.problem, target);
+  AttentionBackwardConfig c = config ? *config : choose(call.problem, target);
+  if (c.kernel == AttentionBackwardKernel::wgmma && !detail::tma_can_tile({&q, &dout})) {
+    if (config) {
+      unsupported(fmt::format(
+          "the wgmma backward kernel cannot tile q {} and dout {}: TMA needs data, no empty dim "
+          "and every stride but the last a nonzero multiple of 16 bytes: use the mma kernel "
+          "(AttentionBackwardKernel::mma), or choose()'s config, which does so itself",
+          q.describe(), dout.describe()));
+    }
+    c = detail::mma_config(call.problem, target);
+  }
   const detail::AttentionBackwardPlan plan = detail::attention_backward_plan(call.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.dkdv.spec);
   detail::require_fits(plan, c, device);  // before the compiles: a refused call does nothing
@@ -169,6 +179,11 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Kernel dbias = plan.dbias ? runtime.kernel(plan.dbias->spec, stream) : Kernel();
 
   AttentionBackwardParams bp = params_of(q, k, v, out, dout, dq, dk, dv, options, s);
+  if (c.kernel == AttentionBackwardKernel::wgmma) {
+    // Its dk/dv kernel's tensor maps, which the driver may refuse: before any memory is taken.
+    bp.q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime);
+    bp.dout_map = detail::tensor_map_of(dout, s.head_dim_v, c.block_m, s.varlen, runtime);
+  }
   const std::int64_t dot_blocks = detail::ceil_div(s.seqlen_q, kAttentionBackwardDotRows);
   bp.dot_row_blocks = static_cast<int>(dot_blocks);
   // The row dots at the LSE's offsets; the sinks' partial sums after them.
@@ -179,7 +194,9 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   // The wgmma kernels' dq accumulators: head_dim floats a row, rows at the LSE's offsets.
   const bool accumulates = c.kernel == AttentionBackwardKernel::wgmma;
   const std::size_t accum_bytes = detail::scratch_align(
-      accumulates ? static_cast<std::size_t>(extent(*options.lse) * s.head_dim) * sizeof(float)
+      accumulates ? static_cast<std::size_t>(attention_backward_dq_accum_floats(
+                        extent(*options.lse), s.head_dim, c.block_m)) *
+                        sizeof(float)
                   : 0);
   // Then dL / d logit of every (batch, head, row, key), for the bias's gradient.
   const std::size_t dbias_bytes =

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 
 #include "kernels/kernel.hpp"
 #include "kiln/attention.hpp"
@@ -35,5 +36,15 @@ ValidatedAttention validate_attention(const TensorView& q, const TensorView& k, 
 AttentionParams attention_params(const TensorView& q, const TensorView& k, const TensorView& v,
                                  const TensorView& out, const AttentionOptions& options,
                                  const AttentionShape& shape);
+
+// Whether TMA can tile these tensors: data to point at, no empty dim, and every stride but the
+// last a nonzero multiple of 16 bytes below 2^40 (a broadcast input, stride 0, is not one).
+bool tma_can_tile(std::initializer_list<const TensorView*> tensors);
+
+// The TMA descriptor of a tensor laid out as q, k or v (`t`, with `dim` columns) for boxes of
+// 64 columns by `rows` rows: 4-d (columns, tokens, heads, batch), one batch of every token with
+// varlen. The driver may refuse it (kiln::Error).
+TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
+                        Runtime& runtime);
 
 }  // namespace kiln::detail

@@ -379,6 +379,18 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   });
   check_refusal(deterministic, ErrorCategory::unsupported,
                 {"adds dq up with atomics", "grads.deterministic", "AttentionBackwardKernel::mma"});
+  // Its dk/dv kernel reads q and dout by TMA: a dout broadcast over the batch (stride 0, as
+  // autograd hands out the gradient of a sum) cannot be tiled; choose()'s config takes the mma
+  // kernels for it instead.
+  const kiln::test::Refusal untiled = refusal([&] {
+    kiln::TensorView dout = c.dout;
+    dout.strides[0] = 0;
+    kiln::attention_backward(c.q, c.k, c.v, c.out, dout, c.dq, c.dk, c.dv, c.options, c.grads,
+                             wgmma, nullptr, validating_runtime("sm_90a"));
+  });
+  check_refusal(
+      untiled, ErrorCategory::unsupported,
+      {"the wgmma backward kernel cannot tile q", "strides (0,", "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig none = mma;
   none.kernel = static_cast<kiln::AttentionBackwardKernel>(7);
   check_refusal(with(none, "sm_80"), ErrorCategory::invalid_argument,

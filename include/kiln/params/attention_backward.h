@@ -35,8 +35,10 @@ struct AttentionBackwardParams {
   float* maybe_dsinks;
   int dot_row_blocks;
   // The wgmma kernels' dq accumulators, fp32, zeroed before attention_backward_dkdv_wgmma adds
-  // each key block's share with atomics: head_dim floats a query row, the row at its LSE offset
-  // (row r of (batch, head) at (lse offset + r) * head_dim). Null for the other kernels.
+  // each key block's share with bulk reductions: head_dim floats a query row, the row at its LSE
+  // offset (row r of (batch, head) at (lse offset + r) * head_dim), its 16-byte pieces rotated
+  // (backward_wgmma.cuh), and block_m spare rows past the last
+  // (attention_backward_dq_accum_floats). Null for the other kernels.
   float* maybe_dq_accum;
   // The bias's gradient (fwd.maybe_bias set; the dk/dv kernel compiled with has_dbias, else
   // null): the dk/dv kernel writes dL / d logit of each (batch, head, query row, key) it
@@ -48,6 +50,10 @@ struct AttentionBackwardParams {
   void* maybe_dbias;
   long long dbias_batch_stride, dbias_head_stride, dbias_row_stride, dbias_col_stride;
   int dbias_batch, dbias_heads;
+  // The wgmma dk/dv kernel's TMA descriptors of q and dout, as attention_forward_tma's
+  // (AttentionTmaParams) with boxes of 64 columns by block_m rows; unused by the others.
+  TensorMap q_map;
+  TensorMap dout_map;
 };
 
 // Query rows per CTA of attention_backward_dot, and its threads: 4 lanes a row.
@@ -86,19 +92,31 @@ KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
 }
 
 // Dynamic shared memory of attention_backward_dkdv_wgmma, in bytes: 1024 for alignment, the K
-// and V tiles of block_n keys and the dS^T tile (block_n x block_m), then two slots of block_m
-// query rows (Q, dO, and each row's LSE and D in fp32, the slot rounded up to 1024), head dims
-// padded to 64 (the swizzle width), 2-byte operands:
+// and V tiles of block_n keys, two dS^T tiles (block_n x block_m) and the fp32 dQ staging block
+// (block_m x head_dim, rounded up to 1024), then two slots of block_m query rows (Q, dO, and
+// each row's LSE and D in fp32, the slot rounded up to 1024), head dims padded to 64 (the swizzle
+// width), 2-byte operands:
 //   qk = round_up(head_dim, 64), v = round_up(head_dim_v, 64)
-//   bytes = 1024 + 2 block_n (qk + v + block_m) + 2 round_up(2 block_m (qk + v) + 8 block_m, 1024)
+//   bytes = 1024 + 2 block_n (qk + v + 2 block_m) + round_up(4 block_m head_dim, 1024)
+//           + 2 round_up(2 block_m (qk + v) + 8 block_m, 1024)
 KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
                                                                        long long head_dim_v,
                                                                        long long block_m,
                                                                        long long block_n) {
   const long long qk = (head_dim + 63) / 64 * 64;
   const long long v = (head_dim_v + 63) / 64 * 64;
+  const long long staging = (4 * block_m * head_dim + 1023) / 1024 * 1024;
   const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
-  return 1024 + 2 * block_n * (qk + v + block_m) + 2 * slot;
+  return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging + 2 * slot;
+}
+
+// The floats of the wgmma kernels' dq accumulators (maybe_dq_accum) for an LSE whose offsets span
+// lse_extent rows: head_dim a row, and block_m spare rows that a bulk reduction past the last
+// row adds zeros to.
+KILN_PARAMS_FN constexpr long long attention_backward_dq_accum_floats(long long lse_extent,
+                                                                      long long head_dim,
+                                                                      long long block_m) {
+  return (lse_extent + block_m) * head_dim;
 }
 
 }  // namespace kiln

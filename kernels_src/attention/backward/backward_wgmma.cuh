@@ -1,40 +1,58 @@
 // SPDX-License-Identifier: Apache-2.0
-// The backward pass on Hopper's warpgroup MMA (sm_90a): FlashAttention-2's recomputation, with
-// every product a wgmma.mma_async and dQ accumulated across key blocks through fp32 atomics (so
-// not deterministic; deterministic calls take the mma kernels).
-//   attention_backward_dkdv_wgmma: a CTA per (block_n keys, kv head, batch), one warpgroup per 64
-//     keys, holds its keys' K and V tiles in shared memory and their dK and dV in registers, and
-//     streams the query rows that attend them, block_m at a time, for every query head of the
-//     group, Q and dO in two cp.async slots. Per streamed block, with the scores transposed
-//     (keys as the wgmma's M, so that P^T and dS^T are A operands straight from registers):
-//       S^T = K Q^T and dP^T = V dO^T (both operands in shared memory), P^T = exp(logit - lse),
-//       dS^T = P^T (dP^T - D) d logit / d score (with has_dbias, P^T (dP^T - D) also goes to
-//       bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO and dK += dS^T Q (A in registers),
-//     then dS^T goes to shared memory and dQ = dS K (A read transposed) is added to the fp32
-//     accumulators bp.maybe_dq_accum with red.global.add.
+// The backward pass on Hopper (sm_90a), warp-specialized: FlashAttention-2's recomputation with
+// every product a wgmma.mma_async, Q and dO streamed by TMA, and dQ added across key blocks to
+// fp32 accumulators by bulk reductions (so not deterministic; deterministic calls take the mma
+// kernels).
+//   attention_backward_dkdv_wgmma: a CTA per (block_n keys, kv head, batch) holds its keys' K and
+//     V tiles in shared memory and streams the query rows that attend them, block_m at a time,
+//     for every query head of the group. Its warpgroups:
+//     - block_n / 64 consumers, one per 64 keys, hold their keys' dK and dV in registers. Per
+//       streamed block, with the scores transposed (keys as the wgmma's M, so that P^T and dS^T
+//       are A operands straight from registers):
+//         S^T = K Q^T and dP^T = V dO^T (both operands in shared memory), P^T = exp(logit -
+//         lse), dS^T = P^T (dP^T - D) d logit / d score (with has_dbias, P^T (dP^T - D) also goes
+//         to bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO (A in registers);
+//       then dS^T goes to shared memory (two buffers, so that one warpgroup's next block never
+//       overwrites what the other still reads), and dQ = dS K (A read transposed) and dK += dS^T
+//       Q run together; dQ's share of each warpgroup is staged in fp32 while dK's products run.
+//     - a producer warpgroup (its registers handed to the consumers): warp 0 streams Q and dO
+//       into two slots with TMA, on mbarriers; warp 1 adds each staged dQ block to
+//       bp.maybe_dq_accum with one cp.reduce.async.bulk.
+//       Warp 2 writes the rows' LSE (in log2 units) and D beside each slot's tiles.
 //   attention_backward_dq_wgmma: converts the accumulators into dq, in q's dtype and dq's layout.
 // D = rowsum(dO * O) comes from attention/backward/dot.cuh, the zeroed accumulators from the
 // host. The logit, mask and gradient steps are the mma kernel's (backward_mma.cuh): a warp's 16
 // rows of a wgmma accumulator are laid out as an mma.sync one.
 //
+// The accumulators (attention_backward_dq_accum_floats) hold head_dim floats a query row at
+// the LSE's offsets, each row's 16-byte pieces rotated by twice its index (dq_accum_rotation), so
+// that the staging writes of a warp's eight rows fall in distinct banks. A block's bulk reduction
+// covers block_m whole rows: past a (batch, head)'s last row it adds zeros to the next one's,
+// and past the last the host's block_m spare rows.
+//
+// Rows past a sequence's end read as zeros: TMA fills them past the tensor's token dim, and with
+// varlen (where the next sequence's rows follow, or rows nobody wrote) the producer zeroes them.
+//
 // Spec constants: as attention_backward_dkdv_mma's (has_dbias the dk/dv kernel's), with
-//   block_n   64 or 128: keys a CTA holds, 64 for each warpgroup.
-//   warps     block_n / 16.
+//   block_n   64 or 128: keys a CTA holds, 64 for each consumer warpgroup.
+//   warps     block_n / 16: the consumers' warps.
 //   block_m   64 or 128, at most block_n: query rows a step. dQ's block_m x head_dim is split
-//             between the warpgroups, each taking 64 rows and a multiple of 64 of the columns.
+//             between the consumers, each taking 64 rows and a multiple of 64 of the columns.
 // head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width), at most
 // 128 each.
 //
 // Launch, after attention_backward_dot and with bp.maybe_dq_accum zeroed: dkdv on grid
-// (ceil(seqlen_k / block_n), heads_kv, batch), seqlen_k the longest sequence's stored keys, warps
-// * 32 threads, dynamic shared memory attention_backward_wgmma_smem_bytes(head_dim, head_dim_v,
-// block_m, block_n) from "kiln/params/attention_backward.h"; then dq on grid (ceil(seqlen_q /
-// block_m), heads, batch), warps * 32 threads, no shared memory.
+// (ceil(seqlen_k / block_n), heads_kv, batch), seqlen_k the longest sequence's stored keys,
+// (warps + 4) * 32 threads, dynamic shared memory attention_backward_wgmma_smem_bytes(head_dim,
+// head_dim_v, block_m, block_n) from "kiln/params/attention_backward.h", bp.q_map and
+// bp.dout_map 4-d tensor maps of q and dout with boxes of 64 columns by block_m rows; then dq
+// on grid (ceil(seqlen_q / block_m), heads, batch), as many threads, no shared memory.
 #pragma once
 
 #include "attention/backward/backward_mma.cuh"
 #include "attention/core/lane_chunks.cuh"
 #include "attention/prefill/forward_wgmma.cuh"
+#include "common/pipeline.cuh"
 #include "common/wgmma.cuh"
 
 namespace kiln {
@@ -49,12 +67,23 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
   static constexpr int warps = static_cast<int>(Spec::warps);
-  static constexpr int warpgroups = block_n / 64;
-  static constexpr int threads = warps * 32;
+  static constexpr int warpgroups = block_n / 64;  // consumers
+  static constexpr int consumer_threads = warps * 32;
+  static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup
   static_assert(block_n == 64 || block_n == 128, "block_n must be 64 or 128: 64 keys a warpgroup.");
   static_assert(warps == block_n / 16, "warps must be block_n / 16: a warpgroup per 64 keys.");
   static_assert((block_m == 64 || block_m == 128) && block_m <= block_n,
                 "block_m must be 64 or 128, at most block_n.");
+
+  // setmaxnreg counts beside two consumers (with one, every thread has 255 and none moves): the
+  // producer keeps 24, the consumers take the rest of the 168 a thread the CTA is launched with.
+  static constexpr bool moves_registers = warpgroups == 2;
+  static constexpr int producer_registers = 24;
+  static constexpr int consumer_registers = 240;
+  static_assert(!moves_registers ||
+                    producer_registers * 128 + consumer_registers * consumer_threads <=
+                        65536 / threads / 8 * 8 * threads,
+                "the warpgroups' registers do not fit what the CTA is launched with.");
 
   static constexpr int qk_dim = round_up(head_dim, 64);
   static constexpr int v_dim = round_up(head_dim_v, 64);
@@ -70,47 +99,86 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static constexpr int dq_cols = qk_dim * dq_m_tiles / warpgroups;
   static_assert(dq_cols % 64 == 0,
                 "dQ's columns split between warpgroups in multiples of 64: raise block_m.");
+  // A row of the accumulators: dq_pieces 16-byte pieces.
+  static constexpr int dq_pieces = head_dim / 4;
 
-  // Shared memory from the 1024-aligned base: K, V, dS^T (block_n rows of block_m), then two
-  // slots of Q, dO and their rows' LSE and D, each piece 1024-aligned.
+  // Shared memory from the 1024-aligned base: K, V, two dS^T buffers (block_n rows of block_m),
+  // the dQ staging block (block_m rows of head_dim floats, as the accumulators lay them out),
+  // then two slots of Q, dO and their rows' LSE and D, each piece 1024-aligned.
   static constexpr int k_bytes = block_n * qk_dim * 2;
   static constexpr int v_bytes = block_n * v_dim * 2;
   static constexpr int ds_bytes = block_n * block_m * 2;
+  static constexpr int dq_bytes = block_m * head_dim * 4;
   static constexpr int q_bytes = block_m * qk_dim * 2;
   static constexpr int dout_bytes = block_m * v_dim * 2;
   static constexpr int slot_bytes = round_up(q_bytes + dout_bytes + 2 * block_m * 4, 1024);
+  static constexpr int ds_offset = k_bytes + v_bytes;
+  static constexpr int dq_offset = ds_offset + 2 * ds_bytes;
+  static constexpr int slots_offset = dq_offset + round_up(dq_bytes, 1024);
   static constexpr long long smem_bytes =
       attention_backward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n);
-  static_assert(smem_bytes == 1024 + k_bytes + v_bytes + ds_bytes + 2 * slot_bytes,
+  static_assert(smem_bytes == 1024 + slots_offset + 2 * slot_bytes,
                 "attention_backward_wgmma_smem_bytes disagrees with the kernel's layout.");
   // dK and dV are staged through the tiles' memory (rows padded as the mma kernel's) to store.
   static constexpr int qk_pitch = qk_dim + 8;
   static constexpr int v_pitch = v_dim + 8;
-  static_assert(block_n * (qk_pitch + v_pitch) * 2 <= smem_bytes - 1024,
+  static_assert(block_n * (qk_pitch + v_pitch) * 2 <= dq_offset,
                 "dK and dV's staging does not fit the tiles.");
 };
 
-// Adds a warpgroup's 64-row fp32 accumulator of Cols columns to rows row0 + (the fragment's row)
-// of `accum` (row_stride floats a row), skipping rows from rows_end and columns from cols. One
-// address a row, stepped (opaque to the optimizer, which otherwise keeps a 64-bit address per
-// column live and spills).
-template <int Cols>
-__device__ __forceinline__ void add_rows(float* accum, long long row_stride,
-                                         const float (&acc)[Cols / 2], int row0, int rows_end,
-                                         int col0, int cols, int lane) {
+// Where the producer and the consumers meet: the Q/dO slots' barriers (static shared memory), and
+// the named barriers (1 to 15; 0 is __syncthreads, which this kernel never uses once the
+// producer's idle warps have left).
+template <class Tr>
+struct BackwardWgmmaBarriers {
+  tma::Pipeline<2> rows;  // a slot's Q, dO and row values
+  // A slot whose rows run past a varlen sequence's end lands here: the producer zeroes those
+  // rows, then arrives on rows.full itself.
+  tma::BarrierRing<1> tail;
+
+  static constexpr int kv_loaded = 1;  // the consumers: K and V are in shared memory
+  static constexpr int ds_stored = 2;  // the consumers: a block's dS^T is whole
+  static constexpr int dq_free = 3;    // the dQ warp's arrival: the staging block was read
+  static constexpr int dq_staged = 4;  // the consumers' arrivals: a block's dQ is staged
+  static constexpr int dq_threads = Tr::consumer_threads + 32;
+
+  // Every thread that writes a slot arrives on its full barrier (the producer warp's lanes, its
+  // first with the TMA bytes, and the row warp's), and every consumer thread that read it on its
+  // empty one: an arrival releases the arriving thread's own accesses only.
+  __device__ __forceinline__ void init() {
+    rows.init(64, Tr::consumer_threads);
+    tail.init(1);
+    tma::fence_init();
+  }
+};
+
+// The rotation of accumulator row `row`: its 16-byte piece p lies at piece (p + rotation) %
+// dq_pieces.
+template <class Tr>
+__device__ __forceinline__ int dq_accum_rotation(long long row) {
+  return static_cast<int>(2 * (row % (Tr::dq_pieces / 2)));
+}
+
+// Stages a warpgroup's 64-row fp32 dQ accumulator of Cols columns from col0 into the staging
+// block at `staged` (rows of head_dim floats, the accumulators' layout), rows row0 + the
+// fragment's row, whose first lies at accumulator row `accum_row0`; columns from head_dim on
+// are padding and dropped.
+template <class Tr, int Cols>
+__device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols / 2],
+                                         long long accum_row0, int row0, int col0, int lane) {
+  constexpr int pieces = Tr::dq_pieces;
+  const int rotation0 = dq_accum_rotation<Tr>(accum_row0);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + lane / 4 + 8 * half;
-    if (row >= rows_end) continue;
-    const int col = col0 + 2 * (lane % 4);
-    float* at = accum + row * row_stride + col;
+    // The lane's first piece, rotated; its column's pair lies at (lane % 2) * 2 in it.
+    const int piece0 = (col0 / 4 + (lane % 4) / 2 + rotation0 + 2 * row) % pieces;
+    float* const at = mma::opaque(staged + row * Tr::head_dim + (lane % 2) * 2);
 #pragma unroll
     for (int j = 0; j < Cols / 8; ++j) {
-      if (col + 8 * j >= cols) break;
-      asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(at), "f"(acc[4 * j + 2 * half]),
-                   "f"(acc[4 * j + 2 * half + 1])
-                   : "memory");
-      at = mma::opaque(at + 8);
+      if (Tr::head_dim < Tr::qk_dim && col0 + 8 * j >= Tr::head_dim) break;
+      *reinterpret_cast<float2*>(at + (piece0 + 2 * j) % pieces * 4) =
+          make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
 }
@@ -122,20 +190,22 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     attention_backward_dkdv_wgmma(const KILN_GRID_CONSTANT AttentionBackwardParams bp) {
   using namespace attention;
   using Tr = BackwardWgmmaTraits<Spec>;
+  using Bars = BackwardWgmmaBarriers<Tr>;
   using T = typename Tr::T;
+  using RowsState = tma::PipelineState<2>;
   const AttentionParams& p = bp.fwd;
 
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
-  const unsigned smem_raw = mma::smem_address(wgmma_smem);
-  const unsigned k_tile = (smem_raw + 1023) & ~1023u;
-  unsigned char* const base = wgmma_smem + (k_tile - smem_raw);
+  __shared__ Bars bars;
+  unsigned char* const base = wgmma_smem + (1024 - mma::smem_address(wgmma_smem) % 1024) % 1024;
+  const unsigned k_tile = mma::smem_address(base);
   const unsigned v_tile = k_tile + Tr::k_bytes;
-  const unsigned ds_tile = v_tile + Tr::v_bytes;
-  const auto slot_at = [&](int slot) { return ds_tile + Tr::ds_bytes + slot * Tr::slot_bytes; };
+  const auto ds_tile = [&](int buffer) { return k_tile + Tr::ds_offset + buffer * Tr::ds_bytes; };
+  float* const dq_staged = reinterpret_cast<float*>(base + Tr::dq_offset);
+  const auto slot_tile = [&](int slot) { return base + Tr::slots_offset + slot * Tr::slot_bytes; };
   // Value f (0: LSE in log2 units, 1: D) of the streamed rows of a slot.
   const auto row_floats = [&](int slot, int f) {
-    return reinterpret_cast<float*>(base + (slot_at(slot) - k_tile) + Tr::q_bytes +
-                                    Tr::dout_bytes) +
+    return reinterpret_cast<float*>(slot_tile(slot) + Tr::q_bytes + Tr::dout_bytes) +
            f * Tr::block_m;
   };
 
@@ -145,16 +215,11 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const int thread = static_cast<int>(threadIdx.x);
   const int warp = thread / 32;
   const int lane = thread % 32;
-  const int warpgroup = warp / 4;
+  if (thread == 0) bars.init();
+  __syncthreads();
 
   const Sequence& first = tile.first;
   const Band& band = tile.band;
-  const auto kv = sequence_kv<Spec, T>(p, first);
-  load_tile_swizzled<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::threads>(
-      k_tile, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride, first.seqlen_k - key0, thread);
-  load_tile_swizzled<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::threads>(
-      v_tile, kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride, first.seqlen_k - key0, thread);
-
   const int batch = tile.batch;
   const int row_begin = tile.rows.begin;
   const int row_end = tile.rows.end;
@@ -167,35 +232,103 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     return at.r0 + Tr::block_m < row_end ? Step{at.head, at.r0 + Tr::block_m}
                                          : Step{at.head + 1, row_begin};
   };
-  struct RowValues {
-    float lse, dot;
-  };
-  const auto load_rows = [&](Step at, int slot) {
-    const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
-    const int rows = row_end - at.r0;
-    load_tile_swizzled<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::threads>(
-        slot_at(slot), static_cast<const T*>(p.q) + seq.q_offset + at.r0 * p.q_seq_stride,
-        p.q_seq_stride, rows, thread);
-    load_tile_swizzled<Tr::block_m, Tr::head_dim_v, Tr::v_dim, Tr::threads>(
-        slot_at(slot) + Tr::q_bytes,
-        static_cast<const T*>(bp.dout) + dout_offset<Spec::varlen>(bp, batch, at.head) +
-            at.r0 * bp.dout_seq_stride,
-        bp.dout_seq_stride, rows, thread);
-    RowValues values{neg_inf(), 0.f};
-    if (thread < rows && thread < Tr::block_m) {
-      values.lse = p.maybe_lse[seq.lse_offset + at.r0 + thread] * kLog2e;
-      values.dot = bp.row_dot[seq.lse_offset + at.r0 + thread];
+  if (thread >= Tr::consumer_threads) {
+    if constexpr (Tr::moves_registers) tma::release_registers<Tr::producer_registers>();
+    if (warp == Tr::warps) {
+      // The producer: Q and dO by TMA, the rows' LSE and D by every lane.
+      if (lane == 0) {
+        tma::prefetch_map(&bp.q_map);
+        tma::prefetch_map(&bp.dout_map);
+      }
+      const int token0 = Spec::varlen ? p.maybe_cu_seqlens_q[batch] : 0;
+      const int map_batch = Spec::varlen ? 0 : batch;
+      RowsState at_slot{};
+      tma::PipelineState<1> tail_at{};
+      for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), at_slot.advance()) {
+        bars.rows.acquire(at_slot);  // every lane: a tail's zeros are written by all
+        const int slot = at_slot.slot();
+        const int valid = locate_sequence<Spec::varlen>(p, batch, at.head).seqlen_q - at.r0;
+        const bool tail = Spec::varlen && valid < Tr::block_m;
+        unsigned long long* const landed =
+            tail ? bars.tail.at(tail_at) : bars.rows.full.at(at_slot);
+        unsigned char* const q_tile = slot_tile(slot);
+        unsigned char* const dout_tile = q_tile + Tr::q_bytes;
+        if (!tail && lane > 0) bars.rows.full.arrive(at_slot);
+        if (lane == 0) {
+          tma::arrive_expect_tx(landed, Tr::q_bytes + Tr::dout_bytes);
+#pragma unroll
+          for (int c = 0; c < Tr::qk_dim / 64; ++c) {
+            tma::load_4d(q_tile + c * Tr::block_m * 128, &bp.q_map, landed, 64 * c, token0 + at.r0,
+                         at.head, map_batch);
+          }
+#pragma unroll
+          for (int c = 0; c < Tr::v_dim / 64; ++c) {
+            tma::load_4d(dout_tile + c * Tr::block_m * 128, &bp.dout_map, landed, 64 * c,
+                         token0 + at.r0, at.head, map_batch);
+          }
+        }
+        if (tail) {
+          bars.tail.wait(tail_at);
+          tail_at.advance();
+          // Whole 128-byte rows of every chunk of Q and dO (adjacent tiles of block_m rows).
+          constexpr int pieces = Tr::block_m * 8;  // per 64-column chunk
+          for (int c = 0; c < (Tr::qk_dim + Tr::v_dim) / 64; ++c) {
+            uint4* const chunk = reinterpret_cast<uint4*>(q_tile + c * Tr::block_m * 128);
+            for (int piece = valid * 8 + lane; piece < pieces; piece += 32) {
+              chunk[piece] = make_uint4(0, 0, 0, 0);
+            }
+          }
+          wgmma::fence_shared_for_async();
+          bars.rows.full.arrive(at_slot);
+        }
+      }
+    } else if (warp == Tr::warps + 2) {
+      // The row warp: each step's LSE (in log2 units) and D beside its slot's tiles; a row past
+      // the block's rows gets probability 0.
+      RowsState at_slot{};
+      for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), at_slot.advance()) {
+        bars.rows.acquire(at_slot);
+        const int slot = at_slot.slot();
+        const long long lse0 = locate_sequence<Spec::varlen>(p, batch, at.head).lse_offset + at.r0;
+        for (int i = lane; i < Tr::block_m; i += 32) {
+          const bool attends = at.r0 + i < row_end;
+          row_floats(slot, 0)[i] = attends ? p.maybe_lse[lse0 + i] * kLog2e : neg_inf();
+          row_floats(slot, 1)[i] = attends ? bp.row_dot[lse0 + i] : 0.f;
+        }
+        bars.rows.full.arrive(at_slot);
+      }
+    } else if (warp == Tr::warps + 1 && first_head < end_head) {
+      // The dQ warp: each staged block, added to the accumulators by one bulk reduction.
+      tma::named_arrive(Bars::dq_free, Bars::dq_threads);
+      for (Step at{first_head, row_begin}; at.head < end_head; at = after(at)) {
+        tma::named_sync(Bars::dq_staged, Bars::dq_threads);
+        if (lane == 0) {
+          const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
+          tma::reduce_add_bulk(bp.maybe_dq_accum + (seq.lse_offset + at.r0) * Spec::head_dim,
+                               mma::smem_address(dq_staged), Tr::dq_bytes);
+          tma::commit_bulk();
+          tma::wait_bulk_read<0>();
+        }
+        __syncwarp();
+        if (after(at).head < end_head) tma::named_arrive(Bars::dq_free, Bars::dq_threads);
+      }
+      if (lane == 0) tma::wait_bulk<0>();
     }
-    return values;
-  };
-  const auto store_rows = [&](const RowValues& values, int slot) {
-    if (thread < Tr::block_m) {
-      row_floats(slot, 0)[thread] = values.lse;
-      row_floats(slot, 1)[thread] = values.dot;
-    }
-  };
-  if (first_head < end_head) store_rows(load_rows({first_head, row_begin}, 0), 0);
+    return;
+  }
+
+  // The consumers.
+  if constexpr (Tr::moves_registers) tma::claim_registers<Tr::consumer_registers>();
+  const int warpgroup = warp / 4;
+  const auto kv = sequence_kv<Spec, T>(p, first);
+  load_tile_swizzled<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::consumer_threads>(
+      k_tile, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride, first.seqlen_k - key0, thread);
+  load_tile_swizzled<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::consumer_threads>(
+      v_tile, kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride, first.seqlen_k - key0, thread);
   mma::cp_async_commit();
+  mma::cp_async_wait<0>();
+  wgmma::fence_shared_for_async();
+  tma::named_sync(Bars::kv_loaded, Tr::consumer_threads);
 
   // The warp's 16 keys of its warpgroup's 64: this thread's are key_row and key_row + 8.
   const int warp_row = warpgroup * 64 + (warp % 4) * 16;
@@ -206,23 +339,18 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const int dq_m_tile = warpgroup % Tr::dq_m_tiles;
   const int dq_row0 = dq_m_tile * 64 + (warp % 4) * 16;
   const int dq_col0 = warpgroup / Tr::dq_m_tiles * Tr::dq_cols;
-  const long long accum_stride = Spec::head_dim;
+  const unsigned long long k_desc =
+      wgmma::descriptor(k_tile + dq_col0 / 64 * Tr::block_n * 128, Tr::block_n * 128, 1024);
 
   float dk[1][Tr::qk_dim / 8][4];
   float dv[1][Tr::v_dim / 8][4];
   zero_fragments(dk);
   zero_fragments(dv);
-  int slot = 0;
-  for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), slot = 1 - slot) {
-    mma::cp_async_wait<0>();
-    wgmma::fence_shared_for_async();
-    __syncthreads();  // the slot is visible to all, and every warp is done with the other one
-    const bool more = after(at).head < end_head;
-    RowValues next{};
-    if (more) next = load_rows(after(at), 1 - slot);
-    mma::cp_async_commit();
-
-    const unsigned q_tile = slot_at(slot);
+  RowsState at_slot{};
+  for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), at_slot.advance()) {
+    const int slot = at_slot.slot();
+    bars.rows.full.wait(at_slot);
+    const unsigned q_tile = mma::smem_address(slot_tile(slot));
     const unsigned dout_tile = q_tile + Tr::q_bytes;
     float s[1][Tr::s_tiles][4];
     float dp[1][Tr::s_tiles][4];
@@ -230,6 +358,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     start_kmajor_product<T, Tr::qk_dim, Tr::block_n, Tr::block_m>(all_columns(s), k_rows, q_tile);
     start_kmajor_product<T, Tr::v_dim, Tr::block_n, Tr::block_m>(all_columns(dp), v_rows,
                                                                  dout_tile);
+    // The next step's row values, stored before this step's dS^T barrier, after which they are
+    // read; the slot they go to was last read before the previous step's.
     wgmma::wait<1>();
     pin_columns(s);
 
@@ -261,7 +391,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     }
     dp_to_ds(dp, s, grad, transform, query_dot);
 
-    // dV += P^T dO and dK += dS^T Q, while dS^T goes to shared memory for dQ.
+    // dV += P^T dO, while dS^T goes to shared memory for dQ.
     unsigned a[Tr::block_m / 16][4];
 #pragma unroll
     for (int kk = 0; kk < Tr::block_m / 16; ++kk) probability_fragment<T>(a[kk], s, kk);
@@ -269,36 +399,35 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     unsigned b[Tr::block_m / 16][4];
 #pragma unroll
     for (int kk = 0; kk < Tr::block_m / 16; ++kk) probability_fragment<T>(b[kk], dp, kk);
-    start_nmajor_product<T, Tr::block_m, Tr::qk_dim>(all_columns(dk), b, q_tile);
     // From the packed fragments, so that the fp32 S and dS die here: b[kk][x] holds row
-    // lane / 4 + 8 (x % 2), columns 16 kk + 8 (x / 2) + 2 (lane % 4) and the next.
+    // lane / 4 + 8 (x % 2), columns 16 kk + 8 (x / 2) + 2 (lane % 4) and the next, whose 16-byte
+    // piece p = 2 kk + x / 2 lies in chunk p / 8 at piece (p % 8) ^ (lane / 4) of the row
+    // (swizzled_offset). The row's address and the lane's xor are made opaque here, so that the
+    // addresses are not kept in registers across the loop.
+    const unsigned ds = ds_tile(at_slot.count % 2);
+    const unsigned ds_row = mma::opaque(ds + (warp_row + lane / 4) * 128 + (lane % 4) * 4);
+    const unsigned ds_xor = mma::opaque(static_cast<unsigned>(lane / 4) * 16);
 #pragma unroll
     for (int kk = 0; kk < Tr::block_m / 16; ++kk) {
 #pragma unroll
       for (int x = 0; x < 4; ++x) {
-        const int row = warp_row + lane / 4 + 8 * (x % 2);
-        const int col = 16 * kk + 8 * (x / 2) + 2 * (lane % 4);
-        *reinterpret_cast<unsigned*>(base + (ds_tile - k_tile) +
-                                     wgmma::swizzled_offset(Tr::block_n, row, col / 8) +
-                                     (col % 8) * 2) = b[kk][x];
+        const unsigned piece = 2 * kk + x / 2;
+        const unsigned at = ds_row + (piece / 8) * Tr::block_n * 128 + (x % 2) * 8 * 128 +
+                            (((piece % 8) * 16) ^ ds_xor);
+        *reinterpret_cast<unsigned*>(base + (at - k_tile)) = b[kk][x];
       }
     }
     wgmma::fence_shared_for_async();
-    // dK and dV's products done, their A fragments free for dQ's accumulators (or they spill).
-    wgmma::wait<0>();
-    pin_columns(dk);
-    pin_columns(dv);
-    __syncthreads();  // dS^T whole in shared memory
+    tma::named_sync(Bars::ds_stored, Tr::consumer_threads);
 
     // dQ (block_m x qk_dim) = dS K: this warpgroup's 64 rows and dq_cols columns, dS read
-    // transposed (M-major) from the dS^T tile, K N-major.
+    // transposed (M-major) from the dS^T tile, K N-major; then dK += dS^T Q, which runs while dQ
+    // is staged.
     float dq[Tr::dq_cols / 2];
     wgmma::fence();
     {
       const unsigned long long ds_desc =
-          wgmma::descriptor(ds_tile + dq_m_tile * Tr::block_n * 128, Tr::block_n * 128, 1024);
-      const unsigned long long k_desc =
-          wgmma::descriptor(k_tile + dq_col0 / 64 * Tr::block_n * 128, Tr::block_n * 128, 1024);
+          wgmma::descriptor(ds + dq_m_tile * Tr::block_n * 128, Tr::block_n * 128, 1024);
 #pragma unroll
       for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
         wgmma::mma_ss<T, true, Tr::dq_cols, true>(dq, wgmma::advance(ds_desc, kk * 16 * 128),
@@ -306,25 +435,31 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       }
     }
     wgmma::commit();
-    wgmma::wait<0>();
+    start_nmajor_product<T, Tr::block_m, Tr::qk_dim>(all_columns(dk), b, q_tile);
+    wgmma::wait<1>();  // dV and dQ
     wgmma::pin(dq);
-    add_rows<Tr::dq_cols>(bp.maybe_dq_accum + (seq.lse_offset + r0) * accum_stride, accum_stride,
-                          dq, dq_row0, rows_end - r0, dq_col0, Spec::head_dim, lane);
-    if (more) store_rows(next, 1 - slot);
+    pin_columns(dv);
+    tma::named_sync(Bars::dq_free, Bars::dq_threads);
+    stage_dq<Tr, Tr::dq_cols>(dq_staged, dq, seq.lse_offset + r0, dq_row0, dq_col0, lane);
+    wgmma::fence_shared_for_async();
+    tma::named_arrive(Bars::dq_staged, Bars::dq_threads);
+    wgmma::wait<0>();
+    pin_columns(dk);
+    bars.rows.empty.arrive(at_slot);  // this thread is done with the slot
   }
 
-  mma::cp_async_wait<0>();
-  __syncthreads();  // every warp is done with the tiles the gradients are staged in
+  // Every consumer is done with K and V, whose memory the gradients are staged in.
+  tma::named_sync(Bars::kv_loaded, Tr::consumer_threads);
   T* const staged_k = reinterpret_cast<T*>(base);
   T* const staged_v = staged_k + Tr::block_n * Tr::qk_pitch;
   stage_fragments<Tr::qk_pitch>(staged_k, dk, warp_row, 0, lane);
   stage_fragments<Tr::v_pitch>(staged_v, dv, warp_row, 0, lane);
-  __syncthreads();
+  tma::named_sync(Bars::kv_loaded, Tr::consumer_threads);
   const auto grads = grad_rows<Spec::varlen, T>(bp, batch, tile.head_kv);
-  store_tile<Tr::block_n, Tr::head_dim, Tr::qk_pitch, Tr::threads>(
+  store_tile<Tr::block_n, Tr::head_dim, Tr::qk_pitch, Tr::consumer_threads>(
       grads.k + key0 * grads.k_seq_stride, grads.k_seq_stride, staged_k, tile.stored - key0,
       thread);
-  store_tile<Tr::block_n, Tr::head_dim_v, Tr::v_pitch, Tr::threads>(
+  store_tile<Tr::block_n, Tr::head_dim_v, Tr::v_pitch, Tr::consumer_threads>(
       grads.v + key0 * grads.v_seq_stride, grads.v_seq_stride, staged_v, tile.stored - key0,
       thread);
 }
@@ -347,8 +482,11 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads)
     const int row = row0 + i / kChunks;
     if (row >= seq.seqlen_q) break;
     const int col = i % kChunks * 8;
+    const long long accum_row = seq.lse_offset + row;
+    // Both of the chunk's pieces: an even piece's rotation is even, so they stay together.
+    const int piece = (col / 4 + dq_accum_rotation<Tr>(accum_row)) % Tr::dq_pieces;
     float x[8];
-    load_chunk(x, bp.maybe_dq_accum + (seq.lse_offset + row) * Spec::head_dim + col);
+    load_chunk(x, bp.maybe_dq_accum + accum_row * Spec::head_dim + piece * 4);
     store_chunk(dq + row * bp.dq_seq_stride + col, x);
   }
 }
