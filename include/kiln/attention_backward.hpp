@@ -18,8 +18,7 @@ namespace kiln {
 // What the backward computes besides dq, dk and dv. Semantics are FlashAttention's.
 struct AttentionGradOptions {
   // Bitwise the same gradients from run to run (and across streams). The default, false, lets a
-  // kernel accumulate in an order that may differ between runs; today's kernels are all
-  // deterministic, so it changes nothing yet.
+  // kernel accumulate in an order that may differ between runs (the wgmma kernel's dq).
   bool deterministic = false;
 
   // Output: fp32 (heads), the gradient of ScoreOptions::sinks, summed over batch and rows.
@@ -44,8 +43,8 @@ struct AttentionBackwardProblem {
 };
 
 // The backward kernels attention_backward() can run. portable and mma have no atomics, so they
-// are deterministic; wgmma adds dq up with fp32 atomics and refuses deterministic calls (and,
-// for now, dbias).
+// are deterministic; wgmma adds dq up in fp32 with atomic bulk reductions, in a fixed order
+// (each key block waiting for its turn) when deterministic.
 enum class AttentionBackwardKernel {
   portable,  // attention/backward/backward_portable.cuh: plain loads and fp32 arithmetic, no
              // inline assembly; every target attention runs on
@@ -67,8 +66,8 @@ enum class AttentionBackwardKernel {
 //   head dims.
 //   wgmma: the dk/dv kernel's CTA holds block_n keys (64 or 128), a warpgroup (warps =
 //   block_n / 16) per 64, and streams block_m query rows (64 or 128, at most block_n); dq is
-//   accumulated in fp32 scratch (seqlen_q * heads * batch * head_dim words) and converted by a
-//   second kernel of block_m rows a CTA.
+//   accumulated in fp32 scratch ((seqlen_q * heads * batch + block_m) * head_dim words) and
+//   converted by a second kernel of block_m rows a CTA.
 struct AttentionBackwardConfig {
   int block_m = 32;
   int block_n = 32;
@@ -77,7 +76,7 @@ struct AttentionBackwardConfig {
 };
 
 // The config attention_backward() and warm-up use for `problem` on `target`: the wgmma kernels on
-// sm_90a up to head dim 128 unless deterministic or with dbias, else the mma kernels on NVIDIA
+// sm_90a up to head dim 128 (deterministic, above head dim 64), else the mma kernels on NVIDIA
 // sm_80 and newer, the portable ones on AMD gfx9. Throws kiln::Error (unsupported) for any other
 // target.
 AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target);

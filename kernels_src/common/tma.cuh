@@ -100,6 +100,23 @@ __device__ __forceinline__ void wait_bulk() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
+// Orders this thread's completed async-proxy global writes (bulk copies and reductions waited
+// for) before its later generic accesses, such as a release that publishes them.
+__device__ __forceinline__ void fence_async_to_generic() {
+  asm volatile("fence.proxy.async.global;\n" ::: "memory");
+}
+
+// A global int read with acquire semantics at GPU scope, and an addition to one with release
+// semantics: a flag between CTAs.
+__device__ __forceinline__ int load_acquire(const int* at) {
+  int value;
+  asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(value) : "l"(at) : "memory");
+  return value;
+}
+__device__ __forceinline__ void add_release(int* at, int value) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(at), "r"(value) : "memory");
+}
+
 // Gives this warpgroup's registers back to the CTA's pool, or takes more from it: every warp of
 // the warpgroup runs the same one, and the counts of all warpgroups must fit the register file.
 template <int Registers>

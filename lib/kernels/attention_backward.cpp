@@ -22,18 +22,29 @@ constexpr ConstantSchema kDotConstants[] = {{"dtype_out", ConstantKind::dtype},
                                             {"varlen", ConstantKind::boolean}};
 constexpr ConstantSchema kDbiasConstants[] = {{"dtype_q", ConstantKind::dtype}};
 
+// The portable forward kernel's constants and `more`, sorted by name.
+std::vector<ConstantSchema> portable_constants_and(std::initializer_list<ConstantSchema> more) {
+  std::vector<ConstantSchema> c(attention_portable_constants().begin(),
+                                attention_portable_constants().end());
+  c.insert(c.end(), more);
+  std::sort(c.begin(), c.end(),
+            [](const ConstantSchema& a, const ConstantSchema& b) { return a.name < b.name; });
+  return c;
+}
+
 // The dk/dv kernels' constants: the portable forward kernel's, and has_dbias (whether they
 // write the bias's gradient: a spec of its own, so that the kernels without it stay as they
 // were, in registers and speed).
 std::span<const ConstantSchema> dkdv_constants() {
-  static const std::vector<ConstantSchema> constants = [] {
-    std::vector<ConstantSchema> c(attention_portable_constants().begin(),
-                                  attention_portable_constants().end());
-    c.push_back({"has_dbias", ConstantKind::boolean});
-    std::sort(c.begin(), c.end(),
-              [](const ConstantSchema& a, const ConstantSchema& b) { return a.name < b.name; });
-    return c;
-  }();
+  static const std::vector<ConstantSchema> constants =
+      portable_constants_and({{"has_dbias", ConstantKind::boolean}});
+  return constants;
+}
+
+// The wgmma dk/dv kernel's, and deterministic (whether its dq additions take a fixed order).
+std::span<const ConstantSchema> wgmma_dkdv_constants() {
+  static const std::vector<ConstantSchema> constants = portable_constants_and(
+      {{"has_dbias", ConstantKind::boolean}, {"deterministic", ConstantKind::boolean}});
   return constants;
 }
 
@@ -143,7 +154,7 @@ const AttentionBackwardDescription kDescriptions[] = {
     {.kernel = AttentionBackwardKernel::wgmma,
      .name = "wgmma",
      .targets = AttentionTargets::sm90a,
-     .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams, dkdv_constants(),
+     .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams, wgmma_dkdv_constants(),
               spec_bytes<wgmma_dkdv_bytes>, attention_operand_dtypes()},
      .dq = {kWgmmaSource, "kiln::attention_backward_dq_wgmma", kParams,
             attention_portable_constants(), no_shared_memory, attention_operand_dtypes()},
@@ -345,12 +356,6 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
           "between its warpgroups below 64, the swizzle width: use block_m 128 or block_n 64",
           config.block_m, config.block_n, f.head_dim));
     }
-    if (problem.deterministic) {
-      unsupported(
-          "the wgmma backward kernel adds dq up with atomics, so it is not deterministic: with "
-          "grads.deterministic use the mma kernel (AttentionBackwardKernel::mma), as choose() "
-          "does");
-    }
   }
   const int threads = d.threads(config);
   AttentionBackwardPlan plan{
@@ -365,6 +370,9 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
       .dq_rows = d.dq_rows(config),
       .dbias = std::nullopt};
   plan.dkdv.spec.set("has_dbias", problem.dbias);
+  if (config.kernel == AttentionBackwardKernel::wgmma) {
+    plan.dkdv.spec.set("deterministic", problem.deterministic);
+  }
   if (problem.dsinks) {
     plan.sinks = LaunchPlan{.spec = spec_of(kBackwardSinksKernel.schema),
                             .threads = kBackwardSinksKernel.threads};
@@ -409,10 +417,15 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  if (detail::is_sm90a(target) && !problem.deterministic &&
+  if (detail::is_sm90a(target) &&
       widest <= detail::kWgmmaTable[std::size(detail::kWgmmaTable) - 1].widest) {
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
-      if (problem.forward.head_dim <= row.widest) return row.config;
+      if (problem.forward.head_dim > row.widest) continue;
+      // NOTE: deterministic calls keep the mma kernels where the wgmma kernel holds 64 keys a
+      // CTA: twice the key blocks take turns at each block of dq's rows, and cost 1.4-2.8 times
+      // the default's time (H200, run 32d), the mma kernels 1.4-1.7.
+      if (problem.deterministic && row.config.block_n < 128) break;
+      return row.config;
     }
   }
   return detail::mma_config(problem, target);

@@ -198,24 +198,35 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
                         extent(*options.lse), s.head_dim, c.block_m)) *
                         sizeof(float)
                   : 0);
+  // With deterministic, their additions' turns: an int a (batch, head, block of rows).
+  const std::int64_t dq_row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
+  const std::size_t semaphore_bytes = detail::scratch_align(
+      accumulates && call.problem.deterministic
+          ? static_cast<std::size_t>(s.batch * s.heads * dq_row_blocks) * sizeof(int)
+          : 0);
   // Then dL / d logit of every (batch, head, row, key), for the bias's gradient.
   const std::size_t dbias_bytes =
       plan.dbias
           ? static_cast<std::size_t>(s.batch * s.heads * s.seqlen_q * s.seqlen_k) * sizeof(float)
           : 0;
-  const detail::Scratch scratch(runtime, dot_bytes + partial_bytes + accum_bytes + dbias_bytes,
-                                stream);
+  const std::size_t accum_at = dot_bytes + partial_bytes;
+  const std::size_t dbias_at = accum_at + accum_bytes + semaphore_bytes;
+  const detail::Scratch scratch(runtime, dbias_at + dbias_bytes, stream);
   bp.row_dot = reinterpret_cast<float*>(scratch.at(0));
   if (plan.sinks) {
     bp.maybe_sink_partials = reinterpret_cast<float*>(scratch.at(dot_bytes));
     bp.maybe_dsinks = static_cast<float*>(grads.dsinks->data);
   }
   if (accum_bytes > 0) {
-    bp.maybe_dq_accum = reinterpret_cast<float*>(scratch.at(dot_bytes + partial_bytes));
-    detail::zero_async(runtime, bp.maybe_dq_accum, accum_bytes, stream);
+    bp.maybe_dq_accum = reinterpret_cast<float*>(scratch.at(accum_at));
+    if (semaphore_bytes > 0) {
+      bp.maybe_dq_semaphore = reinterpret_cast<int*>(scratch.at(accum_at + accum_bytes));
+      bp.dq_row_blocks = static_cast<int>(dq_row_blocks);
+    }
+    detail::zero_async(runtime, bp.maybe_dq_accum, accum_bytes + semaphore_bytes, stream);
   }
   if (plan.dbias) {
-    set_dbias(bp, *grads.dbias, scratch.at(dot_bytes + partial_bytes + accum_bytes));
+    set_dbias(bp, *grads.dbias, scratch.at(dbias_at));
     // NOTE: the dk/dv kernel visits only the (row, key) pairs of its band: the rest stay 0.
     if (dbias_bytes > 0) detail::zero_async(runtime, bp.maybe_dbias_accum, dbias_bytes, stream);
   }

@@ -592,7 +592,8 @@ TEST_CASE("attention backward with nothing to compute: batch 0, seqlen 0, no key
 }
 
 // deterministic = true: two runs give the same bits, where an atomic dq or a split reduction
-// would differ (GQA's summed dk and dv, varlen, head dim 256); the gradients pass the rule too.
+// would differ (GQA's summed dk and dv, varlen, head dims 128 and 256); the gradients pass the
+// rule too.
 TEST_CASE("attention backward is bitwise reproducible with deterministic = true",
           "[gpu][attention_backward]") {
   KILN_REQUIRE_GPU();
@@ -612,6 +613,15 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
        .seqlens_q = {300, 0, 17, 200},
        .seqlens_k = {128, 64, 1, 511}},
       {.batch = 2, .seqlen_q = 256, .seqlen_k = 256, .heads = 4, .heads_kv = 2, .head_dim = 256},
+      // Head dim 128 with a window: on sm_90a choose() gives the wgmma kernel, whose dq additions
+      // take turns (at 64 it gives the mma kernels).
+      {.batch = 2,
+       .seqlen_q = 300,
+       .seqlen_k = 517,
+       .heads = 4,
+       .heads_kv = 2,
+       .head_dim = 128,
+       .score = {.causal = true, .window_left = 200}},
   };
   for (const Case& c : cases) {
     INFO(describe(c));

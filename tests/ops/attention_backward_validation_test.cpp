@@ -276,7 +276,7 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
   for (const char* target : {"sm_80", "sm_86", "sm_90a", "gfx90a"}) {
     INFO(target);
     const kiln::AttentionBackwardConfig config = kiln::choose(problem, target);
-    // Tensor cores on NVIDIA (wgmma on sm_90a unless deterministic), the portable kernels on
+    // Tensor cores on NVIDIA (wgmma on sm_90a, deterministic or not), the portable kernels on
     // AMD.
     const std::string name = target;
     CHECK(config.kernel == (name.starts_with("gfx") ? kiln::AttentionBackwardKernel::portable
@@ -284,9 +284,21 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
                                                     : kiln::AttentionBackwardKernel::mma));
     kiln::AttentionBackwardProblem deterministic = problem;
     deterministic.deterministic = true;
-    CHECK(kiln::choose(deterministic, target).kernel ==
-          (name.starts_with("gfx") ? kiln::AttentionBackwardKernel::portable
-                                   : kiln::AttentionBackwardKernel::mma));
+    CHECK(kiln::choose(deterministic, target).kernel == config.kernel);
+    // At head dim 64 deterministic calls keep the mma kernels (choose()'s NOTE).
+    kiln::AttentionBackwardProblem narrow = deterministic;
+    narrow.forward.head_dim = narrow.forward.head_dim_v = 64;
+    CHECK(kiln::choose(narrow, target).kernel == (name.starts_with("gfx")
+                                                      ? kiln::AttentionBackwardKernel::portable
+                                                      : kiln::AttentionBackwardKernel::mma));
+    if (config.kernel == kiln::AttentionBackwardKernel::wgmma) {
+      // Its dk/dv kernel orders dq's additions: a spec of its own.
+      const std::vector<kiln::KernelSpec> specs = kiln::attention_backward_specs(problem, config);
+      const std::vector<kiln::KernelSpec> ordered =
+          kiln::attention_backward_specs(deterministic, config);
+      CHECK_THAT(kiln::to_string(ordered[1]), Catch::Contains("deterministic=true"));
+      CHECK_THAT(kiln::to_string(specs[1]), Catch::Contains("deterministic=false"));
+    }
     kiln::AttentionBackwardProblem wide = problem;
     wide.forward.head_dim = wide.forward.head_dim_v = 256;
     CHECK(kiln::choose(wide, target).kernel != kiln::AttentionBackwardKernel::wgmma);
@@ -348,7 +360,7 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
     check_refusal(with(bad, "sm_90a"), ErrorCategory::invalid_argument,
                   {"breaks the kernel's tile rules", "multiple of 16 up to 256", "warps * 32"});
   }
-  // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128, not deterministic.
+  // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128.
   const kiln::AttentionBackwardConfig wgmma{
       .block_m = 64, .block_n = 64, .warps = 4, .kernel = kiln::AttentionBackwardKernel::wgmma};
   check_refusal(with(wgmma, "sm_80"), ErrorCategory::unsupported,
@@ -371,14 +383,6 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   split.warps = 8;
   check_refusal(with(split, "sm_90a"), ErrorCategory::unsupported,
                 {"splits head dim 64's dQ columns", "block_m 128 or block_n 64"});
-  const kiln::test::Refusal deterministic = refusal([&] {
-    kiln::AttentionGradOptions grads = c.grads;
-    grads.deterministic = true;
-    kiln::attention_backward(c.q, c.k, c.v, c.out, c.dout, c.dq, c.dk, c.dv, c.options, grads,
-                             wgmma, nullptr, validating_runtime("sm_90a"));
-  });
-  check_refusal(deterministic, ErrorCategory::unsupported,
-                {"adds dq up with atomics", "grads.deterministic", "AttentionBackwardKernel::mma"});
   // Its dk/dv kernel reads q and dout by TMA: a dout broadcast over the batch (stride 0, as
   // autograd hands out the gradient of a sum) cannot be tiled; choose()'s config takes the mma
   // kernels for it instead.

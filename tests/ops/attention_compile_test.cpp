@@ -184,11 +184,12 @@ void add_new(std::vector<kiln::KernelSpec>& specs, const std::vector<kiln::Kerne
 // The feature problems' backward specs with `config`, or choose()'s for `target` when none;
 // with dsinks, and dbias where there is a bias.
 std::vector<kiln::KernelSpec> backward_feature_specs(
-    const char* target, std::optional<kiln::AttentionBackwardConfig> config = std::nullopt) {
+    const char* target, std::optional<kiln::AttentionBackwardConfig> config = std::nullopt,
+    bool deterministic = false) {
   std::vector<kiln::KernelSpec> specs;
   for (const kiln::AttentionProblem& problem : feature_problems()) {
     const kiln::AttentionBackwardProblem backward{
-        .forward = problem, .dsinks = true, .dbias = problem.bias};
+        .forward = problem, .deterministic = deterministic, .dsinks = true, .dbias = problem.bias};
     add_new(specs, kiln::attention_backward_specs(backward,
                                                   config.value_or(kiln::choose(backward, target))));
   }
@@ -219,8 +220,11 @@ TEST_CASE("the backward compiles every feature for sm_80 and gfx90a",
 TEST_CASE("the wgmma backward compiles every feature for sm_90a, without spilling much",
           "[attention_backward][compile]") {
   std::vector<kiln::KernelSpec> specs;
-  for (const kiln::KernelSpec& spec : backward_feature_specs("sm_90a")) {
-    if (spec.entry.find("wgmma") != std::string::npos) specs.push_back(spec);
+  for (const bool deterministic : {false, true}) {
+    for (const kiln::KernelSpec& spec :
+         backward_feature_specs("sm_90a", std::nullopt, deterministic)) {
+      if (spec.entry.find("dkdv_wgmma") != std::string::npos) specs.push_back(spec);
+    }
   }
   REQUIRE_FALSE(specs.empty());
   kiln::test::TempDir dir;

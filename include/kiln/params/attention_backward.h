@@ -40,6 +40,12 @@ struct AttentionBackwardParams {
   // (backward_wgmma.cuh), and block_m spare rows past the last
   // (attention_backward_dq_accum_floats). Null for the other kernels.
   float* maybe_dq_accum;
+  // With deterministic, the order of those additions: one int a (batch, head, block of block_m
+  // query rows), at (batch * heads + head) * dq_row_blocks + block, zeroed before the dk/dv
+  // kernel, counting the key blocks that have added to the rows; each adds in its turn, in the
+  // order of its blockIdx.x. Null otherwise.
+  int* maybe_dq_semaphore;
+  int dq_row_blocks;
   // The bias's gradient (fwd.maybe_bias set; the dk/dv kernel compiled with has_dbias, else
   // null): the dk/dv kernel writes dL / d logit of each (batch, head, query row, key) it
   // visits to maybe_dbias_accum (fp32, dense (batch, heads, seqlen_q, seqlen_k), zeroed before

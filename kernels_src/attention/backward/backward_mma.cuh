@@ -365,30 +365,14 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
       tiles.own_v(), kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride, first.seqlen_k - key0,
       thread);
 
-  // The rows that attend the block, block_m a step, for each head of the group.
   const int batch = tile.batch;
-  const int row_begin = tile.rows.begin;
-  const int row_end = tile.rows.end;
-  const int first_head = tile.first_head;
-  const int end_head = row_begin < row_end ? first_head + tile.heads : first_head;
-  // A step's (head, first row); the next one.
-  struct Step {
-    int head, r0;
-  };
-  const auto after = [&](Step at) {
-    return at.r0 + Tr::block_m < row_end ? Step{at.head, at.r0 + Tr::block_m}
-                                         : Step{at.head + 1, row_begin};
-  };
+  const RowSteps<Tr::block_m> steps(tile);
 
   // Starts loading a step's Q and dO rows into `slot` (committing nothing), and returns this
-  // thread's row of LSE and D (-inf and 0 past the rows: no probability there), which
-  // store_rows puts in the slot.
-  struct RowValues {
-    float lse, dot;
-  };
-  const auto load_rows = [&](Step at, int slot) {
+  // thread's row values, which store_rows puts in the slot.
+  const auto load_rows = [&](RowStep at, int slot) {
     const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
-    const int rows = row_end - at.r0;
+    const int rows = steps.row_end - at.r0;
     load_tile_async<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
         tiles.streamed_qk(slot), static_cast<const T*>(p.q) + seq.q_offset + at.r0 * p.q_seq_stride,
         p.q_seq_stride, rows, thread);
@@ -397,12 +381,8 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
         static_cast<const T*>(bp.dout) + dout_offset<Spec::varlen>(bp, batch, at.head) +
             at.r0 * bp.dout_seq_stride,
         bp.dout_seq_stride, rows, thread);
-    RowValues values{neg_inf(), 0.f};
-    if (thread < rows && thread < Tr::block_m) {
-      values.lse = p.maybe_lse[seq.lse_offset + at.r0 + thread] * kLog2e;
-      values.dot = bp.row_dot[seq.lse_offset + at.r0 + thread];
-    }
-    return values;
+    return thread < Tr::block_m ? row_values(bp, seq.lse_offset, at.r0 + thread, steps.row_end)
+                                : RowValues{};
   };
   const auto store_rows = [&](const RowValues& values, int slot) {
     if (thread < Tr::block_m) {
@@ -410,7 +390,7 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
       tiles.row_floats(slot, 1)[thread] = values.dot;
     }
   };
-  if (first_head < end_head) store_rows(load_rows({first_head, row_begin}, 0), 0);
+  if (!steps.done(steps.first())) store_rows(load_rows(steps.first(), 0), 0);
   mma::cp_async_commit();
 
   const WarpPlace place = warp_place<Tr>(warp);
@@ -424,12 +404,12 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
   zero_fragments(dk);
   zero_fragments(dv);
   int slot = 0;
-  for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), slot = 1 - slot) {
+  for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at), slot = 1 - slot) {
     mma::cp_async_wait<0>();
     __syncthreads();  // the slot is visible to all, and every warp is done with the other one
-    const bool more = after(at).head < end_head;
+    const bool more = !steps.done(steps.after(at));
     RowValues next{};
-    if (more) next = load_rows(after(at), 1 - slot);
+    if (more) next = load_rows(steps.after(at), 1 - slot);
     mma::cp_async_commit();
 
     const int r0 = at.r0;
@@ -438,7 +418,7 @@ __global__ void __launch_bounds__(attention::BackwardMmaTraits<Spec>::threads)
     const float to_log2 = transform.to_log2();
     const float* const lse = tiles.row_floats(slot, 0);
     const float* const dot = tiles.row_floats(slot, 1);
-    const int rows_end = min(r0 + Tr::block_m, row_end);
+    const int rows_end = min(r0 + Tr::block_m, steps.row_end);
     const bool masked = !tile_in_band(band, r0, rows_end, key0, Tr::block_n);
     const bool edge = r0 + Tr::block_m > seq.seqlen_q || key0 + Tr::block_n > seq.seqlen_k;
     const int query_col = r0 + 2 * (lane % 4);

@@ -1,8 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The backward pass on Hopper (sm_90a), warp-specialized: FlashAttention-2's recomputation with
 // every product a wgmma.mma_async, Q and dO streamed by TMA, and dQ added across key blocks to
-// fp32 accumulators by bulk reductions (so not deterministic; deterministic calls take the mma
-// kernels).
+// fp32 accumulators by bulk reductions (with `deterministic`, in a fixed order: add_in_turn).
 //   attention_backward_dkdv_wgmma: a CTA per (block_n keys, kv head, batch) holds its keys' K and
 //     V tiles in shared memory and streams the query rows that attend them, block_m at a time,
 //     for every query head of the group. Its warpgroups:
@@ -38,10 +37,13 @@
 //   warps     block_n / 16: the consumers' warps.
 //   block_m   64 or 128, at most block_n: query rows a step. dQ's block_m x head_dim is split
 //             between the consumers, each taking 64 rows and a multiple of 64 of the columns.
+//   deterministic  whether dQ's additions take a fixed order (bp.maybe_dq_semaphore), every
+//             step then one of the sequence's blocks of block_m rows (RowSteps' Aligned).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width), at most
 // 128 each.
 //
-// Launch, after attention_backward_dot and with bp.maybe_dq_accum zeroed: dkdv on grid
+// Launch, after attention_backward_dot and with bp.maybe_dq_accum (and with deterministic,
+// bp.maybe_dq_semaphore) zeroed: dkdv on grid
 // (ceil(seqlen_k / block_n), heads_kv, batch), seqlen_k the longest sequence's stored keys,
 // (warps + 4) * 32 threads, dynamic shared memory attention_backward_wgmma_smem_bytes(head_dim,
 // head_dim_v, block_m, block_n) from "kiln/params/attention_backward.h", bp.q_map and
@@ -183,6 +185,37 @@ __device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols 
   }
 }
 
+// Deterministic dQ: the dQ warp's `add` of step `at` (a block of block_m rows, the steps
+// aligned) waits for the turn of this CTA's key block among those that add to the same rows,
+// in the order of their blockIdx.x (all earlier in the launch, so none waits on a CTA that has
+// not started), and is whole in global memory before the next one's. Each element then sums
+// its key blocks' shares in one order, whatever the timing.
+template <class Tr, class Add>
+__device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
+                                            const KeyBlockTile& tile,
+                                            const RowSteps<Tr::block_m, true>& steps, RowStep at,
+                                            int lane, const Add& add) {
+  const int block = at.r0 / Tr::block_m;
+  // The key blocks before this one whose steps include the block: every lane counts some.
+  int before = 0;
+  for (int n = lane; n * Tr::block_n < tile.key0; n += 32) {
+    const RowBlock rows = key_block_rows<Tr::block_n>(tile.band, n * Tr::block_n,
+                                                      tile.first.seqlen_q, tile.first.seqlen_k);
+    before += rows.begin < rows.end && steps.first_row(rows) <= at.r0 && at.r0 < rows.end;
+  }
+  before = __reduce_add_sync(0xffffffffu, before);
+  if (lane == 0) {
+    int* const semaphore =
+        bp.maybe_dq_semaphore +
+        (static_cast<long long>(tile.batch) * bp.fwd.heads + at.head) * bp.dq_row_blocks + block;
+    while (tma::load_acquire(semaphore) != before) __nanosleep(64);
+    add();
+    tma::wait_bulk<0>();            // the additions are done
+    tma::fence_async_to_generic();  // and ordered before the release
+    tma::add_release(semaphore, 1);
+  }
+}
+
 }  // namespace attention
 
 template <class Spec>
@@ -221,17 +254,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const Sequence& first = tile.first;
   const Band& band = tile.band;
   const int batch = tile.batch;
-  const int row_begin = tile.rows.begin;
-  const int row_end = tile.rows.end;
-  const int first_head = tile.first_head;
-  const int end_head = row_begin < row_end ? first_head + tile.heads : first_head;
-  struct Step {
-    int head, r0;
-  };
-  const auto after = [&](Step at) {
-    return at.r0 + Tr::block_m < row_end ? Step{at.head, at.r0 + Tr::block_m}
-                                         : Step{at.head + 1, row_begin};
-  };
+  const RowSteps<Tr::block_m, Spec::deterministic> steps(tile);
+
   if (thread >= Tr::consumer_threads) {
     if constexpr (Tr::moves_registers) tma::release_registers<Tr::producer_registers>();
     if (warp == Tr::warps) {
@@ -244,7 +268,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       const int map_batch = Spec::varlen ? 0 : batch;
       RowsState at_slot{};
       tma::PipelineState<1> tail_at{};
-      for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), at_slot.advance()) {
+      for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at), at_slot.advance()) {
         bars.rows.acquire(at_slot);  // every lane: a tail's zeros are written by all
         const int slot = at_slot.slot();
         const int valid = locate_sequence<Spec::varlen>(p, batch, at.head).seqlen_q - at.r0;
@@ -283,34 +307,38 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
         }
       }
     } else if (warp == Tr::warps + 2) {
-      // The row warp: each step's LSE (in log2 units) and D beside its slot's tiles; a row past
-      // the block's rows gets probability 0.
+      // The row warp: each step's row values beside its slot's tiles.
       RowsState at_slot{};
-      for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), at_slot.advance()) {
+      for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at), at_slot.advance()) {
         bars.rows.acquire(at_slot);
         const int slot = at_slot.slot();
-        const long long lse0 = locate_sequence<Spec::varlen>(p, batch, at.head).lse_offset + at.r0;
+        const long long lse_offset = locate_sequence<Spec::varlen>(p, batch, at.head).lse_offset;
         for (int i = lane; i < Tr::block_m; i += 32) {
-          const bool attends = at.r0 + i < row_end;
-          row_floats(slot, 0)[i] = attends ? p.maybe_lse[lse0 + i] * kLog2e : neg_inf();
-          row_floats(slot, 1)[i] = attends ? bp.row_dot[lse0 + i] : 0.f;
+          const RowValues values = row_values(bp, lse_offset, at.r0 + i, steps.row_end);
+          row_floats(slot, 0)[i] = values.lse;
+          row_floats(slot, 1)[i] = values.dot;
         }
         bars.rows.full.arrive(at_slot);
       }
-    } else if (warp == Tr::warps + 1 && first_head < end_head) {
+    } else if (warp == Tr::warps + 1 && !steps.done(steps.first())) {
       // The dQ warp: each staged block, added to the accumulators by one bulk reduction.
       tma::named_arrive(Bars::dq_free, Bars::dq_threads);
-      for (Step at{first_head, row_begin}; at.head < end_head; at = after(at)) {
+      for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at)) {
         tma::named_sync(Bars::dq_staged, Bars::dq_threads);
-        if (lane == 0) {
+        const auto add = [&] {
           const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
           tma::reduce_add_bulk(bp.maybe_dq_accum + (seq.lse_offset + at.r0) * Spec::head_dim,
                                mma::smem_address(dq_staged), Tr::dq_bytes);
           tma::commit_bulk();
+        };
+        if constexpr (Spec::deterministic) {
+          add_in_turn<Tr>(bp, tile, steps, at, lane, add);
+        } else if (lane == 0) {
+          add();
           tma::wait_bulk_read<0>();
         }
         __syncwarp();
-        if (after(at).head < end_head) tma::named_arrive(Bars::dq_free, Bars::dq_threads);
+        if (!steps.done(steps.after(at))) tma::named_arrive(Bars::dq_free, Bars::dq_threads);
       }
       if (lane == 0) tma::wait_bulk<0>();
     }
@@ -347,7 +375,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   zero_fragments(dk);
   zero_fragments(dv);
   RowsState at_slot{};
-  for (Step at{first_head, row_begin}; at.head < end_head; at = after(at), at_slot.advance()) {
+  for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at), at_slot.advance()) {
     const int slot = at_slot.slot();
     bars.rows.full.wait(at_slot);
     const unsigned q_tile = mma::smem_address(slot_tile(slot));
@@ -368,7 +396,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     const auto transform = make_logit_transform<Spec, mma::ApproxMath, 1>(p, seq, band, r0);
     const float* const lse = row_floats(slot, 0);
     const float* const dot = row_floats(slot, 1);
-    const int rows_end = min(r0 + Tr::block_m, row_end);
+    const int rows_end = min(r0 + Tr::block_m, steps.row_end);
     const bool masked = !tile_in_band(band, r0, rows_end, key0, Tr::block_n);
     const bool edge = r0 + Tr::block_m > seq.seqlen_q || key0 + Tr::block_n > seq.seqlen_k;
     const int query_col = r0 + 2 * (lane % 4);

@@ -65,6 +65,15 @@ struct KeyBlockTile {
   RowBlock rows;
 };
 
+// The query rows of a sequence (seqlen_q x seqlen_k under `band`) that attend some key of the
+// BlockN keys from key0: begin >= end when none does.
+template <int BlockN>
+__device__ __forceinline__ RowBlock key_block_rows(const Band& band, int key0, int seqlen_q,
+                                                   int seqlen_k) {
+  const int last_key = min(key0 + BlockN, seqlen_k) - 1;
+  return {band.first_query(key0), last_key < key0 ? 0 : band.last_query(last_key, seqlen_q) + 1};
+}
+
 template <class Spec, int BlockN>
 __device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p) {
   KeyBlockTile t;
@@ -76,10 +85,52 @@ __device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p)
   t.first_head = t.head_kv * t.heads;
   t.first = locate_sequence<Spec::varlen>(p, t.batch, t.first_head);
   t.band = make_band<Spec::band>(p.score, t.first.seqlen_q, t.first.seqlen_k);
-  const int last_key = min(t.key0 + BlockN, t.first.seqlen_k) - 1;
-  t.rows.begin = t.band.first_query(t.key0);
-  t.rows.end = last_key < t.key0 ? 0 : t.band.last_query(last_key, t.first.seqlen_q) + 1;
+  t.rows = key_block_rows<BlockN>(t.band, t.key0, t.first.seqlen_q, t.first.seqlen_k);
   return t;
+}
+
+// A dk/dv CTA's steps: the rows that attend its key block (tile.rows), BlockM at a time from the
+// first (Aligned: from the multiple of BlockM at or before it, so that every step is one of the
+// sequence's blocks of BlockM rows), for each query head of its group in turn; none when no row
+// does. A step is its (head, first row).
+struct RowStep {
+  int head, r0;
+};
+
+template <int BlockM, bool Aligned = false>
+struct RowSteps {
+  int row_begin, row_end, first_head, end_head;
+
+  // The first row of the steps over `rows`.
+  __device__ __forceinline__ static int first_row(const RowBlock& rows) {
+    return Aligned ? rows.begin / BlockM * BlockM : rows.begin;
+  }
+
+  __device__ __forceinline__ explicit RowSteps(const KeyBlockTile& tile)
+      : row_begin(first_row(tile.rows)),
+        row_end(tile.rows.end),
+        first_head(tile.first_head),
+        end_head(tile.rows.begin < tile.rows.end ? tile.first_head + tile.heads : tile.first_head) {
+  }
+
+  __device__ __forceinline__ RowStep first() const { return {first_head, row_begin}; }
+  __device__ __forceinline__ bool done(RowStep at) const { return at.head >= end_head; }
+  __device__ __forceinline__ RowStep after(RowStep at) const {
+    return at.r0 + BlockM < row_end ? RowStep{at.head, at.r0 + BlockM}
+                                    : RowStep{at.head + 1, row_begin};
+  }
+};
+
+// The LSE (in log2 units) and D of a step's query row `row` (of a sequence whose rows' LSE
+// starts at lse_offset); -inf and 0 from row_end on, where the key block gets no probability.
+struct RowValues {
+  float lse, dot;
+};
+
+__device__ __forceinline__ RowValues row_values(const AttentionBackwardParams& bp,
+                                                long long lse_offset, int row, int row_end) {
+  if (row >= row_end) return {neg_inf(), 0.f};
+  return {bp.fwd.maybe_lse[lse_offset + row] * kLog2e, bp.row_dot[lse_offset + row]};
 }
 
 // Row 0 of (batch, head) in bp.maybe_dbias_accum, whose rows hold fwd.seqlen_k keys each (a
