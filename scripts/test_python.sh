@@ -11,10 +11,12 @@ venv="${VENV:-build-python/venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # transformers: its tests of kiln.transformers run here too (tiny random models on the CPU, kiln
 # stood in by the reference); without it they skip, and a change to kiln's calls went unseen.
-"$venv/bin/python" -m pip install -q "torch>=2.4" numpy pytest transformers
+# --no-cache-dir: torch and its CUDA libraries are several GB; a second copy in pip's cache once
+# filled a CI machine's disk ("No space left on device").
+"$venv/bin/python" -m pip install -q --no-cache-dir "torch>=2.4" numpy pytest transformers
 # The package's CMake build (in build-python/cmake, kept between runs) compiles through ccache
 # when there is one.
 if command -v ccache >/dev/null; then export CMAKE_CXX_COMPILER_LAUNCHER=ccache; fi
-"$venv/bin/python" -m pip install -q .
+"$venv/bin/python" -m pip install -q --no-cache-dir .
 # From the repository root, `import kiln` finds the installed package (python/ is not on the path).
 "$venv/bin/python" -m pytest -q -rs python/tests
