@@ -11,8 +11,8 @@ venv="${VENV:-build-python/venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 # transformers: its tests of kiln.transformers run here too (tiny random models on the CPU, kiln
 # stood in by the reference); without it they skip, and a change to kiln's calls went unseen.
-# --no-cache-dir: torch and its CUDA libraries are several GB; a second copy in pip's cache once
-# filled a CI machine's disk ("No space left on device").
+# --no-cache-dir: torch and its CUDA libraries are several GB, and pip's cache would keep a second
+# copy (CI once ran out of disk, "No space left on device", while installing them).
 "$venv/bin/python" -m pip install -q --no-cache-dir "torch>=2.4" numpy pytest transformers
 # The package's CMake build (in build-python/cmake, kept between runs) compiles through ccache
 # when there is one.
