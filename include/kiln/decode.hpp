@@ -14,8 +14,10 @@
 
 namespace kiln {
 
-// A KV cache, contiguous or paged; fp16 or bf16 like q. The head dims are q's head_dim for k and
-// out's head_dim_v for v.
+// A KV cache, contiguous or paged: q's dtype (fp16 or bf16), or fp8 (e4m3 or e5m2) on sm_89 and
+// newer, converted to q's dtype as it is read (exactly: every fp8 value is an fp16 and a bf16
+// value). The head dims are q's head_dim for k and out's head_dim_v for v; an fp8 cache's are
+// multiples of 16.
 //   contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v;
 //               sequence b lives in cache row batch_idx[b] (b when batch_idx is absent).
 //   paged:      k (num_pages, page_size, heads_kv, head_dim), v likewise; key j of sequence b
@@ -33,6 +35,11 @@ struct KVCache {
   std::optional<TensorView> batch_idx;
   // int32 (batch, max_pages) on the device: a paged cache's page table.
   std::optional<TensorView> block_table;
+  // An fp8 cache's descales, FlashAttention-3's convention: fp32 (batch, heads_kv) on the
+  // device, any strides (stride 0 broadcasts one scale); the key that sequence b's kv head h
+  // attends is k times k_descale[b][h], and likewise v. Absent: 1. Only with an fp8 cache.
+  std::optional<TensorView> k_descale;
+  std::optional<TensorView> v_descale;
 };
 
 struct DecodeOptions {
@@ -110,8 +117,8 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
 // (decode_specs) without calling attention_with_kvcache(), to warm them ahead.
 struct DecodeProblem {
   // Each operand's dtype: q's (and the rotary tables'), the cache's (and k_new's and v_new's),
-  // out's. The kernels take the combinations in lib/kernels/decode.cpp's table: today one dtype,
-  // f16 or bf16, for all.
+  // out's. The kernels take the combinations in lib/kernels/decode.cpp's table: one dtype, f16
+  // or bf16, for all, or an fp8 cache (e4m3 or e5m2) under f16 or bf16 q and out.
   DType dtype_q = DType::bf16;
   DType dtype_kv = DType::bf16;
   DType dtype_out = DType::bf16;

@@ -42,6 +42,8 @@ std::span<const OperandDTypes> decode_operand_dtypes();
 
 // Throws kiln::Error (unsupported) when decode does not run on `target`.
 void require_target(const Target& target);
+// An fp8 cache's conditions: an sm_89 or newer target, head dims multiples of 16.
+void require_cache_dtype(const DecodeProblem& problem, const Target& target);
 
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size its
 // kernel does not take (attention/decode/attention.cuh asserts the same when it compiles).

@@ -214,7 +214,7 @@ def _operand_dtypes(q, kv, out, what):
     def refuse(name, t, other_name, other, fit):
         invalid(f"{name} has dtype {names[t.dtype]} but {other_name} has dtype "
                 f"{names[other.dtype]}: {what} takes (q, k and v, out) in the dtypes {listed}, "
-                f"so {name} needs {names[fit]} (fp8 KV caches are not supported yet)")
+                f"so {name} needs {names[fit]}")
     for name, t in kv:
         if not any(row[1] == t.dtype for row in with_q):
             refuse(name, t, "q", q, with_q[0][1])

@@ -305,9 +305,9 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling, and non
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   const auto specs = kiln::decode_default_specs("sm_90a");
-  // bf16 and f16, head dims 64 and 128: contiguous and paged attention (8), and merge_states
-  // of each (4).
-  REQUIRE(specs.size() == 12);
+  // bf16 and f16 caches and e4m3 ones under bf16 and f16 q, head dims 64 and 128: contiguous
+  // and paged attention (16), and merge_states of bf16 and f16 (4).
+  REQUIRE(specs.size() == 20);
   check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = rt.compile(spec);
@@ -316,6 +316,7 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling, and non
   }
   CHECK(kiln::decode_default_specs("gfx90a").empty());
   CHECK(kiln::decode_default_specs("sm_75").empty());
+  CHECK(kiln::decode_default_specs("sm_80").size() == 12);  // no fp8 conversions there
 
   // Where a CTA gets 99 KiB, head dim 256 streams with two warps (tests/ops/launch_plan_test.cpp).
   const kiln::DecodeProblem d256{

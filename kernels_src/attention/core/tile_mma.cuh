@@ -134,8 +134,8 @@ template <class Tr>
 __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                               const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
                                               unsigned v_lane, const LaneOffsets& lanes) {
-  using KV = typename Tr::KV;  // P is rounded to V's type
-  constexpr int row_bytes = Tr::v_pitch * Tr::kv_size;
+  using KV = typename Tr::KVOperand;  // P is rounded to V's type as the mma reads it
+  constexpr int row_bytes = Tr::v_pitch * static_cast<int>(sizeof(KV));
   constexpr int dp_count = Tr::o_tiles / 2;
   constexpr int steps = Tr::block_n / 16 * dp_count;
   constexpr int b_ring = Tr::prefetch + 1;
