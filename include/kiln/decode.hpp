@@ -37,7 +37,9 @@ struct KVCache {
   std::optional<TensorView> block_table;
   // An fp8 cache's descales, FlashAttention-3's convention: fp32 (batch, heads_kv) on the
   // device, any strides (stride 0 broadcasts one scale); the key that sequence b's kv head h
-  // attends is k times k_descale[b][h], and likewise v. Absent: 1. Only with an fp8 cache.
+  // attends is k times k_descale[b][h], and likewise v. Absent: 1. Only with an fp8 cache. The
+  // values must be finite and positive (k_descale joins the softmax scale): they are on the
+  // device, where the call does not read them.
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
 };

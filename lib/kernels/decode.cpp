@@ -199,15 +199,17 @@ void require_target(const Target& target) {
   }
 }
 
-void require_cache_dtype(const DecodeProblem& problem, const Target& target) {
+void refuse_fp8_append(DType cache) {
+  unsupported(
+      fmt::format("k_new and v_new with an {} cache: appending into an fp8 cache is not supported "
+                  "yet; quantize the new keys and values into the cache before the call",
+                  to_string(cache)));
+}
+
+void check_cache_dtype(const DecodeProblem& problem) {
   if (!is_fp8(problem.dtype_kv)) return;
   const std::string_view dtype = to_string(problem.dtype_kv);
-  if (target.arch() < 89) {
-    unsupported(fmt::format(
-        "an {} KV cache needs an sm_89 or newer GPU (its fp8 conversions); the target is {}: "
-        "keep the cache in q's dtype there",
-        dtype, target.name()));
-  }
+  if (problem.append) refuse_fp8_append(problem.dtype_kv);
   if (problem.head_dim % 16 != 0 || problem.head_dim_v % 16 != 0) {
     unsupported(fmt::format(
         "head_dim {} and head_dim_v {} with an {} KV cache: an fp8 cache's head dims must be "
@@ -215,6 +217,17 @@ void require_cache_dtype(const DecodeProblem& problem, const Target& target) {
         "zeros",
         problem.head_dim, problem.head_dim_v, dtype));
   }
+}
+
+void require_cache_dtype(const DecodeProblem& problem, const Target& target) {
+  if (!is_fp8(problem.dtype_kv)) return;
+  if (target.arch() < 89) {
+    unsupported(fmt::format(
+        "an {} KV cache needs an sm_89 or newer GPU (its fp8 conversions); the target is {}: "
+        "keep the cache in q's dtype there",
+        to_string(problem.dtype_kv), target.name()));
+  }
+  check_cache_dtype(problem);
 }
 
 void check_config(const DecodeConfig& c) {
@@ -368,6 +381,7 @@ DecodeConfig choose(const DecodeProblem& problem, const Target& target, int mult
 }
 
 std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config) {
+  detail::check_cache_dtype(problem);
   std::vector<KernelSpec> specs;
   const detail::DecodePlan plan = detail::decode_plan(problem, config);
   if (plan.append) specs.push_back(plan.append->spec);

@@ -159,7 +159,7 @@ void check_descales(const KVCache& cache, const Shape& s, int device) {
     check_common(**t, name, device);
     require_rank(**t, name, 2, "(batch, heads_kv) fp32 descales");
     if ((*t)->dtype != DType::f32) {
-      invalid(fmt::format("{} has dtype {}: descales are float32", name, to_string((*t)->dtype)));
+      invalid(fmt::format("{} has dtype {}: it must be float32", name, to_string((*t)->dtype)));
     }
     require_size(**t, name, 0, s.batch, "q.size(0) (batch)");
     require_size(**t, name, 1, s.heads_kv, "cache.k.size(2) (heads_kv)");
@@ -169,12 +169,7 @@ void check_descales(const KVCache& cache, const Shape& s, int device) {
 void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
   require_pair(o.k_new, o.v_new, "k_new", "v_new");
   if (!o.k_new) return;
-  if (is_fp8(s.dtypes.kv)) {
-    unsupported(fmt::format(
-        "k_new and v_new with an {} cache: appending into an fp8 cache is not supported yet; "
-        "quantize the new keys and values into the cache before the call",
-        to_string(s.dtypes.kv)));
-  }
+  if (is_fp8(s.dtypes.kv)) refuse_fp8_append(s.dtypes.kv);
   const TensorView &k_new = *o.k_new, &v_new = *o.v_new;
   require_rank(k_new, "k_new", 4, "(batch, seqlen_new, heads_kv, head_dim)");
   require_rank(v_new, "v_new", 4, "(batch, seqlen_new, heads_kv, head_dim_v)");

@@ -108,6 +108,9 @@ struct Case {
   // v_descale (batch, heads_kv), by which the reference's keys and values are the cached ones.
   std::optional<DType> fp8;
   bool descales = false;
+  // How the descales are laid out: (batch, heads_kv) contiguous, a transposed view of (heads_kv,
+  // batch), or one value for all (strides 0).
+  enum class Descales { contiguous, transposed, one } descale_layout = Descales::contiguous;
   // A config of the test's instead of choose()'s, launched on the device.
   std::optional<kiln::DecodeConfig> config;
 
@@ -137,6 +140,7 @@ std::string describe(const Case& c) {
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
   if (c.fp8) s << " " << kiln::to_string(*c.fp8) << " cache" << (c.descales ? " descaled" : "");
+  if (c.descales) s << " descale layout " << static_cast<int>(c.descale_layout);
   if (c.config) {
     s << " config (splits " << c.config->num_splits << ", block_n " << c.config->block_n
       << ", warps " << c.config->warps << ", stages " << c.config->stages << ", m_tiles "
@@ -226,6 +230,10 @@ void poison_unreached_slots(const Case& c, Setup& s) {
     if (reached[slot]) continue;
     std::fill_n(&s.inputs.k_cache[slot * k_slot], k_slot, nan);
     std::fill_n(&s.inputs.v_cache[slot * v_slot], v_slot, nan);
+    if (c.fp8) {  // the stored codes are what the device gets
+      std::fill_n(&s.k_stored[slot * k_slot], k_slot, nan);
+      std::fill_n(&s.v_stored[slot * v_slot], v_slot, nan);
+    }
   }
 }
 
@@ -243,6 +251,10 @@ void quantize_cache(const Case& c, Setup& s, std::mt19937& rng) {
   if (c.descales) {
     for (double& x : s.k_descale) x = static_cast<float>(range(rng));
     for (double& x : s.v_descale) x = static_cast<float>(range(rng));
+    if (c.descale_layout == Case::Descales::one) {
+      s.k_descale.assign(scales, s.k_descale[0]);
+      s.v_descale.assign(scales, s.v_descale[0]);
+    }
   }
   s.inputs.k_cache = s.k_stored;
   s.inputs.v_cache = s.v_stored;
@@ -344,6 +356,33 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   if (c.lse) d.options.lse = d.lse->view();
 }
 
+// A (batch, heads_kv) descale tensor holding `values` in c's layout.
+TensorView descale_view(const Case& c, const std::vector<double>& values, DeviceDecode& d) {
+  const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
+  switch (c.descale_layout) {
+    case Case::Descales::transposed: {
+      std::vector<double> by_head(values.size());
+      for (std::int64_t b = 0; b < batch; ++b) {
+        for (std::int64_t h = 0; h < heads_kv; ++h)
+          by_head[at(h * batch + b)] = values[at(b * heads_kv + h)];
+      }
+      TensorView t = TensorView::contiguous(d.keep(upload_values(DType::f32, by_head)), DType::f32,
+                                            {batch, heads_kv});
+      t.strides = {1, batch, 0, 0};
+      return t;
+    }
+    case Case::Descales::one: {
+      TensorView t = TensorView::contiguous(d.keep(upload_values(DType::f32, {values[0]})),
+                                            DType::f32, {batch, heads_kv});
+      t.strides = {0, 0, 0, 0};
+      return t;
+    }
+    case Case::Descales::contiguous: break;
+  }
+  return TensorView::contiguous(d.keep(upload_values(DType::f32, values)), DType::f32,
+                                {batch, heads_kv});
+}
+
 DeviceDecode upload_case(const Case& c, const Setup& s) {
   const CacheMap& m = s.problem.cache;
   const std::int64_t batch = c.batch(), heads = c.heads, heads_kv = c.heads_kv;
@@ -356,10 +395,10 @@ DeviceDecode upload_case(const Case& c, const Setup& s) {
     d.k_cache = upload(fp8_bytes(*c.fp8, s.k_stored));
     d.v_cache = upload(fp8_bytes(*c.fp8, s.v_stored));
     if (c.descales) {
-      d.cache.k_descale = TensorView::contiguous(d.keep(upload_values(DType::f32, s.k_descale)),
-                                                 DType::f32, {batch, heads_kv});
-      d.cache.v_descale = TensorView::contiguous(d.keep(upload_values(DType::f32, s.v_descale)),
-                                                 DType::f32, {batch, heads_kv});
+      for (const auto& [view, values] : {std::pair{&d.cache.k_descale, &s.k_descale},
+                                         std::pair{&d.cache.v_descale, &s.v_descale}}) {
+        *view = descale_view(c, *values, d);
+      }
     }
   } else {
     d.k_cache = upload_values(c.dtype, s.inputs.k_cache);
@@ -549,6 +588,25 @@ TEST_CASE("decode over fp8 caches: e4m3 and e5m2, descales, paged, split, masks"
   }
   run_case(rt, {.seqlens = {3, 2000, 700}, .num_splits = 7, .fp8 = DType::e4m3, .descales = true},
            rng);
+  // Shuffled cache rows, NaN where no sequence reads, descales transposed and broadcast; head
+  // dims 80 and 96, whose fp8 rows swizzle otherwise than their 16-bit ones.
+  run_case(rt,
+           {.batch_idx = true,
+            .nan_slots = true,
+            .fp8 = DType::e4m3,
+            .descales = true,
+            .descale_layout = Case::Descales::transposed},
+           rng);
+  for (int dim : {80, 96}) {
+    run_case(rt,
+             {.head_dim = dim,
+              .page_size = 16,
+              .nan_slots = true,
+              .fp8 = DType::e5m2,
+              .descales = true,
+              .descale_layout = Case::Descales::one},
+             rng);
+  }
   run_case(rt,
            {.heads = 16,
             .heads_kv = 2,
@@ -557,7 +615,8 @@ TEST_CASE("decode over fp8 caches: e4m3 and e5m2, descales, paged, split, masks"
             .seqlens = {0, 1, 40, 333},
             .page_size = 1,
             .score = {.causal = true, .softcap = 30},
-            .fp8 = DType::e4m3},
+            .fp8 = DType::e4m3,
+            .descales = true},
            rng);
   run_case(rt,
            {.dtype = DType::f16,

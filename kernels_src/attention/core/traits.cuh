@@ -51,6 +51,7 @@ struct HeadTraits {
   // Bytes per element, wherever the kernels compute bytes.
   static constexpr int q_size = static_cast<int>(sizeof(Q));
   static constexpr int kv_size = static_cast<int>(sizeof(KV));
+  static constexpr int kv_operand_size = static_cast<int>(sizeof(KVOperand));
   static constexpr int out_size = static_cast<int>(sizeof(Out));
 
   static constexpr int head_dim = static_cast<int>(Spec::head_dim);

@@ -376,7 +376,7 @@ struct KvStream {
         __syncwarp();  // the converted tile is visible to the warp
         k_tile = mma::smem_address(converted);
       }
-      const unsigned v_tile = k_tile + (Tr::kv_fp8 ? Tr::q_size : Tr::kv_size) * Tr::k_elems;
+      const unsigned v_tile = k_tile + Tr::kv_operand_size * Tr::k_elems;
       float s[Tr::m_tiles][Tr::s_tiles][4];
       attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
       const int key0 = first + t * step;
