@@ -38,7 +38,8 @@
 //   block_m   64 or 128, at most block_n: query rows a step. dQ's block_m x head_dim is split
 //             between the consumers, each taking 64 rows and a multiple of 64 of the columns.
 //   deterministic  whether dQ's additions take a fixed order (bp.maybe_dq_semaphore), every
-//             step then one of the sequence's blocks of block_m rows (RowSteps' Aligned).
+//             step then one of the sequence's blocks of block_m rows (RowSteps' Ordered: each
+//             head's last block first).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width), at most
 // 128 each.
 //
