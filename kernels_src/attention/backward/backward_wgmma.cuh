@@ -188,15 +188,30 @@ __device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols 
 
 // Deterministic dQ: the dQ warp's `add` of step `at` (a block of block_m rows, the steps
 // aligned) waits for the turn of this CTA's key block among those that add to the same rows,
-// in the order of their blockIdx.x (all earlier in the launch, so none waits on a CTA that has
-// not started), and is whole in global memory before the next one's. Each element then sums
-// its key blocks' shares in one order, whatever the timing.
+// in the order of their blockIdx.x, and is whole in global memory before the next one's. Each
+// element then sums its key blocks' shares in one order, whatever the timing.
+//
+// A CTA waits only on CTAs of its own (head, batch) with a smaller blockIdx.x: blockIdx.x varies
+// fastest, and this relies on the hardware starting a launch's CTAs in the order of their linear
+// index (as FlashAttention-3's deterministic backward does; CUDA does not promise it), so that
+// those CTAs have started, or ended, when this one waits, and make progress without it.
+//
+// A varlen sequence longer than the call's max_seqlen_q would have row blocks past its counters:
+// its additions there are made unordered, correct but not reproducible, rather than indexing
+// another head's counter (and waiting forever).
 template <class Tr, class Add>
 __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
                                             const KeyBlockTile& tile,
                                             const RowSteps<Tr::block_m, true>& steps, RowStep at,
                                             int lane, const Add& add) {
   const int block = at.r0 / Tr::block_m;
+  if (block >= bp.dq_row_blocks) {
+    if (lane == 0) {
+      add();
+      tma::wait_bulk_read<0>();
+    }
+    return;
+  }
   // The key blocks before this one whose steps include the block: every lane counts some.
   int before = 0;
   for (int n = lane; n * Tr::block_n < tile.key0; n += 32) {
@@ -210,9 +225,12 @@ __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
         bp.maybe_dq_semaphore +
         (static_cast<long long>(tile.batch) * bp.fwd.heads + at.head) * bp.dq_row_blocks + block;
     while (tma::load_acquire(semaphore) != before) __nanosleep(64);
+    // The earlier key blocks' additions, acquired through the generic proxy, ordered before
+    // this one's, made through the async proxy.
+    tma::fence_proxy_async_global();
     add();
-    tma::wait_bulk<0>();            // the additions are done
-    tma::fence_async_to_generic();  // and ordered before the release
+    tma::wait_bulk<0>();              // the additions are done
+    tma::fence_proxy_async_global();  // and ordered before the release
     tma::add_release(semaphore, 1);
   }
 }
@@ -327,9 +345,12 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at)) {
         tma::named_sync(Bars::dq_staged, Bars::dq_threads);
         const auto add = [&] {
+          // The step's rows of the sequence alone: rows past its end hold zeros, which would
+          // be added to the next sequence's (or head's) rows.
           const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
+          const int rows = min(Tr::block_m, seq.seqlen_q - at.r0);
           tma::reduce_add_bulk(bp.maybe_dq_accum + (seq.lse_offset + at.r0) * Spec::head_dim,
-                               mma::smem_address(dq_staged), Tr::dq_bytes);
+                               mma::smem_address(dq_staged), rows * Spec::head_dim * 4);
           tma::commit_bulk();
         };
         if constexpr (Spec::deterministic) {
