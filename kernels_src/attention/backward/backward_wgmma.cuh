@@ -23,11 +23,10 @@
 // host. The logit, mask and gradient steps are the mma kernel's (backward_mma.cuh): a warp's 16
 // rows of a wgmma accumulator are laid out as an mma.sync one.
 //
-// The accumulators (attention_backward_dq_accum_floats) hold head_dim floats a query row at
-// the LSE's offsets, each row's 16-byte pieces rotated by twice its index (dq_accum_rotation), so
-// that the staging writes of a warp's eight rows fall in distinct banks. A block's bulk reduction
-// covers block_m whole rows: past a (batch, head)'s last row it adds zeros to the next one's,
-// and past the last the host's block_m spare rows.
+// The accumulators (bp.maybe_dq_accum) hold head_dim floats a query row at the LSE's offsets,
+// each row's 16-byte pieces rotated by twice its index (dq_accum_rotation), so that the staging
+// writes of a warp's eight rows fall in distinct banks. A block's bulk reduction covers its rows
+// of the sequence alone.
 //
 // Rows past a sequence's end read as zeros: TMA fills them past the tensor's token dim, and with
 // varlen (where the next sequence's rows follow, or rows nobody wrote) the producer zeroes them.
