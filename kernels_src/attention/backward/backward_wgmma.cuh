@@ -195,9 +195,9 @@ __device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols 
 // index (as FlashAttention-3's deterministic backward does; CUDA does not promise it), so that
 // those CTAs have started, or ended, when this one waits, and make progress without it.
 //
-// A varlen sequence longer than the call's max_seqlen_q would have row blocks past its counters:
-// its additions there are made unordered, correct but not reproducible, rather than indexing
-// another head's counter (and waiting forever).
+// A varlen sequence longer than the call's max_seqlen_q (an invalid call: the row dots and dq
+// stop at max_seqlen_q) would have row blocks past its counters: its additions there are made
+// unordered, rather than indexing another head's counter and waiting forever.
 template <class Tr, class Add>
 __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
                                             const KeyBlockTile& tile,
