@@ -24,8 +24,8 @@ namespace kiln {
 //               is row j % page_size of page block_table[b][j / page_size]. Any page_size >= 1.
 // Page indices are not checked on the device (a read per key would cost bandwidth): an index
 // outside [0, num_pages) reads or writes out of bounds. Options::debug (KILN_DEBUG=1) checks
-// block tables, seqlens and batch_idx on the host before each launch, at the price of a
-// synchronizing copy.
+// block tables, seqlens, batch_idx and descales on the host before each launch, at the price of
+// a synchronizing copy.
 struct KVCache {
   TensorView k;
   TensorView v;
@@ -39,7 +39,7 @@ struct KVCache {
   // device, any strides (stride 0 broadcasts one scale); the key that sequence b's kv head h
   // attends is k times k_descale[b][h], and likewise v. Absent: 1. Only with an fp8 cache. The
   // values must be finite and positive (k_descale joins the softmax scale): they are on the
-  // device, where the call does not read them.
+  // device, where the call does not read them but under Options::debug (KILN_DEBUG=1).
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
 };

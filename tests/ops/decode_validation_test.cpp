@@ -700,6 +700,24 @@ TEST_CASE("KILN_DEBUG's checks name the sequence, the value and its bound", "[de
   check_index_refused({seqlens, batch_idx}, bounds, {"cache.batch_idx[0] is -1"});
 }
 
+TEST_CASE("KILN_DEBUG's checks refuse an fp8 cache's descales that are not finite and positive",
+          "[decode]") {
+  std::vector<float> k = {1.f, 0.5f, 2.f, 0.25f}, v = {1.f, 1.f, 1.f, 1.f};  // batch 2, 2 heads
+  CHECK_NOTHROW(detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}));
+  CHECK_NOTHROW(detail::check_cache_descales({}));
+  k[3] = 0.f;
+  check_refusal(refusal([&] { detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}); }),
+                ErrorCategory::invalid_argument,
+                {"cache.k_descale[1][1] is 0", "finite and positive", "KILN_DEBUG"});
+  k[3] = 1.f;
+  v[2] = std::numeric_limits<float>::quiet_NaN();
+  check_refusal(refusal([&] { detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}); }),
+                ErrorCategory::invalid_argument, {"cache.v_descale[1][0] is nan"});
+  v[2] = -1.f;
+  check_refusal(refusal([&] { detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}); }),
+                ErrorCategory::invalid_argument, {"cache.v_descale[1][0] is -1"});
+}
+
 TEST_CASE("KILN_DEBUG's checks read only the pages each sequence uses", "[decode]") {
   // 6 pages of 8 keys; rows of 4 pages, 5 apart; one key appended. Sequence 0 holds 7 + 1 keys
   // (1 page), sequence 1 holds 16 + 1 (3 pages): the entries past those are never read.
