@@ -13,7 +13,11 @@ Decode reads K and V once, so it is measured as bandwidth: batch * length * head
 caches of 16 and 256 keys a page whose block tables are random permutations. SDPA takes
 (batch, heads_kv, length, d) views of the contiguous cache with enable_gqa=True; a backend that
 refuses that gets K and V repeated to 32 heads, and the row says so (it then reads 4x the
-bytes the TB/s count). Every backend takes turns over --sets independent sets of inputs (2 by
+bytes the TB/s count). kiln also reads the same keys from an fp8 (e4m3) cache, contiguous and
+paged by 16 ("kiln e4m3", "kiln e4m3 p16", issue 32): the inputs are drawn as e4m3 values, so
+every column attends the same numbers, and those columns' TB/s count their 1-byte elements;
+e4m3/bf16 is kiln's bf16 time over its e4m3 time, the tokens-per-second ratio. Every backend
+takes turns over --sets independent sets of inputs (2 by
 default), so a call never reads the K and V that the call before it read: the L2 (50 MB on an
 H100, 60 on an H200) cannot hold a row's K and V, but would otherwise keep whatever of them it
 happens to keep from one call to the next. Each row checks every kiln output of every set
@@ -35,11 +39,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_common import (cell, describe, device_line, library_line, ratio,  # noqa: E402
                           save_results, start, time_interleaved, warm_up)
 
-HEADS, HEADS_KV, HEAD_DIM, DTYPE = 32, 8, 128, torch.bfloat16
+HEADS, HEADS_KV, HEAD_DIM, DTYPE, FP8 = 32, 8, 128, torch.bfloat16, torch.float8_e4m3fn
 ROWS = [(1, 32768), (8, 8192), (32, 4096), (64, 16384), (128, 2048)]
 QUICK_ROWS = [(1, 32768), (32, 4096)]
 PAGE_SIZES = (16, 256)
-KILN = ["kiln"] + [f"kiln p{p}" for p in PAGE_SIZES]
+KILN = ["kiln"] + [f"kiln p{p}" for p in PAGE_SIZES] + ["kiln e4m3", "kiln e4m3 p16"]
 SDPA_BACKENDS = {"flash": SDPBackend.FLASH_ATTENTION, "cudnn": SDPBackend.CUDNN_ATTENTION}
 BACKENDS = KILN + list(SDPA_BACKENDS)
 # A GPU spin before each timed sample (about 3 ms), longer than the host needs to queue the
@@ -80,10 +84,11 @@ def parse_args():
 # ------------------------------------------------------------------------------------- inputs
 def make_cache(batch, length):
     """q (batch, 1, heads, d) and a full contiguous cache k, v (batch, length, heads_kv, d):
-    fresh random values, as zeros would make every backend agree whatever it computed."""
+    fresh random values, as zeros would make every backend agree whatever it computed; k and v
+    hold e4m3 values, so that the fp8 columns read the same numbers."""
     q = torch.randn(batch, 1, HEADS, HEAD_DIM, device="cuda", dtype=DTYPE)
     k, v = (torch.randn(batch, length, HEADS_KV, HEAD_DIM, device="cuda", dtype=DTYPE)
-            for _ in range(2))
+            .to(FP8).to(DTYPE) for _ in range(2))
     seqlens = torch.full((batch,), length, device="cuda", dtype=torch.int32)
     return q, k, v, seqlens
 
@@ -97,7 +102,7 @@ def paged(k, v, page_size):
     where = block_table.flatten().long()
     out = []
     for t in (k, v):
-        p = torch.empty(pages, page_size, HEADS_KV, HEAD_DIM, device="cuda", dtype=DTYPE)
+        p = torch.empty(pages, page_size, HEADS_KV, HEAD_DIM, device="cuda", dtype=t.dtype)
         p[where] = t.reshape(pages, page_size, HEADS_KV, HEAD_DIM)
         out.append(p)
     return out[0], out[1], block_table
@@ -108,6 +113,9 @@ def kiln_calls(kiln, q, k, v, seqlens, splits):
     calls, outs = {}, {}
     caches = {"kiln": (k, v, None)}
     caches.update({f"kiln p{p}": paged(k, v, p) for p in PAGE_SIZES})
+    k8, v8 = k.to(FP8), v.to(FP8)  # exact: k and v hold e4m3 values
+    caches["kiln e4m3"] = (k8, v8, None)
+    caches["kiln e4m3 p16"] = paged(k8, v8, 16)
     for name, (kc, vc, table) in caches.items():
         outs[name] = torch.empty_like(q)
         calls[name] = functools.partial(kiln.flash_attn_with_kvcache, q, kc, vc,
@@ -187,7 +195,10 @@ def bench_row(kiln, batch, length, args):
     ms = time_interleaved(timed, args.samples, row["errors"], per_sample=args.per_sample,
                           sleep_cycles=SLEEP_CYCLES)
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
-    row["tbps"] = {n: (row["bytes"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
+    row["tbps"] = {n: (row["bytes"] / (2 if "e4m3" in n else 1) / t / 1e9 if t else None)
+                   for n, t in row["ms"].items()}
+    row["e4m3_over_bf16"] = (row["ms"]["kiln"] / row["ms"]["kiln e4m3"]
+                             if row["ms"]["kiln"] and row["ms"]["kiln e4m3"] else None)
     row["kiln_over_flash"] = ratio(row["tbps"], "kiln", "flash")
     row["kiln_over_cudnn"] = ratio(row["tbps"], "kiln", "cudnn")
     row["check"] = worst_check([check_row(c, o, *t, args.tol) for c, o, *t in sets])
@@ -238,14 +249,15 @@ def header_lines(kiln, args):
         f"timing: CUDA events around {args.per_sample} back-to-back calls after a GPU spin, "
         f"the calls taking turns over {args.sets} input sets, median of {args.samples} samples "
         f"per backend, backends taking turns, after warm-up until a call is fast",
-        f"TB/s: batch*length*{HEADS_KV}*{HEAD_DIM}*2 bytes*2 (K and V) / time; check: "
+        f"TB/s: batch*length*{HEADS_KV}*{HEAD_DIM}*2 bytes*2 (K and V) / time (1 byte for the "
+        f"e4m3 columns); check: "
         f"max |kiln - SDPA| / max |SDPA| < {args.tol:g} for every kiln column",
     ]
 
 
 TABLE_HEAD = ("| batch x length | " + " | ".join(BACKENDS) + " | kiln/flash | kiln/cudnn "
-              "| kiln 1st ms | check | notes |")
-TABLE_RULE = "|" + "---|" * (len(BACKENDS) + 6)
+              "| e4m3/bf16 | kiln 1st ms | check | notes |")
+TABLE_RULE = "|" + "---|" * (len(BACKENDS) + 7)
 
 
 def verdict(check):
@@ -269,13 +281,15 @@ def row_line(row):
     return (f"| {row['batch']} x {row['length']} | "
             + " | ".join(cell(t[n], ".2f") for n in BACKENDS) + " | "
             + f"{cell(row['kiln_over_flash'], '.2f')} | {cell(row['kiln_over_cudnn'], '.2f')} | "
+            + f"{cell(row['e4m3_over_bf16'], '.2f')} | "
             + f"{cell(row['first_call_ms'].get('kiln'), '.0f')} | {verdict(row['check'])} | "
             + f"{notes(row)} |")
 
 
 def summary_lines(rows):
     lines = []
-    for key, name in (("kiln_over_flash", "kiln/flash"), ("kiln_over_cudnn", "kiln/cudnn")):
+    for key, name in (("kiln_over_flash", "kiln/flash"), ("kiln_over_cudnn", "kiln/cudnn"),
+                      ("e4m3_over_bf16", "kiln e4m3/bf16")):
         vals = [r[key] for r in rows if r[key] is not None]
         lines.append(f"{name}: min {cell(min(vals) if vals else None, '.2f')} max "
                      f"{cell(max(vals) if vals else None, '.2f')}, "

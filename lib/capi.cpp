@@ -24,6 +24,11 @@
 namespace kiln {
 namespace {
 
+// DLPack 1.1's codes of the fp8 types (kDLFloat8_e4m3fn, kDLFloat8_e5m2), which Debian's DLPack
+// 0.6 header predates; PyTorch exports torch.float8_e4m3fn and torch.float8_e5m2 with them.
+constexpr std::uint8_t kDLPackFloat8E4m3fn = 10;
+constexpr std::uint8_t kDLPackFloat8E5m2 = 12;
+
 thread_local std::string t_last_error;
 
 kiln_status status_of(ErrorCategory category) {
@@ -123,9 +128,10 @@ constexpr std::array kGradOptionsEnds = {KILN_FIELD_END(kiln_attention_grad_opti
                                          KILN_FIELD_END(kiln_attention_grad_options, dbias)};
 
 constexpr std::array kKVCacheEnds = {
-    KILN_FIELD_END(kiln_kvcache, k), KILN_FIELD_END(kiln_kvcache, v),
-    KILN_FIELD_END(kiln_kvcache, seqlens), KILN_FIELD_END(kiln_kvcache, batch_idx),
-    KILN_FIELD_END(kiln_kvcache, block_table)};
+    KILN_FIELD_END(kiln_kvcache, k),           KILN_FIELD_END(kiln_kvcache, v),
+    KILN_FIELD_END(kiln_kvcache, seqlens),     KILN_FIELD_END(kiln_kvcache, batch_idx),
+    KILN_FIELD_END(kiln_kvcache, block_table), KILN_FIELD_END(kiln_kvcache, k_descale),
+    KILN_FIELD_END(kiln_kvcache, v_descale)};
 
 #undef KILN_FIELD_END
 
@@ -329,10 +335,13 @@ DType dtype_of(const DLDataType& t, std::string_view name) {
   if (t.code == kDLFloat && t.bits == 64) return DType::f64;
   if (t.code == kDLInt && t.bits == 32) return DType::i32;
   if (t.code == kDLInt && t.bits == 64) return DType::i64;
+  if (t.code == kDLPackFloat8E4m3fn && t.bits == 8) return DType::e4m3;
+  if (t.code == kDLPackFloat8E5m2 && t.bits == 8) return DType::e5m2;
   throw Error(ErrorCategory::unsupported,
               fmt::format("{} has DLPack dtype (code {}, bits {}): kiln takes float16, "
-                          "bfloat16, float32, float64, int32 and int64",
-                          name, t.code, t.bits));
+                          "bfloat16, float32, float64, int32, int64, float8_e4m3fn (code {}) and "
+                          "float8_e5m2 (code {})",
+                          name, t.code, t.bits, kDLPackFloat8E4m3fn, kDLPackFloat8E5m2));
 }
 
 // The DLPack device type of `t`, read as the integer it is: a code outside DLDeviceType's
@@ -612,7 +621,9 @@ kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* c
                          .v = tensors(ccache.v, "cache.v"),
                          .seqlens = tensors(ccache.seqlens, "cache.seqlens"),
                          .batch_idx = tensors.maybe(ccache.batch_idx, "cache.batch_idx"),
-                         .block_table = tensors.maybe(ccache.block_table, "cache.block_table")};
+                         .block_table = tensors.maybe(ccache.block_table, "cache.block_table"),
+                         .k_descale = tensors.maybe(ccache.k_descale, "cache.k_descale"),
+                         .v_descale = tensors.maybe(ccache.v_descale, "cache.v_descale")};
     const kiln::TensorView tout = tensors(out, "out");
     const kiln_decode_options c = kiln::decode_options(options);
     kiln::DecodeOptions o;

@@ -66,7 +66,8 @@ enum class AttentionBackwardKernel {
 //   head dims.
 //   wgmma: the dk/dv kernel's CTA holds block_n keys (64 or 128), a warpgroup (warps =
 //   block_n / 16) per 64, and streams block_m query rows (64 or 128, at most block_n); dq is
-//   accumulated in fp32 scratch ((seqlen_q * heads * batch + block_m) * head_dim words) and
+//   accumulated in fp32 scratch (seqlen_q * heads * batch * head_dim words, and
+//   with deterministic an int per block_m rows of each batch and head, the additions' turns) and
 //   converted by a second kernel of block_m rows a CTA.
 struct AttentionBackwardConfig {
   int block_m = 32;

@@ -14,16 +14,18 @@
 
 namespace kiln {
 
-// A KV cache, contiguous or paged; fp16 or bf16 like q. The head dims are q's head_dim for k and
-// out's head_dim_v for v.
+// A KV cache, contiguous or paged: q's dtype (fp16 or bf16), or fp8 (e4m3 or e5m2) on sm_89 and
+// newer, converted to q's dtype as it is read (exactly: every fp8 value is an fp16 and a bf16
+// value). The head dims are q's head_dim for k and out's head_dim_v for v; an fp8 cache's are
+// multiples of 16.
 //   contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v;
 //               sequence b lives in cache row batch_idx[b] (b when batch_idx is absent).
 //   paged:      k (num_pages, page_size, heads_kv, head_dim), v likewise; key j of sequence b
 //               is row j % page_size of page block_table[b][j / page_size]. Any page_size >= 1.
 // Page indices are not checked on the device (a read per key would cost bandwidth): an index
 // outside [0, num_pages) reads or writes out of bounds. Options::debug (KILN_DEBUG=1) checks
-// block tables, seqlens and batch_idx on the host before each launch, at the price of a
-// synchronizing copy.
+// block tables, seqlens, batch_idx and descales on the host before each launch, at the price of
+// a synchronizing copy.
 struct KVCache {
   TensorView k;
   TensorView v;
@@ -33,6 +35,13 @@ struct KVCache {
   std::optional<TensorView> batch_idx;
   // int32 (batch, max_pages) on the device: a paged cache's page table.
   std::optional<TensorView> block_table;
+  // An fp8 cache's descales, FlashAttention-3's convention: fp32 (batch, heads_kv) on the
+  // device, any strides (stride 0 broadcasts one scale); the key that sequence b's kv head h
+  // attends is k times k_descale[b][h], and likewise v. Absent: 1. Only with an fp8 cache. The
+  // values must be finite and positive (k_descale joins the softmax scale): they are on the
+  // device, where the call does not read them but under Options::debug (KILN_DEBUG=1).
+  std::optional<TensorView> k_descale;
+  std::optional<TensorView> v_descale;
 };
 
 struct DecodeOptions {
@@ -110,8 +119,8 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
 // (decode_specs) without calling attention_with_kvcache(), to warm them ahead.
 struct DecodeProblem {
   // Each operand's dtype: q's (and the rotary tables'), the cache's (and k_new's and v_new's),
-  // out's. The kernels take the combinations in lib/kernels/decode.cpp's table: today one dtype,
-  // f16 or bf16, for all.
+  // out's. The kernels take the combinations in lib/kernels/decode.cpp's table: one dtype, f16
+  // or bf16, for all, or an fp8 cache (e4m3 or e5m2) under f16 or bf16 q and out.
   DType dtype_q = DType::bf16;
   DType dtype_kv = DType::bf16;
   DType dtype_out = DType::bf16;

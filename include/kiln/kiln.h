@@ -152,6 +152,11 @@ typedef struct kiln_kvcache {
   const DLTensor* seqlens;     /* int32 (batch): keys cached per sequence, before the append */
   const DLTensor* batch_idx;   /* int32 (batch) or NULL: cache row per sequence (contiguous) */
   const DLTensor* block_table; /* int32 (batch, max_pages) or NULL: page table (paged) */
+  /* An fp8 cache's descales (DLPack float8_e4m3fn or float8_e5m2 k and v, sm_89 and newer):
+   * fp32 (batch, heads_kv) or NULL (1); real key = stored key * k_descale[b][h], likewise v;
+   * finite and positive. */
+  const DLTensor* k_descale;
+  const DLTensor* v_descale;
 } kiln_kvcache;
 
 /* Sets struct_size and every tensor to NULL. */

@@ -15,10 +15,15 @@
 
 namespace kiln {
 
-enum class DType : std::uint8_t { f16, bf16, f32, f64, i32, i64 };
+// e4m3 and e5m2: fp8 (OCP's E4M3FN, with no infinities, and E5M2), as torch.float8_e4m3fn and
+// torch.float8_e5m2 hold them; KV caches only, read by f16 or bf16 queries.
+enum class DType : std::uint8_t { f16, bf16, f32, f64, i32, i64, e4m3, e5m2 };
 
 std::string_view to_string(DType dtype) noexcept;
 std::size_t size_of(DType dtype) noexcept;
+constexpr bool is_fp8(DType dtype) noexcept {
+  return dtype == DType::e4m3 || dtype == DType::e5m2;
+}
 
 // A named compile-time constant of the generated unit: `static constexpr` int or bool, or a
 // `using` alias for a dtype.

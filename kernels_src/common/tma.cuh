@@ -100,9 +100,10 @@ __device__ __forceinline__ void wait_bulk() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
-// Orders this thread's completed async-proxy global writes (bulk copies and reductions waited
-// for) before its later generic accesses, such as a release that publishes them.
-__device__ __forceinline__ void fence_async_to_generic() {
+// Orders this thread's global memory accesses through the async proxy (bulk copies and
+// reductions, once waited for) and through the generic proxy (loads, stores, atomics) both ways:
+// a release after it publishes the first; an acquire before it is seen by the first after it.
+__device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;\n" ::: "memory");
 }
 

@@ -17,8 +17,8 @@
 namespace kiln {
 namespace {
 
-constexpr DType kAllDTypes[] = {DType::f16, DType::bf16, DType::f32,
-                                DType::f64, DType::i32,  DType::i64};
+constexpr DType kAllDTypes[] = {DType::f16, DType::bf16, DType::f32,  DType::f64,
+                                DType::i32, DType::i64,  DType::e4m3, DType::e5m2};
 
 KernelSpec& set_constant(KernelSpec& spec, std::string name,
                          std::variant<std::int64_t, bool, DType> value) {
@@ -114,12 +114,16 @@ std::string_view to_string(DType dtype) noexcept {
     case DType::f64: return "f64";
     case DType::i32: return "i32";
     case DType::i64: return "i64";
+    case DType::e4m3: return "e4m3";
+    case DType::e5m2: return "e5m2";
   }
   return "?";
 }
 
 std::size_t size_of(DType dtype) noexcept {
   switch (dtype) {
+    case DType::e4m3:
+    case DType::e5m2: return 1;
     case DType::f16:
     case DType::bf16: return 2;
     case DType::f32:

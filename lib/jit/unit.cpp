@@ -178,6 +178,8 @@ std::string_view device_type(DType dtype) {
     case DType::f64: return "double";
     case DType::i32: return "int";
     case DType::i64: return "long long";
+    case DType::e4m3: return "kiln::e4m3";
+    case DType::e5m2: return "kiln::e5m2";
   }
   return "void";
 }

@@ -448,16 +448,19 @@ std::vector<KernelSpec> attention_backward_default_specs(const Target& target) {
   for (const detail::OperandDTypes& dtypes : detail::attention_operand_dtypes()) {
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {
-        const AttentionBackwardProblem problem{.forward = {.dtype_q = dtypes.q,
-                                                           .dtype_kv = dtypes.kv,
-                                                           .dtype_out = dtypes.out,
-                                                           .head_dim = dim,
-                                                           .head_dim_v = dim,
-                                                           .band = band},
-                                               .dsinks = true};  // its kernel too
-        for (KernelSpec& spec : attention_backward_specs(problem, choose(problem, target))) {
-          if (std::find(specs.begin(), specs.end(), spec) == specs.end()) {
-            specs.push_back(std::move(spec));
+        for (bool deterministic : {false, true}) {
+          const AttentionBackwardProblem problem{.forward = {.dtype_q = dtypes.q,
+                                                             .dtype_kv = dtypes.kv,
+                                                             .dtype_out = dtypes.out,
+                                                             .head_dim = dim,
+                                                             .head_dim_v = dim,
+                                                             .band = band},
+                                                 .deterministic = deterministic,
+                                                 .dsinks = true};  // its kernel too
+          for (KernelSpec& spec : attention_backward_specs(problem, choose(problem, target))) {
+            if (std::find(specs.begin(), specs.end(), spec) == specs.end()) {
+              specs.push_back(std::move(spec));
+            }
           }
         }
       }

@@ -25,13 +25,14 @@ constexpr ConstantKind kInt = ConstantKind::integer;
 constexpr ConstantKind kBool = ConstantKind::boolean;
 constexpr ConstantKind kDType = ConstantKind::dtype;
 
-// The operand dtypes (q, the cache, out) the decode kernels take, one row a combination; the
-// default warm set compiles each. The attention kernel's mma multiplies operands of one type, so
-// each row has one dtype for all three until an fp8 KV cache (a row of its own) gets its
-// conversion. The append kernel takes q's and the cache's (k_new and v_new are the cache's).
+// The operand dtypes (q, the cache, out) the decode kernels take, one row a combination. The
+// attention kernel's mma multiplies operands of one type: an fp8 cache is converted to q's as
+// it is read (sm_89 and newer). The append kernel takes q's and the cache's (k_new and v_new are
+// the cache's), 16-bit caches only for now.
 constexpr OperandDTypes kOperandDTypes[] = {
-    {DType::bf16, DType::bf16, DType::bf16},
-    {DType::f16, DType::f16, DType::f16},
+    {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
+    {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
+    {DType::bf16, DType::e5m2, DType::bf16}, {DType::f16, DType::e5m2, DType::f16},
 };
 
 // The constants each kernel's template reads (kernels_src/attention/decode).
@@ -198,6 +199,37 @@ void require_target(const Target& target) {
   }
 }
 
+void refuse_fp8_append(DType cache) {
+  unsupported(
+      fmt::format("k_new and v_new with an {} cache: appending into an fp8 cache is not supported "
+                  "yet; quantize the new keys and values into the cache before the call",
+                  to_string(cache)));
+}
+
+void check_cache_dtype(const DecodeProblem& problem) {
+  if (!is_fp8(problem.dtype_kv)) return;
+  const std::string_view dtype = to_string(problem.dtype_kv);
+  if (problem.append) refuse_fp8_append(problem.dtype_kv);
+  if (problem.head_dim % 16 != 0 || problem.head_dim_v % 16 != 0) {
+    unsupported(fmt::format(
+        "head_dim {} and head_dim_v {} with an {} KV cache: an fp8 cache's head dims must be "
+        "multiples of 16 (16-byte copies of whole elements); pad the cache's head dims with "
+        "zeros",
+        problem.head_dim, problem.head_dim_v, dtype));
+  }
+}
+
+void require_cache_dtype(const DecodeProblem& problem, const Target& target) {
+  if (!is_fp8(problem.dtype_kv)) return;
+  if (target.arch() < 89) {
+    unsupported(fmt::format(
+        "an {} KV cache needs an sm_89 or newer GPU (its fp8 conversions); the target is {}: "
+        "keep the cache in q's dtype there",
+        to_string(problem.dtype_kv), target.name()));
+  }
+  check_cache_dtype(problem);
+}
+
 void check_config(const DecodeConfig& c) {
   describe(c.kernel);
   if (c.num_splits < 1 || c.num_splits > kMaxDecodeSplits) {
@@ -349,6 +381,7 @@ DecodeConfig choose(const DecodeProblem& problem, const Target& target, int mult
 }
 
 std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeConfig& config) {
+  detail::check_cache_dtype(problem);
   std::vector<KernelSpec> specs;
   const detail::DecodePlan plan = detail::decode_plan(problem, config);
   if (plan.append) specs.push_back(plan.append->spec);
@@ -364,6 +397,8 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
   constexpr long long kCapacity = 32768;
   const int multiprocessors = detail::warmup_multiprocessors(target);
   for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
+    // fp8 caches: e4m3 (the common one) where the conversions exist; e5m2 compiles on first use.
+    if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && target.arch() < 89)) continue;
     for (int dim : {64, 128}) {
       for (bool paged : {false, true}) {
         const DecodeProblem problem{.dtype_q = dtypes.q,
@@ -380,8 +415,8 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
           specs.push_back(std::move(spec));
         }
       }
-      // merge_states over the outputs of two such calls.
-      specs.push_back(detail::merge_spec(dtypes.out, dtypes.out, dim));
+      // merge_states over the outputs of two such calls (the fp8 rows' are the 16-bit ones').
+      if (!is_fp8(dtypes.kv)) specs.push_back(detail::merge_spec(dtypes.out, dtypes.out, dim));
     }
   }
   return specs;

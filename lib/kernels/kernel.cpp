@@ -87,7 +87,7 @@ std::optional<Error> operand_dtypes_error(std::string_view what,
     return Error(
         ErrorCategory::invalid_argument,
         fmt::format("{} has dtype {} but {} has dtype {}: {} takes (q, k and v, out) in "
-                    "the dtypes {}, so {} needs {} (fp8 KV caches are not supported yet)",
+                    "the dtypes {}, so {} needs {}",
                     operand.name, to_string(operand.dtype), other.name, to_string(other.dtype),
                     what, fmt::join(listed, " or "), operand.name, to_string(fit)));
   };

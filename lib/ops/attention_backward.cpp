@@ -194,9 +194,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   // The wgmma kernels' dq accumulators: head_dim floats a row, rows at the LSE's offsets.
   const bool accumulates = c.kernel == AttentionBackwardKernel::wgmma;
   const std::size_t accum_bytes = detail::scratch_align(
-      accumulates ? static_cast<std::size_t>(attention_backward_dq_accum_floats(
-                        extent(*options.lse), s.head_dim, c.block_m)) *
-                        sizeof(float)
+      accumulates ? static_cast<std::size_t>(extent(*options.lse) * s.head_dim) * sizeof(float)
                   : 0);
   // With deterministic, their additions' turns: an int a (batch, head, block of rows).
   const std::int64_t dq_row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);

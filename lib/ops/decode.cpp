@@ -147,9 +147,29 @@ void check_cache_tensors(const KVCache& cache, Shape& s, int device) {
   s.capacity = *capacity;
 }
 
+// An fp8 cache's descales: fp32 (batch, heads_kv), any strides; none with a 16-bit cache.
+void check_descales(const KVCache& cache, const Shape& s, int device) {
+  for (const auto& [t, name] : {std::pair{&cache.k_descale, "cache.k_descale"},
+                                std::pair{&cache.v_descale, "cache.v_descale"}}) {
+    if (!*t) continue;
+    if (!is_fp8(s.dtypes.kv)) {
+      invalid(fmt::format("{} is for an fp8 cache, but the cache has dtype {}: drop {}", name,
+                          to_string(s.dtypes.kv), name));
+    }
+    check_common(**t, name, device);
+    require_rank(**t, name, 2, "(batch, heads_kv) fp32 descales");
+    if ((*t)->dtype != DType::f32) {
+      invalid(fmt::format("{} has dtype {}: it must be float32", name, to_string((*t)->dtype)));
+    }
+    require_size(**t, name, 0, s.batch, "q.size(0) (batch)");
+    require_size(**t, name, 1, s.heads_kv, "cache.k.size(2) (heads_kv)");
+  }
+}
+
 void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
   require_pair(o.k_new, o.v_new, "k_new", "v_new");
   if (!o.k_new) return;
+  if (is_fp8(s.dtypes.kv)) refuse_fp8_append(s.dtypes.kv);
   const TensorView &k_new = *o.k_new, &v_new = *o.v_new;
   require_rank(k_new, "k_new", 4, "(batch, seqlen_new, heads_kv, head_dim)");
   require_rank(v_new, "v_new", 4, "(batch, seqlen_new, heads_kv, head_dim_v)");
@@ -244,6 +264,7 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
                const DecodeOptions& o, int device) {
   Shape s = check_q_cache_out(q, cache, out, device);
   check_cache_tensors(cache, s, device);
+  check_descales(cache, s, device);
   check_options(o, q, s, device);
   if (o.k_new) {  // the append writes the cache
     require_no_overlap(cache.k, "cache.k");
@@ -317,6 +338,16 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
     p.maybe_v_new = o.v_new->data;
     take_strides(*o.k_new, p.k_new_batch_stride, p.k_new_seq_stride, p.k_new_head_stride);
     take_strides(*o.v_new, p.v_new_batch_stride, p.v_new_seq_stride, p.v_new_head_stride);
+  }
+  if (cache.k_descale) {
+    p.maybe_k_descale = static_cast<const float*>(cache.k_descale->data);
+    p.k_descale_batch_stride = cache.k_descale->stride(0);
+    p.k_descale_head_stride = cache.k_descale->stride(1);
+  }
+  if (cache.v_descale) {
+    p.maybe_v_descale = static_cast<const float*>(cache.v_descale->data);
+    p.v_descale_batch_stride = cache.v_descale->stride(0);
+    p.v_descale_head_stride = cache.v_descale->stride(1);
   }
   if (o.rotary_cos) {
     p.maybe_rotary_cos = o.rotary_cos->data;
@@ -472,9 +503,10 @@ void run(const TensorView& q, const KVCache& cache, const TensorView& out,
   if (s.batch == 0 || s.seqlen_q == 0 || s.heads == 0) return;  // nothing to write
   const Target target = target_to_run(runtime, kCall);
   require_target(target);
+  const DecodeProblem problem = problem_of(s, options);
+  require_cache_dtype(problem, target);
   if (config) check_config(*config);
   const DeviceInfo& device = require_gpu(runtime, kCall);  // choose() reads its SM count
-  const DecodeProblem problem = problem_of(s, options);
   const DecodeConfig c = config ? *config : choose(problem, target, device.multiprocessors);
   const DecodePlan plan = decode_plan(problem, c);
   // Every kernel against the device before any is compiled or the append writes the cache: a
@@ -504,8 +536,9 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
     const detail::Shape s = detail::validate(q, cache, out, options, runtime.device());
     const Target target = runtime.target();
     detail::require_target(target);
+    const DecodeProblem problem = detail::problem_of(s, options);
+    detail::require_cache_dtype(problem, target);
     if (const DeviceInfo* device = detail::present_device(runtime)) {
-      const DecodeProblem problem = detail::problem_of(s, options);
       const DecodeConfig config = choose(problem, target, device->multiprocessors);
       detail::require_fits(detail::decode_plan(problem, config), config, &target, *device);
     }

@@ -2,6 +2,8 @@
 // KILN_DEBUG's host-side checks of a KV cache's index tensors.
 #include "ops/kvcache_checks.hpp"
 
+#include <cmath>
+#include <string_view>
 #include <vector>
 
 #include <fmt/format.h>
@@ -21,13 +23,36 @@ std::string why_checked() {
       knob_name(Knob::debug));
 }
 
-// A copy of the `count` int32 values from the start of `t` (validated device memory).
-std::vector<std::int32_t> host_copy(Runtime& runtime, const TensorView& t, std::int64_t count,
-                                    void* stream) {
-  std::vector<std::int32_t> values(static_cast<std::size_t>(count));
-  detail::copy_to_host(runtime, values.data(), t.data, values.size() * sizeof(std::int32_t),
-                       stream);
+// A copy of the `count` values of type T from the start of `t` (validated device memory).
+template <class T = std::int32_t>
+std::vector<T> host_copy(Runtime& runtime, const TensorView& t, std::int64_t count, void* stream) {
+  std::vector<T> values(static_cast<std::size_t>(count));
+  detail::copy_to_host(runtime, values.data(), t.data, values.size() * sizeof(T), stream);
   return values;
+}
+
+// A (batch, heads_kv) fp32 tensor of any non-negative strides, in row-major order.
+std::vector<float> host_matrix(Runtime& runtime, const TensorView& t, void* stream) {
+  const std::int64_t rows = t.size(0), cols = t.size(1);
+  if (rows == 0 || cols == 0) return {};
+  const std::vector<float> span =
+      host_copy<float>(runtime, t, (rows - 1) * t.stride(0) + (cols - 1) * t.stride(1) + 1, stream);
+  std::vector<float> values;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    for (std::int64_t c = 0; c < cols; ++c) {
+      values.push_back(span[static_cast<std::size_t>(r * t.stride(0) + c * t.stride(1))]);
+    }
+  }
+  return values;
+}
+
+void check_descales(std::span<const float> values, std::int64_t heads_kv, std::string_view name) {
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (std::isfinite(values[i]) && values[i] > 0.f) continue;
+    const auto heads = static_cast<std::size_t>(heads_kv);
+    invalid(fmt::format("{}[{}][{}] is {}: descales must be finite and positive{}", name, i / heads,
+                        i % heads, values[i], why_checked()));
+  }
 }
 
 void check_pages(const CacheIndices& host, const CacheBounds& bounds, std::size_t b,
@@ -70,6 +95,11 @@ void check_cache_indices(const CacheIndices& host, const CacheBounds& bounds) {
   }
 }
 
+void check_cache_descales(const CacheDescales& host) {
+  check_descales(host.k, host.heads_kv, "cache.k_descale");
+  check_descales(host.v, host.heads_kv, "cache.v_descale");
+}
+
 void check_cache_indices(Runtime& runtime, const KVCache& cache, const CacheBounds& bounds,
                          void* stream) {
   const std::int64_t batch = cache.seqlens.size(0);
@@ -85,6 +115,10 @@ void check_cache_indices(Runtime& runtime, const KVCache& cache, const CacheBoun
   host.batch_idx = batch_idx;
   host.block_table = block_table;
   check_cache_indices(host, bounds);
+  std::vector<float> k_descale, v_descale;
+  if (cache.k_descale) k_descale = host_matrix(runtime, *cache.k_descale, stream);
+  if (cache.v_descale) v_descale = host_matrix(runtime, *cache.v_descale, stream);
+  check_cache_descales({.k = k_descale, .v = v_descale, .heads_kv = cache.k.size(2)});
 }
 
 }  // namespace kiln::detail

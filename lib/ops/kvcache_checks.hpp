@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // KILN_DEBUG's checks of a KV cache's index tensors (seqlens, batch_idx, block_table): values
-// the device reads without bounds checks, checked on the host against the cache's shape.
+// the device reads without bounds checks, checked on the host against the cache's shape; and of
+// an fp8 cache's descales, which must be finite and positive.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +35,19 @@ struct CacheIndices {
 // sequence b uses (ceil((seqlens[b] + seqlen_new) / page_size)).
 void check_cache_indices(const CacheIndices& host, const CacheBounds& bounds);
 
-// Copies the cache's index tensors to the host (synchronizing `stream`) and checks them.
+// Host copies of an fp8 cache's descales, (batch, heads_kv) each in row-major order, or empty.
+struct CacheDescales {
+  std::span<const float> k;
+  std::span<const float> v;
+  std::int64_t heads_kv = 1;
+};
+
+// Throws kiln::Error (invalid_argument) naming the first descale that is not finite and
+// positive: k_descale joins the softmax scale, where 0 or less empties or inverts the softmax.
+void check_cache_descales(const CacheDescales& host);
+
+// Copies the cache's index tensors and descales to the host (synchronizing `stream`) and checks
+// them.
 void check_cache_indices(Runtime& runtime, const KVCache& cache, const CacheBounds& bounds,
                          void* stream);
 

@@ -25,6 +25,8 @@ import threading
 # DLPack's enums (dlpack.h): device types and dtype codes.
 KDL_CPU, KDL_CUDA, KDL_ROCM = 1, 2, 10
 KDL_INT, KDL_FLOAT, KDL_BFLOAT = 0, 2, 4
+# DLPack 1.1's kDLFloat8_e4m3fn and kDLFloat8_e5m2 (fp8 KV caches).
+KDL_FLOAT8_E4M3FN, KDL_FLOAT8_E5M2 = 10, 12
 
 # kiln_status (kiln.h).
 STATUS_NAMES = (
@@ -199,7 +201,8 @@ DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (
 ))
 
 KVCache = _struct("kiln_kvcache", "KVCache",
-                  _tensors("k", "v", "seqlens", "batch_idx", "block_table"))
+                  _tensors("k", "v", "seqlens", "batch_idx", "block_table", "k_descale",
+                           "v_descale"))
 
 AttentionGradOptions = _struct("kiln_attention_grad_options", "AttentionGradOptions", (
     ("deterministic", ctypes.c_int, 0),
@@ -230,10 +233,10 @@ TENSOR_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q{8 * (MAX_RANK - n)}x{n}q
 COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in range(MAX_RANK + 1)]
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
-# block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, then the
-# variant's, from VARIANT_SLOT on), and kiln_attention_backward's own (dout, dq, dk, dv, dsinks,
-# dbias), from BACKWARD_SLOT on, past the forward's.
-VARIANT_SLOT = 14
+# block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, k_descale,
+# v_descale, then the variant's, from VARIANT_SLOT on), and kiln_attention_backward's own (dout,
+# dq, dk, dv, dsinks, dbias), from BACKWARD_SLOT on, past the forward's.
+VARIANT_SLOT = 16
 BACKWARD_SLOT = VARIANT_SLOT + VARIANT_TENSORS
 MAX_TENSORS = BACKWARD_SLOT + 6
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
@@ -291,10 +294,11 @@ def c_string(text):
     return ctypes.create_string_buffer(text.encode())
 
 
-def pack_cache(k, v, seqlens, batch_idx, block_table):
+def pack_cache(k, v, seqlens, batch_idx, block_table, k_descale, v_descale):
     """Writes kiln_kvcache into this thread's block; returns its address."""
     s = scratch
-    _pack_cache(s.buffer, _CACHE_AT, KVCache.size, k, v, seqlens, batch_idx, block_table)
+    _pack_cache(s.buffer, _CACHE_AT, KVCache.size, k, v, seqlens, batch_idx, block_table,
+                k_descale, v_descale)
     return s.cache
 
 

@@ -34,10 +34,16 @@ DTYPE_NAMES = {
     torch.float64: "f64",
     torch.int32: "i32",
     torch.int64: "i64",
+    torch.float8_e4m3fn: "e4m3",
+    torch.float8_e5m2: "e5m2",
 }
 # The operand dtypes (q, k and v, out) kiln's attention kernels take, a row per combination, in
-# libkiln's order: its tables kOperandDTypes (lib/kernels/attention.cpp and decode.cpp).
+# libkiln's order: its tables kOperandDTypes (lib/kernels/attention.cpp and decode.cpp; decode
+# reads fp8 caches too).
 _OPERAND_DTYPES = ((torch.bfloat16,) * 3, (torch.float16,) * 3)
+_DECODE_OPERAND_DTYPES = _OPERAND_DTYPES + tuple(
+    (q, kv, q) for kv in (torch.float8_e4m3fn, torch.float8_e5m2)
+    for q in (torch.bfloat16, torch.float16))
 # Head dims kiln compiles: every multiple of 8 from 8 to this (kMaxHeadDim in
 # lib/ops/tensor_checks.hpp).
 MAX_HEAD_DIM = 256
@@ -200,21 +206,21 @@ def _ranks(q, named):
             invalid(f"{name} has rank {t.dim()} but q has rank {q.dim()}: they share one layout")
 
 
-def _operand_dtypes(q, kv, out, what):
+def _operand_dtypes(q, kv, out, what, rows=_OPERAND_DTYPES):
     """The library's operand_dtypes_error (lib/kernels/kernel.cpp), word for word: q's dtype, the
     one dtype of the tensors `kv` and out's (a (name, tensor) pair; None: any) make a row of
-    _OPERAND_DTYPES."""
+    `rows`."""
     names = DTYPE_NAMES
-    with_q = [row for row in _OPERAND_DTYPES if row[0] == q.dtype]
+    with_q = [row for row in rows if row[0] == q.dtype]
     if not with_q:
-        q_dtypes = " or ".join(dict.fromkeys(names[row[0]] for row in _OPERAND_DTYPES))
+        q_dtypes = " or ".join(dict.fromkeys(names[row[0]] for row in rows))
         unsupported(f"q has dtype {names[q.dtype]}: {what} takes {q_dtypes}")
-    listed = " or ".join(f"({', '.join(names[d] for d in row)})" for row in _OPERAND_DTYPES)
+    listed = " or ".join(f"({', '.join(names[d] for d in row)})" for row in rows)
 
     def refuse(name, t, other_name, other, fit):
         invalid(f"{name} has dtype {names[t.dtype]} but {other_name} has dtype "
                 f"{names[other.dtype]}: {what} takes (q, k and v, out) in the dtypes {listed}, "
-                f"so {name} needs {names[fit]} (fp8 KV caches are not supported yet)")
+                f"so {name} needs {names[fit]}")
     for name, t in kv:
         if not any(row[1] == t.dtype for row in with_q):
             refuse(name, t, "q", q, with_q[0][1])
@@ -283,8 +289,8 @@ def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, rotary_cos,
                            rotary_sin, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
                            causal, window_left, window_right, top_left, softcap,
-                           rotary_interleaved, num_splits, sinks, variant_name, variant_code,
-                           variant_scalars, variant_tensors):
+                           rotary_interleaved, num_splits, sinks, k_descale, v_descale,
+                           variant_name, variant_code, variant_scalars, variant_tensors):
     """kiln::attention_with_kvcache's op (kiln.ops.attention_with_kvcache)."""
     tiles = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out))
     news = tuple((name, t) for name, t in (("k", k), ("v", v)) if t is not None)
@@ -292,14 +298,30 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
                                ("rotary_cos", rotary_cos), ("rotary_sin", rotary_sin),
                                ("cache_batch_idx", cache_batch_idx),
                                ("block_table", block_table), ("alibi_slopes", alibi_slopes),
-                               ("sinks", sinks)))
+                               ("sinks", sinks), ("k_descale", k_descale),
+                               ("v_descale", v_descale)))
     variant(variant_scalars, variant_tensors)
     if q.dim() != 4:
         invalid(f"q has rank {q.dim()} but must have rank 4: (batch, seqlen_q, heads, head_dim)")
     _ranks(q, tiles[1:] + news)
     cache = (("k_cache", k_cache), ("v_cache", v_cache))
-    _operand_dtypes(q, cache, ("out", out), "decode attention")
-    _operand_dtypes(q, cache[:1] + news, None, "decode attention")
+    _operand_dtypes(q, cache, ("out", out), "decode attention", _DECODE_OPERAND_DTYPES)
+    fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if fp8 and news:
+        unsupported(f"k_new and v_new with an {DTYPE_NAMES[k_cache.dtype]} cache: appending into "
+                    "an fp8 cache is not supported yet; quantize the new keys and values into "
+                    "the cache before the call")
+    _operand_dtypes(q, cache[:1] + news, None, "decode attention", _DECODE_OPERAND_DTYPES)
+    for name, t in (("cache.k_descale", k_descale), ("cache.v_descale", v_descale)):
+        if t is None:
+            continue
+        if not fp8:
+            invalid(f"{name} is for an fp8 cache, but the cache has dtype "
+                    f"{DTYPE_NAMES[k_cache.dtype]}: drop {name}")
+        if t.dim() != 2:
+            invalid(f"{name} has rank {t.dim()} but must have rank 2: (batch, heads_kv) fp32 "
+                    "descales")
+        _dtypes(((name, t),), torch.float32, "float32")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v_cache.shape[-1], "head_dim_v (v_cache.size(-1))")
     _dtypes((("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),

@@ -341,7 +341,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             causal=False, window_size=(-1, -1), softcap=0.0,
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, top_left=False, out=None, sinks=None,
-                            variant=None, variant_scalars=(), variant_tensors=()):
+                            variant=None, variant_scalars=(), variant_tensors=(), q_descale=None,
+                            k_descale=None, v_descale=None):
     """Decode over a KV cache, as FlashAttention's flash_attn_with_kvcache: q (batch, seqlen_q,
     heads, d); the cache contiguous (batch_cache, seqlen_cache, heads_kv, d / dv), rows picked by
     cache_batch_idx (int32, batch), or paged (num_pages, page_size, heads_kv, d / dv) with
@@ -357,7 +358,15 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     there; sinks as flash_attn_func's, counted once per row whatever the split; variant as
     flash_attn_func's, its key index counting from the cache's start. cache_leftpad is not
     supported.
+
+    An fp8 cache (torch.float8_e4m3fn or float8_e5m2, on sm_89 and newer) is read under bf16 or
+    fp16 q, converted exactly; k_descale and v_descale, float32 (batch, heads_kv) as
+    FlashAttention-3's, are what its stored keys and values are multiplied by (None: 1). q stays
+    bf16 or fp16: q_descale is refused. Appending k and v into an fp8 cache is not supported yet.
     """
+    if q_descale is not None:
+        _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 caches "
+                     "under 16-bit queries")
     if cache_leftpad is not None:
         _unsupported("cache_leftpad", "<tensor>", "keep each sequence's keys from the start of "
                      "its cache rows (or pages)")
@@ -367,9 +376,11 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     cache_layout = "(batch_cache, seqlen_cache, heads_kv, head_dim), or pages with a block_table"
     k_cache = with_rank("k_cache", k_cache, 4, cache_layout)
     v_cache = with_rank("v_cache", v_cache, 4, cache_layout)
-    k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, sinks = _optional(
+    (k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, sinks, k_descale,
+     v_descale) = _optional(
         k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
-        block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks)
+        block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
+        v_descale=v_descale)
     k, v = _stride1(k), _stride1(v)
     batch, seqlen_q, heads = q.shape[:3]
     if cache_seqlens is None:
@@ -389,7 +400,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     _run(ops.attention_with_kvcache, q, q, k_cache, v_cache, cache_seqlens, out, lse, k, v,
          rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, scale, causal,
          left, right, top_left, softcap, flag("rotary_interleaved", rotary_interleaved),
-         integer("num_splits", num_splits, meaning=" (0: kiln's heuristic)"), sinks, *hooks)
+         integer("num_splits", num_splits, meaning=" (0: kiln's heuristic)"), sinks, k_descale,
+         v_descale, *hooks)
     return _result(out, lse, "flash_attn_with_kvcache", (q, k, v, sinks, *hooks[3]))
 
 

@@ -41,6 +41,8 @@ _DTYPES = {
     torch.float64: (_capi.KDL_FLOAT, 64),
     torch.int32: (_capi.KDL_INT, 32),
     torch.int64: (_capi.KDL_INT, 64),
+    torch.float8_e4m3fn: (_capi.KDL_FLOAT8_E4M3FN, 8),
+    torch.float8_e5m2: (_capi.KDL_FLOAT8_E5M2, 8),
 }
 # ROCm builds of torch call their devices "cuda" too.
 _GPU = _capi.KDL_ROCM if getattr(torch.version, "hip", None) else _capi.KDL_CUDA
@@ -415,14 +417,16 @@ def _attention_with_kvcache(
         cache_batch_idx: Optional[Tensor], block_table: Optional[Tensor],
         alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
         window_right: int, top_left: bool, softcap: float, rotary_interleaved: bool,
-        num_splits: int, sinks: Optional[Tensor], variant_name: Optional[str],
-        variant_code: Optional[str], variant_scalars: List[float],
-        variant_tensors: List[Tensor]) -> None:
+        num_splits: int, sinks: Optional[Tensor], k_descale: Optional[Tensor],
+        v_descale: Optional[Tensor], variant_name: Optional[str], variant_code: Optional[str],
+        variant_scalars: List[float], variant_tensors: List[Tensor]) -> None:
     variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     cache = _capi.pack_cache(_tensor(1, k_cache, "k_cache"), _tensor(2, v_cache, "v_cache"),
                              _tensor(3, cache_seqlens, "cache_seqlens"),
                              _maybe(4, cache_batch_idx, "cache_batch_idx"),
-                             _maybe(5, block_table, "block_table"))
+                             _maybe(5, block_table, "block_table"),
+                             _maybe(14, k_descale, "k_descale"),
+                             _maybe(15, v_descale, "v_descale"))
     score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
              _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(13, sinks, "sinks")) + variant
     options = _capi.pack_decode_options(

@@ -22,6 +22,8 @@ Q, K = bf16(0, 5, 8, 64), bf16(0, 7, 2, 64)  # batch 0: checked, never launched
 QV, KV = bf16(0, 8, 64), bf16(0, 2, 64)
 CU = torch.zeros(1, dtype=I32)
 CACHE = bf16(4, 64, 2, 64)
+FP8_CACHE = torch.empty(4, 64, 2, 64, dtype=torch.float8_e4m3fn)
+FP8_K = torch.empty(0, 7, 2, 64, dtype=torch.float8_e4m3fn)
 SEQLENS = torch.empty(0, dtype=I32)
 VARIANT = kiln.Variant("mine", "struct kiln_variant {};")
 
@@ -60,6 +62,9 @@ UNSUPPORTED = [
      lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0,
                                          block_table=torch.empty(0, 1, dtype=I32)),
      "block_table="),
+    ("flash_attn_with_kvcache q_descale",
+     lambda: kiln.flash_attn_with_kvcache(Q, CACHE, CACHE, cache_seqlens=SEQLENS,
+                                          q_descale=torch.ones(0, 2)), "q_descale="),
     ("flash_attn_with_kvcache cache_leftpad",
      lambda: kiln.flash_attn_with_kvcache(Q, CACHE, CACHE, cache_seqlens=SEQLENS,
                                           cache_leftpad=SEQLENS), "cache_leftpad="),
@@ -144,8 +149,22 @@ KILN = [
     ("k of another dtype than q", lambda: kiln.flash_attn_func(Q, K.half(), K),
      _capi.KILN_ERROR_INVALID_ARGUMENT,
      "k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in the dtypes "
-     "(bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16 (fp8 KV caches are not supported "
-     "yet)"),
+     "(bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16"),
+    ("fp8 k in prefill", lambda: kiln.flash_attn_func(Q, FP8_K, FP8_K),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "k has dtype e4m3 but q has dtype bf16"),
+    ("an append into an fp8 cache",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], FP8_CACHE, FP8_CACHE, FP8_K[:, :1],
+                                          FP8_K[:, :1], cache_seqlens=SEQLENS),
+     _capi.KILN_ERROR_UNSUPPORTED, "appending into an fp8 cache is not supported yet"),
+    ("a descale with a bf16 cache",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, cache_seqlens=SEQLENS,
+                                          k_descale=torch.empty(0, 2)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT,
+     "cache.k_descale is for an fp8 cache, but the cache has dtype bf16"),
+    ("an fp16 descale",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], FP8_CACHE, FP8_CACHE, cache_seqlens=SEQLENS,
+                                          v_descale=torch.empty(0, 2, dtype=torch.float16)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "cache.v_descale has dtype f16: it must be float32"),
     ("negative softcap", lambda: kiln.flash_attn_func(Q, K, K, softcap=-1.0),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "softcap is -1"),
     ("bias of the wrong seqlen_k", lambda: kiln.flash_attn_func(Q, K, K, bias=bf16(0, 8, 5, 6)),
@@ -192,6 +211,11 @@ def test_a_valid_call_passes_kilns_checks(as_gpu):
     out, lse = kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, K[:, :1], K[:, :1],
                                             cache_seqlens=SEQLENS, return_softmax_lse=True)
     assert out.shape == (0, 1, 8, 64) and lse.shape == (0, 8, 1)
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # an fp8 cache with its descales
+        cache = CACHE.to(fp8)
+        out = kiln.flash_attn_with_kvcache(Q[:, :1], cache, cache, cache_seqlens=SEQLENS,
+                                           k_descale=torch.ones(0, 2), v_descale=torch.ones(0, 2))
+        assert out.shape == (0, 1, 8, 64) and out.dtype == BF16
 
 
 def test_merge_states_takes_an_lse_of_any_strides(as_gpu):

@@ -165,6 +165,31 @@ def test_flash_attn_with_kvcache_batch_idx_splits_and_int_seqlens():
         ref.check_close(out, out_ref, out_plain)
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [BF16, F16])
+def test_flash_attn_with_kvcache_over_an_fp8_cache(fp8, dtype):
+    # The reference attends the dequantized cache: the stored fp8 values times the descales.
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("an fp8 cache needs sm_89 or newer")
+    ref = reference()
+    q = randn(3, 1, 8, 128, dtype=dtype)
+    k_cache = randn(3, 400, 2, 128, dtype=torch.float32).to(fp8)
+    v_cache = randn(3, 400, 2, 128, dtype=torch.float32).to(fp8)
+    k_descale = torch.rand(3, 2, device="cuda") + 0.25
+    v_descale = torch.rand(3, 2, device="cuda") + 0.25
+    lengths = torch.tensor([0, 399, 130], dtype=I32, device="cuda")
+    for splits in (1, 4):
+        out = kiln.flash_attn_with_kvcache(q, k_cache, v_cache, cache_seqlens=lengths,
+                                           num_splits=splits, k_descale=k_descale,
+                                           v_descale=v_descale)
+        # float64: exact for the reference; the plain one rounds them to q's dtype.
+        k = k_cache.double() * k_descale.double()[:, None, :, None]
+        v = v_cache.double() * v_descale.double()[:, None, :, None]
+        out_ref = ref.kvcache_ref(q, k, v, cache_seqlens=lengths)[0]
+        out_plain = ref.kvcache_ref(q, k, v, cache_seqlens=lengths, upcast=False)[0]
+        ref.check_close(out, out_ref, out_plain)
+
+
 def test_sinks_in_every_call():
     """Sinks through flash_attn_func (rows with no key get lse = sink), varlen and the KV cache,
     split or not, contiguous and paged; the last head has none (-inf)."""

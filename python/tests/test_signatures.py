@@ -46,7 +46,7 @@ PACKED = {
         ("max_seqlen_q", EMPTY), ("max_seqlen_k", EMPTY)] + _OPTIONS,
 }
 
-# kiln's extras, keyword-only, with their defaults.
+# kiln's extras, keyword-only, with their defaults (FlashAttention-3's descales among them).
 VARIANT = {"variant": None, "variant_scalars": (), "variant_tensors": ()}
 EXTRAS = {
     "flash_attn_func": {"bias": None, "top_left": False, "return_softmax_lse": False,
@@ -54,7 +54,8 @@ EXTRAS = {
     "flash_attn_varlen_func": {"seqused_k": None, "bias": None, "top_left": False,
                                "return_softmax_lse": False, "out": None, "sinks": None,
                                **VARIANT},
-    "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None, **VARIANT},
+    "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None, **VARIANT,
+                                "q_descale": None, "k_descale": None, "v_descale": None},
 }
 
 

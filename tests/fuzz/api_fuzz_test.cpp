@@ -387,6 +387,8 @@ DLDataType dlpack_dtype(DType dtype, Random& r) {
     case DType::f64: return {kDLFloat, 64, 1};
     case DType::i32: return {kDLInt, 32, 1};
     case DType::i64: return {kDLInt, 64, 1};
+    case DType::e4m3: return {10, 8, 1};  // DLPack 1.1's kDLFloat8_e4m3fn
+    case DType::e5m2: return {12, 8, 1};  // kDLFloat8_e5m2
   }
   return {static_cast<std::uint8_t>(r.bits()), static_cast<std::uint8_t>(r.bits()),
           static_cast<std::uint16_t>(r.bits())};

@@ -637,6 +637,76 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
   }
 }
 
+// The wgmma kernel (sm_90a) by explicit configs, block_m 64 and 128, deterministic and not, where
+// its rows are least regular: varlen with empty sequences and seqused_k (a step's rows past its
+// sequence, a varlen tail), bottom-right causal with more queries than keys (rows before the
+// band), a bias's gradient, head dims 64 (one key warpgroup of two) and 96 (padded to 128).
+// Deterministic runs twice, bit for bit.
+TEST_CASE("attention backward by the wgmma kernel's configs, deterministic and not",
+          "[gpu][attention_backward]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  if (rt.target() != "sm_90a") {
+    WARN("skipped: the wgmma backward kernel runs on sm_90a only, not " << rt.target().name());
+    return;
+  }
+  std::mt19937 rng(22);
+  const Case cases[] = {
+      {.heads = 4,
+       .heads_kv = 2,
+       .head_dim = 128,
+       .score = {.causal = true},
+       .seqlens_q = {300, 0, 17, 200, 129},
+       .seqlens_k = {128, 64, 1, 511, 300},
+       .seqused_k = {100, 0, 1, 400, 300}},
+      {.dtype = DType::f16,
+       .batch = 2,
+       .seqlen_q = 517,
+       .seqlen_k = 300,
+       .heads = 4,
+       .heads_kv = 1,
+       .score = {.causal = true}},
+      {.batch = 2,
+       .seqlen_q = 200,
+       .seqlen_k = 333,
+       .heads = 2,
+       .heads_kv = 2,
+       .head_dim = 96,
+       .score = {.window_left = 100},
+       .bias = Bias::full},
+      // 16 key blocks of 4 heads each taking turns at 32 row blocks: a misordered addition
+      // shows in the bits.
+      {.seqlen_q = 2048,
+       .seqlen_k = 2048,
+       .heads = 4,
+       .heads_kv = 1,
+       .head_dim = 128,
+       .score = {.causal = true}},
+  };
+  for (const Case& c : cases) {
+    INFO(describe(c));
+    Backward b = prepare_backward(c, rng);
+    run_forward(rt, c, b);
+    for (int block_m : {64, 128}) {
+      // block_m 128 needs more shared memory than sm_90a has above head dim 64; at 64, 64 rows
+      // on two key warpgroups would split dQ's 64 columns, so block_m 64 takes one.
+      if (block_m == 128 && c.head_dim > 64) continue;
+      const bool one_warpgroup = block_m == 64 && c.head_dim <= 64;
+      const Config config =
+          kiln::AttentionBackwardConfig{.block_m = block_m,
+                                        .block_n = one_warpgroup ? 64 : 128,
+                                        .warps = one_warpgroup ? 4 : 8,
+                                        .kernel = kiln::AttentionBackwardKernel::wgmma};
+      INFO(describe(config));
+      check_grads(c, b, run_backward(rt, b, config));
+      const Grads first = run_backward(rt, b, config, true);
+      check_grads(c, b, first);
+      const bool same_bits = run_backward(rt, b, config, true) == first;
+      CHECK(same_bits);
+    }
+  }
+}
+
 // User variants (variant_twins.cpp) through every backward config: logit hooks declared additive
 // (ALiBi's slope the row's state per head, a document mask's segment per query row), a mask
 // hook (key padding, a sequence of padding only: dq 0), a sink hook (dq, dk and dv; its dsinks

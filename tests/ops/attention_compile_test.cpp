@@ -156,18 +156,19 @@ TEST_CASE("the portable attention kernel compiles every feature for gfx90a and s
 
 TEST_CASE("the default backward specs compile for sm_90a and gfx90a, without spilling much",
           "[attention_backward][compile]") {
-  for (const char* target : {"sm_90a", "gfx90a"}) {
-    const auto specs = kiln::attention_backward_default_specs(target);
-    // The row dots of bf16 and f16 at head dims 64, 128 and 256 (6), the sinks' sum (1), and
-    // the dk/dv and dq kernels of each, with and without a mask (24).
-    REQUIRE(specs.size() == 31);
-  }
+  // The row dots of bf16 and f16 at head dims 64, 128 and 256 (6), the sinks' sum (1), and the
+  // dk/dv and dq kernels of each, with and without a mask (24); deterministic calls take the same
+  // ones, except on sm_90a: its wgmma dk/dv kernel in turns at 128 (4), and the mma kernels at 64
+  // (8).
+  REQUIRE(kiln::attention_backward_default_specs("gfx90a").size() == 31);
+  REQUIRE(kiln::attention_backward_default_specs("sm_90a").size() == 43);
   const auto specs = kiln::attention_backward_default_specs("sm_90a");
   kiln::test::TempDir dir;
   kiln::Runtime nvidia = runtime_for(dir.path(), "sm_90a");
   // With NVRTC 13.0 the mma kernels (head dim 256 here) spill nothing, and the wgmma ones at
-  // most 4 bytes (its producer warp's, at 24 registers; the consumers spilled 136 bytes while
-  // the compiler kept dS^T's and dQ's shared-memory addresses across the loop).
+  // most 24 bytes (the producer warpgroup's, at 24 registers; deterministic's turns take the
+  // most; the consumers spilled 136 bytes while the compiler kept dS^T's and dQ's
+  // shared-memory addresses across the loop).
   check_compiled_without_spills(nvidia, specs);
   KILN_REQUIRE_HIPRTC();
   kiln::Runtime amd = runtime_for(dir.path(), "gfx90a");
@@ -305,9 +306,9 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling, and non
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   const auto specs = kiln::decode_default_specs("sm_90a");
-  // bf16 and f16, head dims 64 and 128: contiguous and paged attention (8), and merge_states
-  // of each (4).
-  REQUIRE(specs.size() == 12);
+  // bf16 and f16 caches and e4m3 ones under bf16 and f16 q, head dims 64 and 128: contiguous
+  // and paged attention (16), and merge_states of bf16 and f16 (4).
+  REQUIRE(specs.size() == 20);
   check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = rt.compile(spec);
@@ -316,6 +317,7 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling, and non
   }
   CHECK(kiln::decode_default_specs("gfx90a").empty());
   CHECK(kiln::decode_default_specs("sm_75").empty());
+  CHECK(kiln::decode_default_specs("sm_80").size() == 12);  // no fp8 conversions there
 
   // Where a CTA gets 99 KiB, head dim 256 streams with two warps (tests/ops/launch_plan_test.cpp).
   const kiln::DecodeProblem d256{

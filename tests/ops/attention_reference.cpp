@@ -11,17 +11,62 @@
 
 namespace kiln::test {
 
+namespace {
+
+// The value of fp8 code `bits` (the low byte): OCP's E4M3FN (no infinities, NaN at S.1111.111) or
+// E5M2 (IEEE-style).
+double fp8_value(DType dtype, unsigned bits) {
+  const double sign = bits & 0x80u ? -1.0 : 1.0;
+  const bool e4m3 = dtype == DType::e4m3;
+  const int mantissa_bits = e4m3 ? 3 : 2, bias = e4m3 ? 7 : 15;
+  const unsigned exponent = (bits & 0x7fu) >> mantissa_bits;
+  const unsigned mantissa = bits & ((1u << mantissa_bits) - 1);
+  if (e4m3 && (bits & 0x7fu) == 0x7fu) return std::numeric_limits<double>::quiet_NaN();
+  if (!e4m3 && exponent == 31) {
+    return mantissa ? std::numeric_limits<double>::quiet_NaN()
+                    : sign * std::numeric_limits<double>::infinity();
+  }
+  const double fraction = static_cast<double>(mantissa) / (1 << mantissa_bits);
+  if (exponent == 0) return sign * std::ldexp(fraction, 1 - bias);
+  return sign * std::ldexp(1.0 + fraction, static_cast<int>(exponent) - bias);
+}
+
+// The fp8 code nearest `value`, ties to the even code; NaN past the largest finite value (E4M3FN)
+// or infinity (E5M2), as a cast in PyTorch gives.
+std::uint16_t fp8_bits(DType dtype, double value) {
+  const bool e4m3 = dtype == DType::e4m3;
+  if (std::isnan(value)) return e4m3 ? 0x7f : 0x7e;
+  const unsigned sign = std::signbit(value) ? 0x80u : 0u;
+  const double magnitude = std::fabs(value);
+  const unsigned largest = e4m3 ? 0x7e : 0x7b;  // the largest finite code
+  const double beyond =
+      fp8_value(dtype, largest) + (fp8_value(dtype, largest) - fp8_value(dtype, largest - 1)) / 2;
+  if (magnitude >= beyond) return static_cast<std::uint16_t>(sign | (e4m3 ? 0x7fu : 0x7cu));
+  unsigned lo = 0, hi = largest;  // the codes' values grow with them
+  while (hi - lo > 1) {
+    const unsigned mid = (lo + hi) / 2;
+    (fp8_value(dtype, mid) <= magnitude ? lo : hi) = mid;
+  }
+  const double below = magnitude - fp8_value(dtype, lo), above = fp8_value(dtype, hi) - magnitude;
+  const unsigned code = below < above ? lo : above < below ? hi : (lo % 2 == 0 ? lo : hi);
+  return static_cast<std::uint16_t>(sign | code);
+}
+
+}  // namespace
+
 std::uint16_t to_bits(DType dtype, double value) {
+  if (is_fp8(dtype)) return fp8_bits(dtype, value);
   if (dtype == DType::f16) return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));
-  if (dtype != DType::bf16) throw std::invalid_argument("to_bits takes f16 or bf16");
+  if (dtype != DType::bf16) throw std::invalid_argument("to_bits takes f16, bf16 or fp8");
   // Round to nearest even on the float bits (through float: a double rounding, harmless here).
   const std::uint32_t u = std::bit_cast<std::uint32_t>(static_cast<float>(value));
   return static_cast<std::uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
 }
 
 double from_bits(DType dtype, std::uint16_t bits) {
+  if (is_fp8(dtype)) return fp8_value(dtype, bits & 0xffu);
   if (dtype == DType::f16) return static_cast<double>(std::bit_cast<_Float16>(bits));
-  if (dtype != DType::bf16) throw std::invalid_argument("from_bits takes f16 or bf16");
+  if (dtype != DType::bf16) throw std::invalid_argument("from_bits takes f16, bf16 or fp8");
   return std::bit_cast<float>(static_cast<std::uint32_t>(bits) << 16);
 }
 

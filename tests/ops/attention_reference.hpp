@@ -13,7 +13,8 @@
 
 namespace kiln::test {
 
-// Host images of f16 and bf16: the stored bits and the value they hold, exactly.
+// Host images of f16, bf16 and fp8 (e4m3, e5m2: the code in the low byte): the stored bits and
+// the value they hold, exactly.
 std::uint16_t to_bits(DType dtype, double value);  // round to nearest even
 double from_bits(DType dtype, std::uint16_t bits);
 double round_to(DType dtype, double value);  // what storing `value` in `dtype` keeps; f32 too

@@ -241,8 +241,11 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
   Call c = padded_call();
   c.k.dtype = DType::f16;
   check_invalid(c, {"k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in "
-                    "the dtypes (bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16 (fp8 KV "
-                    "caches are not supported yet)"});
+                    "the dtypes (bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16"});
+  c = padded_call();
+  c.k.dtype = DType::e4m3;
+  c.v.dtype = DType::e4m3;
+  check_invalid(c, {"k has dtype e4m3 but q has dtype bf16", "so k needs bf16"});
 
   c = padded_call(DType::f16);
   c.v.dtype = DType::bf16;

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <vector>
 
@@ -153,4 +154,31 @@ TEST_CASE("merge reference: weights from the LSEs, empty states, rounding", "[de
   const std::vector<double> one = {1 + 0x1p-12};
   CHECK(kiln::test::merge_reference(DType::bf16, 1, 1, 1, 1, one, {0.0}).out_plain[0] == 1.0);
   CHECK(kiln::test::merge_reference(DType::f32, 1, 1, 1, 1, one, {0.0}).out_plain[0] == one[0]);
+}
+
+// The host's fp8 images, which the fp8 cache tests quantize with: OCP's E4M3FN and E5M2 values,
+// round to nearest even, and every finite code back to itself.
+TEST_CASE("fp8 host images: e4m3 and e5m2 values, rounding and every code", "[decode]") {
+  using kiln::DType;
+  using kiln::test::from_bits;
+  using kiln::test::to_bits;
+  CHECK(to_bits(DType::e4m3, 1.0) == 0x38);
+  CHECK(to_bits(DType::e4m3, -448.0) == 0xfe);
+  CHECK(to_bits(DType::e4m3, std::ldexp(1.0, -9)) == 0x01);  // the least subnormal
+  CHECK(to_bits(DType::e4m3, 1.0 + 1.0 / 16) == 0x38);       // a tie: to the even code
+  CHECK(to_bits(DType::e4m3, 1.0 + 3.0 / 16) == 0x3a);
+  CHECK(std::isnan(from_bits(DType::e4m3, 0x7f)));
+  CHECK(to_bits(DType::e5m2, 1.0) == 0x3c);  // the high byte of f16's 1.0
+  CHECK(to_bits(DType::e5m2, 57344.0) == 0x7b);
+  CHECK(std::isinf(from_bits(DType::e5m2, 0x7c)));
+  CHECK(from_bits(DType::e5m2, 0x01) == std::ldexp(1.0, -16));
+  for (DType dtype : {DType::e4m3, DType::e5m2}) {
+    for (unsigned code = 0; code < 256; ++code) {
+      const double value = from_bits(dtype, static_cast<std::uint16_t>(code));
+      if (std::isnan(value) || std::isinf(value)) continue;
+      INFO(kiln::to_string(dtype) << " code " << code);
+      // -0 comes back as itself too: the sign is kept.
+      CHECK(to_bits(dtype, value) == code);
+    }
+  }
 }

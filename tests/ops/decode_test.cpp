@@ -10,6 +10,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
@@ -65,6 +66,15 @@ std::vector<std::uint16_t> bits_of(DType dtype, const std::vector<double>& value
   return bits;
 }
 
+// fp8 values as their codes, a byte each.
+std::vector<std::uint8_t> fp8_bytes(DType dtype, const std::vector<double>& values) {
+  std::vector<std::uint8_t> bytes(values.size());
+  std::transform(values.begin(), values.end(), bytes.begin(), [dtype](double x) {
+    return static_cast<std::uint8_t>(kiln::test::to_bits(dtype, x));
+  });
+  return bytes;
+}
+
 // A device copy of `values` stored as `dtype` (f16, bf16 or f32).
 std::unique_ptr<DeviceBuffer> upload_values(DType dtype, const std::vector<double>& values) {
   if (dtype == DType::f32) return upload(std::vector<float>(values.begin(), values.end()));
@@ -94,6 +104,13 @@ struct Case {
   bool lse = true;
   int num_splits = 0;
   bool nan_slots = false;  // the slots no sequence reaches hold NaN instead of random values
+  // An fp8 cache (e4m3 or e5m2) of random fp8 values, and with `descales` random k_descale and
+  // v_descale (batch, heads_kv), by which the reference's keys and values are the cached ones.
+  std::optional<DType> fp8;
+  bool descales = false;
+  // How the descales are laid out: (batch, heads_kv) contiguous, a transposed view of (heads_kv,
+  // batch), or one value for all (strides 0).
+  enum class Descales { contiguous, transposed, one } descale_layout = Descales::contiguous;
   // A config of the test's instead of choose()'s, launched on the device.
   std::optional<kiln::DecodeConfig> config;
 
@@ -122,6 +139,8 @@ std::string describe(const Case& c) {
   if (c.lse) s << " lse";
   s << " splits " << c.num_splits;
   if (c.nan_slots) s << " NaN in unused slots";
+  if (c.fp8) s << " " << kiln::to_string(*c.fp8) << " cache" << (c.descales ? " descaled" : "");
+  if (c.descales) s << " descale layout " << static_cast<int>(c.descale_layout);
   if (c.config) {
     s << " config (splits " << c.config->num_splits << ", block_n " << c.config->block_n
       << ", warps " << c.config->warps << ", stages " << c.config->stages << ", m_tiles "
@@ -133,6 +152,9 @@ std::string describe(const Case& c) {
 struct Setup {
   DecodeReferenceProblem problem;
   DecodeInputs inputs;
+  // An fp8 cache's stored values, and its descales (batch, heads_kv): inputs.k_cache and
+  // v_cache hold what each sequence attends, the stored values times its descales.
+  std::vector<double> k_stored, v_stored, k_descale, v_descale;
   // The score options, and the device tensors they point to (ALiBi slopes, sinks, the variant's).
   kiln::ScoreOptions score;
   std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> score_buffers =
@@ -208,6 +230,49 @@ void poison_unreached_slots(const Case& c, Setup& s) {
     if (reached[slot]) continue;
     std::fill_n(&s.inputs.k_cache[slot * k_slot], k_slot, nan);
     std::fill_n(&s.inputs.v_cache[slot * v_slot], v_slot, nan);
+    if (c.fp8) {  // the stored codes are what the device gets
+      std::fill_n(&s.k_stored[slot * k_slot], k_slot, nan);
+      std::fill_n(&s.v_stored[slot * v_slot], v_slot, nan);
+    }
+  }
+}
+
+// An fp8 cache: fresh random fp8 values stored, and what each sequence's kv head attends, the
+// stored values times its descales (random in [1/4, 2], fp32; 1 without).
+void quantize_cache(const Case& c, Setup& s, std::mt19937& rng) {
+  const CacheMap& m = s.problem.cache;
+  const auto slots = at(m.slots());
+  s.k_stored = kiln::test::random_normal(*c.fp8, slots * at(c.heads_kv * c.head_dim), rng);
+  s.v_stored = kiln::test::random_normal(*c.fp8, slots * at(c.heads_kv * c.dim_v()), rng);
+  const auto scales = at(c.batch() * c.heads_kv);
+  std::uniform_real_distribution<double> range(0.25, 2.0);
+  s.k_descale.assign(scales, 1.0);
+  s.v_descale.assign(scales, 1.0);
+  if (c.descales) {
+    for (double& x : s.k_descale) x = static_cast<float>(range(rng));
+    for (double& x : s.v_descale) x = static_cast<float>(range(rng));
+    if (c.descale_layout == Case::Descales::one) {
+      s.k_descale.assign(scales, s.k_descale[0]);
+      s.v_descale.assign(scales, s.v_descale[0]);
+    }
+  }
+  s.inputs.k_cache = s.k_stored;
+  s.inputs.v_cache = s.v_stored;
+  for (int b = 0; b < c.batch(); ++b) {
+    for (int j = 0; j < c.seqlens[at(b)]; ++j) {
+      const auto slot = at(m.slot(b, j));
+      for (int h = 0; h < c.heads_kv; ++h) {
+        const std::size_t scale = at(b * c.heads_kv + h);
+        for (int e = 0; e < c.head_dim; ++e) {
+          const std::size_t i = (slot * at(c.heads_kv) + at(h)) * at(c.head_dim) + at(e);
+          s.inputs.k_cache[i] = s.k_stored[i] * s.k_descale[scale];
+        }
+        for (int e = 0; e < c.dim_v(); ++e) {
+          const std::size_t i = (slot * at(c.heads_kv) + at(h)) * at(c.dim_v()) + at(e);
+          s.inputs.v_cache[i] = s.v_stored[i] * s.v_descale[scale];
+        }
+      }
+    }
   }
 }
 
@@ -244,6 +309,7 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
   s.inputs.k_cache = kiln::test::random_normal(c.dtype, slots * at(c.heads_kv * c.head_dim), rng);
   s.inputs.v_cache = kiln::test::random_normal(c.dtype, slots * at(c.heads_kv * c.dim_v()), rng);
   randomize_queries(c, s, rng);
+  if (c.fp8) quantize_cache(c, s, rng);
   if (c.nan_slots) poison_unreached_slots(c, s);
   return s;
 }
@@ -290,6 +356,33 @@ void set_options(const Case& c, const Setup& s, DeviceDecode& d) {
   if (c.lse) d.options.lse = d.lse->view();
 }
 
+// A (batch, heads_kv) descale tensor holding `values` in c's layout.
+TensorView descale_view(const Case& c, const std::vector<double>& values, DeviceDecode& d) {
+  const std::int64_t batch = c.batch(), heads_kv = c.heads_kv;
+  switch (c.descale_layout) {
+    case Case::Descales::transposed: {
+      std::vector<double> by_head(values.size());
+      for (std::int64_t b = 0; b < batch; ++b) {
+        for (std::int64_t h = 0; h < heads_kv; ++h)
+          by_head[at(h * batch + b)] = values[at(b * heads_kv + h)];
+      }
+      TensorView t = TensorView::contiguous(d.keep(upload_values(DType::f32, by_head)), DType::f32,
+                                            {batch, heads_kv});
+      t.strides = {1, batch, 0, 0};
+      return t;
+    }
+    case Case::Descales::one: {
+      TensorView t = TensorView::contiguous(d.keep(upload_values(DType::f32, {values[0]})),
+                                            DType::f32, {batch, heads_kv});
+      t.strides = {0, 0, 0, 0};
+      return t;
+    }
+    case Case::Descales::contiguous: break;
+  }
+  return TensorView::contiguous(d.keep(upload_values(DType::f32, values)), DType::f32,
+                                {batch, heads_kv});
+}
+
 DeviceDecode upload_case(const Case& c, const Setup& s) {
   const CacheMap& m = s.problem.cache;
   const std::int64_t batch = c.batch(), heads = c.heads, heads_kv = c.heads_kv;
@@ -297,12 +390,26 @@ DeviceDecode upload_case(const Case& c, const Setup& s) {
   DeviceDecode d;
   d.q = TensorView::contiguous(d.keep(upload_values(c.dtype, s.inputs.q)), c.dtype,
                                {batch, seqlen_q, heads, dim});
-  d.k_cache = upload_values(c.dtype, s.inputs.k_cache);
-  d.v_cache = upload_values(c.dtype, s.inputs.v_cache);
-  d.cache.k = TensorView::contiguous(
-      d.k_cache->get(), c.dtype, {std::int64_t{m.rows}, std::int64_t{m.row_len}, heads_kv, dim});
-  d.cache.v = TensorView::contiguous(
-      d.v_cache->get(), c.dtype, {std::int64_t{m.rows}, std::int64_t{m.row_len}, heads_kv, dim_v});
+  const DType cache_dtype = c.fp8.value_or(c.dtype);
+  if (c.fp8) {
+    d.k_cache = upload(fp8_bytes(*c.fp8, s.k_stored));
+    d.v_cache = upload(fp8_bytes(*c.fp8, s.v_stored));
+    if (c.descales) {
+      for (const auto& [view, values] : {std::pair{&d.cache.k_descale, &s.k_descale},
+                                         std::pair{&d.cache.v_descale, &s.v_descale}}) {
+        *view = descale_view(c, *values, d);
+      }
+    }
+  } else {
+    d.k_cache = upload_values(c.dtype, s.inputs.k_cache);
+    d.v_cache = upload_values(c.dtype, s.inputs.v_cache);
+  }
+  d.cache.k =
+      TensorView::contiguous(d.k_cache->get(), cache_dtype,
+                             {std::int64_t{m.rows}, std::int64_t{m.row_len}, heads_kv, dim});
+  d.cache.v =
+      TensorView::contiguous(d.v_cache->get(), cache_dtype,
+                             {std::int64_t{m.rows}, std::int64_t{m.row_len}, heads_kv, dim_v});
   d.cache.seqlens = TensorView::contiguous(d.keep(upload(s.problem.seqlens)), DType::i32, {batch});
   if (!m.batch_idx.empty()) {
     d.cache.batch_idx = TensorView::contiguous(d.keep(upload(m.batch_idx)), DType::i32, {batch});
@@ -346,6 +453,17 @@ Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
 // of the fp64 rotation: the device rotates in fp32), every other slot keeps its bits.
 void check_cache(const Case& c, const Setup& s, const Downloaded& got,
                  const DecodeReferenceResult& want) {
+  if (c.fp8) {  // nothing appends to an fp8 cache: every byte stays as uploaded
+    const auto words = [&](const std::vector<double>& stored) {
+      const std::vector<std::uint8_t> bytes = fp8_bytes(*c.fp8, stored);
+      std::vector<std::uint16_t> packed(bytes.size() / 2);
+      std::memcpy(packed.data(), bytes.data(), packed.size() * sizeof(std::uint16_t));
+      return packed;
+    };
+    CHECK(got.k_cache == words(s.k_stored));
+    CHECK(got.v_cache == words(s.v_stored));
+    return;
+  }
   struct Side {
     const char* name;
     const std::vector<double>& before;
@@ -446,6 +564,69 @@ TEST_CASE("decode over contiguous and paged caches of ragged lengths", "[gpu][de
   }
   // Without the lse output, and with a page size that is not a power of two.
   run_case(rt, {.seqlens = {5, 64, 1}, .page_size = 48, .lse = false}, rng);
+}
+
+// An fp8 cache, e4m3 and e5m2 under bf16 and f16 q, converted exactly as it is read: contiguous
+// and paged, with and without FlashAttention-3's descales (one per sequence and kv head), split
+// and not, GQA with four speculative queries under causal, a window and softcap, head dims 64,
+// 128 and 256/128. The reference attends the stored values times the descales.
+TEST_CASE("decode over fp8 caches: e4m3 and e5m2, descales, paged, split, masks", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  const kiln::Target target = rt.target();
+  if (target.arch() < 89) {
+    WARN("skipped: an fp8 cache needs sm_89 or newer, not " << target.name());
+    return;
+  }
+  std::mt19937 rng(21);
+  for (DType fp8 : {DType::e4m3, DType::e5m2}) {
+    for (DType dtype : kDTypes) {
+      for (int page_size : {0, 16}) {
+        run_case(rt, {.dtype = dtype, .page_size = page_size, .fp8 = fp8, .descales = true}, rng);
+      }
+    }
+  }
+  run_case(rt, {.seqlens = {3, 2000, 700}, .num_splits = 7, .fp8 = DType::e4m3, .descales = true},
+           rng);
+  // Shuffled cache rows, NaN where no sequence reads, descales transposed and broadcast; head
+  // dims 80 and 96, whose fp8 rows swizzle otherwise than their 16-bit ones.
+  run_case(rt,
+           {.batch_idx = true,
+            .nan_slots = true,
+            .fp8 = DType::e4m3,
+            .descales = true,
+            .descale_layout = Case::Descales::transposed},
+           rng);
+  for (int dim : {80, 96}) {
+    run_case(rt,
+             {.head_dim = dim,
+              .page_size = 16,
+              .nan_slots = true,
+              .fp8 = DType::e5m2,
+              .descales = true,
+              .descale_layout = Case::Descales::one},
+             rng);
+  }
+  run_case(rt,
+           {.heads = 16,
+            .heads_kv = 2,
+            .head_dim = 64,
+            .seqlen_q = 4,
+            .seqlens = {0, 1, 40, 333},
+            .page_size = 1,
+            .score = {.causal = true, .softcap = 30},
+            .fp8 = DType::e4m3,
+            .descales = true},
+           rng);
+  run_case(rt,
+           {.dtype = DType::f16,
+            .head_dim = 256,
+            .head_dim_v = 128,
+            .seqlens = {100, 517},
+            .score = {.window_left = 64},
+            .fp8 = DType::e5m2,
+            .descales = true},
+           rng);
 }
 
 TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal", "[gpu][decode]") {

@@ -58,6 +58,15 @@ DecodeCall append_call() {
   return c;
 }
 
+// The step of contiguous_call() over an fp8 cache (e4m3 or e5m2) under q and out of `dtype`.
+DecodeCall fp8_call(DType kv = DType::e4m3, DType dtype = DType::bf16) {
+  DecodeCall c = contiguous_call(dtype);
+  c.cache.k.dtype = kv;
+  c.cache.v.dtype = kv;
+  for (TensorView* t : {&c.cache.k, &c.cache.v}) *t = reshaped(*t, {3, 256, 2, 64});
+  return c;
+}
+
 void decode(const DecodeCall& c, Runtime& runtime = validating_runtime()) {
   kiln::attention_with_kvcache(c.q, c.cache, c.out, c.options, nullptr, runtime);
 }
@@ -217,8 +226,12 @@ TEST_CASE("decode refuses mixed and unsupported dtypes", "[decode]") {
   c = contiguous_call();
   c.cache.v.dtype = DType::f16;
   check_invalid(c, {"cache.v has dtype f16 but q has dtype bf16: decode attention takes (q, k and "
-                    "v, out) in the dtypes (bf16, bf16, bf16) or (f16, f16, f16), so cache.v "
-                    "needs bf16 (fp8 KV caches are not supported yet)"});
+                    "v, out) in the dtypes (bf16, bf16, bf16) or (f16, f16, f16) or (bf16, e4m3, "
+                    "bf16) or (f16, e4m3, f16) or (bf16, e5m2, bf16) or (f16, e5m2, f16), so "
+                    "cache.v needs bf16"});
+  c = contiguous_call();
+  c.cache.k.dtype = DType::e4m3;
+  check_invalid(c, {"cache.v has dtype bf16 but cache.k has dtype e4m3", "so cache.v needs e4m3"});
   c = contiguous_call();
   c.out.dtype = DType::f16;
   check_invalid(c, {"out has dtype f16 but q has dtype bf16", "so out needs bf16"});
@@ -601,6 +614,63 @@ TEST_CASE("decode refuses targets without bf16 tensor cores, and AMD targets for
   CHECK(kiln::is_supported(c.q, c.cache, c.out, c.options, nullptr, validating_runtime("sm_80")));
 }
 
+// fp8 caches: e4m3 and e5m2 under bf16 and f16, contiguous and paged, with FlashAttention-3's
+// descales (fp32 (batch, heads_kv), one broadcast by stride 0 too), on sm_89 and newer.
+TEST_CASE("decode reads an fp8 cache with descales of (batch, heads_kv) on sm_89 and newer",
+          "[decode]") {
+  for (DType kv : {DType::e4m3, DType::e5m2}) {
+    for (DType dtype : {DType::bf16, DType::f16}) {
+      INFO(to_string(kv) << " under " << to_string(dtype));
+      DecodeCall c = fp8_call(kv, dtype);
+      check_accepted(c);
+      c.cache.k_descale = view(0xC000000, DType::f32, {2, 2});
+      c.cache.v_descale = view(0xD000000, DType::f32, {2, 2});
+      check_accepted(c);
+      c.cache.k_descale->strides = {0, 0};
+      check_accepted(c);
+      CHECK(
+          kiln::is_supported(c.q, c.cache, c.out, c.options, nullptr, validating_runtime("sm_89")));
+    }
+  }
+  DecodeCall paged = paged_call();
+  paged.cache.k.dtype = DType::e4m3;
+  paged.cache.v.dtype = DType::e4m3;
+  check_accepted(paged);
+}
+
+TEST_CASE("decode refuses an fp8 cache where it cannot read one, and misplaced descales",
+          "[decode]") {
+  check_refused(fp8_call(), ErrorCategory::unsupported,
+                {"an e4m3 KV cache needs an sm_89 or newer GPU", "sm_80"},
+                validating_runtime("sm_80"));
+  // Head dims of 16-byte pieces only: 72 fp8 elements (in rows padded to 80) end mid-piece.
+  DecodeCall c = fp8_call(DType::e5m2);
+  c.q = reshaped(c.q, {2, 1, 8, 72});
+  c.cache.k.shape = {3, 256, 2, 72};
+  c.cache.k.strides = {256 * 2 * 80, 2 * 80, 80, 1};
+  check_refused(c, ErrorCategory::unsupported,
+                {"head_dim 72 and head_dim_v 64 with an e5m2 KV cache", "multiples of 16"});
+  c = fp8_call();
+  c.cache.v.strides[1] = 2 * 64 + 8;
+  check_invalid(c, {"cache.v.stride(1) is 136", "multiples of 16 elements"});
+  c = fp8_call();
+  c.options.k_new = view(0x8000000, DType::e4m3, {2, 1, 2, 64});
+  c.options.v_new = view(0x9000000, DType::e4m3, {2, 1, 2, 64});
+  check_refused(c, ErrorCategory::unsupported,
+                {"appending into an fp8 cache is not supported yet"});
+
+  c = contiguous_call();
+  c.cache.v_descale = view(0xD000000, DType::f32, {2, 2});
+  check_invalid(c, {"cache.v_descale is for an fp8 cache, but the cache has dtype bf16"});
+  c = fp8_call();
+  c.cache.k_descale = view(0xC000000, DType::f16, {2, 2});
+  check_invalid(c, {"cache.k_descale has dtype f16", "float32"});
+  c.cache.k_descale = view(0xC000000, DType::f32, {2, 8});
+  check_invalid(c, {"cache.k_descale", "8", "heads_kv"});
+  c.cache.k_descale = view(0xC000000, DType::f32, {2});
+  check_invalid(c, {"cache.k_descale", "(batch, heads_kv)"});
+}
+
 // --- KILN_DEBUG's index checks ---------------------------------------------------------------
 
 using detail::CacheBounds;
@@ -628,6 +698,24 @@ TEST_CASE("KILN_DEBUG's checks name the sequence, the value and its bound", "[de
   check_index_refused({seqlens, batch_idx}, bounds, {"cache.batch_idx[1] is 3", "[0, 3)"});
   batch_idx = {-1, 0};
   check_index_refused({seqlens, batch_idx}, bounds, {"cache.batch_idx[0] is -1"});
+}
+
+TEST_CASE("KILN_DEBUG's checks refuse an fp8 cache's descales that are not finite and positive",
+          "[decode]") {
+  std::vector<float> k = {1.f, 0.5f, 2.f, 0.25f}, v = {1.f, 1.f, 1.f, 1.f};  // batch 2, 2 heads
+  CHECK_NOTHROW(detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}));
+  CHECK_NOTHROW(detail::check_cache_descales({}));
+  k[3] = 0.f;
+  check_refusal(refusal([&] { detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}); }),
+                ErrorCategory::invalid_argument,
+                {"cache.k_descale[1][1] is 0", "finite and positive", "KILN_DEBUG"});
+  k[3] = 1.f;
+  v[2] = std::numeric_limits<float>::quiet_NaN();
+  check_refusal(refusal([&] { detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}); }),
+                ErrorCategory::invalid_argument, {"cache.v_descale[1][0] is nan"});
+  v[2] = -1.f;
+  check_refusal(refusal([&] { detail::check_cache_descales({.k = k, .v = v, .heads_kv = 2}); }),
+                ErrorCategory::invalid_argument, {"cache.v_descale[1][0] is -1"});
 }
 
 TEST_CASE("KILN_DEBUG's checks read only the pages each sequence uses", "[decode]") {

@@ -206,8 +206,9 @@ TEST_CASE("the shared-memory formulas take each operand's element size", "[param
   // 256.
   CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 2) ==
         2 * (16 * 128 + 4 * 3 * 16 * 256));
+  // An fp8 cache: its tiles in a byte an element, and a tile per warp in q's type.
   CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 1) ==
-        2 * 16 * 128 + 4 * 3 * 16 * 256);
+        2 * 16 * 128 + 4 * 3 * 16 * 256 + 2 * 4 * 16 * 256);
 }
 
 TEST_CASE("a spec of operand dtypes its family does not take is refused before compiling",
@@ -222,8 +223,7 @@ TEST_CASE("a spec of operand dtypes its family does not take is refused before c
     CHECK_THAT(refusal(mixed),
                Catch::Contains("dtype_kv has dtype bf16 but dtype_q has dtype f16: " + spec.entry +
                                " takes (q, k and v, out) in the dtypes (bf16, bf16, bf16) or "
-                               "(f16, f16, f16), so dtype_kv needs f16 (fp8 KV caches are not "
-                               "supported yet)"));
+                               "(f16, f16, f16), so dtype_kv needs f16"));
     mixed = spec;
     mixed.set("dtype_out", DType::f32);
     CHECK_THAT(refusal(mixed),

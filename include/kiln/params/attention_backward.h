@@ -37,8 +37,7 @@ struct AttentionBackwardParams {
   // The wgmma kernels' dq accumulators, fp32, zeroed before attention_backward_dkdv_wgmma adds
   // each key block's share with bulk reductions: head_dim floats a query row, the row at its LSE
   // offset (row r of (batch, head) at (lse offset + r) * head_dim), its 16-byte pieces rotated
-  // (backward_wgmma.cuh), and block_m spare rows past the last
-  // (attention_backward_dq_accum_floats). Null for the other kernels.
+  // (backward_wgmma.cuh). Null for the other kernels.
   float* maybe_dq_accum;
   // With deterministic, the order of those additions: one int a (batch, head, block of block_m
   // query rows), at (batch * heads + head) * dq_row_blocks + block, zeroed before the dk/dv
@@ -114,15 +113,6 @@ KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long
   const long long staging = (4 * block_m * head_dim + 1023) / 1024 * 1024;
   const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
   return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging + 2 * slot;
-}
-
-// The floats of the wgmma kernels' dq accumulators (maybe_dq_accum) for an LSE whose offsets span
-// lse_extent rows: head_dim a row, and block_m spare rows that a bulk reduction past the last
-// row adds zeros to.
-KILN_PARAMS_FN constexpr long long attention_backward_dq_accum_floats(long long lse_extent,
-                                                                      long long head_dim,
-                                                                      long long block_m) {
-  return (lse_extent + block_m) * head_dim;
 }
 
 }  // namespace kiln

@@ -75,6 +75,14 @@ struct DecodeParams {
   int rotary_interleaved;  // 1: pairs (2i, 2i + 1); 0: pairs (i, i + rotary_dim / 2)
   int rotary_q_causal;
   void* maybe_q_rotated;
+
+  // An fp8 cache's descales (attention_decode with dtype_kv e4m3 or e5m2): the key sequence b's
+  // kv head h attends is the cached one times maybe_k_descale[b * k_descale_batch_stride + h *
+  // k_descale_head_stride], and likewise v. Null: 1.
+  const float* maybe_k_descale;
+  const float* maybe_v_descale;
+  long long k_descale_batch_stride, k_descale_head_stride;
+  long long v_descale_batch_stride, v_descale_head_stride;
 };
 
 // One input of the merge kernel: `states` attention states per (b, i, h) row, state s of row
@@ -112,17 +120,20 @@ constexpr int kMergeThreads = 128;
 // Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
 // `stages` slots of (K tile, V tile) of block_n rows of round_up(dim, 16) elements (swizzled,
 // unpadded) of kv_size bytes each; plus the Q tile (16 * m_tiles rows, elements of q_size bytes)
-// shared by the warps. q_size and kv_size come from the spec's dtype_q and dtype_kv. The end of
-// the kernel reuses it to merge the warps' fp32 states: per warp, (16 * m_tiles) rows of
-// round_up(head_dim_v, 16) + 8 outputs, and a max and a sum per row.
+// shared by the warps; and with an fp8 cache (kv_size < q_size), per warp one (K tile, V tile)
+// in q's type, which each tile is converted into. q_size and kv_size come from the spec's
+// dtype_q and dtype_kv. The end of the kernel reuses it to merge the warps' fp32 states: per
+// warp, (16 * m_tiles) rows of round_up(head_dim_v, 16) + 8 outputs, and a max and a sum per row.
 KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(
     long long head_dim, long long head_dim_v, long long m_tiles, long long block_n, long long warps,
     long long stages, long long q_size, long long kv_size) {
   const long long qk_pitch = (head_dim + 15) / 16 * 16;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16;
   const long long rows = 16 * m_tiles;
-  const long long tiles =
-      q_size * rows * qk_pitch + kv_size * warps * stages * block_n * (qk_pitch + v_pitch);
+  const long long converted =
+      kv_size < q_size ? q_size * warps * block_n * (qk_pitch + v_pitch) : 0;
+  const long long tiles = q_size * rows * qk_pitch +
+                          kv_size * warps * stages * block_n * (qk_pitch + v_pitch) + converted;
   const long long merge = 4 * warps * rows * ((head_dim_v + 15) / 16 * 16 + 8 + 2);
   return tiles > merge ? tiles : merge;
 }

@@ -23,11 +23,10 @@
 // host. The logit, mask and gradient steps are the mma kernel's (backward_mma.cuh): a warp's 16
 // rows of a wgmma accumulator are laid out as an mma.sync one.
 //
-// The accumulators (attention_backward_dq_accum_floats) hold head_dim floats a query row at
-// the LSE's offsets, each row's 16-byte pieces rotated by twice its index (dq_accum_rotation), so
-// that the staging writes of a warp's eight rows fall in distinct banks. A block's bulk reduction
-// covers block_m whole rows: past a (batch, head)'s last row it adds zeros to the next one's,
-// and past the last the host's block_m spare rows.
+// The accumulators (bp.maybe_dq_accum) hold head_dim floats a query row at the LSE's offsets,
+// each row's 16-byte pieces rotated by twice its index (dq_accum_rotation), so that the staging
+// writes of a warp's eight rows fall in distinct banks. A block's bulk reduction covers its rows
+// of the sequence alone.
 //
 // Rows past a sequence's end read as zeros: TMA fills them past the tensor's token dim, and with
 // varlen (where the next sequence's rows follow, or rows nobody wrote) the producer zeroes them.
@@ -38,7 +37,8 @@
 //   block_m   64 or 128, at most block_n: query rows a step. dQ's block_m x head_dim is split
 //             between the consumers, each taking 64 rows and a multiple of 64 of the columns.
 //   deterministic  whether dQ's additions take a fixed order (bp.maybe_dq_semaphore), every
-//             step then one of the sequence's blocks of block_m rows (RowSteps' Aligned).
+//             step then one of the sequence's blocks of block_m rows (RowSteps' Ordered: each
+//             head's last block first).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width), at most
 // 128 each.
 //
@@ -187,15 +187,30 @@ __device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols 
 
 // Deterministic dQ: the dQ warp's `add` of step `at` (a block of block_m rows, the steps
 // aligned) waits for the turn of this CTA's key block among those that add to the same rows,
-// in the order of their blockIdx.x (all earlier in the launch, so none waits on a CTA that has
-// not started), and is whole in global memory before the next one's. Each element then sums
-// its key blocks' shares in one order, whatever the timing.
+// in the order of their blockIdx.x, and is whole in global memory before the next one's. Each
+// element then sums its key blocks' shares in one order, whatever the timing.
+//
+// A CTA waits only on CTAs of its own (head, batch) with a smaller blockIdx.x: blockIdx.x varies
+// fastest, and this relies on the hardware starting a launch's CTAs in the order of their linear
+// index (as FlashAttention-3's deterministic backward does; CUDA does not promise it), so that
+// those CTAs have started, or ended, when this one waits, and make progress without it.
+//
+// A varlen sequence longer than the call's max_seqlen_q (an invalid call: the row dots and dq
+// stop at max_seqlen_q) would have row blocks past its counters: its additions there are made
+// unordered, rather than indexing another head's counter and waiting forever.
 template <class Tr, class Add>
 __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
                                             const KeyBlockTile& tile,
                                             const RowSteps<Tr::block_m, true>& steps, RowStep at,
                                             int lane, const Add& add) {
   const int block = at.r0 / Tr::block_m;
+  if (block >= bp.dq_row_blocks) {
+    if (lane == 0) {
+      add();
+      tma::wait_bulk_read<0>();
+    }
+    return;
+  }
   // The key blocks before this one whose steps include the block: every lane counts some.
   int before = 0;
   for (int n = lane; n * Tr::block_n < tile.key0; n += 32) {
@@ -209,9 +224,12 @@ __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
         bp.maybe_dq_semaphore +
         (static_cast<long long>(tile.batch) * bp.fwd.heads + at.head) * bp.dq_row_blocks + block;
     while (tma::load_acquire(semaphore) != before) __nanosleep(64);
+    // The earlier key blocks' additions, acquired through the generic proxy, ordered before
+    // this one's, made through the async proxy.
+    tma::fence_proxy_async_global();
     add();
-    tma::wait_bulk<0>();            // the additions are done
-    tma::fence_async_to_generic();  // and ordered before the release
+    tma::wait_bulk<0>();              // the additions are done
+    tma::fence_proxy_async_global();  // and ordered before the release
     tma::add_release(semaphore, 1);
   }
 }
@@ -326,9 +344,12 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at)) {
         tma::named_sync(Bars::dq_staged, Bars::dq_threads);
         const auto add = [&] {
+          // The step's rows of the sequence alone: rows past its end hold zeros, which would
+          // be added to the next sequence's (or head's) rows.
           const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
+          const int rows = min(Tr::block_m, seq.seqlen_q - at.r0);
           tma::reduce_add_bulk(bp.maybe_dq_accum + (seq.lse_offset + at.r0) * Spec::head_dim,
-                               mma::smem_address(dq_staged), Tr::dq_bytes);
+                               mma::smem_address(dq_staged), rows * Spec::head_dim * 4);
           tma::commit_bulk();
         };
         if constexpr (Spec::deterministic) {

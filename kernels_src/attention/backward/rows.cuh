@@ -90,20 +90,24 @@ __device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p)
 }
 
 // A dk/dv CTA's steps: the rows that attend its key block (tile.rows), BlockM at a time from the
-// first (Aligned: from the multiple of BlockM at or before it, so that every step is one of the
-// sequence's blocks of BlockM rows), for each query head of its group in turn; none when no row
-// does. A step is its (head, first row).
+// first, for each query head of its group in turn; none when no row does. A step is its (head,
+// first row). Ordered: the steps are the sequence's blocks of BlockM rows (from the multiple of
+// BlockM at or before the first row), the last first, each for every head of the group in turn:
+// the order in which deterministic dq's key blocks, taking turns at a block of rows by
+// blockIdx.x, wait least under a causal band (backward_wgmma.cuh's add_in_turn). Heads inner:
+// with them outer, a key block that has fewer row blocks a head than the one before it would
+// reach the next head early and wait there for the rest of the previous head.
 struct RowStep {
   int head, r0;
 };
 
-template <int BlockM, bool Aligned = false>
+template <int BlockM, bool Ordered = false>
 struct RowSteps {
   int row_begin, row_end, first_head, end_head;
 
   // The first row of the steps over `rows`.
   __device__ __forceinline__ static int first_row(const RowBlock& rows) {
-    return Aligned ? rows.begin / BlockM * BlockM : rows.begin;
+    return Ordered ? rows.begin / BlockM * BlockM : rows.begin;
   }
 
   __device__ __forceinline__ explicit RowSteps(const KeyBlockTile& tile)
@@ -113,11 +117,19 @@ struct RowSteps {
         end_head(tile.rows.begin < tile.rows.end ? tile.first_head + tile.heads : tile.first_head) {
   }
 
-  __device__ __forceinline__ RowStep first() const { return {first_head, row_begin}; }
+  __device__ __forceinline__ RowStep first() const {
+    return {first_head, Ordered ? (row_end - 1) / BlockM * BlockM : row_begin};
+  }
   __device__ __forceinline__ bool done(RowStep at) const { return at.head >= end_head; }
   __device__ __forceinline__ RowStep after(RowStep at) const {
-    return at.r0 + BlockM < row_end ? RowStep{at.head, at.r0 + BlockM}
-                                    : RowStep{at.head + 1, row_begin};
+    if constexpr (Ordered) {
+      if (at.head + 1 < end_head) return {at.head + 1, at.r0};
+      return at.r0 - BlockM >= row_begin ? RowStep{first_head, at.r0 - BlockM}
+                                         : RowStep{end_head, at.r0};
+    } else {
+      return at.r0 + BlockM < row_end ? RowStep{at.head, at.r0 + BlockM}
+                                      : RowStep{at.head + 1, row_begin};
+    }
   }
 };
 

@@ -10,10 +10,11 @@
 namespace kiln::attention {
 
 // Starts copying a Rows x PaddedDim tile to shared memory, row r's 16-byte piece at column col
-// (a multiple of 8) to shared address `to(row, r, col)`, row the thread's first row: global row r
-// is at gmem + r * row_stride and has Dim elements. Rows at or past valid_rows and columns in [Dim,
-// PaddedDim) are zero-filled without being read. Policy: how long the L2 keeps the tile (mma::L2).
-// Commits nothing.
+// (a multiple of its 16 / sizeof(T) elements) to shared address `to(row, r, col)`, row the
+// thread's first row: global row r is at gmem + r * row_stride and has Dim elements. Rows at or
+// past valid_rows and pieces from Dim on (Dim a multiple of the piece's elements) are
+// zero-filled without being read. Policy: how long the L2 keeps the tile (mma::L2). Commits
+// nothing.
 //
 // Each thread keeps one 16-byte column and walks down the rows, a pass of
 // Threads / chunks_per_row rows at a time (the threads left over when the row's chunk count
@@ -22,12 +23,15 @@ template <int Rows, int Dim, int PaddedDim, int Threads, mma::L2 Policy = mma::L
           class To>
 __device__ __forceinline__ void copy_tile_async(const T* gmem, long long row_stride, int valid_rows,
                                                 int thread, const To& to) {
-  constexpr int chunks_per_row = PaddedDim / 8;
+  constexpr int chunk = 16 / static_cast<int>(sizeof(T));  // elements
+  static_assert(Dim % chunk == 0 && PaddedDim % chunk == 0,
+                "a tile row must be whole 16-byte pieces.");
+  constexpr int chunks_per_row = PaddedDim / chunk;
   constexpr int rows_per_pass = Threads / chunks_per_row;
   constexpr int passes = (Rows + rows_per_pass - 1) / rows_per_pass;
   static_assert(rows_per_pass >= 1, "a tile row has more 16-byte chunks than the CTA has threads.");
   const int row = thread / chunks_per_row;
-  const int col = thread % chunks_per_row * 8;
+  const int col = thread % chunks_per_row * chunk;
   if (Threads % chunks_per_row != 0 && row >= rows_per_pass) return;
   const bool col_valid = col < Dim;
   const T* src = gmem + row * row_stride + col;
@@ -51,14 +55,12 @@ template <int Rows, int Dim, int PaddedDim, int Pitch, int Threads, int Swizzle 
           mma::L2 Policy = mma::L2::keep, class T>
 __device__ __forceinline__ void load_tile_async(T* smem, const T* gmem, long long row_stride,
                                                 int valid_rows, int thread) {
-  // The 16-byte pieces are 8 elements, and the addresses below count 2 bytes an element: every
-  // operand type is f16 or bf16 until fp8 (issue 32) gives this its element size.
-  static_assert(sizeof(T) == 2, "load_tile_async moves 2-byte elements.");
+  constexpr int size = static_cast<int>(sizeof(T));
   // NOTE: from the thread's first row, as the compiler then adds a constant per pass.
   copy_tile_async<Rows, Dim, PaddedDim, Threads, Policy>(
       gmem, row_stride, valid_rows, thread, [&](int row, int r, int col) {
-        return mma::smem_address(smem + row * Pitch) + (r - row) * Pitch * 2 +
-               2 * tile_offset<0, Swizzle>(r, col);
+        return mma::smem_address(smem + row * Pitch) + (r - row) * Pitch * size +
+               size * tile_offset<0, Swizzle, 16 / size>(r, col);
       });
 }
 

@@ -24,27 +24,34 @@ __host__ __device__ constexpr int swizzle_for(int chunks) {
   return chunks % 8 == 0 ? 8 : chunks % 4 == 0 ? 4 : chunks % 2 == 0 ? 2 : 1;
 }
 
-// Element offset of (row, col) in a tile of Pitch-element rows; col a multiple of 8.
-template <int Pitch, int Swizzle>
+// Element offset of (row, col) in a tile of Pitch-element rows whose 16-byte chunks hold Chunk
+// elements (8 of 2 bytes, 16 of fp8); col a multiple of Chunk.
+template <int Pitch, int Swizzle, int Chunk = 8>
 __device__ __forceinline__ int tile_offset(int row, int col) {
-  return row * Pitch + (Swizzle > 1 ? ((col / 8) ^ (row % Swizzle)) * 8 : col);
+  return row * Pitch + (Swizzle > 1 ? ((col / Chunk) ^ (row % Swizzle)) * Chunk : col);
 }
 
 // The problem constants every attention kernel takes, and the checks on them.
 // Each operand has its own element type: Q (q), KV (k and v, or the KV cache) and Out (out).
-template <class Spec>
+// ReadsFp8: the kernel converts an fp8 KV (e4m3 or e5m2) to Q's type as it reads it.
+template <class Spec, bool ReadsFp8 = false>
 struct HeadTraits {
   using Q = typename Spec::dtype_q;
   using KV = typename Spec::dtype_kv;
   using Out = typename Spec::dtype_out;
+  static constexpr bool kv_fp8 = is_same<KV, e4m3>::value || is_same<KV, e5m2>::value;
   static_assert(is_same<Q, f16>::value || is_same<Q, bf16>::value,
                 "dtype_q must be kiln::f16 or kiln::bf16.");
-  static_assert(is_same<KV, Q>::value && is_same<Out, Q>::value,
-                "dtype_kv and dtype_out must be dtype_q: an mma multiplies operands of one type "
-                "(fp8 KV caches are not supported yet).");
+  static_assert(is_same<Out, Q>::value, "dtype_out must be dtype_q.");
+  static_assert(is_same<KV, Q>::value || kv_fp8,
+                "dtype_kv must be dtype_q, kiln::e4m3 or kiln::e5m2.");
+  static_assert(ReadsFp8 || !kv_fp8, "dtype_kv must be dtype_q: this kernel reads no fp8 KV.");
+  // K and V as the mma reads them: KV, or Q's type, which an fp8 KV is converted to.
+  using KVOperand = typename conditional<kv_fp8, Q, KV>::type;
   // Bytes per element, wherever the kernels compute bytes.
   static constexpr int q_size = static_cast<int>(sizeof(Q));
   static constexpr int kv_size = static_cast<int>(sizeof(KV));
+  static constexpr int kv_operand_size = static_cast<int>(sizeof(KVOperand));
   static constexpr int out_size = static_cast<int>(sizeof(Out));
 
   static constexpr int head_dim = static_cast<int>(Spec::head_dim);

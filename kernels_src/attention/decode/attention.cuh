@@ -20,7 +20,10 @@
 //
 // Spec constants (all change the generated code):
 //   dtype_q, dtype_kv, dtype_out   kiln::f16 or kiln::bf16, one of them for all three: of q,
-//                of the cache, and of out; fp32 accumulation.
+//                of the cache, and of out; fp32 accumulation. Or an fp8 cache (kiln::e4m3 or
+//                kiln::e5m2, sm_89 and newer, head dims multiples of 16): each tile is
+//                converted to q's type in shared memory once it lands, the keys' descale joins
+//                the softmax scale and the values' multiplies the output.
 //   head_dim     of q and k, head_dim_v of v and out: multiples of 8 in [8, 256].
 //   m_tiles      packed rows per CTA / 16: 1, 2 or 4.
 //   block_n      keys per warp tile, a multiple of 16.
@@ -37,6 +40,7 @@
 // LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
+#include "attention/core/fp8.cuh"
 #include "attention/core/kv_layout.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
@@ -54,11 +58,12 @@ namespace kiln {
 namespace decode {
 
 template <class Spec>
-struct DecodeTraits : attention::HeadTraits<Spec> {
-  using attention::HeadTraits<Spec>::head_dim;
-  using attention::HeadTraits<Spec>::head_dim_v;
-  using attention::HeadTraits<Spec>::q_size;
-  using attention::HeadTraits<Spec>::kv_size;
+struct DecodeTraits : attention::HeadTraits<Spec, true> {
+  using attention::HeadTraits<Spec, true>::head_dim;
+  using attention::HeadTraits<Spec, true>::head_dim_v;
+  using attention::HeadTraits<Spec, true>::q_size;
+  using attention::HeadTraits<Spec, true>::kv_size;
+  using attention::HeadTraits<Spec, true>::kv_fp8;
 
   static constexpr int m_tiles = static_cast<int>(Spec::m_tiles);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -80,13 +85,20 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
   static constexpr int v_pitch = v_dim;
   static constexpr int qk_swizzle = attention::swizzle_for(qk_dim / 8);
   static constexpr int v_swizzle = attention::swizzle_for(v_dim / 8);
+  // The cache's tiles as loaded: 16-byte chunks of kv_chunk elements, swizzled by their count.
+  static constexpr int kv_chunk = 16 / kv_size;
+  static constexpr int kv_qk_swizzle = attention::swizzle_for(qk_dim / kv_chunk);
+  static constexpr int kv_v_swizzle = attention::swizzle_for(v_dim / kv_chunk);
+  static_assert(!kv_fp8 || (head_dim % 16 == 0 && head_dim_v % 16 == 0),
+                "an fp8 cache's head dims must be multiples of 16.");
   static constexpr int s_tiles = block_n / 8;
   static constexpr int o_tiles = v_dim / 8;
   static constexpr int prefetch = 0;  // memory-bound: fragments just in time
 
   // Shared memory: Q (q_elems elements of Q), then per warp `stages` slots of (K tile, V tile),
-  // elements of KV. The warp merge at the end reuses it as fp32: per warp rows x merge_pitch
-  // outputs, then every warp's row maxima and sums.
+  // elements of KV, then with an fp8 cache per warp one (K tile, V tile) in Q's type, which each
+  // slot is converted into. The warp merge at the end reuses it as fp32: per warp rows x
+  // merge_pitch outputs, then every warp's row maxima and sums.
   static constexpr int q_elems = rows * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int slot_elems = k_elems + block_n * v_pitch;
@@ -94,7 +106,9 @@ struct DecodeTraits : attention::HeadTraits<Spec> {
   static constexpr int merge_pitch = v_dim + 8;  // float2 stores of 8 rows meet no bank twice
   static constexpr int smem_bytes = static_cast<int>(attention_decode_smem_bytes(
       head_dim, head_dim_v, m_tiles, block_n, warps, stages, q_size, kv_size));
-  static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size &&
+  static constexpr int converted_elems = kv_fp8 ? slot_elems : 0;  // per warp
+  static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size +
+                                  warps * converted_elems * q_size &&
                     smem_bytes >= 4 * warps * rows * (merge_pitch + 2),
                 "attention_decode_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
@@ -119,42 +133,44 @@ __device__ __forceinline__ void load_kv_tile(
     long long k_off, v_off;
     tile.offsets(0, k_off, v_off);
     attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32,
-                               Tr::qk_swizzle, mma::L2::stream>(slot, c.k + k_off, c.k_seq_stride,
-                                                                valid, lane);
+                               Tr::kv_qk_swizzle, mma::L2::stream>(slot, c.k + k_off,
+                                                                   c.k_seq_stride, valid, lane);
     attention::load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32,
-                               Tr::v_swizzle, mma::L2::stream>(v_slot, c.v + v_off, c.v_seq_stride,
-                                                               valid, lane);
+                               Tr::kv_v_swizzle, mma::L2::stream>(v_slot, c.v + v_off,
+                                                                  c.v_seq_stride, valid, lane);
     return;
   }
-  constexpr int k_chunks = Tr::qk_dim / 8;  // 16-byte chunks per padded row
-  constexpr int v_chunks = Tr::v_dim / 8;
+  constexpr int k_chunks = Tr::qk_dim / Tr::kv_chunk;  // 16-byte chunks per padded row
+  constexpr int v_chunks = Tr::v_dim / Tr::kv_chunk;
   constexpr int k_count = (Tr::block_n * k_chunks + 31) / 32;
   constexpr int v_count = (Tr::block_n * v_chunks + 31) / 32;
 #pragma unroll
   for (int i = 0; i < (k_count > v_count ? k_count : v_count); ++i) {
     const int k_chunk = lane + 32 * i;
     const int k_row = k_chunk / k_chunks;
-    const int k_col = k_chunk % k_chunks * 8;
+    const int k_col = k_chunk % k_chunks * Tr::kv_chunk;
     long long k_off = 0, v_off = 0;
     const bool k_in = k_row < Tr::block_n && k_row < valid;
     if (k_in) c.offsets(key0 + k_row, k_off, v_off);
     if (i < k_count && (Tr::block_n * k_chunks % 32 == 0 || k_row < Tr::block_n)) {
       const bool ok = k_in && k_col < Tr::head_dim;
       mma::cp_async_16<mma::L2::stream>(
-          mma::smem_address(slot +
-                            attention::tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(k_row, k_col)),
+          mma::smem_address(
+              slot +
+              attention::tile_offset<Tr::qk_pitch, Tr::kv_qk_swizzle, Tr::kv_chunk>(k_row, k_col)),
           ok ? c.k + k_off + k_col : c.k, ok);
     }
     const int v_chunk = lane + 32 * i;
     const int v_row = v_chunk / v_chunks;
-    const int v_col = v_chunk % v_chunks * 8;
+    const int v_col = v_chunk % v_chunks * Tr::kv_chunk;
     if (i < v_count && (Tr::block_n * v_chunks % 32 == 0 || v_row < Tr::block_n)) {
       const bool v_in = v_row < valid;
       if (k_chunks != v_chunks && v_in) c.offsets(key0 + v_row, k_off, v_off);
       const bool ok = v_in && v_col < Tr::head_dim_v;
       mma::cp_async_16<mma::L2::stream>(
-          mma::smem_address(v_slot +
-                            attention::tile_offset<Tr::v_pitch, Tr::v_swizzle>(v_row, v_col)),
+          mma::smem_address(
+              v_slot +
+              attention::tile_offset<Tr::v_pitch, Tr::kv_v_swizzle, Tr::kv_chunk>(v_row, v_col)),
           ok ? c.v + v_off + v_col : c.v, ok);
     }
   }
@@ -304,7 +320,8 @@ struct KvStream {
 
   attention::KVRows<mode, const KV> cache;
   KV* slots;
-  int first;  // the warp's first key
+  Q* converted;  // with an fp8 cache: the warp's tiles in Q's type
+  int first;     // the warp's first key
   int tiles;
   int split_end;
   int lane;
@@ -313,6 +330,9 @@ struct KvStream {
                                       int warp, int lane_)
       : cache(attention::kv_rows<mode, const KV>(p.kv, b.batch, b.packed.kv_head)),
         slots(reinterpret_cast<KV*>(smem_q + Tr::q_elems) + warp * Tr::warp_elems),
+        converted(reinterpret_cast<Q*>(reinterpret_cast<KV*>(smem_q + Tr::q_elems) +
+                                       Tr::warps * Tr::warp_elems) +
+                  warp * Tr::converted_elems),
         first(b.split_begin + warp * Tr::block_n),
         tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
         split_end(b.split_end),
@@ -346,8 +366,17 @@ struct KvStream {
       __syncwarp();  // tile t is visible to the warp, which is done with the slot refilled next
       load(t + Tr::stages - 1);
 
-      const unsigned k_tile = slots_base + Tr::kv_size * (t % Tr::stages) * Tr::slot_elems;
-      const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
+      unsigned k_tile = slots_base + Tr::kv_size * (t % Tr::stages) * Tr::slot_elems;
+      if constexpr (Tr::kv_fp8) {
+        const KV* const slot = slots + (t % Tr::stages) * Tr::slot_elems;
+        attention::convert_fp8_tile<Q, KV, Tr::block_n, Tr::qk_dim, Tr::kv_qk_swizzle,
+                                    Tr::qk_swizzle, 32>(converted, slot, lane);
+        attention::convert_fp8_tile<Q, KV, Tr::block_n, Tr::v_dim, Tr::kv_v_swizzle, Tr::v_swizzle,
+                                    32>(converted + Tr::k_elems, slot + Tr::k_elems, lane);
+        __syncwarp();  // the converted tile is visible to the warp
+        k_tile = mma::smem_address(converted);
+      }
+      const unsigned v_tile = k_tile + Tr::kv_operand_size * Tr::k_elems;
       float s[Tr::m_tiles][Tr::s_tiles][4];
       attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
       const int key0 = first + t * step;
@@ -548,6 +577,19 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     first_key[r] = b.band.first_key(query);
     last_key[r] = min(b.split_end - 1, b.band.last_key(query));
   }
+  // An fp8 cache's descales: the keys' joins the softmax scale, the values' multiplies out.
+  float v_descale = 1.f;
+  if constexpr (Tr::kv_fp8) {
+    const int kv_head = b.packed.kv_head;
+    if (p.maybe_k_descale != nullptr) {
+      logits.scale *=
+          p.maybe_k_descale[b.batch * p.k_descale_batch_stride + kv_head * p.k_descale_head_stride];
+    }
+    if (p.maybe_v_descale != nullptr) {
+      v_descale =
+          p.maybe_v_descale[b.batch * p.v_descale_batch_stride + kv_head * p.v_descale_head_stride];
+    }
+  }
   const float to_log2 = logits.to_log2();
 
   float o[Tr::m_tiles][Tr::o_tiles][4];
@@ -573,6 +615,10 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
     const int col = item % quads * 4;
     float acc[4];
     const float lse = states.merge(acc, row, col, targets.sink[row]);
+    if constexpr (Tr::kv_fp8) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) acc[e] *= v_descale;
+    }
     if (split_out) {
       const long long state = b.split * split_stride(p) + targets.state[row];
       *reinterpret_cast<float4*>(p.partial_out + state * Tr::head_dim_v + col) =
