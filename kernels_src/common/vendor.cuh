@@ -20,8 +20,8 @@ namespace kiln {
 using f16 = __half;
 using f32 = float;
 using f64 = double;
-// fp8 elements (OCP's E4M3FN and E5M2) as stored: the kernels that read them convert in bulk
-// (attention/core/fp8.cuh), never one by one.
+// fp8 elements (OCP's E4M3FN and E5M2) as stored: the kernels that read them convert them in
+// pairs as mma fragments (attention/core/fp8.cuh), never one by one.
 struct e4m3 {
   unsigned char bits;
 };

@@ -120,20 +120,17 @@ constexpr int kMergeThreads = 128;
 // Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
 // `stages` slots of (K tile, V tile) of block_n rows of round_up(dim, 16) elements (swizzled,
 // unpadded) of kv_size bytes each; plus the Q tile (16 * m_tiles rows, elements of q_size bytes)
-// shared by the warps; and with an fp8 cache (kv_size < q_size), per warp one (K tile, V tile)
-// in q's type, which each tile is converted into. q_size and kv_size come from the spec's
-// dtype_q and dtype_kv. The end of the kernel reuses it to merge the warps' fp32 states: per
-// warp, (16 * m_tiles) rows of round_up(head_dim_v, 16) + 8 outputs, and a max and a sum per row.
+// shared by the warps. q_size and kv_size come from the spec's dtype_q and dtype_kv. The end of the
+// kernel reuses it to merge the warps' fp32 states: per warp, (16 * m_tiles) rows of
+// round_up(head_dim_v, 16) + 8 outputs, and a max and a sum per row.
 KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(
     long long head_dim, long long head_dim_v, long long m_tiles, long long block_n, long long warps,
     long long stages, long long q_size, long long kv_size) {
   const long long qk_pitch = (head_dim + 15) / 16 * 16;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16;
   const long long rows = 16 * m_tiles;
-  const long long converted =
-      kv_size < q_size ? q_size * warps * block_n * (qk_pitch + v_pitch) : 0;
-  const long long tiles = q_size * rows * qk_pitch +
-                          kv_size * warps * stages * block_n * (qk_pitch + v_pitch) + converted;
+  const long long tiles =
+      q_size * rows * qk_pitch + kv_size * warps * stages * block_n * (qk_pitch + v_pitch);
   const long long merge = 4 * warps * rows * ((head_dim_v + 15) / 16 * 16 + 8 + 2);
   return tiles > merge ? tiles : merge;
 }

@@ -1,11 +1,23 @@
 // SPDX-License-Identifier: Apache-2.0
-// fp8 tiles (e4m3, e5m2) converted in shared memory to the 16-bit type of the mma operands, whose
-// fragments are then read from the converted tile as from any 16-bit one. sm_89 and newer (the
-// cvt from fp8 pairs). Exact, NaN kept: every e4m3 and e5m2 value is an f16 value and a bf16
-// one.
+// fp8 K and V tiles (e4m3, e5m2) as mma operands of Q's 16-bit type: their fragments are read
+// from shared memory as fp8, half the bytes a 16-bit tile's take, and widened in registers.
+// sm_89 and newer (the cvt from fp8 pairs). Exact, NaN kept: every e4m3 and e5m2 value is an f16
+// value and a bf16 one.
+//
+// ldmatrix reads a tile's bytes in pairs, as b16 elements, so a fragment holds fp8 values in an
+// order of its own, which the other operand's order follows:
+// - K (the B operand of S = Q K^T): lane (g, t) = (lane / 4, lane % 4) holds key g's head dims
+//   4t .. 4t + 3 of each k16 step, where the mma wants 2t, 2t + 1 and 2t + 8, 2t + 9. The
+//   product sums over the head dim, so Q's head dims take the same order (permute_q_for_fp8_k)
+//   and S comes out as with a 16-bit K.
+// - V (the B operand of O += P V, through .trans): lane (g, t) holds keys 2t, 2t + 1 (and
+//   +8) of head dims 2g and 2g + 1, which a byte permute splits. The k16 step's keys are P's,
+//   as with a 16-bit V; each 16 head dims go to two n8 tiles, the even ones and the odd ones,
+//   so that O's accumulators o[mt][2G + h][x] hold head dim 16G + 4t + 2 (x % 2) + h
+//   (fp8_o_column).
 #pragma once
 
-#include "attention/core/traits.cuh"
+#include "attention/core/tile_mma.cuh"
 
 namespace kiln::attention {
 
@@ -60,31 +72,140 @@ __device__ __forceinline__ uint2 fp8x4_to(unsigned word) {
                     fp8x2_to<T, KV>(static_cast<unsigned short>(word >> 16)));
 }
 
-// Converts a tile of Rows rows of Dim KV elements (unpadded rows of 16-byte chunks of 16
-// elements, chunk c of row r at chunk c ^ (r % FromSwizzle)) at `from` into the same rows of
-// T at `to` (chunks of 8 elements, chunk c of row r at c ^ (r % ToSwizzle)), by Threads threads
-// of which this is `thread`. The caller orders the reads before and after it (a barrier).
-template <class T, class KV, int Rows, int Dim, int FromSwizzle, int ToSwizzle, int Threads>
-__device__ __forceinline__ void convert_fp8_tile(T* to, const KV* from, int thread) {
-  static_assert(Dim % 16 == 0, "an fp8 tile's rows are whole 16-byte chunks.");
-  constexpr int chunks = Dim / 16;  // per row, of the fp8 tile
-  const unsigned char* const from_bytes = reinterpret_cast<const unsigned char*>(from);
-  unsigned char* const to_bytes = reinterpret_cast<unsigned char*>(to);
+// Puts each 16 head dims of Q's rows in shared memory (a tile as lane_offsets reads it: rows of
+// qk_pitch elements, qk_swizzle) into the order of an fp8 K's fragments: pairs 0, 2, 4, 6, then
+// 1, 3, 5, 7. By every thread of the CTA (Threads), after Q has landed and before the first
+// product; the caller orders the two (barriers).
+template <class Tr, int Rows, int Threads>
+__device__ __forceinline__ void permute_q_for_fp8_k(typename Tr::Q* smem_q, int thread) {
+  constexpr int groups = Tr::qk_dim / 16;  // per row
+#pragma unroll 1
+  for (int i = thread; i < Rows * groups; i += Threads) {
+    const int row = i / groups;
+    const int col = i % groups * 16;
+    uint4* const low =
+        reinterpret_cast<uint4*>(smem_q + tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(row, col));
+    uint4* const high =
+        reinterpret_cast<uint4*>(smem_q + tile_offset<Tr::qk_pitch, Tr::qk_swizzle>(row, col + 8));
+    const uint4 a = *low, b = *high;
+    *low = make_uint4(a.x, a.z, b.x, b.z);
+    *high = make_uint4(a.y, a.w, b.y, b.w);
+  }
+}
+
+// The head dim (of V, and of the output) that accumulator o[mt][j][x] of a lane holds after
+// pv_accumulate_fp8; see the top of this file.
+__device__ __forceinline__ int fp8_o_column(int j, int x, int lane) {
+  return 16 * (j / 2) + 4 * (lane % 4) + 2 * (x % 2) + j % 2;
+}
+
+// Byte offsets of this lane's ldmatrix row in an fp8 tile of Dim-byte rows (swizzled by
+// Swizzle 16-byte chunks), and of its chunk in the first two k16 steps: keys
+// lane % 8 + 8 * (lane / 8 % 2), chunk lane / 16 (pair) or 0 (single, a last odd step).
+struct Fp8LaneOffsets {
+  unsigned row, pair, single;
+};
+
+template <int Dim, int Swizzle>
+__device__ __forceinline__ Fp8LaneOffsets fp8_lane_offsets(int lane) {
+  const int key = lane % 8 + 8 * (lane / 8 % 2);
+  return {static_cast<unsigned>(key * Dim),
+          static_cast<unsigned>(tile_offset<0, Swizzle, 16>(key, 16 * (lane / 16))),
+          static_cast<unsigned>(tile_offset<0, Swizzle, 16>(key, 0))};
+}
+
+// The four b16 matrices of k16 steps `step` and `step` + 1 (a pair) for keys key0 .. key0 + 15
+// of an fp8 tile: keys 0-7 and 8-15 of the first, then of the second. A single step (the last
+// of an odd count) loads its two matrices twice.
+template <int Dim, int Swizzle, bool Trans>
+__device__ __forceinline__ void load_fp8_pair(unsigned (&r)[4], unsigned tile,
+                                              const Fp8LaneOffsets& off, int key0, int step,
+                                              bool pair) {
+  const unsigned address =
+      tile + key0 * Dim + off.row + chunk_bytes<Swizzle>(16 * step, pair ? off.pair : off.single);
+  if constexpr (Trans) {
+    mma::ldmatrix_x4_trans(r, address);
+  } else {
+    mma::ldmatrix_x4(r, address);
+  }
+}
+
+// s = Q K^T as qk_scores, K an fp8 tile (Tr::KV; rows of qk_dim bytes, kv_qk_swizzle) at shared
+// address k_tile, Q's head dims in permute_q_for_fp8_k's order.
+template <class Tr>
+__device__ __forceinline__ void qk_scores_fp8(float (&s)[Tr::m_tiles][Tr::s_tiles][4],
+                                              unsigned q_lane, unsigned k_tile,
+                                              const LaneOffsets& lanes, int lane) {
+  using Q = typename Tr::Q;
+  constexpr int q_row_bytes = Tr::qk_pitch * Tr::q_size;
+  constexpr int steps = Tr::qk_dim / 16;
+  const Fp8LaneOffsets k = fp8_lane_offsets<Tr::qk_dim, Tr::kv_qk_swizzle>(lane);
+  zero_fragments(s);
 #pragma unroll
-  for (int pass = 0; pass < (Rows * chunks + Threads - 1) / Threads; ++pass) {
-    const int i = thread + pass * Threads;
-    if (Rows * chunks % Threads != 0 && i >= Rows * chunks) break;
-    const int row = i / chunks;
-    const int c = i % chunks;
-    const uint4 in = *reinterpret_cast<const uint4*>(
-        from_bytes + row * Dim + (FromSwizzle > 1 ? c ^ (row % FromSwizzle) : c) * 16);
-    const uint2 a = fp8x4_to<T, KV>(in.x), b = fp8x4_to<T, KV>(in.y);
-    const uint2 d = fp8x4_to<T, KV>(in.z), e = fp8x4_to<T, KV>(in.w);
-    unsigned char* const out_row = to_bytes + row * Dim * 2;
-    const int low = ToSwizzle > 1 ? (2 * c) ^ (row % ToSwizzle) : 2 * c;
-    const int high = ToSwizzle > 1 ? (2 * c + 1) ^ (row % ToSwizzle) : 2 * c + 1;
-    *reinterpret_cast<uint4*>(out_row + low * 16) = make_uint4(a.x, a.y, b.x, b.y);
-    *reinterpret_cast<uint4*>(out_row + high * 16) = make_uint4(d.x, d.y, e.x, e.y);
+  for (int kk = 0; kk < steps; kk += 2) {
+    unsigned a[2][Tr::m_tiles][4];
+#pragma unroll
+    for (int h = 0; h < 2 && kk + h < steps; ++h) {
+#pragma unroll
+      for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+        mma::ldmatrix_x4(a[h][mt], q_lane + mt * 16 * q_row_bytes +
+                                       chunk_bytes<Tr::qk_swizzle>((kk + h) * 32, lanes.q_x));
+      }
+    }
+#pragma unroll
+    for (int np = 0; np < Tr::s_tiles / 2; ++np) {
+      unsigned r[4];
+      load_fp8_pair<Tr::qk_dim, Tr::kv_qk_swizzle, false>(r, k_tile, k, 16 * np, kk,
+                                                          kk + 1 < steps);
+#pragma unroll
+      for (int h = 0; h < 2 && kk + h < steps; ++h) {
+        const uint2 keys_low = fp8x4_to<Q, typename Tr::KV>(r[2 * h]);
+        const uint2 keys_high = fp8x4_to<Q, typename Tr::KV>(r[2 * h + 1]);
+#pragma unroll
+        for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+          mma::mma_16816<Q>(s[mt][2 * np], a[h][mt], keys_low.x, keys_low.y);
+          mma::mma_16816<Q>(s[mt][2 * np + 1], a[h][mt], keys_high.x, keys_high.y);
+        }
+      }
+    }
+  }
+}
+
+// o += P V as pv_accumulate, V an fp8 tile (rows of v_dim bytes, kv_v_swizzle) at shared address
+// v_tile; o's columns in fp8_o_column's order.
+template <class Tr>
+__device__ __forceinline__ void pv_accumulate_fp8(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
+                                                  const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
+                                                  unsigned v_tile, int lane) {
+  using Q = typename Tr::Q;
+  constexpr int groups = Tr::v_dim / 16;  // of 16 head dims, two n8 tiles each
+  const Fp8LaneOffsets v = fp8_lane_offsets<Tr::v_dim, Tr::kv_v_swizzle>(lane);
+#pragma unroll
+  for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
+    unsigned a[Tr::m_tiles][4];
+#pragma unroll
+    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+      a[mt][0] = mma::pack2<Q>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+      a[mt][1] = mma::pack2<Q>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+      a[mt][2] = mma::pack2<Q>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+      a[mt][3] = mma::pack2<Q>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+    }
+#pragma unroll
+    for (int G = 0; G < groups; G += 2) {
+      unsigned r[4];
+      load_fp8_pair<Tr::v_dim, Tr::kv_v_swizzle, true>(r, v_tile, v, 16 * kk, G, G + 1 < groups);
+#pragma unroll
+      for (int h = 0; h < 2 && G + h < groups; ++h) {
+        // Keys 2t, 2t + 1 (then + 8) of head dims 2g (low half) and 2g + 1 (high half).
+        const uint2 low = fp8x4_to<Q, typename Tr::KV>(__byte_perm(r[2 * h], 0, 0x3120));
+        const uint2 high = fp8x4_to<Q, typename Tr::KV>(__byte_perm(r[2 * h + 1], 0, 0x3120));
+#pragma unroll
+        for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+          mma::mma_16816<Q>(o[mt][2 * (G + h)], a[mt], low.x, high.x);
+          mma::mma_16816<Q>(o[mt][2 * (G + h) + 1], a[mt], low.y, high.y);
+        }
+      }
+    }
   }
 }
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // The two tensor-core products of an attention step for one warp's m16 row tiles, over tiles in
 // shared memory: scores S = Q K^T and the output update O += P V. Shared by the forward and
-// decode kernels; Tr (their traits) gives Q, KVOperand, q_size, kv_operand_size (HeadTraits),
+// decode kernels; Tr (their traits) gives Q, KV, q_size, kv_size (HeadTraits),
 // m_tiles, s_tiles, o_tiles, qk_dim, qk_pitch, v_pitch, qk_swizzle, v_swizzle (the tile layouts of
 // traits.cuh), block_n and prefetch.
 #pragma once
@@ -32,11 +32,10 @@ __device__ __forceinline__ LaneOffsets lane_offsets(int first_q_row, int lane) {
   LaneOffsets off;
   off.q = Tr::q_size * q_row * Tr::qk_pitch;
   off.q_x = Tr::q_size * tile_offset<0, Tr::qk_swizzle>(q_row, 8 * (lane / 16));
-  // K and V as the mma reads them (an fp8 KV converted to Q's type first).
-  off.k = Tr::kv_operand_size * k_row * Tr::qk_pitch;
-  off.k_x = Tr::kv_operand_size * tile_offset<0, Tr::qk_swizzle>(k_row, 8 * (lane / 8 % 2));
-  off.v = Tr::kv_operand_size * v_row * Tr::v_pitch;
-  off.v_x = Tr::kv_operand_size * tile_offset<0, Tr::v_swizzle>(v_row, 8 * (lane / 16));
+  off.k = Tr::kv_size * k_row * Tr::qk_pitch;
+  off.k_x = Tr::kv_size * tile_offset<0, Tr::qk_swizzle>(k_row, 8 * (lane / 8 % 2));
+  off.v = Tr::kv_size * v_row * Tr::v_pitch;
+  off.v_x = Tr::kv_size * tile_offset<0, Tr::v_swizzle>(v_row, 8 * (lane / 16));
   return off;
 }
 
@@ -88,7 +87,8 @@ template <class Tr>
 __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4], unsigned q_lane,
                                           unsigned k_lane, const LaneOffsets& lanes) {
   constexpr int q_row_bytes = Tr::qk_pitch * Tr::q_size;
-  constexpr int k_row_bytes = Tr::qk_pitch * Tr::kv_operand_size;
+  static_assert(!Tr::kv_fp8, "an fp8 K goes through qk_scores_fp8 (fp8.cuh).");
+  constexpr int k_row_bytes = Tr::qk_pitch * Tr::kv_size;
   zero_fragments(s);
   constexpr int np_count = Tr::s_tiles / 2;
   constexpr int steps = Tr::qk_dim / 16 * np_count;
@@ -135,8 +135,9 @@ template <class Tr>
 __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                               const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
                                               unsigned v_lane, const LaneOffsets& lanes) {
-  using KV = typename Tr::KVOperand;  // P is rounded to V's type as the mma reads it
-  constexpr int row_bytes = Tr::v_pitch * Tr::kv_operand_size;
+  static_assert(!Tr::kv_fp8, "an fp8 V goes through pv_accumulate_fp8 (fp8.cuh).");
+  using KV = typename Tr::KV;  // P is rounded to V's type
+  constexpr int row_bytes = Tr::v_pitch * Tr::kv_size;
   constexpr int dp_count = Tr::o_tiles / 2;
   constexpr int steps = Tr::block_n / 16 * dp_count;
   constexpr int b_ring = Tr::prefetch + 1;

@@ -33,7 +33,8 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
 
 // The problem constants every attention kernel takes, and the checks on them.
 // Each operand has its own element type: Q (q), KV (k and v, or the KV cache) and Out (out).
-// ReadsFp8: the kernel converts an fp8 KV (e4m3 or e5m2) to Q's type as it reads it.
+// ReadsFp8: the kernel takes an fp8 KV (e4m3 or e5m2), converting it to Q's type as it reads
+// it (fp8.cuh).
 template <class Spec, bool ReadsFp8 = false>
 struct HeadTraits {
   using Q = typename Spec::dtype_q;
@@ -46,12 +47,9 @@ struct HeadTraits {
   static_assert(is_same<KV, Q>::value || kv_fp8,
                 "dtype_kv must be dtype_q, kiln::e4m3 or kiln::e5m2.");
   static_assert(ReadsFp8 || !kv_fp8, "dtype_kv must be dtype_q: this kernel reads no fp8 KV.");
-  // K and V as the mma reads them: KV, or Q's type, which an fp8 KV is converted to.
-  using KVOperand = typename conditional<kv_fp8, Q, KV>::type;
   // Bytes per element, wherever the kernels compute bytes.
   static constexpr int q_size = static_cast<int>(sizeof(Q));
   static constexpr int kv_size = static_cast<int>(sizeof(KV));
-  static constexpr int kv_operand_size = static_cast<int>(sizeof(KVOperand));
   static constexpr int out_size = static_cast<int>(sizeof(Out));
 
   static constexpr int head_dim = static_cast<int>(Spec::head_dim);

@@ -21,9 +21,9 @@
 // Spec constants (all change the generated code):
 //   dtype_q, dtype_kv, dtype_out   kiln::f16 or kiln::bf16, one of them for all three: of q,
 //                of the cache, and of out; fp32 accumulation. Or an fp8 cache (kiln::e4m3 or
-//                kiln::e5m2, sm_89 and newer, head dims multiples of 16): each tile is
-//                converted to q's type in shared memory once it lands, the keys' descale joins
-//                the softmax scale and the values' multiplies the output.
+//                kiln::e5m2, sm_89 and newer, head dims multiples of 16): its fragments are
+//                widened to q's type in registers (attention/core/fp8.cuh), the keys' descale
+//                joins the softmax scale and the values' multiplies the output.
 //   head_dim     of q and k, head_dim_v of v and out: multiples of 8 in [8, 256].
 //   m_tiles      packed rows per CTA / 16: 1, 2 or 4.
 //   block_n      keys per warp tile, a multiple of 16.
@@ -94,11 +94,14 @@ struct DecodeTraits : attention::HeadTraits<Spec, true> {
   static constexpr int s_tiles = block_n / 8;
   static constexpr int o_tiles = v_dim / 8;
   static constexpr int prefetch = 0;  // memory-bound: fragments just in time
+  // __launch_bounds__'s blocks per SM: 0 leaves ptxas its own register target (the 16-bit
+  // kernels' code as tuned). With an fp8 cache that target was 128 registers at head dim 128,
+  // with spills; 1 lets ptxas take the 163 the kernel needs.
+  static constexpr int min_blocks = kv_fp8 ? 1 : 0;
 
   // Shared memory: Q (q_elems elements of Q), then per warp `stages` slots of (K tile, V tile),
-  // elements of KV, then with an fp8 cache per warp one (K tile, V tile) in Q's type, which each
-  // slot is converted into. The warp merge at the end reuses it as fp32: per warp rows x
-  // merge_pitch outputs, then every warp's row maxima and sums.
+  // elements of KV. The warp merge at the end reuses it as fp32: per warp rows x merge_pitch
+  // outputs, then every warp's row maxima and sums.
   static constexpr int q_elems = rows * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int slot_elems = k_elems + block_n * v_pitch;
@@ -106,9 +109,7 @@ struct DecodeTraits : attention::HeadTraits<Spec, true> {
   static constexpr int merge_pitch = v_dim + 8;  // float2 stores of 8 rows meet no bank twice
   static constexpr int smem_bytes = static_cast<int>(attention_decode_smem_bytes(
       head_dim, head_dim_v, m_tiles, block_n, warps, stages, q_size, kv_size));
-  static constexpr int converted_elems = kv_fp8 ? slot_elems : 0;  // per warp
-  static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size +
-                                  warps * converted_elems * q_size &&
+  static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size &&
                     smem_bytes >= 4 * warps * rows * (merge_pitch + 2),
                 "attention_decode_smem_bytes disagrees with the kernel's layout.");
   static_assert(smem_bytes <= 227 * 1024,
@@ -320,8 +321,7 @@ struct KvStream {
 
   attention::KVRows<mode, const KV> cache;
   KV* slots;
-  Q* converted;  // with an fp8 cache: the warp's tiles in Q's type
-  int first;     // the warp's first key
+  int first;  // the warp's first key
   int tiles;
   int split_end;
   int lane;
@@ -330,9 +330,6 @@ struct KvStream {
                                       int warp, int lane_)
       : cache(attention::kv_rows<mode, const KV>(p.kv, b.batch, b.packed.kv_head)),
         slots(reinterpret_cast<KV*>(smem_q + Tr::q_elems) + warp * Tr::warp_elems),
-        converted(reinterpret_cast<Q*>(reinterpret_cast<KV*>(smem_q + Tr::q_elems) +
-                                       Tr::warps * Tr::warp_elems) +
-                  warp * Tr::converted_elems),
         first(b.split_begin + warp * Tr::block_n),
         tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
         split_end(b.split_end),
@@ -361,30 +358,33 @@ struct KvStream {
     const unsigned slots_base = mma::smem_address(slots);
     mma::cp_async_wait<Tr::stages - 2>();
     __syncthreads();  // Q and this warp's first tile
+    if constexpr (Tr::kv_fp8) {
+      attention::permute_q_for_fp8_k<Tr, Tr::rows, Tr::threads>(smem_q, threadIdx.x);
+      __syncthreads();
+    }
     for (int t = 0; t < tiles; ++t) {
       mma::cp_async_wait<Tr::stages - 2>();
       __syncwarp();  // tile t is visible to the warp, which is done with the slot refilled next
       load(t + Tr::stages - 1);
 
-      unsigned k_tile = slots_base + Tr::kv_size * (t % Tr::stages) * Tr::slot_elems;
-      if constexpr (Tr::kv_fp8) {
-        const KV* const slot = slots + (t % Tr::stages) * Tr::slot_elems;
-        attention::convert_fp8_tile<Q, KV, Tr::block_n, Tr::qk_dim, Tr::kv_qk_swizzle,
-                                    Tr::qk_swizzle, 32>(converted, slot, lane);
-        attention::convert_fp8_tile<Q, KV, Tr::block_n, Tr::v_dim, Tr::kv_v_swizzle, Tr::v_swizzle,
-                                    32>(converted + Tr::k_elems, slot + Tr::k_elems, lane);
-        __syncwarp();  // the converted tile is visible to the warp
-        k_tile = mma::smem_address(converted);
-      }
-      const unsigned v_tile = k_tile + Tr::kv_operand_size * Tr::k_elems;
+      const unsigned k_tile = slots_base + Tr::kv_size * (t % Tr::stages) * Tr::slot_elems;
+      const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
       float s[Tr::m_tiles][Tr::s_tiles][4];
-      attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
+      if constexpr (Tr::kv_fp8) {
+        attention::qk_scores_fp8<Tr>(s, q_lane, k_tile, lanes, lane);
+      } else {
+        attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
+      }
       const int key0 = first + t * step;
       const int lane_key0 = key0 + 2 * (lane % 4);
       logits.apply(s, lane_key0, b.needs_mask(key0, Tr::block_n),
                    [&] { attention::mask_keys(s, first_key, last_key, lane_key0); });
       softmax.update(s, o, to_log2);
-      attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
+      if constexpr (Tr::kv_fp8) {
+        attention::pv_accumulate_fp8<Tr>(o, s, v_tile, lane);
+      } else {
+        attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
+      }
     }
   }
 };
@@ -420,10 +420,21 @@ struct WarpStates {
       }
       if (row < valid_rows) {
         const int mt = r / 2, x = 2 * (r % 2);
+        float* const warp_row = warp_o + row * Tr::merge_pitch;
 #pragma unroll
         for (int j = 0; j < Tr::o_tiles; ++j) {
-          *reinterpret_cast<float2*>(warp_o + row * Tr::merge_pitch + 8 * j + 2 * (lane % 4)) =
-              make_float2(o_frag[mt][j][x], o_frag[mt][j][x + 1]);
+          if constexpr (Tr::kv_fp8) {
+            // Tiles 2G and 2G + 1 hold the even and odd head dims: together, 4 in a row from
+            // 16G + 4 (lane % 4) (attention::fp8_o_column).
+            if (j % 2 == 0) {
+              *reinterpret_cast<float4*>(warp_row + attention::fp8_o_column(j, 0, lane)) =
+                  make_float4(o_frag[mt][j][x], o_frag[mt][j + 1][x], o_frag[mt][j][x + 1],
+                              o_frag[mt][j + 1][x + 1]);
+            }
+          } else {
+            *reinterpret_cast<float2*>(warp_row + 8 * j + 2 * (lane % 4)) =
+                make_float2(o_frag[mt][j][x], o_frag[mt][j][x + 1]);
+          }
         }
       }
     }
@@ -538,7 +549,8 @@ __device__ __forceinline__ void merge_splits(const DecodeParams& p, const RowTar
 // then out, or with several splits publish this split's state and, in the split that finds
 // them all done, merge the splits.
 template <class Spec>
-__global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads)
+__global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads,
+                                  decode::DecodeTraits<Spec>::min_blocks)
     attention_decode(const KILN_GRID_CONSTANT DecodeParams p) {
   using namespace decode;
   using Tr = DecodeTraits<Spec>;
