@@ -27,8 +27,8 @@ constexpr ConstantKind kDType = ConstantKind::dtype;
 
 // The operand dtypes (q, the cache, out) the decode kernels take, one row a combination. The
 // attention kernel's mma multiplies operands of one type: an fp8 cache is converted to q's as
-// it is read (sm_89 and newer). The append kernel takes q's and the cache's (k_new and v_new are
-// the cache's), 16-bit caches only for now.
+// it is read (sm_89 and newer). The append kernel takes q's and the cache's: k_new and v_new are
+// the cache's dtype, or with an fp8 cache q's, quantized into it.
 constexpr OperandDTypes kOperandDTypes[] = {
     {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
     {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
@@ -199,17 +199,9 @@ void require_target(const Target& target) {
   }
 }
 
-void refuse_fp8_append(DType cache) {
-  unsupported(
-      fmt::format("k_new and v_new with an {} cache: appending into an fp8 cache is not supported "
-                  "yet; quantize the new keys and values into the cache before the call",
-                  to_string(cache)));
-}
-
 void check_cache_dtype(const DecodeProblem& problem) {
   if (!is_fp8(problem.dtype_kv)) return;
   const std::string_view dtype = to_string(problem.dtype_kv);
-  if (problem.append) refuse_fp8_append(problem.dtype_kv);
   if (problem.head_dim % 16 != 0 || problem.head_dim_v % 16 != 0) {
     unsupported(fmt::format(
         "head_dim {} and head_dim_v {} with an {} KV cache: an fp8 cache's head dims must be "

@@ -42,10 +42,9 @@ std::span<const OperandDTypes> decode_operand_dtypes();
 
 // Throws kiln::Error (unsupported) when decode does not run on `target`.
 void require_target(const Target& target);
-// An fp8 cache's conditions (kiln::Error, unsupported): head dims multiples of 16 and no append
+// An fp8 cache's conditions (kiln::Error, unsupported): head dims multiples of 16
 // (check_cache_dtype), and an sm_89 or newer target (require_cache_dtype, which checks both).
 void check_cache_dtype(const DecodeProblem& problem);
-[[noreturn]] void refuse_fp8_append(DType cache);
 void require_cache_dtype(const DecodeProblem& problem, const Target& target);
 
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size its

@@ -169,7 +169,6 @@ void check_descales(const KVCache& cache, const Shape& s, int device) {
 void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
   require_pair(o.k_new, o.v_new, "k_new", "v_new");
   if (!o.k_new) return;
-  if (is_fp8(s.dtypes.kv)) refuse_fp8_append(s.dtypes.kv);
   const TensorView &k_new = *o.k_new, &v_new = *o.v_new;
   require_rank(k_new, "k_new", 4, "(batch, seqlen_new, heads_kv, head_dim)");
   require_rank(v_new, "v_new", 4, "(batch, seqlen_new, heads_kv, head_dim_v)");
@@ -183,12 +182,24 @@ void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int dev
   require_size(v_new, "v_new", 1, s.seqlen_new, "k_new.size(1) (seqlen_new)");
   require_size(k_new, "k_new", 3, s.head_dim, "q.size(-1) (head_dim)");
   require_size(v_new, "v_new", 3, s.head_dim_v, "cache.v.size(-1) (head_dim_v)");
-  // The appended keys take the cache's dtype, which check_q_cache_out matched with q's.
-  const NamedDType kv[] = {
-      {"cache.k", s.dtypes.kv}, {"k_new", k_new.dtype}, {"v_new", v_new.dtype}};
-  if (auto error = operand_dtypes_error(kOperation, decode_operand_dtypes(), {"q", q.dtype}, kv,
-                                        std::nullopt)) {
-    throw *error;
+  // An fp8 cache takes q's dtype, which the append quantizes by the descales; a 16-bit one its
+  // own, which check_q_cache_out matched with q's.
+  if (is_fp8(s.dtypes.kv)) {
+    for (const auto& [t, name] : {std::pair{&k_new, "k_new"}, std::pair{&v_new, "v_new"}}) {
+      if (t->dtype != q.dtype) {
+        invalid(fmt::format(
+            "{} has dtype {} with an {} cache: pass k_new and v_new in q's dtype ({}), which "
+            "kiln quantizes into the cache (divided by the descales, saturating)",
+            name, to_string(t->dtype), to_string(s.dtypes.kv), to_string(q.dtype)));
+      }
+    }
+  } else {
+    const NamedDType kv[] = {
+        {"cache.k", s.dtypes.kv}, {"k_new", k_new.dtype}, {"v_new", v_new.dtype}};
+    if (auto error = operand_dtypes_error(kOperation, decode_operand_dtypes(), {"q", q.dtype}, kv,
+                                          std::nullopt)) {
+      throw *error;
+    }
   }
   check_tile_tensors({{&k_new, "k_new"}, {&v_new, "v_new"}});
   if (s.seqlen_new > s.capacity) {

@@ -307,11 +307,16 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
     cache = (("k_cache", k_cache), ("v_cache", v_cache))
     _operand_dtypes(q, cache, ("out", out), "decode attention", _DECODE_OPERAND_DTYPES)
     fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    if fp8 and news:
-        unsupported(f"k_new and v_new with an {DTYPE_NAMES[k_cache.dtype]} cache: appending into "
-                    "an fp8 cache is not supported yet; quantize the new keys and values into "
-                    "the cache before the call")
-    _operand_dtypes(q, cache[:1] + news, None, "decode attention", _DECODE_OPERAND_DTYPES)
+    if fp8:
+        # The append quantizes q's dtype into the cache by the descales.
+        for name, t in news:
+            if t.dtype != q.dtype:
+                invalid(f"{name} has dtype {DTYPE_NAMES[t.dtype]} with an "
+                        f"{DTYPE_NAMES[k_cache.dtype]} cache: pass k and v in q's dtype "
+                        f"({DTYPE_NAMES[q.dtype]}), which kiln quantizes into the cache (divided "
+                        "by the descales, saturating)")
+    else:
+        _operand_dtypes(q, cache[:1] + news, None, "decode attention", _DECODE_OPERAND_DTYPES)
     for name, t in (("cache.k_descale", k_descale), ("cache.v_descale", v_descale)):
         if t is None:
             continue

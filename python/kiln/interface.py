@@ -362,7 +362,9 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     An fp8 cache (torch.float8_e4m3fn or float8_e5m2, on sm_89 and newer) is read under bf16 or
     fp16 q, converted exactly; k_descale and v_descale, float32 (batch, heads_kv) as
     FlashAttention-3's, are what its stored keys and values are multiplied by (None: 1). q stays
-    bf16 or fp16: q_descale is refused. Appending k and v into an fp8 cache is not supported yet.
+    bf16 or fp16: q_descale is refused. k and v appended into an fp8 cache are q's dtype: they are
+    divided by the descales and rounded to the cache's dtype, saturating at its largest finite
+    value (rotary first, its result rounded to q's dtype).
     """
     if q_descale is not None:
         _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 caches "

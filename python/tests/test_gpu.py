@@ -190,6 +190,36 @@ def test_flash_attn_with_kvcache_over_an_fp8_cache(fp8, dtype):
         ref.check_close(out, out_ref, out_plain)
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_flash_attn_with_kvcache_appends_into_an_fp8_cache(fp8):
+    # k and v in q's dtype, divided by the descales and rounded to the cache's dtype, saturating;
+    # the spread of 200 takes some past e4m3's 448.
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("an fp8 cache needs sm_89 or newer")
+    ref = reference()
+    q = randn(3, 2, 8, 128)
+    k_cache = randn(3, 300, 2, 128, dtype=torch.float32).to(fp8)
+    v_cache = randn(3, 300, 2, 128, dtype=torch.float32).to(fp8)
+    k_new, v_new = randn(3, 2, 2, 128) * 200, randn(3, 2, 2, 128)
+    k_descale = torch.rand(3, 2, device="cuda") + 0.25
+    v_descale = torch.rand(3, 2, device="cuda") + 0.25
+    lengths = torch.tensor([0, 250, 97], dtype=I32, device="cuda")
+    largest = torch.finfo(fp8).max
+    quantized = [(t.float() / d[:, None, :, None]).clamp(-largest, largest).to(fp8)
+                 for t, d in ((k_new, k_descale), (v_new, v_descale))]
+    out = kiln.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
+                                       causal=True, k_descale=k_descale, v_descale=v_descale)
+    for b, n in enumerate(lengths.tolist()):
+        for cache, want in zip((k_cache, v_cache), quantized):
+            assert torch.equal(cache[b, n:n + 2].view(torch.uint8), want[b].view(torch.uint8))
+    k = k_cache.double() * k_descale.double()[:, None, :, None]
+    v = v_cache.double() * v_descale.double()[:, None, :, None]
+    seqlens = lengths + 2
+    out_ref = ref.kvcache_ref(q, k, v, cache_seqlens=seqlens, causal=True)[0]
+    out_plain = ref.kvcache_ref(q, k, v, cache_seqlens=seqlens, causal=True, upcast=False)[0]
+    ref.check_close(out, out_ref, out_plain)
+
+
 def test_sinks_in_every_call():
     """Sinks through flash_attn_func (rows with no key get lse = sink), varlen and the KV cache,
     split or not, contiguous and paged; the last head has none (-inf)."""

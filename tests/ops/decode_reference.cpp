@@ -49,6 +49,26 @@ void rotate(const DecodeReferenceProblem& p, double* x, int position) {
   }
 }
 
+double saturate_to(DType dtype, double value) {
+  const double largest = from_bits(dtype, dtype == DType::e4m3 ? 0x7e : 0x7b);
+  return round_to(dtype, std::clamp(value, -largest, largest));
+}
+
+namespace {
+
+// Slot elements [first, first + count) of sequence b's kv head h, as an fp8 cache keeps them
+// (DecodeReferenceProblem::cache_fp8).
+void quantize_appended(const DecodeReferenceProblem& p, const std::vector<double>& descales, int b,
+                       int h, double* first, std::size_t count) {
+  const auto scale = static_cast<float>(
+      descales.empty() ? 1.0 : descales.at(at(std::int64_t{b} * p.attention.heads_kv + h)));
+  for (std::size_t e = 0; e < count; ++e) {
+    first[e] = saturate_to(*p.cache_fp8, static_cast<float>(first[e]) / scale) * scale;
+  }
+}
+
+}  // namespace
+
 DecodeReferenceResult decode_reference(const DecodeReferenceProblem& p, const DecodeInputs& in) {
   const ReferenceProblem& a = p.attention;
   const int batch = p.batch();
@@ -81,6 +101,10 @@ DecodeReferenceResult decode_reference(const DecodeReferenceProblem& p, const De
       std::copy_n(&in.v_new[token * v_slot], v_slot, &r.v_cache[slot * v_slot]);
       for (std::size_t h = 0; p.rotary_dim > 0 && h < at(a.heads_kv); ++h) {
         rotate(p, &r.k_cache[slot * k_slot + h * d], position);
+      }
+      for (int h = 0; p.cache_fp8 && h < a.heads_kv; ++h) {
+        quantize_appended(p, p.k_descale, b, h, &r.k_cache[slot * k_slot + at(h) * d], d);
+        quantize_appended(p, p.v_descale, b, h, &r.v_cache[slot * v_slot + at(h) * dv], dv);
       }
       r.appended[slot] = true;
     }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "attention_reference.hpp"
@@ -40,6 +41,12 @@ struct DecodeReferenceProblem {
   int rotary_dim = 0;
   bool rotary_interleaved = false;
   std::vector<double> rotary_cos, rotary_sin;
+  // An fp8 cache (e4m3 or e5m2): the append stores each new key (after rotary) and value divided
+  // by its kv head's descale in fp32, rounded to cache_fp8 with saturation (saturate_to), and the
+  // sequences attend the stored value times the descale. The descales are (batch, heads_kv); empty:
+  // 1. Unset: a 16-bit cache, which keeps the new keys and values as they are.
+  std::optional<DType> cache_fp8;
+  std::vector<double> k_descale, v_descale;
 
   int batch() const { return static_cast<int>(seqlens.size()); }
   // Whether q token i is rotated at seqlens[b] + i (true) or at seqlens[b] for every i: the
@@ -67,6 +74,10 @@ struct DecodeReferenceResult {
 
 DecodeReferenceResult decode_reference(const DecodeReferenceProblem& problem,
                                        const DecodeInputs& inputs);
+
+// `value` rounded to fp8 `dtype` (e4m3 or e5m2), saturating: past the largest finite value, that
+// value (signed); NaN stays NaN. As the device's cvt.rn.satfinite.
+double saturate_to(DType dtype, double value);
 
 // Rotates channels [0, rotary_dim) of one head vector x at `position` (GPT-NeoX pairs
 // (i, i + rotary_dim / 2), or (2i, 2i + 1) interleaved) in fp64, then rounds to the dtype.

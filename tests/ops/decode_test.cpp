@@ -95,7 +95,8 @@ struct Case {
   int seqlen_q = 1;
   std::vector<int> seqlens = {0, 1, 17, 300, 129};  // cached keys per sequence; batch = size
   int seqlen_new = 0;                               // appended keys per sequence
-  int page_size = 0;                                // 0: a contiguous cache
+  double new_scale = 1;    // k_new and v_new's spread (past an fp8 cache's range: saturated)
+  int page_size = 0;       // 0: a contiguous cache
   int capacity = 0;        // keys a sequence can hold; 0: its longest need plus 5
   bool batch_idx = false;  // contiguous: sequences in shuffled cache rows, among two spare rows
   ScoreCase score;
@@ -128,7 +129,7 @@ std::string describe(const Case& c) {
   s << kiln::to_string(c.dtype) << " heads " << c.heads << "/" << c.heads_kv << " d " << c.head_dim
     << "/" << c.dim_v() << " seqlen_q " << c.seqlen_q << " seqlens";
   for (int n : c.seqlens) s << " " << n;
-  if (c.seqlen_new) s << " append " << c.seqlen_new;
+  if (c.seqlen_new) s << " append " << c.seqlen_new << " spread " << c.new_scale;
   s << " capacity " << c.capacity_or_default();
   if (c.page_size) s << " paged " << c.page_size;
   if (c.batch_idx) s << " batch_idx";
@@ -213,6 +214,9 @@ void randomize_queries(const Case& c, Setup& s, std::mt19937& rng) {
     const std::int64_t tokens = batch * c.seqlen_new * c.heads_kv;
     s.inputs.k_new = kiln::test::random_normal(c.dtype, at(tokens * c.head_dim), rng);
     s.inputs.v_new = kiln::test::random_normal(c.dtype, at(tokens * c.dim_v()), rng);
+    for (std::vector<double>* values : {&s.inputs.k_new, &s.inputs.v_new}) {
+      for (double& x : *values) x = kiln::test::round_to(c.dtype, x * c.new_scale);
+    }
   }
 }
 
@@ -309,7 +313,12 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
   s.inputs.k_cache = kiln::test::random_normal(c.dtype, slots * at(c.heads_kv * c.head_dim), rng);
   s.inputs.v_cache = kiln::test::random_normal(c.dtype, slots * at(c.heads_kv * c.dim_v()), rng);
   randomize_queries(c, s, rng);
-  if (c.fp8) quantize_cache(c, s, rng);
+  if (c.fp8) {
+    quantize_cache(c, s, rng);
+    p.cache_fp8 = c.fp8;
+    p.k_descale = s.k_descale;
+    p.v_descale = s.v_descale;
+  }
   if (c.nan_slots) poison_unreached_slots(c, s);
   return s;
 }
@@ -449,44 +458,76 @@ Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
   return download(d);
 }
 
+// An fp8 cache's stored values after the call: as uploaded, but in the appended slots the
+// reference's over their descales (exactly the stored values: the reference attends them times
+// the descale, in fp64).
+std::vector<double> stored_after(const Case& c, const Setup& s, const std::vector<double>& stored,
+                                 const std::vector<double>& after,
+                                 const std::vector<double>& descales, int dim) {
+  std::vector<double> values = stored;
+  for (int b = 0; b < c.batch(); ++b) {
+    for (int t = 0; t < c.seqlen_new; ++t) {
+      const auto slot = at(s.problem.cache.slot(b, c.seqlens[at(b)] + t));
+      for (int h = 0; h < c.heads_kv; ++h) {
+        const double descale = descales[at(b * c.heads_kv + h)];
+        for (int e = 0; e < dim; ++e) {
+          const std::size_t i = (slot * at(c.heads_kv) + at(h)) * at(dim) + at(e);
+          values[i] = after[i] / descale;
+        }
+      }
+    }
+  }
+  return values;
+}
+
+// The stored codes of a downloaded cache, one per element: 16-bit words, or fp8 bytes.
+std::vector<std::uint16_t> element_codes(std::optional<DType> fp8,
+                                         const std::vector<std::uint16_t>& words) {
+  if (!fp8) return words;
+  std::vector<std::uint8_t> bytes(words.size() * 2);
+  std::memcpy(bytes.data(), words.data(), bytes.size());
+  return {bytes.begin(), bytes.end()};
+}
+
 // The cache after the call: appended slots hold k_new and v_new (k_new rotated, within an ulp
-// of the fp64 rotation: the device rotates in fp32), every other slot keeps its bits.
+// of the fp64 rotation: the device rotates in fp32; in an fp8 cache quantized by the descales),
+// every other slot keeps its bits.
 void check_cache(const Case& c, const Setup& s, const Downloaded& got,
                  const DecodeReferenceResult& want) {
-  if (c.fp8) {  // nothing appends to an fp8 cache: every byte stays as uploaded
-    const auto words = [&](const std::vector<double>& stored) {
-      const std::vector<std::uint8_t> bytes = fp8_bytes(*c.fp8, stored);
-      std::vector<std::uint16_t> packed(bytes.size() / 2);
-      std::memcpy(packed.data(), bytes.data(), packed.size() * sizeof(std::uint16_t));
-      return packed;
-    };
-    CHECK(got.k_cache == words(s.k_stored));
-    CHECK(got.v_cache == words(s.v_stored));
-    return;
-  }
+  const DType stored = c.fp8.value_or(c.dtype);
   struct Side {
     const char* name;
     const std::vector<double>& before;
-    const std::vector<double>& after;
-    const std::vector<std::uint16_t>& got;
+    std::vector<double> after;
+    std::vector<std::uint16_t> got;
     bool rotated;
   };
   const Side sides[] = {
-      {"k", s.inputs.k_cache, want.k_cache, got.k_cache, s.problem.rotary_dim > 0},
-      {"v", s.inputs.v_cache, want.v_cache, got.v_cache, false}};
-  const double ulp = c.dtype == DType::bf16 ? 0x1p-7 : 0x1p-10;  // relative, at most
+      {"k", c.fp8 ? s.k_stored : s.inputs.k_cache,
+       c.fp8 ? stored_after(c, s, s.k_stored, want.k_cache, s.k_descale, c.head_dim) : want.k_cache,
+       element_codes(c.fp8, got.k_cache), s.problem.rotary_dim > 0},
+      {"v", c.fp8 ? s.v_stored : s.inputs.v_cache,
+       c.fp8 ? stored_after(c, s, s.v_stored, want.v_cache, s.v_descale, c.dim_v()) : want.v_cache,
+       element_codes(c.fp8, got.v_cache), false}};
+  // An ulp, relative at most, and the spacing of the smallest values.
+  const double ulp = stored == DType::bf16   ? 0x1p-7
+                     : stored == DType::f16  ? 0x1p-10
+                     : stored == DType::e4m3 ? 0x1p-3
+                                             : 0x1p-2;
+  const double tiny = stored == DType::e4m3 ? 0x1p-9 : stored == DType::e5m2 ? 0x1p-16 : 0.0;
   for (const Side& side : sides) {
     const std::size_t per_slot = side.after.size() / want.appended.size();
-    const std::vector<std::uint16_t> before = bits_of(c.dtype, side.before);
+    const std::vector<std::uint16_t> before = bits_of(stored, side.before);
     std::int64_t changed = 0, wrong = 0, first_wrong = -1;
     for (std::size_t i = 0; i < side.got.size(); ++i) {
       if (!want.appended[i / per_slot]) {
         changed += side.got[i] != before[i];
         continue;
       }
-      const double g = kiln::test::from_bits(c.dtype, side.got[i]), w = side.after[i];
-      const bool ok = side.rotated ? std::fabs(g - w) <= ulp * std::max(std::fabs(g), std::fabs(w))
-                                   : side.got[i] == kiln::test::to_bits(c.dtype, w);
+      const double g = kiln::test::from_bits(stored, side.got[i]), w = side.after[i];
+      const bool ok = side.rotated ? std::fabs(g - w) <=
+                                         std::max(ulp * std::max(std::fabs(g), std::fabs(w)), tiny)
+                                   : side.got[i] == kiln::test::to_bits(stored, w);
       if (!ok && wrong++ == 0) first_wrong = static_cast<std::int64_t>(i);
     }
     INFO(side.name << " cache: " << changed << " elements changed that the append does not write; "
@@ -627,6 +668,41 @@ TEST_CASE("decode over fp8 caches: e4m3 and e5m2, descales, paged, split, masks"
             .fp8 = DType::e5m2,
             .descales = true},
            rng);
+  // Appends, quantized by the descales: plain and paged, rotary (rounded to q's dtype, then
+  // quantized), values past e4m3's 448 saturating, e5m2 under one descale, none without.
+  for (int page_size : {0, 16}) {
+    run_case(rt, {.seqlen_new = 3, .page_size = page_size, .fp8 = DType::e4m3, .descales = true},
+             rng);
+  }
+  run_case(rt,
+           {.seqlens = {5, 64, 200},
+            .seqlen_new = 2,
+            .score = {.causal = true},
+            .rotary = Rotary::neox,
+            .fp8 = DType::e4m3,
+            .descales = true},
+           rng);
+  run_case(rt,
+           {.heads = 4,
+            .heads_kv = 4,
+            .head_dim = 64,
+            .seqlens = {7, 90},
+            .seqlen_new = 4,
+            .new_scale = 300,
+            .page_size = 16,
+            .rotary = Rotary::interleaved,
+            .fp8 = DType::e4m3,
+            .descales = true},
+           rng);
+  // bf16: f16 could hold neither these k_new and v_new nor the output they give.
+  run_case(rt,
+           {.seqlen_new = 1,
+            .new_scale = 20000,
+            .fp8 = DType::e5m2,
+            .descales = true,
+            .descale_layout = Case::Descales::one},
+           rng);
+  run_case(rt, {.seqlens = {30, 1}, .seqlen_new = 5, .fp8 = DType::e4m3}, rng);
 }
 
 TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal", "[gpu][decode]") {

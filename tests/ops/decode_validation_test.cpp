@@ -656,8 +656,9 @@ TEST_CASE("decode refuses an fp8 cache where it cannot read one, and misplaced d
   c = fp8_call();
   c.options.k_new = view(0x8000000, DType::e4m3, {2, 1, 2, 64});
   c.options.v_new = view(0x9000000, DType::e4m3, {2, 1, 2, 64});
-  check_refused(c, ErrorCategory::unsupported,
-                {"appending into an fp8 cache is not supported yet"});
+  check_invalid(c, {"k_new has dtype e4m3 with an e4m3 cache", "q's dtype (bf16)", "quantizes"});
+  c.options.k_new->dtype = DType::bf16;
+  check_invalid(c, {"v_new has dtype e4m3 with an e4m3 cache", "q's dtype (bf16)"});
 
   c = contiguous_call();
   c.cache.v_descale = view(0xD000000, DType::f32, {2, 2});

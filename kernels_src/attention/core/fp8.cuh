@@ -65,6 +65,22 @@ __device__ __forceinline__ unsigned fp8x2_to(unsigned short pair) {
   }
 }
 
+// x rounded to the nearest value of KV (kiln::e4m3 or kiln::e5m2), saturating to its largest
+// finite one (448 or 57344, signed); NaN stays NaN.
+template <class KV>
+__device__ __forceinline__ KV fp8_from_float(float x) {
+  static_assert(kFp8Conversions || sizeof(KV) == 0,
+                "fp8 is converted with instructions of sm_89 and newer.");
+  unsigned short pair;  // x in the low byte
+  if constexpr (is_same<KV, e4m3>::value) {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.f), "f"(x));
+  } else {
+    static_assert(is_same<KV, e5m2>::value, "an fp8 type: kiln::e4m3 or kiln::e5m2.");
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;\n" : "=h"(pair) : "f"(0.f), "f"(x));
+  }
+  return {static_cast<unsigned char>(pair & 0xffu)};
+}
+
 // Four fp8 values (a 32-bit word, the first in the low byte) as two words of T pairs.
 template <class T, class KV>
 __device__ __forceinline__ uint2 fp8x4_to(unsigned word) {

@@ -3,14 +3,16 @@
 // embedding of k_new and of q (into a contiguous copy the attention kernel then reads).
 //
 // Spec constants: dtype_q (kiln::f16 or kiln::bf16: q, q_rotated and the rotary tables),
-// dtype_kv (k_new, v_new and the cache), head_dim, head_dim_v, paged (keys go through the block
-// table), rotary (rotate k_new, and write the rotated q to q_rotated).
+// dtype_kv (the cache's: q's, whose k_new and v_new are copied, or kiln::e4m3 or kiln::e5m2,
+// whose k_new and v_new are q's, quantized by the descales), head_dim, head_dim_v, paged (keys go
+// through the block table), rotary (rotate k_new, and write the rotated q to q_rotated).
 //
 // Launch: grid (max(seqlen_new, rotary ? seqlen_q : 0), batch), kDecodeAppendThreads (128) threads,
 // no shared memory. Block (t, b) writes token t of sequence b: its heads_kv key and value rows, and
 // with rotary its q rows. A tiny kernel next to the attention: plain element loops, fp32 rotation.
 #pragma once
 
+#include "attention/core/fp8.cuh"
 #include "attention/core/kv_layout.cuh"
 #include "common/prelude.cuh"
 #include "kiln/params/decode.h"
@@ -45,6 +47,19 @@ __device__ __forceinline__ float rotate(const T* x, int c, int position, const D
   return first ? value * cosine - partner * sine : value * cosine + partner * sine;
 }
 
+// A new key or value element as the cache keeps it: the element itself in a 16-bit cache; in an
+// fp8 one, divided by its descale (nullptr: 1) and rounded to the nearest fp8 value, saturating
+// (fp8_from_float).
+template <class KV, class New>
+__device__ __forceinline__ KV to_cache(New x, const float* descale) {
+  if constexpr (is_same<KV, New>::value) {
+    return x;
+  } else {
+    const float value = to_float(x);
+    return attention::fp8_from_float<KV>(descale != nullptr ? __fdiv_rn(value, *descale) : value);
+  }
+}
+
 }  // namespace decode
 
 template <class Spec>
@@ -52,6 +67,8 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
     decode_append(const KILN_GRID_CONSTANT DecodeParams p) {
   using Q = typename Spec::dtype_q;
   using KV = typename Spec::dtype_kv;
+  constexpr bool fp8 = is_same<KV, e4m3>::value || is_same<KV, e5m2>::value;
+  using New = typename conditional<fp8, Q, KV>::type;  // of k_new and v_new
   constexpr int head_dim = static_cast<int>(Spec::head_dim);
   constexpr int head_dim_v = static_cast<int>(Spec::head_dim_v);
   const int t = blockIdx.x;
@@ -69,22 +86,33 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
     cache.offsets(position, k_off, v_off);
     KV* const k = cache.k + (start.k + k_off);
     KV* const v = cache.v + (start.v + v_off);
-    const KV* const k_new = static_cast<const KV*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
-                            t * p.k_new_seq_stride;
-    const KV* const v_new = static_cast<const KV*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
-                            t * p.v_new_seq_stride;
+    const New* const k_new = static_cast<const New*>(p.maybe_k_new) + batch * p.k_new_batch_stride +
+                             t * p.k_new_seq_stride;
+    const New* const v_new = static_cast<const New*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
+                             t * p.v_new_seq_stride;
+    // An fp8 cache's descale of kv head h (nullptr: none).
+    auto descale = [&](const float* scales, long long head_stride, long long batch_stride,
+                       int h) -> const float* {
+      return fp8 && scales != nullptr ? scales + batch * batch_stride + h * head_stride : nullptr;
+    };
     for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
       const int h = e / head_dim, c = e % head_dim;
-      const KV* const src = k_new + h * p.k_new_head_stride;
+      const New* const src = k_new + h * p.k_new_head_stride;
+      // Rotated keys are rounded to New first, as a caller rotating them would have them.
+      New x;
       if constexpr (Spec::rotary) {
-        k[h * p.kv.k_head_stride + c] = from_float<KV>(decode::rotate<Q>(src, c, position, p));
+        x = from_float<New>(decode::rotate<Q>(src, c, position, p));
       } else {
-        k[h * p.kv.k_head_stride + c] = src[c];
+        x = src[c];
       }
+      k[h * p.kv.k_head_stride + c] = decode::to_cache<KV>(
+          x, descale(p.maybe_k_descale, p.k_descale_head_stride, p.k_descale_batch_stride, h));
     }
     for (int e = threadIdx.x; e < p.heads_kv * head_dim_v; e += blockDim.x) {
       const int h = e / head_dim_v, c = e % head_dim_v;
-      v[h * p.kv.v_head_stride + c] = v_new[h * p.v_new_head_stride + c];
+      v[h * p.kv.v_head_stride + c] = decode::to_cache<KV>(
+          v_new[h * p.v_new_head_stride + c],
+          descale(p.maybe_v_descale, p.v_descale_head_stride, p.v_descale_batch_stride, h));
     }
   }
 
