@@ -51,7 +51,9 @@ struct DecodeOptions {
 
   // Append: k_new (batch, seqlen_new, heads_kv, head_dim) and v_new (..., head_dim_v), q's
   // dtype, are written into the cache at positions seqlens[b] .. seqlens[b] + seqlen_new - 1
-  // before attending. seqlens is not advanced: the caller does that (as FlashAttention).
+  // before attending. seqlens is not advanced: the caller does that (as FlashAttention). Into an
+  // fp8 cache each element goes divided by its descale (fp32) and rounded to the cache's dtype,
+  // saturating at its largest finite value (after rotary, whose result is rounded to q's dtype).
   std::optional<TensorView> k_new;
   std::optional<TensorView> v_new;
 
@@ -118,7 +120,7 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
 // steer the config. Enough to choose() a model's decode config and list its specs
 // (decode_specs) without calling attention_with_kvcache(), to warm them ahead.
 struct DecodeProblem {
-  // Each operand's dtype: q's (and the rotary tables'), the cache's (and k_new's and v_new's),
+  // Each operand's dtype: q's (and the rotary tables', and k_new's and v_new's), the cache's,
   // out's. The kernels take the combinations in lib/kernels/decode.cpp's table: one dtype, f16
   // or bf16, for all, or an fp8 cache (e4m3 or e5m2) under f16 or bf16 q and out.
   DType dtype_q = DType::bf16;
