@@ -116,8 +116,8 @@ __device__ __forceinline__ int fp8_o_column(int j, int x, int lane) {
 }
 
 // Byte offsets of this lane's ldmatrix row in an fp8 tile of Dim-byte rows (swizzled by
-// Swizzle 16-byte chunks), and of its chunk in the first two k16 steps: keys
-// lane % 8 + 8 * (lane / 8 % 2), chunk lane / 16 (pair) or 0 (single, a last odd step).
+// Swizzle 16-byte chunks), and of its chunk among the first two: keys
+// lane % 8 + 8 * (lane / 8 % 2), chunk lane / 16 (pair) or 0 (single, a last odd chunk).
 struct Fp8LaneOffsets {
   unsigned row, pair, single;
 };
@@ -130,15 +130,17 @@ __device__ __forceinline__ Fp8LaneOffsets fp8_lane_offsets(int lane) {
           static_cast<unsigned>(tile_offset<0, Swizzle, 16>(key, 0))};
 }
 
-// The four b16 matrices of k16 steps `step` and `step` + 1 (a pair) for keys key0 .. key0 + 15
-// of an fp8 tile: keys 0-7 and 8-15 of the first, then of the second. A single step (the last
-// of an odd count) loads its two matrices twice.
+// The four b16 matrices of 16-byte chunks `chunk` and `chunk` + 1 (a pair; chunk even) of the
+// rows of keys key0 .. key0 + 15 of an fp8 tile: keys 0-7 and 8-15 of the first, then of the
+// second. A chunk of K is a k16 step's head dims, one of V two n8 tiles'. A single chunk (the last
+// of an odd count, in an unswizzled tile) loads its two matrices twice, keeping every lane's
+// address inside its row.
 template <int Dim, int Swizzle, bool Trans>
 __device__ __forceinline__ void load_fp8_pair(unsigned (&r)[4], unsigned tile,
-                                              const Fp8LaneOffsets& off, int key0, int step,
+                                              const Fp8LaneOffsets& off, int key0, int chunk,
                                               bool pair) {
   const unsigned address =
-      tile + key0 * Dim + off.row + chunk_bytes<Swizzle>(16 * step, pair ? off.pair : off.single);
+      tile + key0 * Dim + off.row + chunk_bytes<Swizzle>(16 * chunk, pair ? off.pair : off.single);
   if constexpr (Trans) {
     mma::ldmatrix_x4_trans(r, address);
   } else {
@@ -199,13 +201,7 @@ __device__ __forceinline__ void pv_accumulate_fp8(float (&o)[Tr::m_tiles][Tr::o_
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
     unsigned a[Tr::m_tiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-      a[mt][0] = mma::pack2<Q>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      a[mt][1] = mma::pack2<Q>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      a[mt][2] = mma::pack2<Q>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      a[mt][3] = mma::pack2<Q>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-    }
+    p_fragments<Q>(a, s, kk);
 #pragma unroll
     for (int G = 0; G < groups; G += 2) {
       unsigned r[4];

@@ -128,9 +128,23 @@ __device__ __forceinline__ void qk_scores(float (&s)[Tr::m_tiles][Tr::s_tiles][4
   }
 }
 
-// o += P V, with P the probabilities left in s. An m16n8 accumulator pair (n8 tiles 2kk, 2kk+1)
-// is exactly the A fragment of a k16 step, so P goes from registers to the mma unshuffled.
-// V fragments are loaded Tr::prefetch (kk, dp) steps early, as in qk_scores.
+// The A fragments of k16 step kk of P, the probabilities left in s, rounded to T: an m16n8
+// accumulator pair (n8 tiles 2kk, 2kk+1) is exactly the A fragment of a k16 step, so P goes from
+// registers to the mma unshuffled.
+template <class T, int MTiles, int STiles>
+__device__ __forceinline__ void p_fragments(unsigned (&a)[MTiles][4],
+                                            const float (&s)[MTiles][STiles][4], int kk) {
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt) {
+    a[mt][0] = mma::pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+    a[mt][1] = mma::pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+    a[mt][2] = mma::pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+    a[mt][3] = mma::pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+  }
+}
+
+// o += P V, with P the probabilities left in s (p_fragments). V fragments are loaded Tr::prefetch
+// (kk, dp) steps early, as in qk_scores.
 template <class Tr>
 __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                               const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
@@ -152,13 +166,7 @@ __device__ __forceinline__ void pv_accumulate(float (&o)[Tr::m_tiles][Tr::o_tile
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
     unsigned a[Tr::m_tiles][4];
-#pragma unroll
-    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-      a[mt][0] = mma::pack2<KV>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
-      a[mt][1] = mma::pack2<KV>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
-      a[mt][2] = mma::pack2<KV>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
-      a[mt][3] = mma::pack2<KV>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
-    }
+    p_fragments<KV>(a, s, kk);
 #pragma unroll
     for (int dp = 0; dp < dp_count; ++dp) {
       const int i = kk * dp_count + dp;

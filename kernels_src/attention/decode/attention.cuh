@@ -94,9 +94,9 @@ struct DecodeTraits : attention::HeadTraits<Spec, true> {
   static constexpr int s_tiles = block_n / 8;
   static constexpr int o_tiles = v_dim / 8;
   static constexpr int prefetch = 0;  // memory-bound: fragments just in time
-  // __launch_bounds__'s blocks per SM: 0 leaves ptxas its own register target (the 16-bit
-  // kernels' code as tuned). With an fp8 cache that target was 128 registers at head dim 128,
-  // with spills; 1 lets ptxas take the 163 the kernel needs.
+  // __launch_bounds__'s blocks per SM. NOTE: 0 means unset, leaving ptxas its own register
+  // target (the 16-bit kernels' code as tuned). With an fp8 cache that target was 128 registers
+  // at head dim 128, with spills; 1 lets ptxas take the about 160 the kernel needs.
   static constexpr int min_blocks = kv_fp8 ? 1 : 0;
 
   // Shared memory: Q (q_elems elements of Q), then per warp `stages` slots of (K tile, V tile),
@@ -106,7 +106,8 @@ struct DecodeTraits : attention::HeadTraits<Spec, true> {
   static constexpr int k_elems = block_n * qk_pitch;
   static constexpr int slot_elems = k_elems + block_n * v_pitch;
   static constexpr int warp_elems = stages * slot_elems;
-  static constexpr int merge_pitch = v_dim + 8;  // float2 stores of 8 rows meet no bank twice
+  // float2 stores of 8 rows meet no bank twice (the fp8 path's float4 ones, once a CTA, do).
+  static constexpr int merge_pitch = v_dim + 8;
   static constexpr int smem_bytes = static_cast<int>(attention_decode_smem_bytes(
       head_dim, head_dim_v, m_tiles, block_n, warps, stages, q_size, kv_size));
   static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size &&
@@ -347,7 +348,8 @@ struct KvStream {
     mma::cp_async_commit();  // empty groups keep the wait count one constant
   }
 
-  // Every tile, once Q (from every thread) is in: o and softmax take the warp's rows' state.
+  // Every tile, once Q (from every thread) is in, and with an fp8 cache put into the order of
+  // its K fragments: o and softmax take the warp's rows' state.
   template <class Logits, class Softmax>
   __device__ __forceinline__ void run(float (&o)[Tr::m_tiles][Tr::o_tiles][4], Softmax& softmax,
                                       const Logits& logits, float to_log2, const DecodeBlock& b,
