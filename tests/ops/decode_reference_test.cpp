@@ -182,3 +182,26 @@ TEST_CASE("fp8 host images: e4m3 and e5m2 values, rounding and every code", "[de
     }
   }
 }
+
+// Appends into an fp8 cache: divided by the descale, rounded with saturation, attended times it.
+TEST_CASE("decode reference: the append into an fp8 cache, quantized by the descales", "[decode]") {
+  using kiln::test::saturate_to;
+  CHECK(saturate_to(DType::e4m3, 1000.0) == 448.0);
+  CHECK(saturate_to(DType::e4m3, -1e9) == -448.0);
+  CHECK(saturate_to(DType::e4m3, 100.0) == 96.0);  // a tie between 96 and 104: the even code
+  CHECK(saturate_to(DType::e5m2, 70000.0) == 57344.0);
+  CHECK(std::isnan(saturate_to(DType::e5m2, std::numeric_limits<double>::quiet_NaN())));
+
+  DecodeReferenceProblem p =
+      small_problem({.rows = 4, .row_len = 2, .block_table = {3, 1, 0, 2}, .max_pages = 2}, {3, 0});
+  p.seqlen_new = 1;
+  p.cache_fp8 = DType::e4m3;
+  p.v_descale = {0.125, 1.0};  // (batch, heads_kv); k_descale empty: 1
+  const auto r = kiln::test::decode_reference(p, small_inputs(p, 1));
+  // v_new 100: over 0.125 it is 800, saturated to 448, attended as 56; over 1, 96.
+  CHECK(r.v_cache[3 * 4] == 56.0);
+  CHECK(r.v_cache[0] == 96.0);
+  CHECK(r.k_cache[3 * 4] == 0.0);
+  CHECK(r.attention.out[0] == near((6 + 7 + 2 + 56) / 4.0));
+  CHECK(r.attention.out[4] == near(96.0));
+}
