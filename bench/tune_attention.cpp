@@ -6,28 +6,21 @@
 //   kiln_bench_tune [CACHE]      one line per shape: ms per call for each config, and the best
 //
 // Needs a GPU; the kernels compile into CACHE (default: a directory under /tmp).
-#include <cuda_runtime_api.h>
-
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "bench_support.hpp"
 #include "kiln/kiln.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
-
-void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess)
-    throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(status));
-}
+using kiln::bench::check;
+using kiln::bench::Device;
+using kiln::bench::random_bf16;
 
 struct Shape {
   int head_dim, seqlen, batch, heads, heads_kv;
@@ -62,38 +55,6 @@ std::vector<kiln::AttentionConfig> candidates(int head_dim) {
   return {config(128, 64, 2), config(64, 64, 2)};
 }
 
-// Random bf16 values in [-1, 1) from a fixed seed.
-std::vector<std::uint16_t> random_bf16(std::size_t count, std::uint64_t seed) {
-  std::vector<std::uint16_t> values(count);
-  std::uint64_t state = seed * 0x9E3779B97F4A7C15ull + 1;
-  for (auto& value : values) {
-    state = state * 6364136223846793005ull + 1442695040888963407ull;
-    const float x = static_cast<float>(state >> 40) / static_cast<float>(1 << 24) * 2.0f - 1.0f;
-    std::uint32_t bits;
-    std::memcpy(&bits, &x, sizeof bits);
-    value = static_cast<std::uint16_t>(bits >> 16);
-  }
-  return values;
-}
-
-float bf16_to_float(std::uint16_t value) {
-  const std::uint32_t bits = std::uint32_t{value} << 16;
-  float x;
-  std::memcpy(&x, &bits, sizeof x);
-  return x;
-}
-
-struct Device {
-  void* data = nullptr;
-  explicit Device(const std::vector<std::uint16_t>& host) {
-    check(cudaMalloc(&data, host.size() * 2), "cudaMalloc");
-    check(cudaMemcpy(data, host.data(), host.size() * 2, cudaMemcpyHostToDevice), "cudaMemcpy");
-  }
-  ~Device() { cudaFree(data); }
-  Device(const Device&) = delete;
-  Device& operator=(const Device&) = delete;
-};
-
 std::string name(const kiln::AttentionConfig& c) {
   return std::to_string(c.block_m) + "x" + std::to_string(c.block_n) + "s" +
          std::to_string(c.stages);
@@ -104,9 +65,6 @@ int run(const fs::path& cache) {
   options.cache_dir = cache;
   options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
   kiln::Runtime runtime(options);
-  cudaEvent_t start, stop;
-  check(cudaEventCreate(&start), "cudaEventCreate");
-  check(cudaEventCreate(&stop), "cudaEventCreate");
   int mismatches = 0;
   for (const Shape& s : kShapes) {
     const std::int64_t q_count = std::int64_t{s.batch} * s.seqlen * s.heads * s.head_dim;
@@ -124,12 +82,7 @@ int run(const fs::path& cache) {
       kiln::attention(view(q, s.heads), view(k, s.heads_kv), view(v, s.heads_kv),
                       view(out, s.heads), attention_options, config, nullptr, runtime);
     };
-    const auto result = [&] {
-      std::vector<std::uint16_t> host(static_cast<std::size_t>(q_count));
-      check(cudaMemcpy(host.data(), out.data, host.size() * 2, cudaMemcpyDeviceToHost),
-            "cudaMemcpy");
-      return host;
-    };
+    const auto result = [&] { return out.read<std::uint16_t>(static_cast<std::size_t>(q_count)); };
     const kiln::AttentionProblem problem{
         .head_dim = s.head_dim, .head_dim_v = s.head_dim, .band = s.causal, .seqlen_k = s.seqlen};
     const kiln::AttentionConfig chosen = kiln::choose(problem, runtime.target());
@@ -148,24 +101,8 @@ int run(const fs::path& cache) {
         std::printf(" %s n/a |", name(config).c_str());
         continue;
       }
-      float most = 0;
-      const std::vector<std::uint16_t> got = result();
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        const float diff = std::fabs(bf16_to_float(got[i]) - bf16_to_float(expected[i]));
-        most = std::isnan(diff) ? INFINITY : std::max(most, diff);
-      }
-      std::vector<double> times;
-      for (int rep = 0; rep < 20; ++rep) {
-        check(cudaEventRecord(start), "cudaEventRecord");
-        call(config);
-        check(cudaEventRecord(stop), "cudaEventRecord");
-        check(cudaEventSynchronize(stop), "cudaEventSynchronize");
-        float ms = 0;
-        check(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-        times.push_back(ms);
-      }
-      std::sort(times.begin(), times.end());
-      const double ms = times[times.size() / 2];
+      const float most = kiln::bench::max_abs_diff_bf16(result(), expected);
+      const double ms = kiln::bench::median_ms(20, [&](int) { call(config); });
       // Configs differ in summation order only: a few bf16 ulps of outputs below 1.
       const bool mismatch = !(most <= 1e-2f);
       mismatches += mismatch;

@@ -7,14 +7,15 @@
 # bytes; exits 1 if any differs. With cuobjdump on PATH, each differing pair's SASS is written to
 # $SASS_DIFF_OUT (default ./sass_diff) for diff.
 #
-#   scripts/sass_diff.sh [BASE] [MANIFEST]
+#   scripts/sass_diff.sh [BASE] [MANIFEST [WORK_MANIFEST]]
 #
 # BASE defaults to main. MANIFEST defaults to the default warm set for $TARGET (sm_90a); narrow
 # it with e.g. `build/bin/kiln warm --list --target sm_90a | grep forward_tma > tma.txt`. The
 # Params headers come from the library that compiles: KILN (default build/bin/kiln) for the work
 # tree, KILN_BASE (default KILN) for BASE, so a change to include/kiln/params is seen when
 # KILN_BASE is a build of BASE. Without MANIFEST each side lists its own default set and the
-# pairs are taken line by line, so specs whose text changed (a constant added) still pair up.
+# pairs are taken line by line, so specs whose text changed (a constant added) still pair up; with
+# WORK_MANIFEST too, BASE compiles MANIFEST and the work tree WORK_MANIFEST, paired likewise.
 # TARGET overrides the target.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,7 +32,9 @@ git archive "$base" kernels_src | tar -x -C "$work/base"
 for side in base work; do
   dir="$work/base/kernels_src" side_kiln="$kiln_base"
   if [ "$side" = work ]; then dir="$PWD/kernels_src" side_kiln="$kiln"; fi
-  if [ -n "${2-}" ]; then
+  if [ "$side" = work ] && [ -n "${3-}" ]; then
+    cp "$3" "$work/$side.txt"
+  elif [ -n "${2-}" ]; then
     cp "$2" "$work/$side.txt"
   else
     "$side_kiln" warm --list --target "$target" > "$work/$side.txt"
