@@ -127,11 +127,15 @@ constexpr std::array kGradOptionsEnds = {KILN_FIELD_END(kiln_attention_grad_opti
                                          KILN_FIELD_END(kiln_attention_grad_options, dsinks),
                                          KILN_FIELD_END(kiln_attention_grad_options, dbias)};
 
-constexpr std::array kKVCacheEnds = {
-    KILN_FIELD_END(kiln_kvcache, k),           KILN_FIELD_END(kiln_kvcache, v),
-    KILN_FIELD_END(kiln_kvcache, seqlens),     KILN_FIELD_END(kiln_kvcache, batch_idx),
-    KILN_FIELD_END(kiln_kvcache, block_table), KILN_FIELD_END(kiln_kvcache, k_descale),
-    KILN_FIELD_END(kiln_kvcache, v_descale)};
+constexpr std::array kKVCacheEnds = {KILN_FIELD_END(kiln_kvcache, k),
+                                     KILN_FIELD_END(kiln_kvcache, v),
+                                     KILN_FIELD_END(kiln_kvcache, seqlens),
+                                     KILN_FIELD_END(kiln_kvcache, batch_idx),
+                                     KILN_FIELD_END(kiln_kvcache, block_table),
+                                     KILN_FIELD_END(kiln_kvcache, k_descale),
+                                     KILN_FIELD_END(kiln_kvcache, v_descale),
+                                     KILN_FIELD_END(kiln_kvcache, k_token_descale),
+                                     KILN_FIELD_END(kiln_kvcache, v_token_descale)};
 
 #undef KILN_FIELD_END
 
@@ -617,13 +621,16 @@ kiln_status kiln_attention_with_kvcache(const DLTensor* q, const kiln_kvcache* c
     const kiln_kvcache ccache =
         kiln::read_sized(*cache, kiln::kvcache_defaults(), kiln::kKVCacheEnds, "cache",
                          "kiln_kvcache", "kiln_kvcache_init");
-    kiln::KVCache tcache{.k = tensors(ccache.k, "cache.k"),
-                         .v = tensors(ccache.v, "cache.v"),
-                         .seqlens = tensors(ccache.seqlens, "cache.seqlens"),
-                         .batch_idx = tensors.maybe(ccache.batch_idx, "cache.batch_idx"),
-                         .block_table = tensors.maybe(ccache.block_table, "cache.block_table"),
-                         .k_descale = tensors.maybe(ccache.k_descale, "cache.k_descale"),
-                         .v_descale = tensors.maybe(ccache.v_descale, "cache.v_descale")};
+    kiln::KVCache tcache{
+        .k = tensors(ccache.k, "cache.k"),
+        .v = tensors(ccache.v, "cache.v"),
+        .seqlens = tensors(ccache.seqlens, "cache.seqlens"),
+        .batch_idx = tensors.maybe(ccache.batch_idx, "cache.batch_idx"),
+        .block_table = tensors.maybe(ccache.block_table, "cache.block_table"),
+        .k_descale = tensors.maybe(ccache.k_descale, "cache.k_descale"),
+        .v_descale = tensors.maybe(ccache.v_descale, "cache.v_descale"),
+        .k_token_descale = tensors.maybe(ccache.k_token_descale, "cache.k_token_descale"),
+        .v_token_descale = tensors.maybe(ccache.v_token_descale, "cache.v_token_descale")};
     const kiln::TensorView tout = tensors(out, "out");
     const kiln_decode_options c = kiln::decode_options(options);
     kiln::DecodeOptions o;

@@ -73,7 +73,8 @@ def main():
     row("  through the dispatcher: torch.ops.kiln.attention_forward",
         lambda: ops.attention_forward(*forward_args))
     args = (q, k_cache, v_cache, seqlens, out, None, k_new, k_new, None, None, None, None, None,
-            0.0, True, -1, -1, False, 0.0, True, 0, None, None, None, None, None, [], [])
+            0.0, True, -1, -1, False, 0.0, True, 0, None, None, None, None, None, None, None, [],
+            [])
     row("  packing and kiln_attention_with_kvcache alone (ops._attention_with_kvcache)",
         lambda: ops._attention_with_kvcache(*args))
     real = _capi.attention_with_kvcache

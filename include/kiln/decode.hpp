@@ -42,6 +42,15 @@ struct KVCache {
   // device, where the call does not read them but under Options::debug (KILN_DEBUG=1).
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
+  // An fp8 cache's descales per (token, kv head), as per-token-head quantization keeps them: fp32
+  // laid out as the cache without its head dim, contiguous (batch_cache, seqlen_cache, heads_kv)
+  // or paged (num_pages, page_size, heads_kv), any strides. The key in a slot of the cache at kv
+  // head h is the cached one times k_token_descale's entry of that slot and head (and times
+  // k_descale[b][h] when that is given too); likewise v. Both or neither, only with an fp8 cache.
+  // Not checked on the device (Options::debug does not read them either). An append writes the
+  // descales of the keys it appends: each new row's own (DecodeOptions::k_new).
+  std::optional<TensorView> k_token_descale;
+  std::optional<TensorView> v_token_descale;
 };
 
 struct DecodeOptions {
@@ -54,6 +63,10 @@ struct DecodeOptions {
   // before attending. seqlens is not advanced: the caller does that (as FlashAttention). Into an
   // fp8 cache each element goes divided by its descale (fp32) and rounded to the cache's dtype,
   // saturating at its largest finite value (after rotary, whose result is rounded to q's dtype).
+  // With token descales (KVCache::k_token_descale) each new (token, kv head) row gets its own,
+  // written to its slot: its largest magnitude m over (the dtype's largest finite value, 448 or
+  // 57344, times k_descale[b][h] or 1), in fp32, or 1 where that is 0 or not finite; its elements
+  // go divided by k_descale[b][h] times that descale, so that the row fills the fp8 range.
   std::optional<TensorView> k_new;
   std::optional<TensorView> v_new;
 
@@ -135,6 +148,7 @@ struct DecodeProblem {
   bool alibi = false;
   bool append = false;  // k_new and v_new given, with keys to append or q to rotate
   bool rotary = false;
+  bool token_descales = false;       // an fp8 cache with descales per (token, kv head)
   const Variant* variant = nullptr;  // a user variant (kiln/variant.hpp), kept alive by the caller
   // The sizes choose() weighs: sequences, kv heads, keys each sequence's cache holds, and
   // DecodeOptions::num_splits.

@@ -157,6 +157,11 @@ typedef struct kiln_kvcache {
    * finite and positive. */
   const DLTensor* k_descale;
   const DLTensor* v_descale;
+  /* An fp8 cache's descales per (token, kv head), both or NULL: fp32 laid out as the cache less
+   * its head dim, (batch_cache, seqlen_cache, heads_kv) or paged (num_pages, page_size,
+   * heads_kv), any strides; they multiply k_descale's. An append writes the new rows' own. */
+  const DLTensor* k_token_descale;
+  const DLTensor* v_token_descale;
 } kiln_kvcache;
 
 /* Sets struct_size and every tensor to NULL. */

@@ -50,6 +50,13 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool 
   }
 }
 
+// Copies 4 bytes global -> shared without blocking (through L1, as cp.async takes 4 bytes
+// only so); when !valid it reads nothing and writes 4 zero bytes.
+__device__ __forceinline__ void cp_async_4(unsigned dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src),
+               "r"(valid ? 4 : 0));
+}
+
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
 }

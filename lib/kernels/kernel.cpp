@@ -57,6 +57,10 @@ DType dtype_constant(const KernelSpec& spec, std::string_view name) {
   return std::get<DType>(constant(spec, name).value);
 }
 
+bool boolean_constant(const KernelSpec& spec, std::string_view name) {
+  return std::get<bool>(constant(spec, name).value);
+}
+
 long long element_bytes(DType dtype) {
   return static_cast<long long>(size_of(dtype));
 }

@@ -95,8 +95,9 @@ bool takes(const KernelSchema& schema, std::string_view name);
 // The value of the integer constant `name` of a spec that passed check_schema(), for the
 // families' parsers of specs that arrive as text.
 long long integer_constant(const KernelSpec& spec, std::string_view name);
-// Likewise for a dtype constant.
+// Likewise for a dtype constant, and a boolean one.
 DType dtype_constant(const KernelSpec& spec, std::string_view name);
+bool boolean_constant(const KernelSpec& spec, std::string_view name);
 
 // The bytes of an element of `dtype`, as the shared-memory formulas (kiln/params) take them.
 long long element_bytes(DType dtype);

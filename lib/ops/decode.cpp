@@ -38,6 +38,7 @@ struct Shape {
   std::int64_t cache_rows = 0;  // cache.k.size(0): cache rows, or pages when paged
   std::int64_t page_size = 0;   // paged: cache.k.size(1)
   std::int64_t capacity = 0;    // keys one sequence can hold
+  bool token_descales = false;  // cache.k_token_descale and v_token_descale
   OperandDTypes dtypes{};
   ScoreParams score{};  // the options' score, as the kernels read it
 };
@@ -166,6 +167,31 @@ void check_descales(const KVCache& cache, const Shape& s, int device) {
   }
 }
 
+// An fp8 cache's descales per (token, kv head): fp32 shaped as the cache less its head dim.
+void check_token_descales(const KVCache& cache, Shape& s, int device) {
+  require_pair(cache.k_token_descale, cache.v_token_descale, "cache.k_token_descale",
+               "cache.v_token_descale");
+  if (!cache.k_token_descale) return;
+  s.token_descales = true;
+  const std::string_view layout = s.paged ? "(num_pages, page_size, heads_kv) fp32 descales"
+                                          : "(batch_cache, seqlen_cache, heads_kv) fp32 descales";
+  for (const auto& [t, name] : {std::pair{&*cache.k_token_descale, "cache.k_token_descale"},
+                                std::pair{&*cache.v_token_descale, "cache.v_token_descale"}}) {
+    if (!is_fp8(s.dtypes.kv)) {
+      invalid(fmt::format("{} is for an fp8 cache, but the cache has dtype {}: drop {}", name,
+                          to_string(s.dtypes.kv), name));
+    }
+    check_common(*t, name, device);
+    require_rank(*t, name, 3, layout);
+    if (t->dtype != DType::f32) {
+      invalid(fmt::format("{} has dtype {}: it must be float32", name, to_string(t->dtype)));
+    }
+    require_size(*t, name, 0, s.cache_rows, "cache.k.size(0)");
+    require_size(*t, name, 1, s.paged ? s.page_size : s.capacity, "cache.k.size(1)");
+    require_size(*t, name, 2, s.heads_kv, "cache.k.size(2) (heads_kv)");
+  }
+}
+
 void check_append(const DecodeOptions& o, const TensorView& q, Shape& s, int device) {
   require_pair(o.k_new, o.v_new, "k_new", "v_new");
   if (!o.k_new) return;
@@ -276,10 +302,15 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
   Shape s = check_q_cache_out(q, cache, out, device);
   check_cache_tensors(cache, s, device);
   check_descales(cache, s, device);
+  check_token_descales(cache, s, device);
   check_options(o, q, s, device);
-  if (o.k_new) {  // the append writes the cache
+  if (o.k_new) {  // the append writes the cache, and its descales
     require_no_overlap(cache.k, "cache.k");
     require_no_overlap(cache.v, "cache.v");
+    if (s.token_descales) {
+      require_no_overlap(*cache.k_token_descale, "cache.k_token_descale");
+      require_no_overlap(*cache.v_token_descale, "cache.v_token_descale");
+    }
   }
   require_int32(s.seqlen_q * s.heads / std::max<std::int64_t>(s.heads_kv, 1),
                 "seqlen_q * heads / heads_kv (query rows per kv head)");
@@ -304,6 +335,7 @@ DecodeProblem problem_of(const Shape& s, const DecodeOptions& o) {
           // do, and a grid of 0 blocks is a launch error.
           .append = o.k_new.has_value() && (s.seqlen_new > 0 || o.rotary_cos.has_value()),
           .rotary = o.rotary_cos.has_value(),
+          .token_descales = s.token_descales,
           .variant = o.score.variant,
           .batch = static_cast<int>(s.batch),
           .heads_kv = static_cast<int>(s.heads_kv),
@@ -311,7 +343,7 @@ DecodeProblem problem_of(const Shape& s, const DecodeOptions& o) {
           .requested_splits = o.num_splits};
 }
 
-// The first three strides of a (batch or page, seq, heads, dim) tensor.
+// The first three strides of a (batch or page, seq, heads[, dim]) tensor.
 void take_strides(const TensorView& t, long long& batch, long long& seq, long long& head) {
   batch = t.stride(0);
   seq = t.stride(1);
@@ -359,6 +391,16 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
     p.maybe_v_descale = static_cast<const float*>(cache.v_descale->data);
     p.v_descale_batch_stride = cache.v_descale->stride(0);
     p.v_descale_head_stride = cache.v_descale->stride(1);
+  }
+  if (cache.k_token_descale) {
+    // Laid out as the cache, less the head dim: kv's way to the rows, these strides.
+    p.token_descale = p.kv;
+    p.token_descale.k = cache.k_token_descale->data;
+    p.token_descale.v = cache.v_token_descale->data;
+    take_strides(*cache.k_token_descale, p.token_descale.k_batch_stride,
+                 p.token_descale.k_seq_stride, p.token_descale.k_head_stride);
+    take_strides(*cache.v_token_descale, p.token_descale.v_batch_stride,
+                 p.token_descale.v_seq_stride, p.token_descale.v_head_stride);
   }
   if (o.rotary_cos) {
     p.maybe_rotary_cos = o.rotary_cos->data;

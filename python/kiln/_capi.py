@@ -202,7 +202,7 @@ DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (
 
 KVCache = _struct("kiln_kvcache", "KVCache",
                   _tensors("k", "v", "seqlens", "batch_idx", "block_table", "k_descale",
-                           "v_descale"))
+                           "v_descale", "k_token_descale", "v_token_descale"))
 
 AttentionGradOptions = _struct("kiln_attention_grad_options", "AttentionGradOptions", (
     ("deterministic", ctypes.c_int, 0),
@@ -234,9 +234,10 @@ COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in ra
 
 # Tensors one call passes at most (kiln_attention_with_kvcache: q, k, v, seqlens, batch_idx,
 # block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, k_descale,
-# v_descale, then the variant's, from VARIANT_SLOT on), and kiln_attention_backward's own (dout,
-# dq, dk, dv, dsinks, dbias), from BACKWARD_SLOT on, past the forward's.
-VARIANT_SLOT = 16
+# v_descale, k_token_descale, v_token_descale, then the variant's, from VARIANT_SLOT on), and
+# kiln_attention_backward's own (dout, dq, dk, dv, dsinks, dbias), from BACKWARD_SLOT on, past the
+# forward's.
+VARIANT_SLOT = 18
 BACKWARD_SLOT = VARIANT_SLOT + VARIANT_TENSORS
 MAX_TENSORS = BACKWARD_SLOT + 6
 _OPTIONS_AT = TENSOR_SLOT * MAX_TENSORS
@@ -294,11 +295,12 @@ def c_string(text):
     return ctypes.create_string_buffer(text.encode())
 
 
-def pack_cache(k, v, seqlens, batch_idx, block_table, k_descale, v_descale):
+def pack_cache(k, v, seqlens, batch_idx, block_table, k_descale, v_descale, k_token_descale,
+               v_token_descale):
     """Writes kiln_kvcache into this thread's block; returns its address."""
     s = scratch
     _pack_cache(s.buffer, _CACHE_AT, KVCache.size, k, v, seqlens, batch_idx, block_table,
-                k_descale, v_descale)
+                k_descale, v_descale, k_token_descale, v_token_descale)
     return s.cache
 
 

@@ -290,7 +290,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
                            rotary_sin, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
                            causal, window_left, window_right, top_left, softcap,
                            rotary_interleaved, num_splits, sinks, k_descale, v_descale,
-                           variant_name, variant_code, variant_scalars, variant_tensors):
+                           k_token_descale, v_token_descale, variant_name, variant_code,
+                           variant_scalars, variant_tensors):
     """kiln::attention_with_kvcache's op (kiln.ops.attention_with_kvcache)."""
     tiles = (("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("out", out))
     news = tuple((name, t) for name, t in (("k", k), ("v", v)) if t is not None)
@@ -299,7 +300,8 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
                                ("cache_batch_idx", cache_batch_idx),
                                ("block_table", block_table), ("alibi_slopes", alibi_slopes),
                                ("sinks", sinks), ("k_descale", k_descale),
-                               ("v_descale", v_descale)))
+                               ("v_descale", v_descale), ("k_token_descale", k_token_descale),
+                               ("v_token_descale", v_token_descale)))
     variant(variant_scalars, variant_tensors)
     if q.dim() != 4:
         invalid(f"q has rank {q.dim()} but must have rank 4: (batch, seqlen_q, heads, head_dim)")
@@ -326,6 +328,20 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
         if t.dim() != 2:
             invalid(f"{name} has rank {t.dim()} but must have rank 2: (batch, heads_kv) fp32 "
                     "descales")
+        _dtypes(((name, t),), torch.float32, "float32")
+    if (k_token_descale is None) != (v_token_descale is None):
+        invalid("cache.k_token_descale and cache.v_token_descale come together: "
+                f"cache.{'v' if v_token_descale is None else 'k'}_token_descale is missing")
+    for name, t in (("cache.k_token_descale", k_token_descale),
+                    ("cache.v_token_descale", v_token_descale)):
+        if t is None:
+            continue
+        if not fp8:
+            invalid(f"{name} is for an fp8 cache, but the cache has dtype "
+                    f"{DTYPE_NAMES[k_cache.dtype]}: drop {name}")
+        if t.dim() != 3:
+            invalid(f"{name} has rank {t.dim()} but must have rank 3: the cache's dims less "
+                    "its head dim, fp32 descales")
         _dtypes(((name, t),), torch.float32, "float32")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v_cache.shape[-1], "head_dim_v (v_cache.size(-1))")

@@ -342,7 +342,8 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
                             rotary_interleaved=True, alibi_slopes=None, num_splits=0,
                             return_softmax_lse=False, *, top_left=False, out=None, sinks=None,
                             variant=None, variant_scalars=(), variant_tensors=(), q_descale=None,
-                            k_descale=None, v_descale=None):
+                            k_descale=None, v_descale=None, k_token_descale=None,
+                            v_token_descale=None):
     """Decode over a KV cache, as FlashAttention's flash_attn_with_kvcache: q (batch, seqlen_q,
     heads, d); the cache contiguous (batch_cache, seqlen_cache, heads_kv, d / dv), rows picked by
     cache_batch_idx (int32, batch), or paged (num_pages, page_size, heads_kv, d / dv) with
@@ -364,7 +365,13 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     FlashAttention-3's, are what its stored keys and values are multiplied by (None: 1). q stays
     bf16 or fp16: q_descale is refused. k and v appended into an fp8 cache are q's dtype: they are
     divided by the descales and rounded to the cache's dtype, saturating at its largest finite
-    value (rotary first, its result rounded to q's dtype).
+    value (rotary first, its result rounded to q's dtype). k_token_descale and v_token_descale,
+    float32 shaped as the cache less its head dim ((batch_cache, seqlen_cache, heads_kv), or
+    (num_pages, page_size, heads_kv)), any strides, are descales per token and kv head, as
+    per-token-head quantization keeps them; they multiply k_descale's and v_descale's. Appending
+    into such a cache gives each new row its own (written in place): its largest magnitude over
+    the fp8 type's largest value (448, 57344) times the kv head's descale, so that it fills the
+    fp8 range.
     """
     if q_descale is not None:
         _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 caches "
@@ -379,10 +386,10 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     k_cache = with_rank("k_cache", k_cache, 4, cache_layout)
     v_cache = with_rank("v_cache", v_cache, 4, cache_layout)
     (k, v, rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, sinks, k_descale,
-     v_descale) = _optional(
+     v_descale, k_token_descale, v_token_descale) = _optional(
         k=k, v=v, rotary_cos=rotary_cos, rotary_sin=rotary_sin, cache_batch_idx=cache_batch_idx,
         block_table=block_table, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
-        v_descale=v_descale)
+        v_descale=v_descale, k_token_descale=k_token_descale, v_token_descale=v_token_descale)
     k, v = _stride1(k), _stride1(v)
     batch, seqlen_q, heads = q.shape[:3]
     if cache_seqlens is None:
@@ -403,7 +410,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
          rotary_cos, rotary_sin, cache_batch_idx, block_table, alibi_slopes, scale, causal,
          left, right, top_left, softcap, flag("rotary_interleaved", rotary_interleaved),
          integer("num_splits", num_splits, meaning=" (0: kiln's heuristic)"), sinks, k_descale,
-         v_descale, *hooks)
+         v_descale, k_token_descale, v_token_descale, *hooks)
     return _result(out, lse, "flash_attn_with_kvcache", (q, k, v, sinks, *hooks[3]))
 
 

@@ -418,15 +418,19 @@ def _attention_with_kvcache(
         alibi_slopes: Optional[Tensor], softmax_scale: float, causal: bool, window_left: int,
         window_right: int, top_left: bool, softcap: float, rotary_interleaved: bool,
         num_splits: int, sinks: Optional[Tensor], k_descale: Optional[Tensor],
-        v_descale: Optional[Tensor], variant_name: Optional[str], variant_code: Optional[str],
-        variant_scalars: List[float], variant_tensors: List[Tensor]) -> None:
+        v_descale: Optional[Tensor], k_token_descale: Optional[Tensor],
+        v_token_descale: Optional[Tensor], variant_name: Optional[str],
+        variant_code: Optional[str], variant_scalars: List[float],
+        variant_tensors: List[Tensor]) -> None:
     variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     cache = _capi.pack_cache(_tensor(1, k_cache, "k_cache"), _tensor(2, v_cache, "v_cache"),
                              _tensor(3, cache_seqlens, "cache_seqlens"),
                              _maybe(4, cache_batch_idx, "cache_batch_idx"),
                              _maybe(5, block_table, "block_table"),
                              _maybe(14, k_descale, "k_descale"),
-                             _maybe(15, v_descale, "v_descale"))
+                             _maybe(15, v_descale, "v_descale"),
+                             _maybe(16, k_token_descale, "k_token_descale"),
+                             _maybe(17, v_token_descale, "v_token_descale"))
     score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
              _maybe(6, alibi_slopes, "alibi_slopes"), _maybe(13, sinks, "sinks")) + variant
     options = _capi.pack_decode_options(
@@ -436,9 +440,11 @@ def _attention_with_kvcache(
                                         options, _maybe(12, lse, "lse"), _stream(q)))
 
 
-# NOTE: the cache is declared mutated even without k and v: a schema is fixed per op.
+# NOTE: the cache (and its token descales) is declared mutated even without k and v: a schema is
+# fixed per op.
 attention_with_kvcache = _op(_attention_with_kvcache,
-                             mutates_args=("k_cache", "v_cache", "out", "lse"),
+                             mutates_args=("k_cache", "v_cache", "out", "lse", "k_token_descale",
+                                           "v_token_descale"),
                              check=_checks.attention_with_kvcache)
 
 

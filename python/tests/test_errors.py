@@ -166,6 +166,17 @@ KILN = [
      lambda: kiln.flash_attn_with_kvcache(Q[:, :1], FP8_CACHE, FP8_CACHE, cache_seqlens=SEQLENS,
                                           v_descale=torch.empty(0, 2, dtype=torch.float16)),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "cache.v_descale has dtype f16: it must be float32"),
+    ("a token descale without its pair",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], FP8_CACHE, FP8_CACHE, cache_seqlens=SEQLENS,
+                                          k_token_descale=torch.empty(0, 7, 2)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT,
+     "cache.k_token_descale and cache.v_token_descale come together: "
+     "cache.v_token_descale is missing"),
+    ("a token descale of rank 2",
+     lambda: kiln.flash_attn_with_kvcache(Q[:, :1], FP8_CACHE, FP8_CACHE, cache_seqlens=SEQLENS,
+                                          k_token_descale=torch.empty(0, 7),
+                                          v_token_descale=torch.empty(0, 7)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "cache.k_token_descale has rank 2 but must have rank 3"),
     ("negative softcap", lambda: kiln.flash_attn_func(Q, K, K, softcap=-1.0),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "softcap is -1"),
     ("bias of the wrong seqlen_k", lambda: kiln.flash_attn_func(Q, K, K, bias=bf16(0, 8, 5, 6)),
@@ -217,6 +228,10 @@ def test_a_valid_call_passes_kilns_checks(as_gpu):
         out = kiln.flash_attn_with_kvcache(Q[:, :1], cache, cache, cache_seqlens=SEQLENS,
                                            k_descale=torch.ones(0, 2), v_descale=torch.ones(0, 2))
         assert out.shape == (0, 1, 8, 64) and out.dtype == BF16
+        token = torch.ones(cache.shape[:3])  # and per token
+        out = kiln.flash_attn_with_kvcache(Q[:, :1], cache, cache, cache_seqlens=SEQLENS,
+                                           k_token_descale=token, v_token_descale=token)
+        assert out.shape == (0, 1, 8, 64)
 
 
 def test_merge_states_takes_an_lse_of_any_strides(as_gpu):

@@ -157,7 +157,8 @@ def test_eager_calls_skip_the_dispatcher_only_on_plain_cuda_tensors():
 def test_every_op_is_registered_with_a_fake_kernel_and_its_mutations():
     for name, mutated in (("attention", {"out", "lse"}), ("attention_forward", set()),
                           ("attention_backward", set()),
-                          ("attention_with_kvcache", {"k_cache", "v_cache", "out", "lse"}),
+                          ("attention_with_kvcache", {"k_cache", "v_cache", "out", "lse",
+                                                      "k_token_descale", "v_token_descale"}),
                           ("merge_states", {"out", "out_lse"}),
                           ("merge_states_many", {"out", "out_lse"})):
         schema = getattr(torch.ops.kiln, name).default._schema

@@ -220,6 +220,55 @@ def test_flash_attn_with_kvcache_appends_into_an_fp8_cache(fp8):
     ref.check_close(out, out_ref, out_plain)
 
 
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_flash_attn_with_kvcache_over_an_fp8_cache_with_token_descales(fp8):
+    # Descales per (token, kv head) beside a paged cache, times FlashAttention-3's. The append gives
+    # each new row its own, in fp32: its largest magnitude over the fp8 type's largest value times
+    # the head's descale; k's spread of 1000 is taken in without saturating.
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("an fp8 cache needs sm_89 or newer")
+    ref = reference()
+    pages, page = 30, 16
+    q = randn(3, 1, 8, 128)
+    k_cache = randn(pages, page, 2, 128, dtype=torch.float32).to(fp8)
+    v_cache = randn(pages, page, 2, 128, dtype=torch.float32).to(fp8)
+    k_token = torch.rand(pages, page, 2, device="cuda") + 0.25
+    v_token = torch.rand(pages, page, 2, device="cuda") + 0.25
+    k_descale = torch.rand(3, 2, device="cuda") + 0.25
+    v_descale = torch.rand(3, 2, device="cuda") + 0.25
+    block_table = torch.randperm(pages, dtype=I32, device="cuda")[:27].view(3, 9)
+    lengths = torch.tensor([0, 140, 37], dtype=I32, device="cuda")
+    k_new, v_new = randn(3, 1, 2, 128) * 1000, randn(3, 1, 2, 128)
+    largest = torch.finfo(fp8).max
+
+    def quantized(t, head):
+        descale = t.float().abs().amax(-1) / (largest * head[:, None, :])
+        descale = torch.where((descale > 0) & descale.isfinite(), descale,
+                              torch.ones_like(descale))
+        codes = (t.float() / (head[:, None, :] * descale)[..., None]).clamp(-largest, largest)
+        return descale, codes.to(fp8)
+
+    want = [quantized(k_new, k_descale), quantized(v_new, v_descale)]
+    out = kiln.flash_attn_with_kvcache(q, k_cache, v_cache, k_new, v_new, cache_seqlens=lengths,
+                                       block_table=block_table, k_descale=k_descale,
+                                       v_descale=v_descale, k_token_descale=k_token,
+                                       v_token_descale=v_token)
+    for b, n in enumerate(lengths.tolist()):
+        at = (int(block_table[b, n // page]), n % page)
+        for cache, token, (descale, codes) in zip((k_cache, v_cache), (k_token, v_token), want):
+            assert torch.equal(cache[at].view(torch.uint8), codes[b, 0].view(torch.uint8))
+            assert torch.equal(token[at], descale[b, 0])
+
+    def dense(cache, token, head):  # (3, 144, 2, 128) in float64, as the sequences attend it
+        values = (cache.double() * token.double()[..., None])[block_table.long()]
+        return values.view(3, 9 * page, 2, 128) * head.double()[:, None, :, None]
+
+    k, v = dense(k_cache, k_token, k_descale), dense(v_cache, v_token, v_descale)
+    out_ref = ref.kvcache_ref(q, k, v, cache_seqlens=lengths + 1)[0]
+    out_plain = ref.kvcache_ref(q, k, v, cache_seqlens=lengths + 1, upcast=False)[0]
+    ref.check_close(out, out_ref, out_plain)
+
+
 def test_sinks_in_every_call():
     """Sinks through flash_attn_func (rows with no key get lse = sink), varlen and the KV cache,
     split or not, contiguous and paged; the last head has none (-inf)."""

@@ -55,7 +55,8 @@ EXTRAS = {
                                "return_softmax_lse": False, "out": None, "sinks": None,
                                **VARIANT},
     "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None, **VARIANT,
-                                "q_descale": None, "k_descale": None, "v_descale": None},
+                                "q_descale": None, "k_descale": None, "v_descale": None,
+                                "k_token_descale": None, "v_token_descale": None},
 }
 
 

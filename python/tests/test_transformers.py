@@ -122,9 +122,12 @@ class Calls:
         q_descale=None,
         k_descale=None,
         v_descale=None,
+        k_token_descale=None,
+        v_token_descale=None,
     ):
         assert variant is None and not variant_scalars and not variant_tensors
         assert q_descale is None and k_descale is None and v_descale is None
+        assert k_token_descale is None and v_token_descale is None
         band = self.record(
             "kvcache",
             q,

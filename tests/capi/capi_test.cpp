@@ -246,7 +246,8 @@ TEST_CASE("the C structs' init macros set struct_size and the defaults", "[capi]
   std::memset(&c, 0xab, sizeof c);
   kiln_kvcache_init(&c);
   CHECK(c.struct_size == sizeof(kiln_kvcache));
-  for (const DLTensor* t : {c.k, c.v, c.seqlens, c.batch_idx, c.block_table}) {
+  for (const DLTensor* t : {c.k, c.v, c.seqlens, c.batch_idx, c.block_table, c.k_descale,
+                            c.v_descale, c.k_token_descale, c.v_token_descale}) {
     CHECK(t == nullptr);
   }
   kiln_kvcache_init(nullptr);  // no crash
@@ -690,6 +691,23 @@ TEST_CASE("the score's fields of both C options structs reach the call", "[capi]
   check_fields(attention, [](kiln_attention_options* o) { kiln_attention_options_init(o); });
   DecodeCall decode;
   check_fields(decode, [](kiln_decode_options* o) { kiln_decode_options_init(o); });
+}
+
+TEST_CASE("an fp8 cache's descales reach the call through kiln_kvcache", "[capi]") {
+  DecodeCall call;
+  call.out.t().data = reinterpret_cast<void*>(0x5000000);
+  const Tensor head(0x6000000, {kDLFloat, 32, 1}, {2, 3});
+  const Tensor token(0x7000000, {kDLFloat, 32, 1}, {3, 256, 2});
+  call.cache.k_descale = head.get();
+  check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"cache.k_descale is for an fp8 cache, but the cache has dtype bf16"});
+  call.cache.k_descale = nullptr;
+  call.cache.v_token_descale = token.get();
+  check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"cache.k_token_descale and cache.v_token_descale come together"});
+  call.cache.k_token_descale = token.get();
+  check_status(call.run(), KILN_ERROR_INVALID_ARGUMENT,
+               {"cache.k_token_descale is for an fp8 cache, but the cache has dtype bf16"});
 }
 
 // --- GPU --------------------------------------------------------------------------------------

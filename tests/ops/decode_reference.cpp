@@ -54,14 +54,29 @@ double saturate_to(DType dtype, double value) {
   return round_to(dtype, std::clamp(value, -largest, largest));
 }
 
+double row_descale(DType dtype, double largest, double head_descale) {
+  const auto fp8_largest = static_cast<float>(from_bits(dtype, dtype == DType::e4m3 ? 0x7e : 0x7b));
+  const float descale =
+      static_cast<float>(largest) / (fp8_largest * static_cast<float>(head_descale));
+  return descale > 0.f && descale <= std::numeric_limits<float>::max() ? descale : 1.0;
+}
+
 namespace {
 
 // Slot elements [first, first + count) of sequence b's kv head h, as an fp8 cache keeps them
-// (DecodeReferenceProblem::cache_fp8).
+// (DecodeReferenceProblem::cache_fp8); with descales per token, `token_descale` is the slot's
+// entry for the kv head, which this sets.
 void quantize_appended(const DecodeReferenceProblem& p, const std::vector<double>& descales, int b,
-                       int h, double* first, std::size_t count) {
-  const auto scale = static_cast<float>(
+                       int h, double* first, std::size_t count, double* token_descale) {
+  const auto head = static_cast<float>(
       descales.empty() ? 1.0 : descales.at(at(std::int64_t{b} * p.attention.heads_kv + h)));
+  float scale = head;
+  if (token_descale != nullptr) {
+    double largest = 0;
+    for (std::size_t e = 0; e < count; ++e) largest = std::max(largest, std::fabs(first[e]));
+    *token_descale = row_descale(*p.cache_fp8, largest, head);
+    scale = head * static_cast<float>(*token_descale);
+  }
   for (std::size_t e = 0; e < count; ++e) {
     first[e] = saturate_to(*p.cache_fp8, static_cast<float>(first[e]) / scale) * scale;
   }
@@ -91,6 +106,13 @@ DecodeReferenceResult decode_reference(const DecodeReferenceProblem& p, const De
   r.k_cache = in.k_cache;
   r.v_cache = in.v_cache;
   r.appended.assign(slots, false);
+  r.k_token_descale = p.k_token_descale;
+  r.v_token_descale = p.v_token_descale;
+  const bool token_descales = !p.k_token_descale.empty();
+  if (token_descales && (!p.cache_fp8 || p.k_token_descale.size() != slots * at(a.heads_kv) ||
+                         p.v_token_descale.size() != slots * at(a.heads_kv))) {
+    throw std::invalid_argument("decode_reference: token descales need an fp8 cache, one a slot");
+  }
   // The append: token t of sequence b becomes key seqlens[b] + t, rotated at that position.
   for (int b = 0; append && b < batch; ++b) {
     for (int t = 0; t < p.seqlen_new; ++t) {
@@ -103,8 +125,11 @@ DecodeReferenceResult decode_reference(const DecodeReferenceProblem& p, const De
         rotate(p, &r.k_cache[slot * k_slot + h * d], position);
       }
       for (int h = 0; p.cache_fp8 && h < a.heads_kv; ++h) {
-        quantize_appended(p, p.k_descale, b, h, &r.k_cache[slot * k_slot + at(h) * d], d);
-        quantize_appended(p, p.v_descale, b, h, &r.v_cache[slot * v_slot + at(h) * dv], dv);
+        const std::size_t token_at = slot * at(a.heads_kv) + at(h);
+        quantize_appended(p, p.k_descale, b, h, &r.k_cache[slot * k_slot + at(h) * d], d,
+                          token_descales ? &r.k_token_descale[token_at] : nullptr);
+        quantize_appended(p, p.v_descale, b, h, &r.v_cache[slot * v_slot + at(h) * dv], dv,
+                          token_descales ? &r.v_token_descale[token_at] : nullptr);
       }
       r.appended[slot] = true;
     }
@@ -134,6 +159,13 @@ DecodeReferenceResult decode_reference(const DecodeReferenceProblem& p, const De
     }
   }
   r.attention = attention_reference(ref, q, k, v);
+  if (p.cache_fp8) {
+    // The plain baseline of an fp8 cache: the same computation in q's dtype on the dequantized
+    // keys and values rounded to it, as a caller would dequantize the cache (issue 32's bound).
+    for (double& x : k) x = round_to(a.dtype, x);
+    for (double& x : v) x = round_to(a.dtype, x);
+    r.attention.out_plain = attention_reference(ref, q, k, v).out_plain;
+  }
 
   const auto total_q = at(std::int64_t{batch} * p.seqlen_q), seqlen_q = at(p.seqlen_q);
   r.lse.resize(r.attention.lse.size());

@@ -44,9 +44,17 @@ struct DecodeReferenceProblem {
   // An fp8 cache (e4m3 or e5m2): the append stores each new key (after rotary) and value divided
   // by its kv head's descale in fp32, rounded to cache_fp8 with saturation (saturate_to), and the
   // sequences attend the stored value times the descale. The descales are (batch, heads_kv); empty:
-  // 1. Unset: a 16-bit cache, which keeps the new keys and values as they are.
+  // 1. Unset: a 16-bit cache, which keeps the new keys and values as they are. With an fp8 cache
+  // the plain baseline (out_plain) attends the dequantized keys and values rounded to q's dtype.
   std::optional<DType> cache_fp8;
   std::vector<double> k_descale, v_descale;
+  // An fp8 cache's descales per (slot, kv head), (rows * row_len, heads_kv) fp32 values, or
+  // empty: none. The append gives each appended (slot, kv head) its own, as the device does
+  // (row_descale): its largest magnitude over (the largest fp8 value times the kv head's
+  // descale) in fp32, or 1 where that is not finite and positive, and stores each element divided
+  // by the kv head's descale times it (fp32), saturated. Sequences attend inputs' cache values,
+  // which hold the descales already, and the appended ones times both descales.
+  std::vector<double> k_token_descale, v_token_descale;
 
   int batch() const { return static_cast<int>(seqlens.size()); }
   // Whether q token i is rotated at seqlens[b] + i (true) or at seqlens[b] for every i: the
@@ -70,7 +78,14 @@ struct DecodeReferenceResult {
   // The cache after the append, and which slots the append wrote.
   std::vector<double> k_cache, v_cache;
   std::vector<bool> appended;
+  // The descales per (slot, kv head) after the append (empty: none).
+  std::vector<double> k_token_descale, v_token_descale;
 };
+
+// The descale an appended row gets (DecodeReferenceProblem::k_token_descale): `largest` over the
+// largest value of fp8 `dtype` times `head_descale`, in fp32; 1 where that is not finite and
+// positive.
+double row_descale(DType dtype, double largest, double head_descale);
 
 DecodeReferenceResult decode_reference(const DecodeReferenceProblem& problem,
                                        const DecodeInputs& inputs);

@@ -205,3 +205,36 @@ TEST_CASE("decode reference: the append into an fp8 cache, quantized by the desc
   CHECK(r.attention.out[0] == near((6 + 7 + 2 + 56) / 4.0));
   CHECK(r.attention.out[4] == near(96.0));
 }
+
+TEST_CASE("decode reference: the append into an fp8 cache with descales per token", "[decode]") {
+  using kiln::test::row_descale;
+  // A row's descale fills the range: its largest magnitude over 448 times the head's descale,
+  // in fp32; 1 for a row of zeros, or one too small for fp32.
+  CHECK(row_descale(DType::e4m3, 100.0, 0.125) == static_cast<float>(100.0f / (448.0f * 0.125f)));
+  CHECK(row_descale(DType::e5m2, 57344.0, 1.0) == 1.0);
+  CHECK(row_descale(DType::e4m3, 0.0, 1.0) == 1.0);
+  CHECK(row_descale(DType::e4m3, 1e-45, 1.0) == 1.0);
+
+  DecodeReferenceProblem p =
+      small_problem({.rows = 4, .row_len = 2, .block_table = {3, 1, 0, 2}, .max_pages = 2}, {3, 0});
+  p.seqlen_new = 1;
+  p.cache_fp8 = DType::e4m3;
+  p.v_descale = {0.125, 1.0};
+  p.k_token_descale.assign(8, 2.0);  // (slots, heads_kv): inputs' cache values hold them already
+  p.v_token_descale.assign(8, 2.0);
+  const auto r = kiln::test::decode_reference(p, small_inputs(p, 1));
+  // Sequence 0 appends into slot 3 (page 1, row 1), sequence 1 into slot 0 (page 0, row 0).
+  const double d0 = row_descale(DType::e4m3, 100.0, 0.125);
+  const double d1 = row_descale(DType::e4m3, 100.0, 1.0);
+  CHECK(r.v_token_descale[3] == d0);
+  CHECK(r.v_token_descale[0] == d1);
+  CHECK(r.k_token_descale[3] == 1.0);  // k_new is 0
+  CHECK(r.v_token_descale[1] == 2.0);  // slots not appended to keep theirs
+  // v_new 100 is stored as 448 (not saturated: the descale took its size) and attended as 448
+  // times 0.125 times d0: 100 to fp32's precision.
+  const double v0 = 448.0 * static_cast<double>(0.125f * static_cast<float>(d0));
+  CHECK(r.v_cache[3 * 4] == v0);
+  CHECK(v0 == Approx(100.0).epsilon(1e-6));
+  CHECK(r.attention.out[0] == near((6 + 7 + 2 + v0) / 4.0));
+  CHECK(r.attention.out[4] == near(448.0 * d1));
+}

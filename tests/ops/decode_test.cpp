@@ -112,6 +112,10 @@ struct Case {
   // How the descales are laid out: (batch, heads_kv) contiguous, a transposed view of (heads_kv,
   // batch), or one value for all (strides 0).
   enum class Descales { contiguous, transposed, one } descale_layout = Descales::contiguous;
+  // Descales per (slot, kv head) as well, random in [1/4, 2], laid out as the cache less its head
+  // dim, or (with head_major) a view of (heads_kv, rows, row_len).
+  bool token_descales = false;
+  bool head_major = false;
   // A config of the test's instead of choose()'s, launched on the device.
   std::optional<kiln::DecodeConfig> config;
 
@@ -142,6 +146,11 @@ std::string describe(const Case& c) {
   if (c.nan_slots) s << " NaN in unused slots";
   if (c.fp8) s << " " << kiln::to_string(*c.fp8) << " cache" << (c.descales ? " descaled" : "");
   if (c.descales) s << " descale layout " << static_cast<int>(c.descale_layout);
+  if (c.token_descales) s << " token descales" << (c.head_major ? " head-major" : "");
+  if (c.config) {
+    s << " config n" << c.config->block_n << " w" << c.config->warps << " s" << c.config->stages
+      << " m" << c.config->m_tiles << " x" << c.config->num_splits;
+  }
   if (c.config) {
     s << " config (splits " << c.config->num_splits << ", block_n " << c.config->block_n
       << ", warps " << c.config->warps << ", stages " << c.config->stages << ", m_tiles "
@@ -156,6 +165,8 @@ struct Setup {
   // An fp8 cache's stored values, and its descales (batch, heads_kv): inputs.k_cache and
   // v_cache hold what each sequence attends, the stored values times its descales.
   std::vector<double> k_stored, v_stored, k_descale, v_descale;
+  // With token descales, the cache's per (slot, kv head); else empty.
+  std::vector<double> k_token, v_token;
   // The score options, and the device tensors they point to (ALiBi slopes, sinks, the variant's).
   kiln::ScoreOptions score;
   std::shared_ptr<std::vector<std::unique_ptr<DeviceBuffer>>> score_buffers =
@@ -260,6 +271,12 @@ void quantize_cache(const Case& c, Setup& s, std::mt19937& rng) {
       s.v_descale.assign(scales, s.v_descale[0]);
     }
   }
+  if (c.token_descales) {
+    for (std::vector<double>* token : {&s.k_token, &s.v_token}) {
+      token->resize(slots * at(c.heads_kv));
+      for (double& x : *token) x = static_cast<float>(range(rng));
+    }
+  }
   s.inputs.k_cache = s.k_stored;
   s.inputs.v_cache = s.v_stored;
   for (int b = 0; b < c.batch(); ++b) {
@@ -267,13 +284,16 @@ void quantize_cache(const Case& c, Setup& s, std::mt19937& rng) {
       const auto slot = at(m.slot(b, j));
       for (int h = 0; h < c.heads_kv; ++h) {
         const std::size_t scale = at(b * c.heads_kv + h);
+        const std::size_t token = slot * at(c.heads_kv) + at(h);
+        const double k_scale = s.k_descale[scale] * (c.token_descales ? s.k_token[token] : 1.0);
+        const double v_scale = s.v_descale[scale] * (c.token_descales ? s.v_token[token] : 1.0);
         for (int e = 0; e < c.head_dim; ++e) {
           const std::size_t i = (slot * at(c.heads_kv) + at(h)) * at(c.head_dim) + at(e);
-          s.inputs.k_cache[i] = s.k_stored[i] * s.k_descale[scale];
+          s.inputs.k_cache[i] = s.k_stored[i] * k_scale;
         }
         for (int e = 0; e < c.dim_v(); ++e) {
           const std::size_t i = (slot * at(c.heads_kv) + at(h)) * at(c.dim_v()) + at(e);
-          s.inputs.v_cache[i] = s.v_stored[i] * s.v_descale[scale];
+          s.inputs.v_cache[i] = s.v_stored[i] * v_scale;
         }
       }
     }
@@ -318,6 +338,8 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
     p.cache_fp8 = c.fp8;
     p.k_descale = s.k_descale;
     p.v_descale = s.v_descale;
+    p.k_token_descale = s.k_token;
+    p.v_token_descale = s.v_token;
   }
   if (c.nan_slots) poison_unreached_slots(c, s);
   return s;
@@ -327,6 +349,7 @@ Setup make_setup(const Case& c, std::mt19937& rng) {
 struct DeviceDecode {
   std::vector<std::unique_ptr<DeviceBuffer>> inputs;  // kept alive for the views
   std::unique_ptr<DeviceBuffer> k_cache, v_cache;
+  std::unique_ptr<DeviceBuffer> k_token, v_token;  // token descales, in the case's layout
   std::unique_ptr<Output> out, lse;
   TensorView q, out_view;
   kiln::KVCache cache;
@@ -392,6 +415,37 @@ TensorView descale_view(const Case& c, const std::vector<double>& values, Device
                                 {batch, heads_kv});
 }
 
+// Token descales (slot, kv head) in c's layout: as given, or head-major.
+std::vector<double> token_layout(const Case& c, const CacheMap& m,
+                                 const std::vector<double>& values) {
+  if (!c.head_major) return values;
+  const auto slots = at(m.slots()), heads = at(c.heads_kv);
+  std::vector<double> by_head(values.size());
+  for (std::size_t slot = 0; slot < slots; ++slot) {
+    for (std::size_t h = 0; h < heads; ++h) by_head[h * slots + slot] = values[slot * heads + h];
+  }
+  return by_head;
+}
+
+// The (rows, row_len, heads_kv) view of token descales uploaded in c's layout.
+TensorView token_view(const Case& c, const CacheMap& m, const DeviceBuffer& values) {
+  const std::int64_t rows = m.rows, row_len = m.row_len, heads = c.heads_kv;
+  TensorView t = TensorView::contiguous(values.get(), DType::f32, {rows, row_len, heads});
+  if (c.head_major) t.strides = {row_len, 1, rows * row_len, 0};
+  return t;
+}
+
+// Token descales (slot, kv head) from downloaded ones in c's layout.
+std::vector<float> token_values(const Case& c, const CacheMap& m, const std::vector<float>& got) {
+  if (!c.head_major) return got;
+  const auto slots = at(m.slots()), heads = at(c.heads_kv);
+  std::vector<float> by_slot(got.size());
+  for (std::size_t slot = 0; slot < slots; ++slot) {
+    for (std::size_t h = 0; h < heads; ++h) by_slot[slot * heads + h] = got[h * slots + slot];
+  }
+  return by_slot;
+}
+
 DeviceDecode upload_case(const Case& c, const Setup& s) {
   const CacheMap& m = s.problem.cache;
   const std::int64_t batch = c.batch(), heads = c.heads, heads_kv = c.heads_kv;
@@ -408,6 +462,12 @@ DeviceDecode upload_case(const Case& c, const Setup& s) {
                                          std::pair{&d.cache.v_descale, &s.v_descale}}) {
         *view = descale_view(c, *values, d);
       }
+    }
+    if (c.token_descales) {
+      d.k_token = upload_values(DType::f32, token_layout(c, m, s.k_token));
+      d.v_token = upload_values(DType::f32, token_layout(c, m, s.v_token));
+      d.cache.k_token_descale = token_view(c, m, *d.k_token);
+      d.cache.v_token_descale = token_view(c, m, *d.v_token);
     }
   } else {
     d.k_cache = upload_values(c.dtype, s.inputs.k_cache);
@@ -437,12 +497,18 @@ DeviceDecode upload_case(const Case& c, const Setup& s) {
 struct Downloaded {
   std::vector<std::uint8_t> out, lse;
   std::vector<std::uint16_t> k_cache, v_cache;
+  std::vector<float> k_token, v_token;  // as laid out on the device; empty: none
   bool operator==(const Downloaded&) const = default;
 };
 
 Downloaded download(const DeviceDecode& d) {
-  return {d.out->bytes(), d.lse->bytes(), d.k_cache->download<std::uint16_t>(),
-          d.v_cache->download<std::uint16_t>()};
+  Downloaded got{d.out->bytes(), d.lse->bytes(), d.k_cache->download<std::uint16_t>(),
+                 d.v_cache->download<std::uint16_t>()};
+  if (d.k_token) {
+    got.k_token = d.k_token->download<float>();
+    got.v_token = d.v_token->download<float>();
+  }
+  return got;
 }
 
 // One call with out and lse poisoned first.
@@ -460,16 +526,21 @@ Downloaded run(kiln::Runtime& rt, DeviceDecode& d) {
 
 // An fp8 cache's stored values after the call: as uploaded, but in the appended slots the
 // reference's over their descales (exactly the stored values: the reference attends them times
-// the descale, in fp64).
+// the descale, times the token descale when there is one, in fp32).
 std::vector<double> stored_after(const Case& c, const Setup& s, const std::vector<double>& stored,
                                  const std::vector<double>& after,
-                                 const std::vector<double>& descales, int dim) {
+                                 const std::vector<double>& descales,
+                                 const std::vector<double>& token_descales, int dim) {
   std::vector<double> values = stored;
   for (int b = 0; b < c.batch(); ++b) {
     for (int t = 0; t < c.seqlen_new; ++t) {
       const auto slot = at(s.problem.cache.slot(b, c.seqlens[at(b)] + t));
       for (int h = 0; h < c.heads_kv; ++h) {
-        const double descale = descales[at(b * c.heads_kv + h)];
+        const auto head = static_cast<float>(descales[at(b * c.heads_kv + h)]);
+        const double descale =
+            token_descales.empty()
+                ? head
+                : head * static_cast<float>(token_descales[slot * at(c.heads_kv) + at(h)]);
         for (int e = 0; e < dim; ++e) {
           const std::size_t i = (slot * at(c.heads_kv) + at(h)) * at(dim) + at(e);
           values[i] = after[i] / descale;
@@ -502,13 +573,16 @@ void check_cache(const Case& c, const Setup& s, const Downloaded& got,
     std::vector<std::uint16_t> got;
     bool rotated;
   };
-  const Side sides[] = {
-      {"k", c.fp8 ? s.k_stored : s.inputs.k_cache,
-       c.fp8 ? stored_after(c, s, s.k_stored, want.k_cache, s.k_descale, c.head_dim) : want.k_cache,
-       element_codes(c.fp8, got.k_cache), s.problem.rotary_dim > 0},
-      {"v", c.fp8 ? s.v_stored : s.inputs.v_cache,
-       c.fp8 ? stored_after(c, s, s.v_stored, want.v_cache, s.v_descale, c.dim_v()) : want.v_cache,
-       element_codes(c.fp8, got.v_cache), false}};
+  const Side sides[] = {{"k", c.fp8 ? s.k_stored : s.inputs.k_cache,
+                         c.fp8 ? stored_after(c, s, s.k_stored, want.k_cache, s.k_descale,
+                                              want.k_token_descale, c.head_dim)
+                               : want.k_cache,
+                         element_codes(c.fp8, got.k_cache), s.problem.rotary_dim > 0},
+                        {"v", c.fp8 ? s.v_stored : s.inputs.v_cache,
+                         c.fp8 ? stored_after(c, s, s.v_stored, want.v_cache, s.v_descale,
+                                              want.v_token_descale, c.dim_v())
+                               : want.v_cache,
+                         element_codes(c.fp8, got.v_cache), false}};
   // An ulp, relative at most, and the spacing of the smallest values.
   const double ulp = stored == DType::bf16   ? 0x1p-7
                      : stored == DType::f16  ? 0x1p-10
@@ -538,6 +612,42 @@ void check_cache(const Case& c, const Setup& s, const Downloaded& got,
   }
 }
 
+// Token descales after the call: the appended slots' as the reference's (for rotated keys within
+// an ulp of q's dtype, as their largest magnitude is), every other slot's kept.
+void check_token_descales(const Case& c, const Setup& s, const Downloaded& got,
+                          const DecodeReferenceResult& want) {
+  const double ulp = c.dtype == DType::bf16 ? 0x1p-7 : 0x1p-10;
+  struct Side {
+    const char* name;
+    const std::vector<double>& before;
+    const std::vector<double>& after;
+    const std::vector<float>& got;
+    bool rotated;
+  };
+  const Side sides[] = {
+      {"k", s.k_token, want.k_token_descale, got.k_token, s.problem.rotary_dim > 0},
+      {"v", s.v_token, want.v_token_descale, got.v_token, false}};
+  for (const Side& side : sides) {
+    const std::vector<float> values = token_values(c, s.problem.cache, side.got);
+    REQUIRE(values.size() == side.after.size());
+    std::int64_t changed = 0, wrong = 0, first_wrong = -1;
+    for (std::size_t i = 0; i < values.size(); ++i) {
+      const double g = values[i];
+      if (!want.appended[i / at(c.heads_kv)]) {
+        changed += g != side.before[i];
+        continue;
+      }
+      const double w = side.after[i];
+      const bool ok = side.rotated ? std::fabs(g - w) <= ulp * std::fabs(w) : g == w;
+      if (!ok && wrong++ == 0) first_wrong = static_cast<std::int64_t>(i);
+    }
+    INFO(side.name << " token descales: " << changed << " changed that the append does not write; "
+                   << wrong << " appended ones off, the first at " << first_wrong);
+    CHECK(changed == 0);
+    CHECK(wrong == 0);
+  }
+}
+
 void check_outputs(const Case& c, const Setup& s, const DeviceDecode& d, const Downloaded& got,
                    const DecodeReferenceResult& want) {
   check_out(*d.out, got.out, want.attention, c.heads, c.dim_v());
@@ -547,6 +657,7 @@ void check_outputs(const Case& c, const Setup& s, const DeviceDecode& d, const D
     CHECK(d.lse->written(got.lse) == 0);  // nothing asked, nothing written
   }
   check_cache(c, s, got, want);
+  if (c.token_descales) check_token_descales(c, s, got, want);
 }
 
 // Runs `c` twice and checks out, lse and the cache against the reference, the guards, and that
@@ -703,6 +814,93 @@ TEST_CASE("decode over fp8 caches: e4m3 and e5m2, descales, paged, split, masks"
             .descale_layout = Case::Descales::one},
            rng);
   run_case(rt, {.seqlens = {30, 1}, .seqlen_new = 5, .fp8 = DType::e4m3}, rng);
+}
+
+// Descales per (token, kv head), with FlashAttention-3's or alone: contiguous, paged by 16 (which
+// choose()'s 32-key fp8 tiles cross) and by 48, head-major, split; appends that give each new row
+// its own descale (rotary; values far past e4m3's range, which the descale takes in without
+// saturating; NaN where no sequence reads).
+TEST_CASE("decode over fp8 caches with descales per token and kv head", "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  if (rt.target().arch() < 89) {
+    WARN("skipped: an fp8 cache needs sm_89 or newer, not " << rt.target().name());
+    return;
+  }
+  std::mt19937 rng(33);
+  for (DType fp8 : {DType::e4m3, DType::e5m2}) {
+    for (int page_size : {0, 16}) {
+      run_case(rt,
+               {.dtype = fp8 == DType::e4m3 ? DType::bf16 : DType::f16,
+                .page_size = page_size,
+                .fp8 = fp8,
+                .descales = page_size == 0,
+                .token_descales = true},
+               rng);
+    }
+  }
+  run_case(rt,
+           {.seqlens = {3, 2000, 700},
+            .page_size = 48,
+            .num_splits = 5,
+            .fp8 = DType::e4m3,
+            .token_descales = true,
+            .head_major = true},
+           rng);
+  run_case(rt,
+           {.seqlens = {5, 64, 200},
+            .seqlen_new = 3,
+            .new_scale = 1000,
+            .page_size = 16,
+            .score = {.causal = true},
+            .rotary = Rotary::neox,
+            .fp8 = DType::e4m3,
+            .descales = true,
+            .token_descales = true},
+           rng);
+  run_case(rt,
+           {.dtype = DType::f16,
+            .seqlen_new = 2,
+            .batch_idx = true,
+            .nan_slots = true,
+            .fp8 = DType::e5m2,
+            .token_descales = true,
+            .head_major = true},
+           rng);
+}
+
+// Configs of 32- and 64-key tiles (4 and 2 row tiles) over pages of 16, which the tiles cross in
+// pieces of 16 keys, each within a page, and of 24, whose pieces cross pages too (read key by
+// key): fp8 and bf16 caches, GQA with four speculative queries under causal, split in two.
+TEST_CASE("decode tiles that cross pages: explicit configs over pages of 16 and 24",
+          "[gpu][decode]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  const bool fp8 = rt.target().arch() >= 89;
+  if (!fp8) WARN("fp8 caches skipped: they need sm_89 or newer, not " << rt.target().name());
+  std::mt19937 rng(34);
+  for (const auto& [block_n, m_tiles] : {std::pair{32, 4}, std::pair{64, 2}}) {
+    for (int page_size : {16, 24}) {
+      for (bool cache_fp8 : {true, false}) {
+        if (cache_fp8 && !fp8) continue;
+        Case c{
+            .heads = 32,
+            .heads_kv = 2,
+            .head_dim = 64,
+            .seqlen_q = 4,
+            .seqlens = {0, 1, 40, 333},
+            .page_size = page_size,
+            .score = {.causal = true},
+            .config = kiln::DecodeConfig{
+                .num_splits = 2, .block_n = block_n, .warps = 4, .stages = 2, .m_tiles = m_tiles}};
+        if (cache_fp8) {
+          c.fp8 = DType::e4m3;
+          c.descales = true;
+        }
+        run_case(rt, c, rng);
+      }
+    }
+  }
 }
 
 TEST_CASE("decode GQA ratios 1, 2, 4, 8 and MQA, one query or four with causal", "[gpu][decode]") {

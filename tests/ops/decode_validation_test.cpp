@@ -672,6 +672,66 @@ TEST_CASE("decode refuses an fp8 cache where it cannot read one, and misplaced d
   check_invalid(c, {"cache.k_descale", "(batch, heads_kv)"});
 }
 
+// Descales per (token, kv head): fp32 shaped as the cache less its head dim, contiguous or
+// paged, any strides; written by an append (so they must not overlap then).
+TEST_CASE("decode reads an fp8 cache with descales per token and kv head", "[decode]") {
+  DecodeCall c = fp8_call();
+  c.cache.k_token_descale = view(0xE000000, DType::f32, {3, 256, 2});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 256, 2});
+  check_accepted(c);
+  c.cache.k_descale = view(0xC000000, DType::f32, {2, 2});  // both kinds multiply
+  c.cache.v_descale = view(0xD000000, DType::f32, {2, 2});
+  c.options.k_new = view(0x8000000, DType::bf16, {2, 1, 2, 64});
+  c.options.v_new = view(0x9000000, DType::bf16, {2, 1, 2, 64});
+  check_accepted(c);
+  // A head-major layout, (heads_kv, batch_cache, seqlen_cache) seen as the cache's order.
+  c.cache.v_token_descale->strides = {256, 1, 3 * 256};
+  check_accepted(c);
+  DecodeCall paged = paged_call();
+  paged.cache.k.dtype = DType::e5m2;
+  paged.cache.v.dtype = DType::e5m2;
+  paged.cache.k_token_descale = view(0xE000000, DType::f32, {10, 16, 2});
+  paged.cache.v_token_descale = view(0xF000000, DType::f32, {10, 16, 2});
+  check_accepted(paged);
+}
+
+TEST_CASE("decode refuses descales per token that do not match the cache", "[decode]") {
+  DecodeCall c = fp8_call();
+  c.cache.k_token_descale = view(0xE000000, DType::f32, {3, 256, 2});
+  check_invalid(c, {"cache.k_token_descale and cache.v_token_descale come together",
+                    "cache.v_token_descale is missing"});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 256, 2});
+  c.cache.v_token_descale->dtype = DType::bf16;
+  check_invalid(c, {"cache.v_token_descale has dtype bf16", "float32"});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 256, 2, 1});
+  check_invalid(c, {"cache.v_token_descale", "(batch_cache, seqlen_cache, heads_kv)"});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 128, 2});
+  check_invalid(c, {"cache.v_token_descale", "128", "cache.k.size(1)"});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {2, 256, 2});
+  check_invalid(c, {"cache.v_token_descale", "cache.k.size(0)"});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 256, 1});
+  check_invalid(c, {"cache.v_token_descale", "heads_kv"});
+  // An append writes them: each slot's own element.
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 256, 2});
+  c.cache.v_token_descale->strides = {0, 2, 1};
+  check_accepted(c);
+  c.options.k_new = view(0x8000000, DType::bf16, {2, 1, 2, 64});
+  c.options.v_new = view(0x9000000, DType::bf16, {2, 1, 2, 64});
+  check_invalid(c, {"cache.v_token_descale"});
+
+  DecodeCall paged = paged_call();
+  paged.cache.k.dtype = DType::e4m3;
+  paged.cache.v.dtype = DType::e4m3;
+  paged.cache.k_token_descale = view(0xE000000, DType::f32, {10, 32, 2});
+  paged.cache.v_token_descale = view(0xF000000, DType::f32, {10, 16, 2});
+  check_invalid(paged, {"cache.k_token_descale", "32", "cache.k.size(1)"});
+
+  c = contiguous_call();
+  c.cache.k_token_descale = view(0xE000000, DType::f32, {3, 256, 2});
+  c.cache.v_token_descale = view(0xF000000, DType::f32, {3, 256, 2});
+  check_invalid(c, {"cache.k_token_descale is for an fp8 cache, but the cache has dtype bf16"});
+}
+
 // --- KILN_DEBUG's index checks ---------------------------------------------------------------
 
 using detail::CacheBounds;

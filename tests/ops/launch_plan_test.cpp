@@ -91,7 +91,8 @@ TEST_CASE("decode decides its row tiles once, in choose(), and plans from them",
     CHECK(test::contains(to_string(plan.spec), "m_tiles=" + std::to_string(m_tiles)));
     CHECK(plan.threads == config.warps * 32);
     CHECK(plan.shared_bytes == attention_decode_smem_bytes(dim, dim, m_tiles, config.block_n,
-                                                           config.warps, config.stages, 2, 2));
+                                                           config.warps, config.stages, 2, 2,
+                                                           false));
     check_registry_agrees(plan);
   }
   // d128, one row tile: 3 stages fit the 112 KiB a CTA aims at, 4 would not.

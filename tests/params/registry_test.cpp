@@ -169,7 +169,7 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   const DecodeConfig config;
   CHECK(detail::dynamic_shared_bytes(detail::decode_attention_spec(decode, config)) ==
         attention_decode_smem_bytes(64, 64, config.m_tiles, config.block_n, config.warps,
-                                    config.stages, 2, 2));
+                                    config.stages, 2, 2, false));
   CHECK(detail::dynamic_shared_bytes(unary()) == 0);
   CHECK(detail::dynamic_shared_bytes(detail::merge_spec(DType::f32, DType::bf16, 128)) == 0);
 }
@@ -204,11 +204,14 @@ TEST_CASE("the shared-memory formulas take each operand's element size", "[param
         2 * attention_forward_portable_smem_bytes(128, 64, 32, 1));
   // decode at d128, one row tile, 4 warps of 3 stages of 16 keys: Q 16 x 128, K/V 4 x 3 x 16 x
   // 256.
-  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 2) ==
+  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 2, false) ==
         2 * (16 * 128 + 4 * 3 * 16 * 256));
-  // An fp8 cache: its tiles in a byte an element (widened in registers).
-  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 1) ==
+  // An fp8 cache: its tiles in a byte an element (widened in registers); with descales per
+  // token, each slot also holds its 16 keys' and 16 values' (fp32).
+  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 1, false) ==
         2 * 16 * 128 + 4 * 3 * 16 * 256);
+  CHECK(attention_decode_smem_bytes(128, 128, 1, 16, 4, 3, 2, 1, true) ==
+        2 * 16 * 128 + 4 * 3 * (16 * 256 + 2 * 16 * 4));
 }
 
 TEST_CASE("a spec of operand dtypes its family does not take is refused before compiling",

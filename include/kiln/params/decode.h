@@ -83,6 +83,12 @@ struct DecodeParams {
   const float* maybe_v_descale;
   long long k_descale_batch_stride, k_descale_head_stride;
   long long v_descale_batch_stride, v_descale_head_stride;
+  // An fp8 cache's descales per (token, kv head) (spec token_descales): fp32 laid out as the
+  // cache with no head dim, each key's and value's at the place the cache's row of it has, with
+  // these strides in the batch (page), seq and head fields: the key attended is the cached one
+  // times maybe_k_descale's and this (k), and likewise v. Its batch_idx, block table and page
+  // size are kv's. decode_append writes those of the keys it appends.
+  KVLayout token_descale;
 };
 
 // One input of the merge kernel: `states` attention states per (b, i, h) row, state s of row
@@ -119,18 +125,20 @@ constexpr int kMergeThreads = 128;
 
 // Dynamic shared memory of attention_decode, in bytes; host and kernel share it. Per warp,
 // `stages` slots of (K tile, V tile) of block_n rows of round_up(dim, 16) elements (swizzled,
-// unpadded) of kv_size bytes each; plus the Q tile (16 * m_tiles rows, elements of q_size bytes)
-// shared by the warps. q_size and kv_size come from the spec's dtype_q and dtype_kv. The end of the
-// kernel reuses it to merge the warps' fp32 states: per warp, (16 * m_tiles) rows of
+// unpadded) of kv_size bytes each, and with token_descales the tile's block_n key and block_n
+// value descales (fp32); plus the Q tile (16 * m_tiles rows, elements of q_size bytes) shared by
+// the warps. q_size and kv_size come from the spec's dtype_q and dtype_kv. The end of the kernel
+// reuses it to merge the warps' fp32 states: per warp, (16 * m_tiles) rows of
 // round_up(head_dim_v, 16) + 8 outputs, and a max and a sum per row.
 KILN_PARAMS_FN constexpr long long attention_decode_smem_bytes(
     long long head_dim, long long head_dim_v, long long m_tiles, long long block_n, long long warps,
-    long long stages, long long q_size, long long kv_size) {
+    long long stages, long long q_size, long long kv_size, bool token_descales) {
   const long long qk_pitch = (head_dim + 15) / 16 * 16;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16;
   const long long rows = 16 * m_tiles;
-  const long long tiles =
-      q_size * rows * qk_pitch + kv_size * warps * stages * block_n * (qk_pitch + v_pitch);
+  const long long slot =
+      kv_size * block_n * (qk_pitch + v_pitch) + (token_descales ? 8 : 0) * block_n;
+  const long long tiles = q_size * rows * qk_pitch + warps * stages * slot;
   const long long merge = 4 * warps * rows * ((head_dim_v + 15) / 16 * 16 + 8 + 2);
   return tiles > merge ? tiles : merge;
 }

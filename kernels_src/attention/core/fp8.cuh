@@ -42,27 +42,40 @@ __device__ __forceinline__ unsigned fp8x2_to_f16x2(unsigned short pair) {
   return out;
 }
 
+// Two fp8 values, the first in the low byte, as fp32 (lo the first).
+template <class KV>
+__device__ __forceinline__ void fp8x2_to_floats(unsigned short pair, float& lo, float& hi) {
+  const unsigned halves = fp8x2_to_f16x2<KV>(pair);
+  asm("{\n"
+      ".reg .f16 l, h;\n"
+      "mov.b32 {l, h}, %2;\n"
+      "cvt.f32.f16 %0, l;\n"
+      "cvt.f32.f16 %1, h;\n"
+      "}\n"
+      : "=f"(lo), "=f"(hi)
+      : "r"(halves));
+}
+
 // Two fp8 values, the first in the low byte, as a pair of T (f16 or bf16), the first low.
 template <class T, class KV>
 __device__ __forceinline__ unsigned fp8x2_to(unsigned short pair) {
-  const unsigned halves = fp8x2_to_f16x2<KV>(pair);
   if constexpr (is_same<T, f16>::value) {
-    return halves;
+    return fp8x2_to_f16x2<KV>(pair);
   } else {
     static_assert(is_same<T, bf16>::value, "fp8 converts to kiln::f16 or kiln::bf16.");
-    unsigned out;
-    asm("{\n"
-        ".reg .f16 lo, hi;\n"
-        ".reg .f32 flo, fhi;\n"
-        "mov.b32 {lo, hi}, %1;\n"
-        "cvt.f32.f16 flo, lo;\n"
-        "cvt.f32.f16 fhi, hi;\n"
-        "cvt.rn.bf16x2.f32 %0, fhi, flo;\n"
-        "}\n"
-        : "=r"(out)
-        : "r"(halves));
-    return out;
+    float lo, hi;
+    fp8x2_to_floats<KV>(pair, lo, hi);
+    return mma::pack2<T>(lo, hi);
   }
+}
+
+// As fp8x2_to, the values times scale.x (the first) and scale.y in fp32, rounded to T once:
+// dequantized as the plain computation would dequantize them into T.
+template <class T, class KV>
+__device__ __forceinline__ unsigned fp8x2_to_scaled(unsigned short pair, float2 scale) {
+  float lo, hi;
+  fp8x2_to_floats<KV>(pair, lo, hi);
+  return mma::pack2<T>(lo * scale.x, hi * scale.y);
 }
 
 // x rounded to the nearest value of KV (kiln::e4m3 or kiln::e5m2), saturating to its largest
@@ -81,11 +94,53 @@ __device__ __forceinline__ KV fp8_from_float(float x) {
   return {static_cast<unsigned char>(pair & 0xffu)};
 }
 
+// The largest finite value of KV (kiln::e4m3 or kiln::e5m2): 448 or 57344.
+template <class KV>
+__device__ __forceinline__ constexpr float fp8_largest() {
+  return is_same<KV, e4m3>::value ? 448.f : 57344.f;
+}
+
+// The descale of a row of new keys (or values) whose largest magnitude is `largest`, so that the
+// row fills KV's range: largest / (fp8_largest * head_descale), rounded in fp32 as written. 1
+// where that is not finite and positive (a row of zeros, or of values too small for fp32).
+template <class KV>
+__device__ __forceinline__ float row_descale(float largest, float head_descale) {
+  const float descale = __fdiv_rn(largest, __fmul_rn(fp8_largest<KV>(), head_descale));
+  constexpr float fp32_largest = 3.40282347e38f;
+  return descale > 0.f && descale <= fp32_largest ? descale : 1.f;
+}
+
+// Multiplies each column of s (a lane's S fragments: key 8j + 2 (lane % 4) + e % 2 of the tile
+// in s[mt][j][e]) by that key's entry of `descales`, the tile's block_n fp32 values in shared
+// memory.
+template <class Tr>
+__device__ __forceinline__ void scale_key_columns(float (&s)[Tr::m_tiles][Tr::s_tiles][4],
+                                                  const float* descales, int lane) {
+#pragma unroll
+  for (int j = 0; j < Tr::s_tiles; ++j) {
+    const float2 d = *reinterpret_cast<const float2*>(descales + 8 * j + 2 * (lane % 4));
+#pragma unroll
+    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+      s[mt][j][0] *= d.x;
+      s[mt][j][1] *= d.y;
+      s[mt][j][2] *= d.x;
+      s[mt][j][3] *= d.y;
+    }
+  }
+}
+
 // Four fp8 values (a 32-bit word, the first in the low byte) as two words of T pairs.
 template <class T, class KV>
 __device__ __forceinline__ uint2 fp8x4_to(unsigned word) {
   return make_uint2(fp8x2_to<T, KV>(static_cast<unsigned short>(word & 0xffffu)),
                     fp8x2_to<T, KV>(static_cast<unsigned short>(word >> 16)));
+}
+
+// As fp8x4_to, each pair times `scale` (fp8x2_to_scaled).
+template <class T, class KV>
+__device__ __forceinline__ uint2 fp8x4_to_scaled(unsigned word, float2 scale) {
+  return make_uint2(fp8x2_to_scaled<T, KV>(static_cast<unsigned short>(word & 0xffffu), scale),
+                    fp8x2_to_scaled<T, KV>(static_cast<unsigned short>(word >> 16), scale));
 }
 
 // Puts each 16 head dims of Q's rows in shared memory (a tile as lane_offsets reads it: rows of
@@ -190,18 +245,32 @@ __device__ __forceinline__ void qk_scores_fp8(float (&s)[Tr::m_tiles][Tr::s_tile
 }
 
 // o += P V as pv_accumulate, V an fp8 tile (rows of v_dim bytes, kv_v_swizzle) at shared address
-// v_tile; o's columns in fp8_o_column's order.
-template <class Tr>
+// v_tile; o's columns in fp8_o_column's order. With Scaled, each key's values are dequantized by
+// its entry of `descales` (the tile's block_n fp32 values in shared memory) times `head`, rounded
+// to Q's type once (fp8x2_to_scaled).
+template <class Tr, bool Scaled = false>
 __device__ __forceinline__ void pv_accumulate_fp8(float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                                   const float (&s)[Tr::m_tiles][Tr::s_tiles][4],
-                                                  unsigned v_tile, int lane) {
+                                                  unsigned v_tile, int lane,
+                                                  const float* descales = nullptr,
+                                                  float head = 1.f) {
   using Q = typename Tr::Q;
+  using KV = typename Tr::KV;
   constexpr int groups = Tr::v_dim / 16;  // of 16 head dims, two n8 tiles each
   const Fp8LaneOffsets v = fp8_lane_offsets<Tr::v_dim, Tr::kv_v_swizzle>(lane);
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
     unsigned a[Tr::m_tiles][4];
     p_fragments<Q>(a, s, kk);
+    // The descales of keys 2t, 2t + 1 and of keys 2t + 8, 2t + 9 of the k16 step.
+    float2 low_scale{}, high_scale{};
+    if constexpr (Scaled) {
+      const float* const step = descales + 16 * kk + 2 * (lane % 4);
+      low_scale = *reinterpret_cast<const float2*>(step);
+      high_scale = *reinterpret_cast<const float2*>(step + 8);
+      low_scale = make_float2(low_scale.x * head, low_scale.y * head);
+      high_scale = make_float2(high_scale.x * head, high_scale.y * head);
+    }
 #pragma unroll
     for (int G = 0; G < groups; G += 2) {
       unsigned r[4];
@@ -209,8 +278,16 @@ __device__ __forceinline__ void pv_accumulate_fp8(float (&o)[Tr::m_tiles][Tr::o_
 #pragma unroll
       for (int h = 0; h < 2 && G + h < groups; ++h) {
         // Keys 2t, 2t + 1 (then + 8) of head dims 2g (low half) and 2g + 1 (high half).
-        const uint2 low = fp8x4_to<Q, typename Tr::KV>(__byte_perm(r[2 * h], 0, 0x3120));
-        const uint2 high = fp8x4_to<Q, typename Tr::KV>(__byte_perm(r[2 * h + 1], 0, 0x3120));
+        const unsigned low_keys = __byte_perm(r[2 * h], 0, 0x3120);
+        const unsigned high_keys = __byte_perm(r[2 * h + 1], 0, 0x3120);
+        uint2 low, high;
+        if constexpr (Scaled) {
+          low = fp8x4_to_scaled<Q, KV>(low_keys, low_scale);
+          high = fp8x4_to_scaled<Q, KV>(high_keys, high_scale);
+        } else {
+          low = fp8x4_to<Q, KV>(low_keys);
+          high = fp8x4_to<Q, KV>(high_keys);
+        }
 #pragma unroll
         for (int mt = 0; mt < Tr::m_tiles; ++mt) {
           mma::mma_16816<Q>(o[mt][2 * (G + h)], a[mt], low.x, high.x);

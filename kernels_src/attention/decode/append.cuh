@@ -5,7 +5,9 @@
 // Spec constants: dtype_q (kiln::f16 or kiln::bf16: q, q_rotated and the rotary tables),
 // dtype_kv (the cache's: q's, whose k_new and v_new are copied, or kiln::e4m3 or kiln::e5m2,
 // whose k_new and v_new are q's, quantized by the descales), head_dim, head_dim_v, paged (keys go
-// through the block table), rotary (rotate k_new, and write the rotated q to q_rotated).
+// through the block table), rotary (rotate k_new, and write the rotated q to q_rotated),
+// token_descales (an fp8 cache with descales per (token, kv head): each new row of a kv head is
+// quantized by a descale of its own, row_descale of its largest magnitude, written beside it).
 //
 // Launch: grid (max(seqlen_new, rotary ? seqlen_q : 0), batch), kDecodeAppendThreads (128) threads,
 // no shared memory. Block (t, b) writes token t of sequence b: its heads_kv key and value rows, and
@@ -60,6 +62,36 @@ __device__ __forceinline__ KV to_cache(New x, const float* descale) {
   }
 }
 
+// One new row of Dim elements (element c: row(c), as fp32) into an fp8 cache row `to` with a
+// descale of its own, by a warp: the row's largest magnitude sets it (attention::row_descale,
+// over the kv head's descale head_descale), written to *descale_to by lane 0; each element goes
+// divided by head_descale times it, rounded and saturated.
+template <class KV, int Dim, class Row>
+__device__ __forceinline__ void append_row_descaled(KV* to, float* descale_to, float head_descale,
+                                                    const Row& row, int lane) {
+  constexpr int per_lane = (Dim + 31) / 32;
+  float x[per_lane];
+  float largest = 0.f;
+#pragma unroll
+  for (int i = 0; i < per_lane; ++i) {
+    const int c = lane + 32 * i;
+    x[i] = c < Dim ? row(c) : 0.f;
+    largest = fmaxf(largest, fabsf(x[i]));
+  }
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) {
+    largest = fmaxf(largest, __shfl_xor_sync(0xffffffffu, largest, offset));
+  }
+  const float descale = attention::row_descale<KV>(largest, head_descale);
+  const float effective = __fmul_rn(head_descale, descale);
+  if (lane == 0) *descale_to = descale;
+#pragma unroll
+  for (int i = 0; i < per_lane; ++i) {
+    const int c = lane + 32 * i;
+    if (c < Dim) to[c] = attention::fp8_from_float<KV>(__fdiv_rn(x[i], effective));
+  }
+}
+
 }  // namespace decode
 
 template <class Spec>
@@ -95,24 +127,50 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
                        int h) -> const float* {
       return fp8 && scales != nullptr ? scales + batch * batch_stride + h * head_stride : nullptr;
     };
-    for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
-      const int h = e / head_dim, c = e % head_dim;
+    // Key element c of kv head h as the cache takes it: rotated keys are rounded to New first,
+    // as a caller rotating them would have them.
+    auto key = [&](int h, int c) -> New {
       const New* const src = k_new + h * p.k_new_head_stride;
-      // Rotated keys are rounded to New first, as a caller rotating them would have them.
-      New x;
       if constexpr (Spec::rotary) {
-        x = from_float<New>(decode::rotate<Q>(src, c, position, p));
+        return from_float<New>(decode::rotate<Q>(src, c, position, p));
       } else {
-        x = src[c];
+        return src[c];
       }
-      k[h * p.kv.k_head_stride + c] = decode::to_cache<KV>(
-          x, descale(p.maybe_k_descale, p.k_descale_head_stride, p.k_descale_batch_stride, h));
-    }
-    for (int e = threadIdx.x; e < p.heads_kv * head_dim_v; e += blockDim.x) {
-      const int h = e / head_dim_v, c = e % head_dim_v;
-      v[h * p.kv.v_head_stride + c] = decode::to_cache<KV>(
-          v_new[h * p.v_new_head_stride + c],
-          descale(p.maybe_v_descale, p.v_descale_head_stride, p.v_descale_batch_stride, h));
+    };
+    if constexpr (Spec::token_descales) {
+      static_assert(fp8, "descales per token are an fp8 cache's.");
+      // A warp per kv head's row; the descales' rows lie where the cache's do.
+      const auto descales = attention::kv_rows_at<mode, float>(
+          p.token_descale, batch, attention::kv_sequence_start<mode>(p.token_descale, batch));
+      long long kd_off, vd_off;
+      descales.offsets(position, kd_off, vd_off);
+      const int lane = threadIdx.x % 32;
+      for (int h = threadIdx.x / 32; h < p.heads_kv; h += blockDim.x / 32) {
+        const float* const k_head =
+            descale(p.maybe_k_descale, p.k_descale_head_stride, p.k_descale_batch_stride, h);
+        const float* const v_head =
+            descale(p.maybe_v_descale, p.v_descale_head_stride, p.v_descale_batch_stride, h);
+        decode::append_row_descaled<KV, head_dim>(
+            k + h * p.kv.k_head_stride, descales.k + kd_off + h * p.token_descale.k_head_stride,
+            k_head != nullptr ? *k_head : 1.f, [&](int c) { return to_float(key(h, c)); }, lane);
+        decode::append_row_descaled<KV, head_dim_v>(
+            v + h * p.kv.v_head_stride, descales.v + vd_off + h * p.token_descale.v_head_stride,
+            v_head != nullptr ? *v_head : 1.f,
+            [&](int c) { return to_float(v_new[h * p.v_new_head_stride + c]); }, lane);
+      }
+    } else {
+      for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
+        const int h = e / head_dim, c = e % head_dim;
+        k[h * p.kv.k_head_stride + c] = decode::to_cache<KV>(
+            key(h, c),
+            descale(p.maybe_k_descale, p.k_descale_head_stride, p.k_descale_batch_stride, h));
+      }
+      for (int e = threadIdx.x; e < p.heads_kv * head_dim_v; e += blockDim.x) {
+        const int h = e / head_dim_v, c = e % head_dim_v;
+        v[h * p.kv.v_head_stride + c] = decode::to_cache<KV>(
+            v_new[h * p.v_new_head_stride + c],
+            descale(p.maybe_v_descale, p.v_descale_head_stride, p.v_descale_batch_stride, h));
+      }
     }
   }
 

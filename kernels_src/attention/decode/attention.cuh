@@ -24,6 +24,9 @@
 //                kiln::e5m2, sm_89 and newer, head dims multiples of 16): its fragments are
 //                widened to q's type in registers (attention/core/fp8.cuh), the keys' descale
 //                joins the softmax scale and the values' multiplies the output.
+//   token_descales   an fp8 cache's descales per (token, kv head) (DecodeParams::token_descale):
+//                each tile's come with it into shared memory; the keys' multiply S's columns,
+//                the values' (times the kv head's) dequantize V as it is widened, rounded once.
 //   head_dim     of q and k, head_dim_v of v and out: multiples of 8 in [8, 256].
 //   m_tiles      packed rows per CTA / 16: 1, 2 or 4.
 //   block_n      keys per warp tile, a multiple of 16.
@@ -98,18 +101,22 @@ struct DecodeTraits : attention::HeadTraits<Spec, true> {
   // target (the 16-bit kernels' code as tuned). With an fp8 cache that target was 128 registers
   // at head dim 128, with spills; 1 lets ptxas take the about 160 the kernel needs.
   static constexpr int min_blocks = kv_fp8 ? 1 : 0;
+  static constexpr bool token_descales = Spec::token_descales;
+  static_assert(!token_descales || kv_fp8, "descales per token are an fp8 cache's.");
 
   // Shared memory: Q (q_elems elements of Q), then per warp `stages` slots of (K tile, V tile),
-  // elements of KV. The warp merge at the end reuses it as fp32: per warp rows x merge_pitch
-  // outputs, then every warp's row maxima and sums.
+  // elements of KV, and with token_descales the tile's key then value descales (fp32, from
+  // element descales_at). The warp merge at the end reuses it as fp32: per warp rows x
+  // merge_pitch outputs, then every warp's row maxima and sums.
   static constexpr int q_elems = rows * qk_pitch;
   static constexpr int k_elems = block_n * qk_pitch;
-  static constexpr int slot_elems = k_elems + block_n * v_pitch;
+  static constexpr int descales_at = k_elems + block_n * v_pitch;
+  static constexpr int slot_elems = descales_at + (token_descales ? 2 * block_n * 4 / kv_size : 0);
   static constexpr int warp_elems = stages * slot_elems;
   // float2 stores of 8 rows meet no bank twice (the fp8 path's float4 ones, once a CTA, do).
   static constexpr int merge_pitch = v_dim + 8;
   static constexpr int smem_bytes = static_cast<int>(attention_decode_smem_bytes(
-      head_dim, head_dim_v, m_tiles, block_n, warps, stages, q_size, kv_size));
+      head_dim, head_dim_v, m_tiles, block_n, warps, stages, q_size, kv_size, token_descales));
   static_assert(smem_bytes >= q_elems * q_size + warps * warp_elems * kv_size &&
                     smem_bytes >= 4 * warps * rows * (merge_pitch + 2),
                 "attention_decode_smem_bytes disagrees with the kernel's layout.");
@@ -118,10 +125,71 @@ struct DecodeTraits : attention::HeadTraits<Spec, true> {
                 "stages.");
 };
 
+// Starts one warp's copy of keys [key0, key0 + Rows) into rows [0, Rows) of a slot's K and V
+// tiles, as two strided tiles (a contiguous cache, or rows within one page), one pointer step per
+// row pass: the tile's rows from its first key's, rows at or past `valid` zero-filled without
+// being read.
+template <class Tr, int Rows, attention::KVMode Mode>
+__device__ __forceinline__ void load_kv_strided(
+    typename Tr::KV* k_slot, typename Tr::KV* v_slot,
+    const attention::KVRows<Mode, const typename Tr::KV>& c,
+    const attention::KVTileRows<Mode, const typename Tr::KV>& tile, int valid, int lane) {
+  long long k_off, v_off;
+  tile.offsets(0, k_off, v_off);
+  attention::load_tile_async<Rows, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32, Tr::kv_qk_swizzle,
+                             mma::L2::stream>(k_slot, c.k + k_off, c.k_seq_stride, valid, lane);
+  attention::load_tile_async<Rows, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32, Tr::kv_v_swizzle,
+                             mma::L2::stream>(v_slot, c.v + v_off, c.v_seq_stride, valid, lane);
+}
+
+// As load_kv_strided for rows that cross pages: each lane looks up the page of each row it
+// copies.
+template <class Tr, int Rows, attention::KVMode Mode>
+__device__ __forceinline__ void load_kv_by_key(
+    typename Tr::KV* k_slot, typename Tr::KV* v_slot,
+    const attention::KVRows<Mode, const typename Tr::KV>& c, int key0, int valid, int lane) {
+  constexpr int k_chunks = Tr::qk_dim / Tr::kv_chunk;  // 16-byte chunks per padded row
+  constexpr int v_chunks = Tr::v_dim / Tr::kv_chunk;
+  constexpr int k_count = (Rows * k_chunks + 31) / 32;
+  constexpr int v_count = (Rows * v_chunks + 31) / 32;
+#pragma unroll
+  for (int i = 0; i < (k_count > v_count ? k_count : v_count); ++i) {
+    const int k_chunk = lane + 32 * i;
+    const int k_row = k_chunk / k_chunks;
+    const int k_col = k_chunk % k_chunks * Tr::kv_chunk;
+    long long k_off = 0, v_off = 0;
+    const bool k_in = k_row < Rows && k_row < valid;
+    if (k_in) c.offsets(key0 + k_row, k_off, v_off);
+    if (i < k_count && (Rows * k_chunks % 32 == 0 || k_row < Rows)) {
+      const bool ok = k_in && k_col < Tr::head_dim;
+      mma::cp_async_16<mma::L2::stream>(
+          mma::smem_address(
+              k_slot +
+              attention::tile_offset<Tr::qk_pitch, Tr::kv_qk_swizzle, Tr::kv_chunk>(k_row, k_col)),
+          ok ? c.k + k_off + k_col : c.k, ok);
+    }
+    const int v_chunk = lane + 32 * i;
+    const int v_row = v_chunk / v_chunks;
+    const int v_col = v_chunk % v_chunks * Tr::kv_chunk;
+    if (i < v_count && (Rows * v_chunks % 32 == 0 || v_row < Rows)) {
+      const bool v_in = v_row < valid;
+      if (k_chunks != v_chunks && v_in) c.offsets(key0 + v_row, k_off, v_off);
+      const bool ok = v_in && v_col < Tr::head_dim_v;
+      mma::cp_async_16<mma::L2::stream>(
+          mma::smem_address(
+              v_slot +
+              attention::tile_offset<Tr::v_pitch, Tr::kv_v_swizzle, Tr::kv_chunk>(v_row, v_col)),
+          ok ? c.v + v_off + v_col : c.v, ok);
+    }
+  }
+}
+
 // Starts one warp's copy of keys [key0, key0 + block_n) into a slot: K rows then V rows, rows at
 // or past `valid` zero-filled without being read. A tile in one stretch of rows (contiguous
-// cache, or within one page) goes as two strided tiles, one pointer step per row pass;
-// otherwise each lane looks up the page of each row it copies.
+// cache, or within one page) goes as two strided tiles. A paged tile across pages goes in
+// pieces of 16 keys, each strided when it lies within one page (page sizes that are multiples
+// of 16, from a key a multiple of 16: a 32-key tile over pages of 16 costs two block-table reads,
+// not one per key), otherwise key by key.
 template <class Tr, attention::KVMode Mode>
 __device__ __forceinline__ void load_kv_tile(
     typename Tr::KV* slot, const attention::KVRows<Mode, const typename Tr::KV>& c, int key0,
@@ -132,49 +200,46 @@ __device__ __forceinline__ void load_kv_tile(
   // NOTE: a condition the front end folds (not a call), so that no per-key path is emitted for a
   // contiguous cache: with one, the optimiser took another path, and the machine code changed.
   if (Mode != attention::KVMode::paged || tile.in_page >= 0) {
-    long long k_off, v_off;
-    tile.offsets(0, k_off, v_off);
-    attention::load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, 32,
-                               Tr::kv_qk_swizzle, mma::L2::stream>(slot, c.k + k_off,
-                                                                   c.k_seq_stride, valid, lane);
-    attention::load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, 32,
-                               Tr::kv_v_swizzle, mma::L2::stream>(v_slot, c.v + v_off,
-                                                                  c.v_seq_stride, valid, lane);
+    load_kv_strided<Tr, Tr::block_n>(slot, v_slot, c, tile, valid, lane);
     return;
   }
-  constexpr int k_chunks = Tr::qk_dim / Tr::kv_chunk;  // 16-byte chunks per padded row
-  constexpr int v_chunks = Tr::v_dim / Tr::kv_chunk;
-  constexpr int k_count = (Tr::block_n * k_chunks + 31) / 32;
-  constexpr int v_count = (Tr::block_n * v_chunks + 31) / 32;
+  constexpr int piece = 16;
+  if constexpr (Tr::block_n > piece) {
 #pragma unroll
-  for (int i = 0; i < (k_count > v_count ? k_count : v_count); ++i) {
-    const int k_chunk = lane + 32 * i;
-    const int k_row = k_chunk / k_chunks;
-    const int k_col = k_chunk % k_chunks * Tr::kv_chunk;
+    for (int i = 0; i < Tr::block_n / piece; ++i) {
+      T* const k_piece = slot + i * piece * Tr::qk_pitch;
+      T* const v_piece = v_slot + i * piece * Tr::v_pitch;
+      const int piece_key0 = key0 + i * piece;
+      const int piece_valid = valid - i * piece;
+      if (piece_valid > 0) {
+        const attention::KVTileRows<Mode, const T> rows(c, piece_key0, min(piece_valid, piece));
+        if (rows.in_page >= 0) {
+          load_kv_strided<Tr, piece>(k_piece, v_piece, c, rows, piece_valid, lane);
+          continue;
+        }
+      }
+      load_kv_by_key<Tr, piece>(k_piece, v_piece, c, piece_key0, piece_valid, lane);
+    }
+  } else {
+    load_kv_by_key<Tr, Tr::block_n>(slot, v_slot, c, key0, valid, lane);
+  }
+}
+
+// Starts one warp's copy of the key and value descales (fp32) of keys [key0, key0 + block_n)
+// into `to`, the keys' then the values'; past `valid`, zeros, nothing read.
+template <class Tr, attention::KVMode Mode>
+__device__ __forceinline__ void load_token_descales(
+    float* to, const attention::KVRows<Mode, const float>& descales, int key0, int valid,
+    int lane) {
+#pragma unroll
+  for (int i = 0; i < (Tr::block_n + 31) / 32; ++i) {
+    const int row = lane + 32 * i;
+    if (Tr::block_n % 32 != 0 && row >= Tr::block_n) break;
     long long k_off = 0, v_off = 0;
-    const bool k_in = k_row < Tr::block_n && k_row < valid;
-    if (k_in) c.offsets(key0 + k_row, k_off, v_off);
-    if (i < k_count && (Tr::block_n * k_chunks % 32 == 0 || k_row < Tr::block_n)) {
-      const bool ok = k_in && k_col < Tr::head_dim;
-      mma::cp_async_16<mma::L2::stream>(
-          mma::smem_address(
-              slot +
-              attention::tile_offset<Tr::qk_pitch, Tr::kv_qk_swizzle, Tr::kv_chunk>(k_row, k_col)),
-          ok ? c.k + k_off + k_col : c.k, ok);
-    }
-    const int v_chunk = lane + 32 * i;
-    const int v_row = v_chunk / v_chunks;
-    const int v_col = v_chunk % v_chunks * Tr::kv_chunk;
-    if (i < v_count && (Tr::block_n * v_chunks % 32 == 0 || v_row < Tr::block_n)) {
-      const bool v_in = v_row < valid;
-      if (k_chunks != v_chunks && v_in) c.offsets(key0 + v_row, k_off, v_off);
-      const bool ok = v_in && v_col < Tr::head_dim_v;
-      mma::cp_async_16<mma::L2::stream>(
-          mma::smem_address(
-              v_slot +
-              attention::tile_offset<Tr::v_pitch, Tr::kv_v_swizzle, Tr::kv_chunk>(v_row, v_col)),
-          ok ? c.v + v_off + v_col : c.v, ok);
-    }
+    const bool ok = row < valid;
+    if (ok) descales.offsets(key0 + row, k_off, v_off);
+    mma::cp_async_4(mma::smem_address(to + row), descales.k + k_off, ok);
+    mma::cp_async_4(mma::smem_address(to + Tr::block_n + row), descales.v + v_off, ok);
   }
 }
 
@@ -321,6 +386,7 @@ struct KvStream {
   static constexpr attention::KVMode mode = attention::cache_mode(Spec::paged);
 
   attention::KVRows<mode, const KV> cache;
+  attention::KVRows<mode, const float> descales;  // token_descales
   KV* slots;
   int first;  // the warp's first key
   int tiles;
@@ -330,6 +396,7 @@ struct KvStream {
   __device__ __forceinline__ KvStream(const DecodeParams& p, const DecodeBlock& b, Q* smem_q,
                                       int warp, int lane_)
       : cache(attention::kv_rows<mode, const KV>(p.kv, b.batch, b.packed.kv_head)),
+        descales(attention::kv_rows<mode, const float>(p.token_descale, b.batch, b.packed.kv_head)),
         slots(reinterpret_cast<KV*>(smem_q + Tr::q_elems) + warp * Tr::warp_elems),
         first(b.split_begin + warp * Tr::block_n),
         tiles(first < b.split_end ? (b.split_end - first + step - 1) / step : 0),
@@ -342,19 +409,25 @@ struct KvStream {
   __device__ __forceinline__ void load(int t) const {
     if (t < tiles) {
       const int key0 = first + t * step;
-      load_kv_tile<Tr, mode>(slots + (t % Tr::stages) * Tr::slot_elems, cache, key0,
-                             split_end - key0, lane);
+      KV* const slot = slots + (t % Tr::stages) * Tr::slot_elems;
+      load_kv_tile<Tr, mode>(slot, cache, key0, split_end - key0, lane);
+      if constexpr (Tr::token_descales) {
+        load_token_descales<Tr>(reinterpret_cast<float*>(slot + Tr::descales_at), descales, key0,
+                                split_end - key0, lane);
+      }
     }
     mma::cp_async_commit();  // empty groups keep the wait count one constant
   }
 
   // Every tile, once Q (from every thread) is in, and with an fp8 cache put into the order of
-  // its K fragments: o and softmax take the warp's rows' state.
+  // its K fragments: o and softmax take the warp's rows' state. With token_descales each key's
+  // value descale times v_head (the kv head's) dequantizes its values.
   template <class Logits, class Softmax>
   __device__ __forceinline__ void run(float (&o)[Tr::m_tiles][Tr::o_tiles][4], Softmax& softmax,
                                       const Logits& logits, float to_log2, const DecodeBlock& b,
                                       const int (&first_key)[2 * Tr::m_tiles],
-                                      const int (&last_key)[2 * Tr::m_tiles], Q* smem_q) const {
+                                      const int (&last_key)[2 * Tr::m_tiles], Q* smem_q,
+                                      float v_head) const {
     const attention::LaneOffsets lanes = attention::lane_offsets<Tr>(0, lane);
     const unsigned q_lane = mma::smem_address(smem_q) + lanes.q;
     const unsigned slots_base = mma::smem_address(slots);
@@ -377,12 +450,19 @@ struct KvStream {
       } else {
         attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
       }
+      // With token_descales, the tile's key descales then its value descales.
+      const float* const tile_descales = reinterpret_cast<const float*>(
+          slots + (t % Tr::stages) * Tr::slot_elems + Tr::descales_at);
+      if constexpr (Tr::token_descales) attention::scale_key_columns<Tr>(s, tile_descales, lane);
       const int key0 = first + t * step;
       const int lane_key0 = key0 + 2 * (lane % 4);
       logits.apply(s, lane_key0, b.needs_mask(key0, Tr::block_n),
                    [&] { attention::mask_keys(s, first_key, last_key, lane_key0); });
       softmax.update(s, o, to_log2);
-      if constexpr (Tr::kv_fp8) {
+      if constexpr (Tr::token_descales) {
+        attention::pv_accumulate_fp8<Tr, true>(o, s, v_tile, lane, tile_descales + Tr::block_n,
+                                               v_head);
+      } else if constexpr (Tr::kv_fp8) {
         attention::pv_accumulate_fp8<Tr>(o, s, v_tile, lane);
       } else {
         attention::pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
@@ -591,7 +671,8 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads,
     first_key[r] = b.band.first_key(query);
     last_key[r] = min(b.split_end - 1, b.band.last_key(query));
   }
-  // An fp8 cache's descales: the keys' joins the softmax scale, the values' multiplies out.
+  // An fp8 cache's descales: the keys' joins the softmax scale; the values' multiplies out, or
+  // with token descales each value as it is widened (KvStream::run).
   float v_descale = 1.f;
   if constexpr (Tr::kv_fp8) {
     const int kv_head = b.packed.kv_head;
@@ -610,7 +691,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads,
   attention::zero_fragments(o);
   attention::OnlineSoftmax<Tr::m_tiles, 64> softmax;
   softmax.init();
-  kv.run(o, softmax, logits, to_log2, b, first_key, last_key, smem_q);
+  kv.run(o, softmax, logits, to_log2, b, first_key, last_key, smem_q, v_descale);
 
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done with its slots, which the merge reuses
@@ -629,7 +710,7 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads,
     const int col = item % quads * 4;
     float acc[4];
     const float lse = states.merge(acc, row, col, targets.sink[row]);
-    if constexpr (Tr::kv_fp8) {
+    if constexpr (Tr::kv_fp8 && !Tr::token_descales) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[e] *= v_descale;
     }
