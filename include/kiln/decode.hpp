@@ -171,7 +171,8 @@ std::vector<KernelSpec> decode_specs(const DecodeProblem& problem, const DecodeC
 
 // The specs `kiln warm` compiles by default for decode on `target` (sm_80 or newer; none
 // elsewhere): bf16 and fp16, head dims 64 and 128, contiguous and paged caches, one query token
-// with GQA groups of up to 16 heads, and the merge of split-KV. Planned without a device, for
+// with GQA groups of up to 16 heads, and the merge of split-KV; on sm_89 and newer e4m3 caches
+// too, with and without descales per token. Planned without a device, for
 // the SM count of a part of the target (an H100 SXM's 132 on sm_90a); the count steers only the
 // splits, which no spec holds.
 std::vector<KernelSpec> decode_default_specs(const Target& target);

@@ -411,19 +411,25 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
     // fp8 caches: e4m3 (the common one) where the conversions exist; e5m2 compiles on first use.
     if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && target.arch() < 89)) continue;
     for (int dim : {64, 128}) {
-      for (bool paged : {false, true}) {
-        const DecodeProblem problem{.dtype_q = dtypes.q,
-                                    .dtype_kv = dtypes.kv,
-                                    .dtype_out = dtypes.out,
-                                    .head_dim = dim,
-                                    .head_dim_v = dim,
-                                    .rows_per_kv_head = kRows,
-                                    .paged = paged,
-                                    .batch = kBatch,
-                                    .heads_kv = kHeadsKv,
-                                    .capacity = kCapacity};
-        for (KernelSpec& spec : decode_specs(problem, choose(problem, target, multiprocessors))) {
-          specs.push_back(std::move(spec));
+      // An fp8 cache with FlashAttention-3's descales and without, and with descales per token.
+      for (bool token_descales : {false, true}) {
+        if (token_descales && !is_fp8(dtypes.kv)) continue;
+        for (bool paged : {false, true}) {
+          const DecodeProblem problem{.dtype_q = dtypes.q,
+                                      .dtype_kv = dtypes.kv,
+                                      .dtype_out = dtypes.out,
+                                      .head_dim = dim,
+                                      .head_dim_v = dim,
+                                      .rows_per_kv_head = kRows,
+                                      .paged = paged,
+                                      .token_descales = token_descales,
+                                      .batch = kBatch,
+                                      .heads_kv = kHeadsKv,
+                                      .capacity = kCapacity};
+          for (KernelSpec& spec :
+               decode_specs(problem, choose(problem, target, multiprocessors))) {
+            specs.push_back(std::move(spec));
+          }
         }
       }
       // merge_states over the outputs of two such calls (the fp8 rows' are the 16-bit ones').

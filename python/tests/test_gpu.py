@@ -269,6 +269,66 @@ def test_flash_attn_with_kvcache_over_an_fp8_cache_with_token_descales(fp8):
     ref.check_close(out, out_ref, out_plain)
 
 
+@pytest.mark.parametrize("keys", [32768, 131072])
+def test_an_fp8_cache_finds_a_needle_among_many_keys(keys):
+    """Issue 32's retrieval test: one key per head planted along its query (logit 14, the others'
+    spread 1) among `keys` random ones, read from a bf16 cache and from e4m3 caches quantized per
+    kv head (FlashAttention-3's descales) and per token and kv head. The bounds, from e4m3's
+    half-step of 2^-4 relative: the attention weight on the planted key within 5% of the bf16
+    cache's (the logit moves by about 0.05, the weight by (1 - w) times that), the output within
+    2^-3 of the planted value's largest magnitude of the bf16 cache's (that value off by 2^-4 of
+    itself, its weight by 5%), and each output as close to the float64 reference on its own
+    dequantized cache as FlashAttention's rule asks (check_close)."""
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("an fp8 cache needs sm_89 or newer")
+    ref = reference()
+    generator = torch.Generator(device="cuda").manual_seed(keys)
+    heads, dim, at = 8, 128, keys * 2 // 3
+    q, k, v = (torch.randn(1, n, heads, dim, device="cuda", generator=generator).to(BF16)
+               for n in (1, keys, keys))
+    query = q[0, 0].float()
+    k[0, at] = (query * (14 * dim ** 0.5) / query.square().sum(-1, keepdim=True)).to(BF16)
+    largest = torch.finfo(torch.float8_e4m3fn).max
+
+    def quantized(t, descale):
+        return (t.float() / descale).clamp(-largest, largest).to(torch.float8_e4m3fn)
+
+    def run(k_cache, v_cache, **descales):
+        out, lse = kiln.flash_attn_with_kvcache(q, k_cache, v_cache, return_softmax_lse=True,
+                                                **descales)
+        return out, lse[0, :, 0]
+
+    out16, lse16 = run(k, v)
+    head = {n: t.float().abs().amax(dim=(1, 3)) / largest for n, t in (("k", k), ("v", v))}
+    token = {n: t.float().abs().amax(-1) / largest for n, t in (("k", k), ("v", v))}
+    caches = {
+        "per head": (quantized(k, head["k"][:, None, :, None]),
+                     quantized(v, head["v"][:, None, :, None]),
+                     dict(k_descale=head["k"], v_descale=head["v"])),
+        "per token": (quantized(k, token["k"][..., None]), quantized(v, token["v"][..., None]),
+                      dict(k_token_descale=token["k"], v_token_descale=token["v"])),
+    }
+
+    def weight(k_needle, lse):  # the attention weight on the planted key, per head
+        return torch.exp((query * k_needle).sum(-1) / dim ** 0.5 - lse)
+
+    w16 = weight(k[0, at].float(), lse16)
+    assert w16.min() > 0.5  # the needle is found: a weight the other keys do not reach
+    for name, (k8, v8, descales) in caches.items():
+        out, lse = run(k8, v8, **descales)
+        scale = {n: descales.get(f"{n}_descale", descales.get(f"{n}_token_descale"))
+                 for n in ("k", "v")}
+        deq = {n: t.double() * (s[:, None, :, None] if s.dim() == 2 else s[..., None]).double()
+               for n, t, s in (("k", k8, scale["k"]), ("v", v8, scale["v"]))}
+        w8 = weight(deq["k"][0, at].float(), lse)
+        assert torch.allclose(w8, w16, rtol=0.05, atol=0), (name, w8, w16)
+        needle_value = v[0, at].float().abs().max()
+        assert (out.float() - out16.float()).abs().max() <= 2 ** -3 * needle_value, name
+        out_ref = ref.kvcache_ref(q, deq["k"], deq["v"])[0]
+        out_plain = ref.kvcache_ref(q, deq["k"], deq["v"], upcast=False)[0]
+        ref.check_close(out, out_ref, out_plain)
+
+
 def test_sinks_in_every_call():
     """Sinks through flash_attn_func (rows with no key get lse = sink), varlen and the KV cache,
     split or not, contiguous and paged; the last head has none (-inf)."""
