@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the C++ tuning benchmarks share: CUDA status checks, device buffers, random inputs drawn
-// from a fixed seed (never zeros), and a median of timed calls.
+// from a fixed seed (not all zeros), and a median of timed calls.
 #pragma once
 
 #include <cuda_runtime_api.h>

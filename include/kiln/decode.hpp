@@ -16,8 +16,8 @@ namespace kiln {
 
 // A KV cache, contiguous or paged: q's dtype (fp16 or bf16), or fp8 (e4m3 or e5m2) on sm_89 and
 // newer, converted to q's dtype as it is read (exactly: every fp8 value is an fp16 and a bf16
-// value). The head dims are q's head_dim for k and out's head_dim_v for v; an fp8 cache's are
-// multiples of 16.
+// value; with token descales each value times its descales, rounded to q's dtype once). The head
+// dims are q's head_dim for k and out's head_dim_v for v; an fp8 cache's are multiples of 16.
 //   contiguous: k (batch_cache, seqlen_cache, heads_kv, head_dim), v likewise with head_dim_v;
 //               sequence b lives in cache row batch_idx[b] (b when batch_idx is absent).
 //   paged:      k (num_pages, page_size, heads_kv, head_dim), v likewise; key j of sequence b
@@ -44,7 +44,8 @@ struct KVCache {
   std::optional<TensorView> v_descale;
   // An fp8 cache's descales per (token, kv head), as per-token-head quantization keeps them: fp32
   // laid out as the cache without its head dim, contiguous (batch_cache, seqlen_cache, heads_kv)
-  // or paged (num_pages, page_size, heads_kv), any strides. The key in a slot of the cache at kv
+  // or paged (num_pages, page_size, heads_kv), any strides (with an append, which writes them,
+  // each element at its own address and the two apart). The key in a slot of the cache at kv
   // head h is the cached one times k_token_descale's entry of that slot and head (and times
   // k_descale[b][h] when that is given too); likewise v. Both or neither, only with an fp8 cache.
   // Not checked on the device (Options::debug does not read them either). An append writes the
@@ -64,9 +65,10 @@ struct DecodeOptions {
   // fp8 cache each element goes divided by its descale (fp32) and rounded to the cache's dtype,
   // saturating at its largest finite value (after rotary, whose result is rounded to q's dtype).
   // With token descales (KVCache::k_token_descale) each new (token, kv head) row gets its own,
-  // written to its slot: its largest magnitude m over (the dtype's largest finite value, 448 or
-  // 57344, times k_descale[b][h] or 1), in fp32, or 1 where that is 0 or not finite; its elements
-  // go divided by k_descale[b][h] times that descale, so that the row fills the fp8 range.
+  // written to its slot: its largest magnitude m (NaN elements aside) over (the dtype's largest
+  // finite value, 448 or 57344, times k_descale[b][h] or 1; v_descale for values), in fp32, or 1
+  // where that is 0 or not finite; its elements go divided by that head descale times the row's,
+  // so that the row fills the fp8 range.
   std::optional<TensorView> k_new;
   std::optional<TensorView> v_new;
 

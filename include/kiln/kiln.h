@@ -159,7 +159,8 @@ typedef struct kiln_kvcache {
   const DLTensor* v_descale;
   /* An fp8 cache's descales per (token, kv head), both or NULL: fp32 laid out as the cache less
    * its head dim, (batch_cache, seqlen_cache, heads_kv) or paged (num_pages, page_size,
-   * heads_kv), any strides; they multiply k_descale's. An append writes the new rows' own. */
+   * heads_kv), any strides (apart and an element each when an append writes them); they multiply
+   * k_descale's and v_descale's. An append writes the new rows' own (kiln::KVCache). */
   const DLTensor* k_token_descale;
   const DLTensor* v_token_descale;
 } kiln_kvcache;

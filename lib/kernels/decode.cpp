@@ -217,7 +217,15 @@ void require_target(const Target& target) {
 }
 
 void check_cache_dtype(const DecodeProblem& problem) {
-  if (!is_fp8(problem.dtype_kv)) return;
+  if (!is_fp8(problem.dtype_kv)) {
+    if (problem.token_descales) {
+      invalid(
+          fmt::format("token_descales with a {} KV cache: descales per token are an fp8 "
+                      "cache's; set token_descales only with dtype_kv e4m3 or e5m2",
+                      to_string(problem.dtype_kv)));
+    }
+    return;
+  }
   const std::string_view dtype = to_string(problem.dtype_kv);
   if (problem.head_dim % 16 != 0 || problem.head_dim_v % 16 != 0) {
     unsupported(fmt::format(
@@ -426,8 +434,7 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
                                       .batch = kBatch,
                                       .heads_kv = kHeadsKv,
                                       .capacity = kCapacity};
-          for (KernelSpec& spec :
-               decode_specs(problem, choose(problem, target, multiprocessors))) {
+          for (KernelSpec& spec : decode_specs(problem, choose(problem, target, multiprocessors))) {
             specs.push_back(std::move(spec));
           }
         }

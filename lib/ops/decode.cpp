@@ -310,6 +310,8 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
     if (s.token_descales) {
       require_no_overlap(*cache.k_token_descale, "cache.k_token_descale");
       require_no_overlap(*cache.v_token_descale, "cache.v_token_descale");
+      require_apart(*cache.k_token_descale, "cache.k_token_descale", *cache.v_token_descale,
+                    "cache.v_token_descale");
     }
   }
   require_int32(s.seqlen_q * s.heads / std::max<std::int64_t>(s.heads_kv, 1),

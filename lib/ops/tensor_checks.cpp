@@ -2,7 +2,9 @@
 // Input checks the attention and decode families share.
 #include "ops/tensor_checks.hpp"
 
+#include <cstdint>
 #include <limits>
+#include <optional>
 #include <utility>
 
 #include <fmt/format.h>
@@ -158,6 +160,29 @@ void require_no_overlap(const TensorView& t, std::string_view name) {
           "(e.g. contiguous ones)",
           name, dim_name(t, d), t.stride(d), reach + 1, name));
     }
+  }
+}
+
+void require_apart(const TensorView& a, std::string_view a_name, const TensorView& b,
+                   std::string_view b_name) {
+  // The bytes [first, last] of a tensor with elements, or none.
+  const auto span =
+      [](const TensorView& t) -> std::optional<std::pair<std::uintptr_t, std::uintptr_t>> {
+    std::int64_t reach = 0;
+    for (int d = 0; d < t.rank; ++d) {
+      if (t.size(d) == 0) return std::nullopt;
+      reach += (t.size(d) - 1) * t.stride(d);
+    }
+    const auto first = reinterpret_cast<std::uintptr_t>(t.data);
+    const auto bytes = static_cast<std::uintptr_t>(reach + 1) * size_of(t.dtype);
+    return std::pair{first, first + bytes - 1};
+  };
+  const auto sa = span(a), sb = span(b);
+  if (sa && sb && sa->first <= sb->second && sb->first <= sa->second) {
+    invalid(fmt::format(
+        "{} and {} share memory: the call writes both, so one would overwrite the other; give "
+        "each memory of its own",
+        a_name, b_name));
   }
 }
 

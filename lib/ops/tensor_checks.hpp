@@ -38,6 +38,11 @@ void check_common(const TensorView& t, std::string_view name, int device);
 // contiguous layout.
 void require_no_overlap(const TensorView& t, std::string_view name);
 
+// Two outputs (after check_common) whose bytes lie apart: the spans from each one's first
+// element to its last do not meet, so that writing one never changes the other.
+void require_apart(const TensorView& a, std::string_view a_name, const TensorView& b,
+                   std::string_view b_name);
+
 // q, k, v, out and the like, read in 16-byte rows: stride 1 on the last dim, 16-byte aligned
 // pointers and other strides, and sizes that fit int32. Their dtypes are the family's to check
 // (operand_dtypes_error), first.

@@ -367,11 +367,12 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     divided by the descales and rounded to the cache's dtype, saturating at its largest finite
     value (rotary first, its result rounded to q's dtype). k_token_descale and v_token_descale,
     float32 shaped as the cache less its head dim ((batch_cache, seqlen_cache, heads_kv), or
-    (num_pages, page_size, heads_kv)), any strides, are descales per token and kv head, as
-    per-token-head quantization keeps them; they multiply k_descale's and v_descale's. Appending
-    into such a cache gives each new row its own (written in place): its largest magnitude over
-    the fp8 type's largest value (448, 57344) times the kv head's descale, so that it fills the
-    fp8 range.
+    (num_pages, page_size, heads_kv)), any strides (with k and v, which write them, an element
+    each and the two apart), are descales per token and kv head, as per-token-head quantization
+    keeps them; they multiply k_descale's and v_descale's, and each value dequantized by them is
+    rounded to q's dtype once. Appending into such a cache gives each new row its own (written in
+    place): its largest magnitude (NaN aside) over the fp8 type's largest value (448, 57344) times
+    the kv head's descale, or 1 where that is 0 or not finite, so that it fills the fp8 range.
     """
     if q_descale is not None:
         _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 caches "

@@ -306,9 +306,10 @@ TEST_CASE("the default decode specs compile for sm_90a without spilling, and non
   kiln::test::TempDir dir;
   kiln::Runtime rt = runtime_for(dir.path(), "sm_90a");
   const auto specs = kiln::decode_default_specs("sm_90a");
-  // bf16 and f16 caches and e4m3 ones under bf16 and f16 q, head dims 64 and 128: contiguous
-  // and paged attention (16), and merge_states of bf16 and f16 (4).
-  REQUIRE(specs.size() == 20);
+  // bf16 and f16 caches and e4m3 ones under bf16 and f16 q (with and without descales per
+  // token), head dims 64 and 128: contiguous and paged attention (24), and merge_states of bf16
+  // and f16 (4).
+  REQUIRE(specs.size() == 28);
   check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = rt.compile(spec);

@@ -159,10 +159,10 @@ DecodeReferenceResult decode_reference(const DecodeReferenceProblem& p, const De
     }
   }
   r.attention = attention_reference(ref, q, k, v);
-  if (p.cache_fp8) {
-    // The plain baseline of an fp8 cache: the same computation in q's dtype on the dequantized
-    // keys and values rounded to it, as a caller would dequantize the cache (issue 32's bound).
-    for (double& x : k) x = round_to(a.dtype, x);
+  if (token_descales) {
+    // The plain baseline over values dequantized by descales per token: the same computation on
+    // the values rounded to q's dtype, as the kernel rounds them (and as a caller dequantizing
+    // the cache would). Keys stay exact, as the kernel's are.
     for (double& x : v) x = round_to(a.dtype, x);
     r.attention.out_plain = attention_reference(ref, q, k, v).out_plain;
   }

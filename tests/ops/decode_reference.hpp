@@ -44,8 +44,7 @@ struct DecodeReferenceProblem {
   // An fp8 cache (e4m3 or e5m2): the append stores each new key (after rotary) and value divided
   // by its kv head's descale in fp32, rounded to cache_fp8 with saturation (saturate_to), and the
   // sequences attend the stored value times the descale. The descales are (batch, heads_kv); empty:
-  // 1. Unset: a 16-bit cache, which keeps the new keys and values as they are. With an fp8 cache
-  // the plain baseline (out_plain) attends the dequantized keys and values rounded to q's dtype.
+  // 1. Unset: a 16-bit cache, which keeps the new keys and values as they are.
   std::optional<DType> cache_fp8;
   std::vector<double> k_descale, v_descale;
   // An fp8 cache's descales per (slot, kv head), (rows * row_len, heads_kv) fp32 values, or
@@ -53,7 +52,8 @@ struct DecodeReferenceProblem {
   // (row_descale): its largest magnitude over (the largest fp8 value times the kv head's
   // descale) in fp32, or 1 where that is not finite and positive, and stores each element divided
   // by the kv head's descale times it (fp32), saturated. Sequences attend inputs' cache values,
-  // which hold the descales already, and the appended ones times both descales.
+  // which hold the descales already, and the appended ones times both descales. The plain
+  // baseline (out_plain) then attends the values rounded to q's dtype, as the kernel has them.
   std::vector<double> k_token_descale, v_token_descale;
 
   int batch() const { return static_cast<int>(seqlens.size()); }

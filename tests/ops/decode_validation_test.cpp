@@ -718,6 +718,12 @@ TEST_CASE("decode refuses descales per token that do not match the cache", "[dec
   c.options.k_new = view(0x8000000, DType::bf16, {2, 1, 2, 64});
   c.options.v_new = view(0x9000000, DType::bf16, {2, 1, 2, 64});
   check_invalid(c, {"cache.v_token_descale"});
+  // One tensor for both: the append would write the keys' descale, then the values' over it.
+  c.cache.v_token_descale = c.cache.k_token_descale;
+  check_invalid(c, {"cache.k_token_descale and cache.v_token_descale share memory"});
+  c.options.k_new.reset();
+  c.options.v_new.reset();
+  check_accepted(c);  // without an append nothing is written: one tensor may serve both
 
   DecodeCall paged = paged_call();
   paged.cache.k.dtype = DType::e4m3;

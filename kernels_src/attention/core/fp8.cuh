@@ -2,7 +2,8 @@
 // fp8 K and V tiles (e4m3, e5m2) as mma operands of Q's 16-bit type: their fragments are read
 // from shared memory as fp8, half the bytes a 16-bit tile's take, and widened in registers.
 // sm_89 and newer (the cvt from fp8 pairs). Exact, NaN kept: every e4m3 and e5m2 value is an f16
-// value and a bf16 one.
+// value and a bf16 one; values dequantized by descales per token (fp8x2_to_scaled) are rounded to
+// the 16-bit type once.
 //
 // ldmatrix reads a tile's bytes in pairs, as b16 elements, so a fragment holds fp8 values in an
 // order of its own, which the other operand's order follows:

@@ -39,7 +39,7 @@
 // Launch: grid (row_blocks * num_splits, heads_kv, batch) with row_blocks =
 // ceil(seqlen_q * heads / heads_kv / (16 * m_tiles)); block warps * 32 threads; dynamic shared
 // memory attention_decode_smem_bytes(head_dim, head_dim_v, m_tiles, block_n, warps, stages,
-// q_size, kv_size);
+// q_size, kv_size, token_descales);
 // LaunchConfig::overlap_previous (it waits for the previous grid first).
 #pragma once
 
@@ -419,6 +419,12 @@ struct KvStream {
     mma::cp_async_commit();  // empty groups keep the wait count one constant
   }
 
+  // With token_descales, tile t's key descales, then its value descales, in its slot.
+  __device__ __forceinline__ const float* descales_of(int t) const {
+    return reinterpret_cast<const float*>(slots + (t % Tr::stages) * Tr::slot_elems +
+                                          Tr::descales_at);
+  }
+
   // Every tile, once Q (from every thread) is in, and with an fp8 cache put into the order of
   // its K fragments: o and softmax take the warp's rows' state. With token_descales each key's
   // value descale times v_head (the kv head's) dequantizes its values.
@@ -450,17 +456,14 @@ struct KvStream {
       } else {
         attention::qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
       }
-      // With token_descales, the tile's key descales then its value descales.
-      const float* const tile_descales = reinterpret_cast<const float*>(
-          slots + (t % Tr::stages) * Tr::slot_elems + Tr::descales_at);
-      if constexpr (Tr::token_descales) attention::scale_key_columns<Tr>(s, tile_descales, lane);
+      if constexpr (Tr::token_descales) attention::scale_key_columns<Tr>(s, descales_of(t), lane);
       const int key0 = first + t * step;
       const int lane_key0 = key0 + 2 * (lane % 4);
       logits.apply(s, lane_key0, b.needs_mask(key0, Tr::block_n),
                    [&] { attention::mask_keys(s, first_key, last_key, lane_key0); });
       softmax.update(s, o, to_log2);
       if constexpr (Tr::token_descales) {
-        attention::pv_accumulate_fp8<Tr, true>(o, s, v_tile, lane, tile_descales + Tr::block_n,
+        attention::pv_accumulate_fp8<Tr, true>(o, s, v_tile, lane, descales_of(t) + Tr::block_n,
                                                v_head);
       } else if constexpr (Tr::kv_fp8) {
         attention::pv_accumulate_fp8<Tr>(o, s, v_tile, lane);
