@@ -436,8 +436,11 @@ TensorView token_view(const Case& c, const CacheMap& m, const DeviceBuffer& valu
   return t;
 }
 
-// Token descales (slot, kv head) from downloaded ones in c's layout.
-std::vector<float> token_values(const Case& c, const CacheMap& m, const std::vector<float>& got) {
+// Token descales (slot, kv head) from downloaded bits in c's layout.
+std::vector<float> token_values(const Case& c, const CacheMap& m,
+                                const std::vector<std::uint32_t>& bits) {
+  std::vector<float> got(bits.size());
+  std::memcpy(got.data(), bits.data(), bits.size() * sizeof(float));
   if (!c.head_major) return got;
   const auto slots = at(m.slots()), heads = at(c.heads_kv);
   std::vector<float> by_slot(got.size());
@@ -498,7 +501,8 @@ DeviceDecode upload_case(const Case& c, const Setup& s) {
 struct Downloaded {
   std::vector<std::uint8_t> out, lse;
   std::vector<std::uint16_t> k_cache, v_cache;
-  std::vector<float> k_token, v_token;  // as laid out on the device; empty: none
+  // Token descales' bits (NaN compares equal to itself), as laid out on the device; empty: none.
+  std::vector<std::uint32_t> k_token, v_token;
   bool operator==(const Downloaded&) const = default;
 };
 
@@ -506,8 +510,8 @@ Downloaded download(const DeviceDecode& d) {
   Downloaded got{d.out->bytes(), d.lse->bytes(), d.k_cache->download<std::uint16_t>(),
                  d.v_cache->download<std::uint16_t>()};
   if (d.k_token) {
-    got.k_token = d.k_token->download<float>();
-    got.v_token = d.v_token->download<float>();
+    got.k_token = d.k_token->download<std::uint32_t>();
+    got.v_token = d.v_token->download<std::uint32_t>();
   }
   return got;
 }
@@ -622,7 +626,7 @@ void check_token_descales(const Case& c, const Setup& s, const Downloaded& got,
     const char* name;
     const std::vector<double>& before;
     const std::vector<double>& after;
-    const std::vector<float>& got;
+    const std::vector<std::uint32_t>& got;
     bool rotated;
   };
   const Side sides[] = {
