@@ -286,6 +286,19 @@ def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q
     _dtypes((("dout", dout),), out.dtype, f"out's, {DTYPE_NAMES[out.dtype]}")
 
 
+def _cache_descales(named, k_cache, fp8, rank, layout):
+    """An fp8 cache's descale tensors, those given: with an fp8 cache only, of `rank`, float32."""
+    for name, t in named:
+        if t is None:
+            continue
+        if not fp8:
+            invalid(f"{name} is for an fp8 cache, but the cache has dtype "
+                    f"{DTYPE_NAMES[k_cache.dtype]}: drop {name}")
+        if t.dim() != rank:
+            invalid(f"{name} has rank {t.dim()} but must have rank {rank}: {layout}")
+        _dtypes(((name, t),), torch.float32, "float32")
+
+
 def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, rotary_cos,
                            rotary_sin, cache_batch_idx, block_table, alibi_slopes, softmax_scale,
                            causal, window_left, window_right, top_left, softcap,
@@ -319,30 +332,14 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
                         "by the descales, saturating)")
     else:
         _operand_dtypes(q, cache[:1] + news, None, "decode attention", _DECODE_OPERAND_DTYPES)
-    for name, t in (("cache.k_descale", k_descale), ("cache.v_descale", v_descale)):
-        if t is None:
-            continue
-        if not fp8:
-            invalid(f"{name} is for an fp8 cache, but the cache has dtype "
-                    f"{DTYPE_NAMES[k_cache.dtype]}: drop {name}")
-        if t.dim() != 2:
-            invalid(f"{name} has rank {t.dim()} but must have rank 2: (batch, heads_kv) fp32 "
-                    "descales")
-        _dtypes(((name, t),), torch.float32, "float32")
+    _cache_descales((("cache.k_descale", k_descale), ("cache.v_descale", v_descale)), k_cache,
+                    fp8, 2, "(batch, heads_kv) fp32 descales")
     if (k_token_descale is None) != (v_token_descale is None):
         invalid("cache.k_token_descale and cache.v_token_descale come together: "
                 f"cache.{'v' if v_token_descale is None else 'k'}_token_descale is missing")
-    for name, t in (("cache.k_token_descale", k_token_descale),
-                    ("cache.v_token_descale", v_token_descale)):
-        if t is None:
-            continue
-        if not fp8:
-            invalid(f"{name} is for an fp8 cache, but the cache has dtype "
-                    f"{DTYPE_NAMES[k_cache.dtype]}: drop {name}")
-        if t.dim() != 3:
-            invalid(f"{name} has rank {t.dim()} but must have rank 3: the cache's dims less "
-                    "its head dim, fp32 descales")
-        _dtypes(((name, t),), torch.float32, "float32")
+    _cache_descales((("cache.k_token_descale", k_token_descale),
+                     ("cache.v_token_descale", v_token_descale)), k_cache, fp8, 3,
+                    "the cache's dims less its head dim, fp32 descales")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v_cache.shape[-1], "head_dim_v (v_cache.size(-1))")
     _dtypes((("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),
