@@ -54,6 +54,10 @@ std::uint16_t fp8_bits(DType dtype, double value) {
 
 }  // namespace
 
+double fp8_largest(DType dtype) {
+  return fp8_value(dtype, dtype == DType::e4m3 ? 0x7e : 0x7b);
+}
+
 std::uint16_t to_bits(DType dtype, double value) {
   if (is_fp8(dtype)) return fp8_bits(dtype, value);
   if (dtype == DType::f16) return std::bit_cast<std::uint16_t>(static_cast<_Float16>(value));

@@ -18,6 +18,7 @@ namespace kiln::test {
 std::uint16_t to_bits(DType dtype, double value);  // round to nearest even
 double from_bits(DType dtype, std::uint16_t bits);
 double round_to(DType dtype, double value);  // what storing `value` in `dtype` keeps; f32 too
+double fp8_largest(DType dtype);             // e4m3's or e5m2's largest finite value: 448, 57344
 
 // `count` values drawn from a normal distribution (std 1), rounded to `dtype` so that host and
 // device see the same numbers.

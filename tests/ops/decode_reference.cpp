@@ -50,14 +50,13 @@ void rotate(const DecodeReferenceProblem& p, double* x, int position) {
 }
 
 double saturate_to(DType dtype, double value) {
-  const double largest = from_bits(dtype, dtype == DType::e4m3 ? 0x7e : 0x7b);
+  const double largest = fp8_largest(dtype);
   return round_to(dtype, std::clamp(value, -largest, largest));
 }
 
 double row_descale(DType dtype, double largest, double head_descale) {
-  const auto fp8_largest = static_cast<float>(from_bits(dtype, dtype == DType::e4m3 ? 0x7e : 0x7b));
-  const float descale =
-      static_cast<float>(largest) / (fp8_largest * static_cast<float>(head_descale));
+  const float descale = static_cast<float>(largest) /
+                        (static_cast<float>(fp8_largest(dtype)) * static_cast<float>(head_descale));
   return descale > 0.f && descale <= std::numeric_limits<float>::max() ? descale : 1.0;
 }
 
