@@ -6,15 +6,17 @@ SDPA's flash, cuDNN and mem-efficient backends, in one process on one GPU (issue
     KILN_LIB=build KILN_CACHE_DIR=$(mktemp -d) python3 bench/attention.py [--quick] [--warm]
 
 Rows: bf16 and fp16, head dims 64/128/256, seqlen 1k/4k/16k at 16k tokens (batch 16384 // seqlen)
-and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/peers.py; then
-real models' prefill shapes (MODEL_ROWS: GQA 4:1 and 8:1, head dims 80 and 96, batches of short
+and model dim 2048 (heads 2048 // d), causal or not: the rows of shared/peers/peers.py; then real
+models' prefill shapes (MODEL_ROWS: GQA 4:1 and 8:1, head dims 80 and 96, batches of short
 sequences), causal; then a varlen batch of mixed lengths (VARLEN_LENGTHS: kiln's
-flash_attn_varlen_func on the packed tokens, SDPA on the same tokens as a jagged nested tensor,
-the layout PyTorch offers for it). SDPA's fused kernels take no GQA, so on those rows they get
-K and V repeated to every query head (the same FLOPs; kiln reads the kv heads once). TFLOP/s
-count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
-convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could
-not run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
+flash_attn_varlen_func on the packed tokens, SDPA on the same tokens as a jagged nested tensor, the
+layout PyTorch offers for it). Each grid and model row also times kiln over e4m3 k and v (column
+e4m3: the same k and v cast to e4m3 once, q and out in the row's dtype; issue 32), and checks that
+output against SDPA's over the dequantized k and v. SDPA's fused kernels take no GQA, so on those
+rows they get K and V repeated to every query head (the same FLOPs; kiln reads the kv heads once).
+TFLOP/s count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
+convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could not
+run, makes the exit status 1. With $OUT set, the results go to $OUT/attention.json.
 """
 import argparse
 import os
@@ -35,7 +37,7 @@ SDPA_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-BACKENDS = ["kiln"] + list(SDPA_BACKENDS)
+BACKENDS = ["kiln", "kiln_e4m3"] + list(SDPA_BACKENDS)
 # Where the correctness check takes its expected output from, best first.
 REFERENCE_ORDER = ["flash", "cudnn", "efficient"]
 TOKENS, MODEL_DIM = 16384, 2048
@@ -131,13 +133,24 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args, model=None):
     row = {"dtype": dtype_name, "head_dim": d, "seqlen": seqlen, "batch": batch, "heads": heads,
            "heads_kv": heads_kv, "model": name, "causal": causal,
            "flops": row_flops(batch, heads, seqlen, d, causal), "errors": {}}
-    calls = {"kiln": lambda: kiln.flash_attn_func(q, k, v, causal=causal, out=out)}
+    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
+    out8 = torch.empty_like(out)
+    calls = {"kiln": lambda: kiln.flash_attn_func(q, k, v, causal=causal, out=out),
+             "kiln_e4m3": lambda: kiln.flash_attn_func(q, k8, v8, causal=causal, out=out8)}
+
     # SDPA's fused kernels need as many kv heads as query heads: repeat them (not timed).
-    k_sdpa, v_sdpa = ((k.repeat_interleave(heads // heads_kv, dim=2),
-                       v.repeat_interleave(heads // heads_kv, dim=2))
-                      if heads_kv != heads else (k, v))
-    calls.update({n: sdpa_call(b, q, k_sdpa, v_sdpa, causal) for n, b in SDPA_BACKENDS.items()})
-    return time_row(row, calls, out, args)
+    def for_sdpa(k, v):
+        return ((k.repeat_interleave(heads // heads_kv, dim=2),
+                 v.repeat_interleave(heads // heads_kv, dim=2)) if heads_kv != heads else (k, v))
+    calls.update({n: sdpa_call(b, q, *for_sdpa(k, v), causal) for n, b in SDPA_BACKENDS.items()})
+    row = time_row(row, calls, out, args)
+    # e4m3's output against SDPA's over the values e4m3 holds (exact in the row's dtype).
+    dequantized = {n: sdpa_call(b, q, *for_sdpa(k8.to(dtype), v8.to(dtype)), causal)
+                   for n, b in SDPA_BACKENDS.items() if n in calls}
+    if "kiln_e4m3" in calls:
+        dequantized["kiln"] = calls["kiln_e4m3"]
+    row["check_e4m3"] = check_row(dequantized, out8, args.tol, lambda t: t.transpose(1, 2))
+    return row
 
 
 def bench_varlen_row(kiln, args):
@@ -169,6 +182,7 @@ def time_row(row, calls, out, args, unpack=lambda t: t.transpose(1, 2)):
     ms = time_interleaved(calls, args.reps, row["errors"])
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
     row["tflops"] = {n: (row["flops"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
+    row["e4m3_over_kiln"] = ratio(row["tflops"], "kiln_e4m3", "kiln")
     row["kiln_over_flash"] = ratio(row["tflops"], "kiln", "flash")
     row["kiln_over_cudnn"] = ratio(row["tflops"], "kiln", "cudnn")
     row["check"] = check_row(calls, out, args.tol, unpack)
@@ -256,26 +270,32 @@ def header_lines(kiln, args):
     ]
 
 
-TABLE_HEAD = (f"{'dtype':5} {'d':>3} {'seqlen':>6} {'causal':>6} | {'kiln':>6} {'flash':>6} "
-              f"{'cudnn':>6} {'effic':>6} | {'k/flash':>7} {'k/cudnn':>7} | {'1st ms':>6} | check")
+TABLE_HEAD = (f"{'dtype':5} {'d':>3} {'seqlen':>6} {'causal':>6} | {'kiln':>6} {'e4m3':>6} "
+              f"{'flash':>6} {'cudnn':>6} {'effic':>6} | {'k/flash':>7} {'k/cudnn':>7} "
+              f"{'e4/kiln':>7} | {'1st ms':>6} | check")
+
+
+def verdict_of(chk):
+    if chk["ok"] is None:
+        return "n/a"
+    if chk["ok"]:
+        return f"ok {chk['max_abs_diff']:.1e}"
+    if chk.get("error"):
+        return f"CHECK FAILED: {chk['error'].splitlines()[0]} <<<<<<<<"
+    return f"MISMATCH {chk['max_abs_diff']:.1e} vs {chk['ref']} <<<<<<<<"
 
 
 def row_line(row):
     t = row["tflops"]
-    chk = row["check"]
-    if chk["ok"] is None:
-        verdict = "n/a"
-    elif chk["ok"]:
-        verdict = f"ok {chk['max_abs_diff']:.1e}"
-    elif chk.get("error"):
-        verdict = f"CHECK FAILED: {chk['error'].splitlines()[0]} <<<<<<<<"
-    else:
-        verdict = f"MISMATCH {chk['max_abs_diff']:.1e} vs {chk['ref']} <<<<<<<<"
+    verdict = verdict_of(row["check"])
+    if "check_e4m3" in row:
+        verdict += f", e4m3 {verdict_of(row['check_e4m3'])}"
     label = f" {row['model']} b{row['batch']} h{row['heads']}/{row['heads_kv']}" if row.get(
         "model") else ""
     return (f"{row['dtype']:5} {row['head_dim']:>3} {row['seqlen']:>6} {str(row['causal']):>6} | "
             + " ".join(cell(t[n], "6.0f") for n in BACKENDS) + " | "
-            + f"{cell(row['kiln_over_flash'], '7.2f')} {cell(row['kiln_over_cudnn'], '7.2f')} | "
+            + f"{cell(row['kiln_over_flash'], '7.2f')} {cell(row['kiln_over_cudnn'], '7.2f')} "
+            + f"{cell(row['e4m3_over_kiln'], '7.2f')} | "
             + f"{cell(row['first_call_ms'].get('kiln'), '6.0f')} | {verdict}{label}")
 
 
@@ -295,7 +315,9 @@ def summarize(rows):
     return {
         "kiln_over_flash": span("kiln_over_flash"),
         "kiln_over_cudnn": span("kiln_over_cudnn"),
-        "mismatches": [row_name(r) for r in rows if r["check"]["ok"] is False],
+        "e4m3_over_kiln": span("e4m3_over_kiln"),
+        "mismatches": [row_name(r) for r in rows if r["check"]["ok"] is False
+                       or r.get("check_e4m3", {}).get("ok") is False],
         "kiln_failed": [row_name(r) for r in rows if r["tflops"]["kiln"] is None],
     }
 
@@ -306,11 +328,13 @@ def row_name(r):
 
 
 def summary_lines(s, total):
-    kf, kc = s["kiln_over_flash"], s["kiln_over_cudnn"]
+    kf, kc, ke = s["kiln_over_flash"], s["kiln_over_cudnn"], s["e4m3_over_kiln"]
     lines = [f"kiln/flash: min {cell(kf['min'], '.2f')} max {cell(kf['max'], '.2f')}, "
              f"{kf['rows_ge_1']} of {total} rows >= 1.0",
              f"kiln/cudnn: min {cell(kc['min'], '.2f')} max {cell(kc['max'], '.2f')}, "
-             f"{kc['rows_ge_1']} of {total} rows >= 1.0"]
+             f"{kc['rows_ge_1']} of {total} rows >= 1.0",
+             f"kiln e4m3/kiln: min {cell(ke['min'], '.2f')} max {cell(ke['max'], '.2f')}, "
+             f"{ke['rows_ge_1']} of {ke['rows']} rows >= 1.0"]
     if s["mismatches"]:
         lines.append(f"!!! OUTPUT MISMATCH on {len(s['mismatches'])} rows: "
                      + ", ".join(s["mismatches"]))

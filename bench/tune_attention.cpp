@@ -3,7 +3,9 @@
 // shapes, to fill choose()'s tuning table from measurements. Each candidate's output is checked
 // against choose()'s on the same inputs (random, never zeros); a mismatch fails the run.
 //
-//   kiln_bench_tune [CACHE]      one line per shape: ms per call for each config, and the best
+//   kiln_bench_tune [CACHE]        one line per shape: ms per call for each config, and the best
+//   kiln_bench_tune CACHE e4m3     the same over e4m3 k and v (bf16 q), on the mma kernel's
+//                                  candidates
 //
 // Needs a GPU; the kernels compile into CACHE (default: a directory under /tmp).
 #include <cstdint>
@@ -55,12 +57,31 @@ std::vector<kiln::AttentionConfig> candidates(int head_dim) {
   return {config(128, 64, 2), config(64, 64, 2)};
 }
 
+// The mma kernel's candidates for e4m3 k and v, by head dim: those that compile without spilling
+// on sm_90a (NVRTC 13.0), and choose()'s 16-bit tiles.
+std::vector<kiln::AttentionConfig> fp8_candidates(int head_dim) {
+  const auto config = [](int m, int n, int warps, int stages) {
+    return kiln::AttentionConfig{.block_m = m, .block_n = n, .warps = warps, .stages = stages};
+  };
+  if (head_dim <= 64) {
+    return {config(128, 64, 4, 2), config(128, 64, 4, 3), config(128, 128, 8, 2),
+            config(128, 64, 8, 2), config(64, 128, 4, 2), config(128, 128, 4, 2)};
+  }
+  if (head_dim <= 128) {
+    return {config(128, 64, 8, 2), config(128, 128, 8, 2), config(128, 32, 4, 2),
+            config(64, 64, 4, 2),  config(64, 128, 4, 2),  config(128, 64, 4, 1)};
+  }
+  return {config(64, 64, 4, 1), config(64, 64, 4, 2), config(128, 64, 8, 1), config(64, 32, 4, 2)};
+}
+
 std::string name(const kiln::AttentionConfig& c) {
-  return std::to_string(c.block_m) + "x" + std::to_string(c.block_n) + "s" +
+  const std::string warps =
+      c.kernel == kiln::AttentionKernel::mma ? "w" + std::to_string(c.warps) : "";
+  return std::to_string(c.block_m) + "x" + std::to_string(c.block_n) + warps + "s" +
          std::to_string(c.stages);
 }
 
-int run(const fs::path& cache) {
+int run(const fs::path& cache, bool fp8) {
   kiln::Options options;
   options.cache_dir = cache;
   options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
@@ -69,22 +90,29 @@ int run(const fs::path& cache) {
   for (const Shape& s : kShapes) {
     const std::int64_t q_count = std::int64_t{s.batch} * s.seqlen * s.heads * s.head_dim;
     const std::int64_t kv_count = std::int64_t{s.batch} * s.seqlen * s.heads_kv * s.head_dim;
-    const Device q(random_bf16(q_count, 1)), k(random_bf16(kv_count, 2)),
-        v(random_bf16(kv_count, 3));
+    const Device q(random_bf16(q_count, 1));
+    const Device k =
+        fp8 ? Device(kiln::bench::random_e4m3(kv_count, 2)) : Device(random_bf16(kv_count, 2));
+    const Device v =
+        fp8 ? Device(kiln::bench::random_e4m3(kv_count, 3)) : Device(random_bf16(kv_count, 3));
     const Device out(std::vector<std::uint16_t>(q_count, 0xffff));  // NaN until written
-    const auto view = [&](const Device& d, int heads) {
-      return kiln::TensorView::contiguous(d.data, kiln::DType::bf16,
-                                          {s.batch, s.seqlen, heads, s.head_dim});
+    const kiln::DType kv_dtype = fp8 ? kiln::DType::e4m3 : kiln::DType::bf16;
+    const auto view = [&](const Device& d, int heads, kiln::DType dtype = kiln::DType::bf16) {
+      return kiln::TensorView::contiguous(d.data, dtype, {s.batch, s.seqlen, heads, s.head_dim});
     };
     kiln::AttentionOptions attention_options;
     attention_options.score.causal = s.causal;
     const auto call = [&](const kiln::AttentionConfig& config) {
-      kiln::attention(view(q, s.heads), view(k, s.heads_kv), view(v, s.heads_kv),
-                      view(out, s.heads), attention_options, config, nullptr, runtime);
+      kiln::attention(view(q, s.heads), view(k, s.heads_kv, kv_dtype),
+                      view(v, s.heads_kv, kv_dtype), view(out, s.heads), attention_options, config,
+                      nullptr, runtime);
     };
     const auto result = [&] { return out.read<std::uint16_t>(static_cast<std::size_t>(q_count)); };
-    const kiln::AttentionProblem problem{
-        .head_dim = s.head_dim, .head_dim_v = s.head_dim, .band = s.causal, .seqlen_k = s.seqlen};
+    const kiln::AttentionProblem problem{.dtype_kv = kv_dtype,
+                                         .head_dim = s.head_dim,
+                                         .head_dim_v = s.head_dim,
+                                         .band = s.causal,
+                                         .seqlen_k = s.seqlen};
     const kiln::AttentionConfig chosen = kiln::choose(problem, runtime.target());
     call(chosen);
     check(cudaDeviceSynchronize(), "the chosen config's run");
@@ -93,7 +121,8 @@ int run(const fs::path& cache) {
                 s.heads_kv, s.causal ? "causal" : "none", name(chosen).c_str());
     double best_ms = 1e30;
     std::string best;
-    for (const kiln::AttentionConfig& config : candidates(s.head_dim)) {
+    for (const kiln::AttentionConfig& config :
+         fp8 ? fp8_candidates(s.head_dim) : candidates(s.head_dim)) {
       try {
         call(config);
         check(cudaDeviceSynchronize(), "warm-up");
@@ -119,7 +148,12 @@ int run(const fs::path& cache) {
 
 int main(int argc, char** argv) {
   try {
-    return run(argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "kiln_bench_tune");
+    const bool fp8 = argc > 2 && std::string(argv[2]) == "e4m3";
+    if (argc > 3 || (argc > 2 && !fp8)) {
+      std::fprintf(stderr, "usage: kiln_bench_tune [CACHE [e4m3]]\n");
+      return 2;
+    }
+    return run(argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "kiln_bench_tune", fp8);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln_bench_tune: %s\n", e.what());
     return 2;

@@ -17,9 +17,10 @@ namespace kiln {
 //   k    (batch, seqlen_k, heads_kv, head_dim)     varlen: (total_k, heads_kv, head_dim)
 //   v    (batch, seqlen_k, heads_kv, head_dim_v)   varlen: (total_k, heads_kv, head_dim_v)
 //   out  like q, with head_dim_v
-// fp16 or bf16, all four the same; any strides with stride 1 on the last dim, and every other
-// stride a multiple of 8 elements (16 bytes), as are the data pointers. Inputs may broadcast
-// (stride 0); outputs (out, lse) must give every element its own address.
+// fp16 or bf16, all four the same, or k and v in fp8 (e4m3 or e5m2) under a 16-bit q (see
+// k_descale); any strides with stride 1 on the last dim, and every other stride and the data
+// pointers multiples of 16 bytes. Inputs may broadcast (stride 0); outputs (out, lse) must give
+// every element its own address.
 struct AttentionOptions {
   ScoreOptions score;  // scale, band (causal, sliding window), softcap, ALiBi
 
@@ -38,12 +39,21 @@ struct AttentionOptions {
   int max_seqlen_q = 0;
   int max_seqlen_k = 0;
   std::optional<TensorView> seqused_k;
+
+  // fp8 k and v's descales, FlashAttention-3's: fp32 (batch, heads_kv), any strides; unset: 1.
+  // The key sequence b's kv head h attends is k's times k_descale[b][h] (v likewise). fp8 k and
+  // v run on the mma kernel, on sm_89 and newer, with head dims multiples of 16; each value is
+  // widened to q's dtype exactly, and the descales are applied in fp32 (k's to the scores,
+  // v's to the output). No backward.
+  std::optional<TensorView> k_descale;
+  std::optional<TensorView> v_descale;
 };
 
 // The problem as the kernel sees it, after validation: what decides the compiled variant.
 struct AttentionProblem {
   // Each operand's dtype: q's (and bias's), k's and v's, out's. The kernels take the
-  // combinations in lib/kernels/attention.cpp's table: today one dtype, f16 or bf16, for all.
+  // combinations in lib/kernels/attention.cpp's tables: one dtype, f16 or bf16, for all, or
+  // (mma only) fp8 k and v under a 16-bit q.
   DType dtype_q = DType::bf16;
   DType dtype_kv = DType::bf16;
   DType dtype_out = DType::bf16;

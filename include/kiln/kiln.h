@@ -93,6 +93,11 @@ typedef struct kiln_attention_options {
   const DLTensor* seqused_k;    /* int32 (batch): keys used per sequence */
   int max_seqlen_q;             /* varlen: the longest query sequence */
   int max_seqlen_k;             /* varlen: the longest key sequence */
+  /* fp8 k and v's descales (DLPack float8_e4m3fn or float8_e5m2 k and v under f16 or bf16 q,
+   * sm_89 and newer): fp32 (batch, heads_kv) or NULL (1); real key = stored key *
+   * k_descale[b][h], likewise v (kiln::AttentionOptions::k_descale). */
+  const DLTensor* k_descale;
+  const DLTensor* v_descale;
 } kiln_attention_options;
 
 void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size,
@@ -103,12 +108,12 @@ void kiln_attention_options_init_sized(kiln_attention_options* options, size_t s
 
 /* Forward attention, FlashAttention's layouts: q (batch, seqlen_q, heads, head_dim), k and v
  * (batch, seqlen_k, heads_kv, head_dim / head_dim_v), out like q with head_dim_v; varlen drops
- * the batch dim. fp16 or bf16 on a CUDA (kDLCUDA) or ROCm (kDLROCM) device; strides in elements
- * (NULL: compact row-major). lse (may be NULL): fp32 (batch, heads, seqlen_q), or
- * (heads, total_q) with varlen. options may be NULL for the defaults. stream: a CUstream or
- * hipStream_t, NULL for the default stream. All tensors of a call must be on one device: the
- * call runs on the process-wide runtime of that device ordinal (made on first use, with the
- * KILN_* settings), so threads or processes driving different GPUs need nothing more. */
+ * the batch dim. fp16 or bf16 (k and v may be fp8, see the options' k_descale) on a CUDA (kDLCUDA)
+ * or ROCm (kDLROCM) device; strides in elements (NULL: compact row-major). lse (may be NULL): fp32
+ * (batch, heads, seqlen_q), or (heads, total_q) with varlen. options may be NULL for the defaults.
+ * stream: a CUstream or hipStream_t, NULL for the default stream. All tensors of a call must be on
+ * one device: the call runs on the process-wide runtime of that device ordinal (made on first use,
+ * with the KILN_* settings), so threads or processes driving different GPUs need nothing more. */
 kiln_status kiln_attention(const DLTensor* q, const DLTensor* k, const DLTensor* v,
                            const DLTensor* out, const kiln_attention_options* options,
                            const DLTensor* lse, void* stream);

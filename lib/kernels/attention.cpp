@@ -25,12 +25,18 @@ constexpr ConstantKind kInt = ConstantKind::integer;
 constexpr ConstantKind kBool = ConstantKind::boolean;
 constexpr ConstantKind kDType = ConstantKind::dtype;
 
-// The operand dtypes (q, k and v, out) every forward kernel takes, one row a combination; the
-// default warm set compiles each. The kernels' mma multiplies operands of one type, so each row
-// has one dtype for all three until an fp8 KV cache (a row of its own) gets its conversion.
+// The operand dtypes (q, k and v, out) every forward kernel takes, and the backward's, one row a
+// combination; the default warm set compiles each.
 constexpr OperandDTypes kOperandDTypes[] = {
     {DType::bf16, DType::bf16, DType::bf16},
     {DType::f16, DType::f16, DType::f16},
+};
+// The mma kernel's: those, and fp8 k and v under a 16-bit q, widened to q's type as they are
+// read (sm_89 and newer). The default warm set compiles e4m3's.
+constexpr OperandDTypes kMmaOperandDTypes[] = {
+    {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
+    {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
+    {DType::bf16, DType::e5m2, DType::bf16}, {DType::f16, DType::e5m2, DType::f16},
 };
 
 // The constants each kernel's template reads (kernels_src/attention/prefill).
@@ -79,7 +85,7 @@ constexpr AttentionDescription kDescriptions[] = {
     {.kernel = AttentionKernel::mma,
      .name = "mma",
      .schema = {"attention/prefill/forward.cuh", "kiln::attention_forward", "kiln::AttentionParams",
-                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>, kOperandDTypes},
+                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>, kMmaOperandDTypes},
      .targets = AttentionTargets::sm80,
      .threads = warps_threads,
      .shared_bytes =
@@ -227,14 +233,28 @@ constexpr AttentionTuning kSm80[] = {
     {256, Match::any, Match::any, {.block_m = 64, .block_n = 64, .warps = 4, .stages = 1}},
 };
 
+// fp8 k and v on sm_89 and newer: the mma kernel, measured on an H200 with kiln_bench_tune's e4m3
+// sweep (bench/RESULTS.md, run 45). Up to 64, kSm80's unmasked tiles (a third stage gained under
+// 1%). To 96, one stage of 64 keys: 10% faster than 32 keys in 2 stages, 20-35% than 8 warps.
+// To 128, 32 keys in 2 stages: 10-30% faster than any other candidate (the 64-key tiles spill or
+// fall to 8 warps). At 256, 32 keys in 2 stages: 2-12% faster masked, within 2% of the best
+// (128 x 64 of 8 warps) without a mask.
+constexpr AttentionTuning kFp8[] = {
+    {64, Match::any, Match::any, {.block_m = 128, .block_n = 64, .warps = 4, .stages = 2}},
+    {96, Match::any, Match::any, {.block_m = 128, .block_n = 64, .warps = 4, .stages = 1}},
+    {128, Match::any, Match::any, {.block_m = 128, .block_n = 32, .warps = 4, .stages = 2}},
+    {256, Match::any, Match::any, {.block_m = 64, .block_n = 32, .warps = 4, .stages = 2}},
+};
+
 static_assert(covers_every_problem(kGfx9) && covers_every_problem(kSm90a) &&
-                  covers_every_problem(kSm80),
+                  covers_every_problem(kSm80) && covers_every_problem(kFp8),
               "Each tuning table has a row for every head dim kiln compiles, masked or not, with "
               "short or long keys.");
 
 // The table of `target` for `problem`: one of the above.
 std::span<const AttentionTuning> table_of(const AttentionProblem& problem, const Target& target) {
   if (target.amd()) return kGfx9;
+  if (is_fp8(problem.dtype_kv)) return kFp8;
   if (is_sm90a(target) && std::min(problem.head_dim, problem.head_dim_v) >= kTmaMinHeadDim) {
     return kSm90a;
   }
@@ -263,6 +283,10 @@ std::span<const AttentionDescription> attention_descriptions() {
 
 std::span<const OperandDTypes> attention_operand_dtypes() {
   return kOperandDTypes;
+}
+
+std::span<const OperandDTypes> attention_forward_operand_dtypes() {
+  return kMmaOperandDTypes;
 }
 
 std::span<const ConstantSchema> attention_portable_constants() {
@@ -303,6 +327,18 @@ void require_target(const Target& target, AttentionKernel kernel) {
         "the mma kernel (AttentionKernel::mma)",
         d.name, target.name()));
   }
+}
+
+void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
+                      const Target& target) {
+  if (!is_fp8(problem.dtype_kv)) return;
+  if (kernel != AttentionKernel::mma) {
+    unsupported(
+        fmt::format("{} k and v run on the mma attention kernel only, not the {} one: use "
+                    "AttentionKernel::mma, or choose()'s config",
+                    to_string(problem.dtype_kv), describe(kernel).name));
+  }
+  require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "K/V");
 }
 
 void check_config(const AttentionConfig& config, const Target& target) {
@@ -350,6 +386,7 @@ void require_fits(const LaunchPlan& plan, const AttentionConfig& config, const D
 
 AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
   detail::require_target(target, target.amd() ? AttentionKernel::portable : AttentionKernel::mma);
+  detail::require_kv_dtype(problem, AttentionKernel::mma, target);
   const int widest = std::max(problem.head_dim, problem.head_dim_v);
   const bool long_keys = problem.seqlen_k >= kLongSeqlenK;
   const std::span<const detail::AttentionTuning> table = detail::table_of(problem, target);
@@ -393,7 +430,13 @@ KernelSpec detail::attention_family_spec(const KernelSchema& schema,
 std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!detail::attention_runs_on(target)) return specs;
-  for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
+  for (const detail::OperandDTypes& dtypes : detail::kMmaOperandDTypes) {
+    // fp8 k and v: e4m3 (the common one) where the conversions exist; e5m2 compiles on first
+    // use.
+    if (dtypes.kv == DType::e5m2 ||
+        (is_fp8(dtypes.kv) && (!target.nvidia() || target.arch() < 89))) {
+      continue;
+    }
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {
         for (long long seqlen_k : {0LL, kLongSeqlenK}) {

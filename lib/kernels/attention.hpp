@@ -33,8 +33,12 @@ const AttentionDescription& describe(AttentionKernel kernel);
 // Every forward kernel's description, for the registry.
 std::span<const AttentionDescription> attention_descriptions();
 
-// The operand dtypes (q, k and v, out) the forward kernels take, a row per combination.
+// The operand dtypes (q, k and v, out) every forward kernel and the backward take, a row per
+// combination.
 std::span<const OperandDTypes> attention_operand_dtypes();
+
+// Those some forward kernel takes: the mma kernel's, with fp8 k and v too.
+std::span<const OperandDTypes> attention_forward_operand_dtypes();
 
 // The constants of the portable forward kernel, which the portable backward kernels take too.
 std::span<const ConstantSchema> attention_portable_constants();
@@ -52,6 +56,11 @@ bool is_sm90a(const Target& target);
 
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
 void require_target(const Target& target, AttentionKernel kernel);
+
+// Throws kiln::Error (unsupported) for fp8 k and v that `kernel` on `target` cannot read: only
+// the mma kernel reads them, on sm_89 and newer, with head dims multiples of 16.
+void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
+                      const Target& target);
 
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out of
 // range, and (unsupported) for a kernel `target` cannot run.

@@ -226,25 +226,12 @@ void check_cache_dtype(const DecodeProblem& problem) {
     }
     return;
   }
-  const std::string_view dtype = to_string(problem.dtype_kv);
-  if (problem.head_dim % 16 != 0 || problem.head_dim_v % 16 != 0) {
-    unsupported(fmt::format(
-        "head_dim {} and head_dim_v {} with an {} KV cache: an fp8 cache's head dims must be "
-        "multiples of 16 (16-byte copies of whole elements); pad the cache's head dims with "
-        "zeros",
-        problem.head_dim, problem.head_dim_v, dtype));
-  }
+  require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, nullptr, "KV cache");
 }
 
 void require_cache_dtype(const DecodeProblem& problem, const Target& target) {
   if (!is_fp8(problem.dtype_kv)) return;
-  if (target.arch() < 89) {
-    unsupported(fmt::format(
-        "an {} KV cache needs an sm_89 or newer GPU (its fp8 conversions); the target is {}: "
-        "keep the cache in q's dtype there",
-        to_string(problem.dtype_kv), target.name()));
-  }
-  check_cache_dtype(problem);
+  require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "KV cache");
 }
 
 void check_config(const DecodeConfig& c) {

@@ -113,6 +113,22 @@ std::optional<Error> operand_dtypes_error(std::string_view what,
   return std::nullopt;
 }
 
+void require_fp8_kv(DType kv, int head_dim, int head_dim_v, const Target* target,
+                    std::string_view what) {
+  if (target != nullptr && (!target->nvidia() || target->arch() < 89)) {
+    unsupported(
+        fmt::format("an {} {} needs an sm_89 or newer GPU (its fp8 conversions); the target is {}: "
+                    "keep the {} in q's dtype there",
+                    to_string(kv), what, target->name(), what));
+  }
+  if (head_dim % 16 != 0 || head_dim_v % 16 != 0) {
+    unsupported(fmt::format(
+        "head_dim {} and head_dim_v {} with an {} {}: fp8 head dims must be multiples of 16 "
+        "(16-byte copies of whole elements); pad the head dims with zeros",
+        head_dim, head_dim_v, to_string(kv), what));
+  }
+}
+
 long long no_shared_memory(const KernelSpec&) {
   return 0;
 }

@@ -61,6 +61,12 @@ std::optional<Error> operand_dtypes_error(std::string_view what,
                                           std::span<const NamedDType> kv,
                                           std::optional<NamedDType> out);
 
+// An fp8 K/V's conditions (kiln::Error, unsupported): head dims multiples of 16, whose rows copy
+// as whole 16-byte pieces of fp8; and, with a target, an NVIDIA sm_89 or newer one, the first
+// with fp8 conversions (NVIDIA's). `what` names the K/V in messages ("KV cache", "k and v").
+void require_fp8_kv(DType kv, int head_dim, int head_dim_v, const Target* target,
+                    std::string_view what);
+
 enum class ConstantKind { integer, boolean, dtype };
 
 struct ConstantSchema {

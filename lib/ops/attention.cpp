@@ -58,8 +58,9 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
     check_common(*t, name, device);
   }
   const detail::NamedDType kv[] = {{"k", k.dtype}, {"v", v.dtype}};
-  if (auto error = detail::operand_dtypes_error("attention", detail::attention_operand_dtypes(),
-                                                {"q", q.dtype}, kv, {{"out", out.dtype}})) {
+  if (auto error =
+          detail::operand_dtypes_error("attention", detail::attention_forward_operand_dtypes(),
+                                       {"q", q.dtype}, kv, {{"out", out.dtype}})) {
     throw *error;
   }
   s.dtypes = {.q = q.dtype, .kv = k.dtype, .out = out.dtype};
@@ -92,6 +93,11 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
   detail::require_no_overlap(out, "out");
   return s;
+}
+
+// fp8 k and v's descales, as the messages name them.
+detail::DescaleTensors descale_tensors(const AttentionOptions& o) {
+  return {o.k_descale, o.v_descale, "k_descale", "v_descale"};
 }
 
 void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int device) {
@@ -151,6 +157,10 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
       }
     }
   }
+  detail::check_descales(
+      descale_tensors(o), s.dtypes.kv, "fp8 k and v", "k",
+      {s.batch, s.varlen ? "cu_seqlens_q.size(0) - 1 (batch)" : "q.size(0) (batch)"},
+      {s.heads_kv, fmt::format("k.size({}) (heads_kv)", q.rank - 2)}, device);
   if (o.lse) {
     if (s.varlen) {
       detail::check_lse(*o.lse, "lse", "(heads, total_q) for varlen",
@@ -228,6 +238,7 @@ AttentionParams detail::attention_params(const TensorView& q, const TensorView& 
     p.kv.maybe_cu_seqlens_k = static_cast<const int*>(o.cu_seqlens_k->data);
   }
   if (o.seqused_k) p.maybe_seqused_k = static_cast<const int*>(o.seqused_k->data);
+  p.descales = detail::kv_descales(descale_tensors(o));
   return p;
 }
 
@@ -309,7 +320,10 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Shape& s = checked.shape;
   if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
   const Target target = detail::target_to_run(runtime, kCall);
-  if (config) detail::check_config(*config, target);
+  if (config) {
+    detail::check_config(*config, target);
+    detail::require_kv_dtype(checked.problem, config->kernel, target);
+  }
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
     if (config) {

@@ -64,6 +64,13 @@ BackwardCall validate(const TensorView& q, const TensorView& k, const TensorView
         "with the lse tensor the forward wrote");
   }
   BackwardCall call{.forward = detail::validate_attention(q, k, v, out, o, device)};
+  // The forward's dtypes, less those it alone takes (fp8 k and v).
+  const detail::NamedDType kv[] = {{"k", k.dtype}, {"v", v.dtype}};
+  if (auto error =
+          detail::operand_dtypes_error("attention's backward", detail::attention_operand_dtypes(),
+                                       {"q", q.dtype}, kv, std::nullopt)) {
+    throw *error;
+  }
   const detail::AttentionShape& s = call.forward.shape;
   require_like(dout, "dout", out, "out", device);
   require_like(dq, "dq", q, "q", device);

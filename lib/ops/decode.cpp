@@ -148,23 +148,9 @@ void check_cache_tensors(const KVCache& cache, Shape& s, int device) {
   s.capacity = *capacity;
 }
 
-// An fp8 cache's descales: fp32 (batch, heads_kv), any strides; none with a 16-bit cache.
-void check_descales(const KVCache& cache, const Shape& s, int device) {
-  for (const auto& [t, name] : {std::pair{&cache.k_descale, "cache.k_descale"},
-                                std::pair{&cache.v_descale, "cache.v_descale"}}) {
-    if (!*t) continue;
-    if (!is_fp8(s.dtypes.kv)) {
-      invalid(fmt::format("{} is for an fp8 cache, but the cache has dtype {}: drop {}", name,
-                          to_string(s.dtypes.kv), name));
-    }
-    check_common(**t, name, device);
-    require_rank(**t, name, 2, "(batch, heads_kv) fp32 descales");
-    if ((*t)->dtype != DType::f32) {
-      invalid(fmt::format("{} has dtype {}: it must be float32", name, to_string((*t)->dtype)));
-    }
-    require_size(**t, name, 0, s.batch, "q.size(0) (batch)");
-    require_size(**t, name, 1, s.heads_kv, "cache.k.size(2) (heads_kv)");
-  }
+// An fp8 cache's descales, as the messages name them.
+detail::DescaleTensors descale_tensors(const KVCache& cache) {
+  return {cache.k_descale, cache.v_descale, "cache.k_descale", "cache.v_descale"};
 }
 
 // An fp8 cache's descales per (token, kv head): fp32 shaped as the cache less its head dim.
@@ -301,7 +287,9 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
                const DecodeOptions& o, int device) {
   Shape s = check_q_cache_out(q, cache, out, device);
   check_cache_tensors(cache, s, device);
-  check_descales(cache, s, device);
+  detail::check_descales(descale_tensors(cache), s.dtypes.kv, "an fp8 cache", "the cache",
+                         {s.batch, "q.size(0) (batch)"}, {s.heads_kv, "cache.k.size(2) (heads_kv)"},
+                         device);
   check_token_descales(cache, s, device);
   check_options(o, q, s, device);
   if (o.k_new) {  // the append writes the cache, and its descales
@@ -384,16 +372,7 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
     take_strides(*o.k_new, p.k_new_batch_stride, p.k_new_seq_stride, p.k_new_head_stride);
     take_strides(*o.v_new, p.v_new_batch_stride, p.v_new_seq_stride, p.v_new_head_stride);
   }
-  if (cache.k_descale) {
-    p.maybe_k_descale = static_cast<const float*>(cache.k_descale->data);
-    p.k_descale_batch_stride = cache.k_descale->stride(0);
-    p.k_descale_head_stride = cache.k_descale->stride(1);
-  }
-  if (cache.v_descale) {
-    p.maybe_v_descale = static_cast<const float*>(cache.v_descale->data);
-    p.v_descale_batch_stride = cache.v_descale->stride(0);
-    p.v_descale_head_stride = cache.v_descale->stride(1);
-  }
+  p.descales = detail::kv_descales(descale_tensors(cache));
   if (cache.k_token_descale) {
     // Laid out as the cache, less the head dim: kv's way to the rows, these strides.
     p.token_descale = p.kv;

@@ -191,6 +191,7 @@ AttentionOptions = _struct("kiln_attention_options", "AttentionOptions", (
     *_tensors("bias", "cu_seqlens_q", "cu_seqlens_k", "seqused_k"),
     ("max_seqlen_q", ctypes.c_int, 0),
     ("max_seqlen_k", ctypes.c_int, 0),
+    *_tensors("k_descale", "v_descale"),
 ))
 
 DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (

@@ -38,10 +38,10 @@ DTYPE_NAMES = {
     torch.float8_e5m2: "e5m2",
 }
 # The operand dtypes (q, k and v, out) kiln's attention kernels take, a row per combination, in
-# libkiln's order: its tables kOperandDTypes (lib/kernels/attention.cpp and decode.cpp; decode
-# reads fp8 caches too).
+# libkiln's order: the backward's (kOperandDTypes, lib/kernels/attention.cpp), and the forward's
+# and decode's, which read fp8 k and v too (kMmaOperandDTypes there, kOperandDTypes in decode.cpp).
 _OPERAND_DTYPES = ((torch.bfloat16,) * 3, (torch.float16,) * 3)
-_DECODE_OPERAND_DTYPES = _OPERAND_DTYPES + tuple(
+_FP8_KV_OPERAND_DTYPES = _OPERAND_DTYPES + tuple(
     (q, kv, q) for kv in (torch.float8_e4m3fn, torch.float8_e5m2)
     for q in (torch.bfloat16, torch.float16))
 # Head dims kiln compiles: every multiple of 8 from 8 to this (kMaxHeadDim in
@@ -245,13 +245,14 @@ def variant(scalars, tensors):
 
 def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              top_left, softcap, sinks, variant_name, variant_code, variant_scalars,
-              variant_tensors):
+              top_left, softcap, sinks, k_descale, v_descale, variant_name, variant_code,
+              variant_scalars, variant_tensors):
     """kiln::attention's op (kiln.ops.attention): its arguments, as the op takes them."""
     tiles = (("q", q), ("k", k), ("v", v), ("out", out))
     _all_known(tiles + (("lse", lse), ("bias", bias), ("alibi_slopes", alibi_slopes),
                         ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
-                        ("seqused_k", seqused_k), ("sinks", sinks)))
+                        ("seqused_k", seqused_k), ("sinks", sinks), ("k_descale", k_descale),
+                        ("v_descale", v_descale)))
     variant(variant_scalars, variant_tensors)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and bias is not None:
@@ -262,7 +263,9 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                 + ("(total_tokens, heads, head_dim) with cu_seqlens" if varlen else
                    "(batch, seqlen, heads, head_dim); for varlen call flash_attn_varlen_func"))
     _ranks(q, tiles[1:])
-    _operand_dtypes(q, (("k", k), ("v", v)), ("out", out), "attention")
+    _operand_dtypes(q, (("k", k), ("v", v)), ("out", out), "attention", _FP8_KV_OPERAND_DTYPES)
+    _descales((("k_descale", k_descale), ("v_descale", v_descale)), k, "fp8 k and v", "k", 2,
+              "(batch, heads_kv) fp32 descales")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v.shape[-1], "head_dim_v (v.size(-1))")
     _dtypes((("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
@@ -279,21 +282,24 @@ def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q
     forward's arguments, and dout, the gradient of out, in out's dtype and rank."""
     attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              top_left, softcap, sinks, variant_name, variant_code, variant_scalars,
+              top_left, softcap, sinks, None, None, variant_name, variant_code, variant_scalars,
               variant_tensors)
+    _operand_dtypes(q, (("k", k), ("v", v)), None, "attention's backward")
     known(dout, "dout")
     _ranks(q, (("dout", dout),))
     _dtypes((("dout", dout),), out.dtype, f"out's, {DTYPE_NAMES[out.dtype]}")
 
 
-def _cache_descales(named, k_cache, fp8, rank, layout):
-    """An fp8 cache's descale tensors, those given: with an fp8 cache only, of `rank`, float32."""
+def _descales(named, k, fp8_kv, holder, rank, layout):
+    """fp8 k and v's descale tensors, those given: with an fp8 `k` only (`fp8_kv` names the K/V
+    in messages, "an fp8 cache", and `holder` the tensor k is, "the cache"), of `rank`,
+    float32."""
     for name, t in named:
         if t is None:
             continue
-        if not fp8:
-            invalid(f"{name} is for an fp8 cache, but the cache has dtype "
-                    f"{DTYPE_NAMES[k_cache.dtype]}: drop {name}")
+        if k.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+            invalid(f"{name} is for {fp8_kv}, but {holder} has dtype {DTYPE_NAMES[k.dtype]}: "
+                    f"drop {name}")
         if t.dim() != rank:
             invalid(f"{name} has rank {t.dim()} but must have rank {rank}: {layout}")
         _dtypes(((name, t),), torch.float32, "float32")
@@ -320,7 +326,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
         invalid(f"q has rank {q.dim()} but must have rank 4: (batch, seqlen_q, heads, head_dim)")
     _ranks(q, tiles[1:] + news)
     cache = (("k_cache", k_cache), ("v_cache", v_cache))
-    _operand_dtypes(q, cache, ("out", out), "decode attention", _DECODE_OPERAND_DTYPES)
+    _operand_dtypes(q, cache, ("out", out), "decode attention", _FP8_KV_OPERAND_DTYPES)
     fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
     if fp8:
         # The append quantizes q's dtype into the cache by the descales.
@@ -331,15 +337,15 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
                         f"({DTYPE_NAMES[q.dtype]}), which kiln quantizes into the cache (divided "
                         "by the descales, saturating)")
     else:
-        _operand_dtypes(q, cache[:1] + news, None, "decode attention", _DECODE_OPERAND_DTYPES)
-    _cache_descales((("cache.k_descale", k_descale), ("cache.v_descale", v_descale)), k_cache,
-                    fp8, 2, "(batch, heads_kv) fp32 descales")
+        _operand_dtypes(q, cache[:1] + news, None, "decode attention", _FP8_KV_OPERAND_DTYPES)
+    _descales((("cache.k_descale", k_descale), ("cache.v_descale", v_descale)), k_cache,
+              "an fp8 cache", "the cache", 2, "(batch, heads_kv) fp32 descales")
     if (k_token_descale is None) != (v_token_descale is None):
         invalid("cache.k_token_descale and cache.v_token_descale come together: "
                 f"cache.{'v' if v_token_descale is None else 'k'}_token_descale is missing")
-    _cache_descales((("cache.k_token_descale", k_token_descale),
-                     ("cache.v_token_descale", v_token_descale)), k_cache, fp8, 3,
-                    "the cache's dims less its head dim, fp32 descales")
+    _descales((("cache.k_token_descale", k_token_descale),
+               ("cache.v_token_descale", v_token_descale)), k_cache, "an fp8 cache", "the cache",
+              3, "the cache's dims less its head dim, fp32 descales")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v_cache.shape[-1], "head_dim_v (v_cache.size(-1))")
     _dtypes((("cache_seqlens", cache_seqlens), ("cache_batch_idx", cache_batch_idx),

@@ -161,6 +161,26 @@ def _not_differentiable(argument, why):
         f"({argument}.detach()), or run the call under torch.no_grad()")
 
 
+def _no_q_descale(q_descale):
+    """FlashAttention-3's q_descale, an fp8 q's, refused: kiln reads fp8 k and v under 16-bit
+    queries."""
+    if q_descale is not None:
+        _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 k and v "
+                     "under 16-bit queries")
+
+
+def _forward_only_fp8(k, k_descale, v_descale):
+    """A call that must record its backward, refused when it reads fp8 k and v (or is given
+    their descales): kiln's backward takes k and v in q's dtype."""
+    fp8 = k.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    if fp8 or k_descale is not None or v_descale is not None:
+        what = f"k of dtype {_checks.DTYPE_NAMES[k.dtype]}" if fp8 else "k_descale or v_descale"
+        raise _capi.KilnNotImplementedError(
+            KILN_ERROR_UNSUPPORTED, f"{what} in a call whose inputs require grad: kiln's "
+            "backward takes k and v in q's dtype, not fp8; run the call under torch.no_grad(), "
+            "or pass the inputs detached")
+
+
 def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                     max_seqlen_q, max_seqlen_k, score, sinks, hooks, deterministic, out,
                     return_softmax_lse):
@@ -191,7 +211,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=False,
                     return_attn_probs=False, *, bias=None, top_left=False,
                     return_softmax_lse=False, out=None, sinks=None, variant=None,
-                    variant_scalars=(), variant_tensors=()):
+                    variant_scalars=(), variant_tensors=(), q_descale=None, k_descale=None,
+                    v_descale=None):
     """Attention over q (batch, seqlen_q, heads, d), k and v (batch, seqlen_k, heads_kv, d / dv):
     out (batch, seqlen_q, heads, dv), as FlashAttention's flash_attn_func, with the same
     defaults (softmax_scale None: 1 / sqrt(d); causal aligned bottom-right; window_size
@@ -206,6 +227,12 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     into the kernels), with its variant_scalars (up to 8 numbers) and variant_tensors (up to 4,
     any dtype and strides), which change without a recompile. The forward is deterministic.
 
+    fp8 k and v (torch.float8_e4m3fn or float8_e5m2) under a bf16 or fp16 q, on sm_89 and newer,
+    head dims multiples of 16: each value is widened to q's dtype exactly; k_descale and
+    v_descale (FlashAttention-3's), float32 (batch, heads_kv) or None (1), multiply them in fp32
+    (k's the scores, v's the output); q_descale (an fp8 q's) is refused. No backward: with an
+    input that requires grad they are refused.
+
     Differentiable in q, k, v, sinks (dsinks) and bias (dbias, summed where it has size 1 and
     broadcasts), as FlashAttention's and PyTorch's: deterministic=True makes the backward's
     gradients bitwise reproducible. softmax_lse gets no gradient (as FlashAttention's), nor do a
@@ -213,14 +240,18 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     tensor that requires grad are refused.
     """
     _forward_only(dropout_p, return_attn_probs)
+    _no_q_descale(q_descale)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
     q = _stride1(with_rank("q", q, 4, _LAYOUT))
     k = _stride1(with_rank("k", k, 4, _LAYOUT))
     v = _stride1(with_rank("v", v, 4, _LAYOUT))
     return_softmax_lse = flag("return_softmax_lse", return_softmax_lse)
     hooks = _variant(variant, variant_scalars, variant_tensors)
-    bias, alibi_slopes, sinks = _optional(bias=bias, alibi_slopes=alibi_slopes, sinks=sinks)
+    bias, alibi_slopes, sinks, k_descale, v_descale = _optional(
+        bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
+        v_descale=v_descale)
     if _trains(q, k, v, sinks, bias, alibi_slopes, *hooks[3]):
+        _forward_only_fp8(k, k_descale, v_descale)
         return _differentiable(q, k, v, bias, alibi_slopes, None, None, None, 0, 0, score,
                                sinks, hooks, deterministic, out, return_softmax_lse)
     batch, seqlen_q, heads = q.shape[:3]
@@ -228,7 +259,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) \
         if return_softmax_lse else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
-         *score, sinks, *hooks)
+         *score, sinks, k_descale, v_descale, *hooks)
     return out if lse is None else (out, lse)
 
 
@@ -237,13 +268,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            softcap=0.0, alibi_slopes=None, deterministic=False,
                            return_attn_probs=False, block_table=None, *, seqused_k=None,
                            bias=None, top_left=False, return_softmax_lse=False, out=None,
-                           sinks=None, variant=None, variant_scalars=(), variant_tensors=()):
+                           sinks=None, variant=None, variant_scalars=(), variant_tensors=(),
+                           q_descale=None, k_descale=None, v_descale=None):
     """flash_attn_func over packed sequences, as FlashAttention's flash_attn_varlen_func: q
     (total_q, heads, d), k and v (total_k, heads_kv, d / dv), sequence b at
     cu_seqlens_q[b]:cu_seqlens_q[b + 1] (int32, batch + 1); max_seqlen_q/k are Python ints.
     out (total_q, heads, dv); softmax_lse float32 (heads, total_q).
 
-    kiln's keyword-only extras: those of flash_attn_func, and seqused_k (int32, batch): the keys
+    kiln's keyword-only extras: those of flash_attn_func (fp8 k and v with descales
+    (batch, heads_kv), a row per sequence, among them), and seqused_k (int32, batch): the keys
     each sequence uses, from its start (FlashAttention 3's); a variant's key index counts from
     its sequence's start. block_table (a paged varlen call)
     is not supported: use flash_attn_with_kvcache for a paged cache.
@@ -254,25 +287,28 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         _unsupported("block_table", "<tensor>", "kiln's varlen attention reads contiguous k and "
                      "v; for a paged cache call flash_attn_with_kvcache")
+    _no_q_descale(q_descale)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
     q = _stride1(with_rank("q", q, 3, _VARLEN_LAYOUT))
     k = _stride1(with_rank("k", k, 3, _VARLEN_LAYOUT))
     v = _stride1(with_rank("v", v, 3, _VARLEN_LAYOUT))
     return_softmax_lse = flag("return_softmax_lse", return_softmax_lse)
     hooks = _variant(variant, variant_scalars, variant_tensors)
-    bias, alibi_slopes, sinks, seqused_k = _optional(
-        bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, seqused_k=seqused_k)
+    bias, alibi_slopes, sinks, seqused_k, k_descale, v_descale = _optional(
+        bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, seqused_k=seqused_k,
+        k_descale=k_descale, v_descale=v_descale)
     sequences = (tensor("cu_seqlens_q", cu_seqlens_q), tensor("cu_seqlens_k", cu_seqlens_k),
                  seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
                  _seqlen("max_seqlen_k", max_seqlen_k))
     if _trains(q, k, v, sinks, bias, alibi_slopes, *hooks[3]):
+        _forward_only_fp8(k, k_descale, v_descale)
         return _differentiable(q, k, v, bias, alibi_slopes, *sequences, score, sinks, hooks,
                                deterministic, out, return_softmax_lse)
     total_q, heads = q.shape[:2]
     out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
     lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, *sequences, *score, sinks,
-         *hooks)
+         k_descale, v_descale, *hooks)
     return out if lse is None else (out, lse)
 
 
@@ -374,9 +410,7 @@ def flash_attn_with_kvcache(q, k_cache, v_cache, k=None, v=None, rotary_cos=None
     place): its largest magnitude (NaN aside) over the fp8 type's largest value (448, 57344) times
     the kv head's descale, or 1 where that is 0 or not finite, so that it fills the fp8 range.
     """
-    if q_descale is not None:
-        _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 caches "
-                     "under 16-bit queries")
+    _no_q_descale(q_descale)
     if cache_leftpad is not None:
         _unsupported("cache_leftpad", "<tensor>", "keep each sequence's keys from the start of "
                      "its cache rows (or pages)")

@@ -278,6 +278,16 @@ REFUSED = {
         lambda q, k, v: kiln.flash_attn_func(q, k, v, out=t(2, 5, 8, 64, grad=False)),
         kiln.KilnValueError,
         "out= with inputs that require grad (q, k, v): autograd cannot differentiate a call"),
+    "fp8 k and v": (
+        lambda q, k, v: kiln.flash_attn_func(q, k.detach().to(torch.float8_e4m3fn),
+                                             v.detach().to(torch.float8_e4m3fn)),
+        kiln.KilnNotImplementedError,
+        "k of dtype e4m3 in a call whose inputs require grad: kiln's backward takes k and v in "
+        "q's dtype, not fp8"),
+    "descales": (
+        lambda q, k, v: kiln.flash_attn_varlen_func(q[0], k[0], v[0], cu(), cu(), 5, 7,
+                                                    k_descale=t(1, 2, dtype=F32, grad=False)),
+        kiln.KilnNotImplementedError, "k_descale or v_descale in a call whose inputs require"),
     "dropout": (
         lambda q, k, v: kiln.flash_attn_func(q, k, v, dropout_p=0.1),
         kiln.KilnValueError, "dropout_p=0.1 is not supported by kiln"),

@@ -149,9 +149,17 @@ KILN = [
     ("k of another dtype than q", lambda: kiln.flash_attn_func(Q, K.half(), K),
      _capi.KILN_ERROR_INVALID_ARGUMENT,
      "k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in the dtypes "
-     "(bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16"),
-    ("fp8 k in prefill", lambda: kiln.flash_attn_func(Q, FP8_K, FP8_K),
-     _capi.KILN_ERROR_INVALID_ARGUMENT, "k has dtype e4m3 but q has dtype bf16"),
+     "(bf16, bf16, bf16) or (f16, f16, f16) or (bf16, e4m3, bf16) or (f16, e4m3, f16) or "
+     "(bf16, e5m2, bf16) or (f16, e5m2, f16), so k needs bf16"),
+    ("fp8 k with a bf16 v", lambda: kiln.flash_attn_func(Q, FP8_K, K),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "v has dtype bf16 but k has dtype e4m3"),
+    ("a descale with bf16 k and v",
+     lambda: kiln.flash_attn_func(Q, K, K, k_descale=torch.empty(0, 2)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT,
+     "k_descale is for fp8 k and v, but k has dtype bf16: drop k_descale"),
+    ("a descale of the wrong shape",
+     lambda: kiln.flash_attn_func(Q, FP8_K, FP8_K, v_descale=torch.empty(0, 3)),
+     _capi.KILN_ERROR_INVALID_ARGUMENT, "v_descale.size(-1) is 3 but k.size(2) (heads_kv) is 2"),
     ("fp8 keys appended into an fp8 cache",
      lambda: kiln.flash_attn_with_kvcache(Q[:, :1], FP8_CACHE, FP8_CACHE, FP8_K[:, :1],
                                           FP8_K[:, :1], cache_seqlens=SEQLENS),
@@ -210,7 +218,7 @@ def test_cpu_tensors_are_refused_in_words_not_dlpack_codes():
                  lambda: kiln.flash_attn_func(Q.float(), K.float(), K.float()),  # CPU first
                  lambda: kiln.ops.attention(Q, K, K, Q.clone(), None, None, None, None, None,
                                             None, 0, 0, 0.0, False, -1, -1, False, 0.0, None,
-                                            None, None, [], [])):
+                                            None, None, None, None, [], [])):
         with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT,
                      "q is on the CPU; kiln runs on CUDA or ROCm GPUs", "q.cuda()") as error:
             call()
@@ -223,7 +231,10 @@ def test_a_valid_call_passes_kilns_checks(as_gpu):
     out, lse = kiln.flash_attn_with_kvcache(Q[:, :1], CACHE, CACHE, K[:, :1], K[:, :1],
                                             cache_seqlens=SEQLENS, return_softmax_lse=True)
     assert out.shape == (0, 1, 8, 64) and lse.shape == (0, 8, 1)
-    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # an fp8 cache with its descales
+    for fp8 in (torch.float8_e4m3fn, torch.float8_e5m2):  # fp8 k and v with their descales
+        out = kiln.flash_attn_func(Q, K.to(fp8), K.to(fp8), k_descale=torch.ones(0, 2),
+                                   v_descale=torch.ones(0, 2))
+        assert out.shape == Q.shape and out.dtype == BF16
         cache = CACHE.to(fp8)
         out = kiln.flash_attn_with_kvcache(Q[:, :1], cache, cache, cache_seqlens=SEQLENS,
                                            k_descale=torch.ones(0, 2), v_descale=torch.ones(0, 2))

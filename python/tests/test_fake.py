@@ -233,7 +233,8 @@ def library_verdict(q, k, v):
     launched), past kiln's Python checks: None, or (status, message)."""
     try:
         ops._attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None, None,
-                       None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None, None, [], [])
+                       None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None, None, None,
+                       None, [], [])
     except kiln.KilnError as e:
         return e.status, e.message
     return None
@@ -244,7 +245,7 @@ def python_verdict(q, k, v):
     try:
         _checks.attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None,
                           None, None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None,
-                          None, [], [])
+                          None, None, None, [], [])
     except kiln.KilnError as e:
         return e.status, e.message
     return None
@@ -263,9 +264,12 @@ def test_the_python_rules_are_the_librarys_word_for_word(as_gpu):
     # And each of k and v in another dtype than q: the mixed-dtype refusal.
     q, k, v = qkv(64, 64)
     cases += [(q, k.half(), v), (q, k, v.half()), (q.half(), k, v)]
+    # fp8 k and v, which the forward takes, and k alone in fp8, which it refuses.
+    fp8 = torch.float8_e4m3fn
+    cases += [(q, k.to(fp8), v.to(fp8)), (q.half(), k.to(fp8), v.to(fp8)), (q, k.to(fp8), v)]
     refused = 0
     for q, k, v in cases:
         expected = library_verdict(q, k, v)
         assert python_verdict(q, k, v) == expected, (q.shape, v.shape, q.dtype, k.dtype, v.dtype)
         refused += expected is not None
-    assert refused == 265 + 264 - 2 * 32 + 4 + 3
+    assert refused == 265 + 264 - 2 * 32 + 4 + 3 + 1

@@ -62,6 +62,52 @@ def test_flash_attn_func(case, dtype):
     check_attention(kiln.flash_attn_func(q, k, v, **kw), None, q, k, v, **kw)
 
 
+def fp8_kv(batch, seqlen, heads_kv, d, dv, fp8):
+    """Random fp8 k and v with descales (batch, heads_kv) from 1/4 to 4, and the float64 values
+    they stand for, which the reference attends."""
+    k = randn(batch, seqlen, heads_kv, d, dtype=torch.float32).to(fp8)
+    v = randn(batch, seqlen, heads_kv, dv, dtype=torch.float32).to(fp8)
+    k_descale, v_descale = (torch.rand(batch, heads_kv, device="cuda") * 4 - 2).exp2(), \
+        (torch.rand(batch, heads_kv, device="cuda") * 4 - 2).exp2()
+    return k, v, k_descale, v_descale, k.double() * k_descale.double()[:, None, :, None], \
+        v.double() * v_descale.double()[:, None, :, None]
+
+
+@pytest.mark.parametrize("fp8", [torch.float8_e4m3fn, torch.float8_e5m2])
+@pytest.mark.parametrize("dtype", [BF16, F16])
+@pytest.mark.parametrize("case", [c for c in CASES if c[5] % 16 == 0 and c[6] % 16 == 0])
+def test_flash_attn_func_over_fp8_k_and_v(case, dtype, fp8):
+    # FlashAttention-3's descales; the reference attends the stored values times them.
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 k and v need sm_89 or newer")
+    batch, sq, sk, h, hk, d, dv, kw = case
+    q = randn(batch, sq, h, d, dtype=dtype)
+    k, v, k_descale, v_descale, k_real, v_real = fp8_kv(batch, sk, hk, d, dv, fp8)
+    out = nan_like(q[..., :dv])
+    _, lse = kiln.flash_attn_func(q, k, v, return_softmax_lse=True, out=out, k_descale=k_descale,
+                                  v_descale=v_descale, **kw)
+    check_attention(out, lse, q, k_real, v_real, **kw)
+
+
+def test_flash_attn_varlen_func_over_fp8_k_and_v():
+    # A descale per sequence and kv head: sequence b's keys take row b's.
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 k and v need sm_89 or newer")
+    lengths_k = [30, 1, 64, 200]
+    (cu_q, max_q), (cu_k, max_k) = varlen([17, 1, 64, 113]), varlen(lengths_k)
+    q = randn(int(cu_q[-1]), 8, 128)
+    k, v, _, _, _, _ = fp8_kv(1, int(cu_k[-1]), 2, 128, 128, torch.float8_e4m3fn)
+    k_descale, v_descale = (torch.rand(2, 4, 2, device="cuda") * 4 - 2).exp2()
+    sequence = torch.repeat_interleave(torch.arange(4, device="cuda"),
+                                       torch.tensor(lengths_k, device="cuda"))
+    k_real = k[0].double() * k_descale.double()[sequence][:, :, None]
+    v_real = v[0].double() * v_descale.double()[sequence][:, :, None]
+    out = kiln.flash_attn_varlen_func(q, k[0], v[0], cu_q, cu_k, max_q, max_k, causal=True,
+                                      k_descale=k_descale, v_descale=v_descale)
+    check_attention(out, None, q, k_real, v_real, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                    causal=True)
+
+
 def test_flash_attn_func_alibi_and_a_broadcast_bias():
     q, k, v = randn(2, 50, 8, 64), randn(2, 70, 2, 64), randn(2, 70, 2, 64)
     slopes = torch.rand(2, 8, device="cuda", dtype=torch.float32)

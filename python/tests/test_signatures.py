@@ -50,10 +50,12 @@ PACKED = {
 VARIANT = {"variant": None, "variant_scalars": (), "variant_tensors": ()}
 EXTRAS = {
     "flash_attn_func": {"bias": None, "top_left": False, "return_softmax_lse": False,
-                        "out": None, "sinks": None, **VARIANT},
+                        "out": None, "sinks": None, **VARIANT, "q_descale": None,
+                        "k_descale": None, "v_descale": None},
     "flash_attn_varlen_func": {"seqused_k": None, "bias": None, "top_left": False,
                                "return_softmax_lse": False, "out": None, "sinks": None,
-                               **VARIANT},
+                               **VARIANT, "q_descale": None, "k_descale": None,
+                               "v_descale": None},
     "flash_attn_with_kvcache": {"top_left": False, "out": None, "sinks": None, **VARIANT,
                                 "q_descale": None, "k_descale": None, "v_descale": None,
                                 "k_token_descale": None, "v_token_descale": None},

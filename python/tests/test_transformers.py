@@ -83,8 +83,12 @@ class Calls:
         variant=None,
         variant_scalars=(),
         variant_tensors=(),
+        q_descale=None,
+        k_descale=None,
+        v_descale=None,
     ):
         assert variant is None and not variant_scalars and not variant_tensors
+        assert q_descale is None and k_descale is None and v_descale is None
         band = self.record(
             "func", q, k, v, softmax_scale, causal, window_size, softcap, sinks, bias=bias
         )

@@ -150,6 +150,14 @@ TEST_CASE("attention backward passes valid calls", "[attention_backward]") {
   check_accepted(empty);
 }
 
+TEST_CASE("attention backward refuses fp8 k and v, which the forward alone takes",
+          "[attention_backward]") {
+  Call c = padded_call();
+  c.k.dtype = c.v.dtype = c.dk.dtype = c.dv.dtype = DType::e4m3;
+  check_invalid(
+      c, {"k has dtype e4m3 but q has dtype bf16: attention's backward takes", "so k needs bf16"});
+}
+
 TEST_CASE("attention backward refuses a call without the forward's lse", "[attention_backward]") {
   Call c = padded_call();
   c.options.lse.reset();

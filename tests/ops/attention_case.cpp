@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <sstream>
 #include <tuple>
 #include <utility>
@@ -67,10 +68,22 @@ ReferenceProblem reference_problem(const Case& c) {
   return ref;
 }
 
-// q, k and v in their layouts, the rest of each buffer NaN; packed QKV shares one buffer.
+// A device copy of a 16-bit image, or for fp8 of its low bytes, where to_bits puts fp8 codes
+// (the poison's 0xff is fp8's NaN).
+std::unique_ptr<DeviceBuffer> upload_image(DType dtype, const std::vector<std::uint16_t>& image) {
+  if (!kiln::is_fp8(dtype)) return upload(image);
+  std::vector<std::uint8_t> bytes(image.size());
+  std::transform(image.begin(), image.end(), bytes.begin(),
+                 [](std::uint16_t x) { return static_cast<std::uint8_t>(x); });
+  return upload(bytes);
+}
+
+// q, k and v in their layouts (k and v as stored: fp8 values before their descales), the rest of
+// each buffer NaN; packed QKV shares one buffer.
 void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
                 const std::vector<double>& k, const std::vector<double>& v, DeviceCase& d) {
   if (c.layout == Layout::packed_qkv) {
+    REQUIRE_FALSE(c.kv_fp8);
     std::vector<std::uint16_t> image(guarded_size({&l.q, &l.k, &l.v}), kPoison16);
     kiln::test::scatter(c.dtype, l.q, q, image);
     kiln::test::scatter(c.dtype, l.k, k, image);
@@ -81,12 +94,13 @@ void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
     d.v = view_of(*d.buffers[0], c.dtype, l.v);
     return;
   }
-  for (auto [layout, values, view] :
-       {std::tuple{&l.q, &q, &d.q}, std::tuple{&l.k, &k, &d.k}, std::tuple{&l.v, &v, &d.v}}) {
+  for (auto [layout, values, view, dtype] :
+       {std::tuple{&l.q, &q, &d.q, c.dtype}, std::tuple{&l.k, &k, &d.k, c.kv_dtype()},
+        std::tuple{&l.v, &v, &d.v, c.kv_dtype()}}) {
     std::vector<std::uint16_t> image(guarded_size({layout}), kPoison16);
-    kiln::test::scatter(c.dtype, *layout, *values, image);
-    d.buffers.push_back(upload(image));
-    *view = view_of(*d.buffers.back(), c.dtype, *layout);
+    kiln::test::scatter(dtype, *layout, *values, image);
+    d.buffers.push_back(upload_image(dtype, image));
+    *view = view_of(*d.buffers.back(), dtype, *layout);
   }
 }
 
@@ -132,6 +146,33 @@ void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937&
   d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{shape, strides, 0});
 }
 
+// Random descales of fp8 k and v, (batch, heads_kv) fp32 from 1/4 to 4, uploaded for the call;
+// returns the reference's k and v, each stored value times its sequence's descale.
+std::pair<std::vector<double>, std::vector<double>> add_descales(const Case& c,
+                                                                 const ReferenceProblem& ref,
+                                                                 std::vector<double> k,
+                                                                 std::vector<double> v,
+                                                                 DeviceCase& d, std::mt19937& rng) {
+  const int batch = ref.batch();
+  std::uniform_real_distribution<double> exponent(-2, 2);
+  for (auto [values, view, dim] : {std::tuple{&k, &d.options.k_descale, c.head_dim},
+                                   std::tuple{&v, &d.options.v_descale, c.dim_v()}}) {
+    std::vector<float> descales(static_cast<std::size_t>(batch * c.heads_kv));
+    for (float& x : descales) x = static_cast<float>(std::exp2(exponent(rng)));
+    for (int b = 0; b < batch; ++b) {
+      for (int t = ref.cu_seqlens_k[b]; t < ref.cu_seqlens_k[b + 1]; ++t) {
+        for (int h = 0; h < c.heads_kv; ++h) {
+          double* const row = &(*values)[(std::size_t{1} * t * c.heads_kv + h) * dim];
+          for (int e = 0; e < dim; ++e) row[e] *= descales[b * c.heads_kv + h];
+        }
+      }
+    }
+    d.buffers.push_back(upload(descales));
+    *view = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {batch, c.heads_kv});
+  }
+  return {std::move(k), std::move(v)};
+}
+
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
   const int batch = ref.batch();
   if (c.varlen()) {
@@ -164,6 +205,7 @@ std::string describe(const Case& c) {
     s << " batch " << c.batch << " seqlen " << c.seqlen_q << "x" << c.seqlen_k;
   }
   if (!c.seqused_k.empty()) s << " seqused_k";
+  if (c.kv_fp8) s << " k and v " << kiln::to_string(*c.kv_fp8) << (c.descales ? " descaled" : "");
   s << kiln::test::describe(c.score);
   const char* layouts[] = {"contiguous", "padded", "packed qkv", "bhsd"};
   s << " layout " << layouts[static_cast<int>(c.layout)];
@@ -212,8 +254,8 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
   DeviceCase& d = p.d;
   const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
   const auto q = kiln::test::random_normal(c.dtype, total_q * c.heads * c.head_dim, rng);
-  const auto k = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.head_dim, rng);
-  const auto v = kiln::test::random_normal(c.dtype, total_k * c.heads_kv * c.dim_v(), rng);
+  auto k = kiln::test::random_normal(c.kv_dtype(), total_k * c.heads_kv * c.head_dim, rng);
+  auto v = kiln::test::random_normal(c.kv_dtype(), total_k * c.heads_kv * c.dim_v(), rng);
 
   upload_qkv(c, l, q, k, v, d);
   d.out = std::make_unique<Output>(c.dtype, l.out);
@@ -232,6 +274,7 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
         d.options.score, d.buffers, rng);
   }
   add_sequences(c, ref, d);
+  if (c.descales) std::tie(k, v) = add_descales(c, ref, std::move(k), std::move(v), d, rng);
   if (c.lse) d.options.lse = d.lse->view();
   p.want = kiln::test::attention_reference(ref, q, k, v);
   const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;

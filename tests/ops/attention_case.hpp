@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -50,8 +51,14 @@ struct Case {
   std::vector<int> seqlens_q;  // varlen when set: one length per sequence
   std::vector<int> seqlens_k;
   std::vector<int> seqused_k;
+  // k and v stored in fp8 (e4m3 or e5m2) under q's 16-bit dtype: normal values rounded to it,
+  // with FlashAttention-3's descales (random, one per sequence and kv head) or without. The
+  // reference attends the stored values times the descales.
+  std::optional<DType> kv_fp8;
+  bool descales = false;
 
   bool varlen() const { return !seqlens_q.empty(); }
+  DType kv_dtype() const { return kv_fp8.value_or(dtype); }
   int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
 };
 

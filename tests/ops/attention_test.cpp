@@ -373,7 +373,7 @@ void check_outputs(const Case& c, const DeviceCase& d, const Downloaded& got,
 
 kiln::AttentionProblem problem_of(const Case& c, const DeviceCase& d) {
   return {.dtype_q = c.dtype,
-          .dtype_kv = c.dtype,
+          .dtype_kv = c.kv_dtype(),
           .dtype_out = c.dtype,
           .head_dim = c.head_dim,
           .head_dim_v = c.dim_v(),
@@ -464,6 +464,23 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   }
 }
 
+// fp8 k and v (Case::kv_fp8), which the mma kernel alone reads: with choose()'s config and with
+// mma configs of other tiles (32 and 128 keys a step, 1 to 3 stages, 4 and 8 warps), on the same
+// inputs, each checked by check_kernel against one fp64 reference.
+void run_fp8_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
+  INFO(describe(c));
+  Prepared p = prepare(c, rng);
+  check_kernel(rt, c, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
+  const bool wide = std::max(c.head_dim, c.dim_v()) > 128;
+  check_kernel(rt, c, p.d, p.want, p.has_rows,
+               kiln::AttentionConfig{.block_m = 64, .block_n = 32, .warps = 4, .stages = 3},
+               "the mma kernel, 64 x 32 tiles, 3 stages");
+  check_kernel(rt, c, p.d, p.want, p.has_rows,
+               kiln::AttentionConfig{
+                   .block_m = 128, .block_n = wide ? 64 : 128, .warps = 8, .stages = wide ? 1 : 2},
+               "the mma kernel, 8 warps");
+}
+
 // `count` bf16 values from a normal distribution, as their bits.
 std::vector<std::uint16_t> random_bf16(std::size_t count, std::mt19937& rng) {
   std::vector<std::uint16_t> out;
@@ -496,6 +513,102 @@ TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][atte
     c.seqlen_q = c.seqlen_k = 2049;
     run_case(rt, c, rng);
   }
+}
+
+// fp8 k and v under bf16 and f16 q, widened exactly as they are read, with FlashAttention-3's
+// descales (one per sequence and kv head) and without: e4m3 and e5m2, GQA, head dims 64 to 256
+// (and 192/128; 80 and 96, whose fp8 rows swizzle otherwise), every mask, softcap, ALiBi, sinks,
+// a bias, varlen with seqused_k, BHSD strides and long sequences. The reference attends the
+// stored values times the descales.
+TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  if (rt.target().arch() < 89) {
+    WARN("skipped: fp8 k and v need sm_89 or newer, not " << rt.target().name());
+    return;
+  }
+  std::mt19937 rng(41);
+  for (DType fp8 : {DType::e4m3, DType::e5m2}) {
+    for (DType dtype : kDTypes) {
+      run_fp8_case(rt,
+                   {.dtype = dtype,
+                    .batch = 2,
+                    .seqlen_q = 113,
+                    .seqlen_k = 203,
+                    .heads = 4,
+                    .heads_kv = 2,
+                    .head_dim = 128,
+                    .lse = true,
+                    .kv_fp8 = fp8,
+                    .descales = true},
+                   rng);
+    }
+  }
+  for (auto [dim, dim_v] : {std::pair{64, 64}, {256, 256}, {192, 128}, {80, 80}, {96, 96}}) {
+    run_fp8_case(rt,
+                 {.batch = 2,
+                  .seqlen_q = 77,
+                  .seqlen_k = 150,
+                  .heads = 2,
+                  .heads_kv = 1,
+                  .head_dim = dim,
+                  .head_dim_v = dim_v,
+                  .score = {.causal = true},
+                  .lse = true,
+                  .kv_fp8 = DType::e4m3,
+                  .descales = true},
+                 rng);
+  }
+  run_fp8_case(rt,
+               {.seqlen_q = 200,
+                .seqlen_k = 300,
+                .heads = 4,
+                .heads_kv = 4,
+                .score = {.window_left = 40,
+                          .window_right = 8,
+                          .softcap = 30,
+                          .alibi = Alibi::per_head,
+                          .sinks = true},
+                .layout = Layout::bhsd,
+                .lse = true,
+                .kv_fp8 = DType::e4m3,
+                .descales = true},
+               rng);
+  run_fp8_case(rt,
+               {.dtype = DType::f16,
+                .batch = 2,
+                .seqlen_q = 64,
+                .seqlen_k = 96,
+                .heads = 2,
+                .heads_kv = 2,
+                .bias = Bias::head_broadcast,
+                .kv_fp8 = DType::e5m2},
+               rng);
+  run_fp8_case(rt,
+               {.heads = 8,
+                .heads_kv = 2,
+                .head_dim = 128,
+                .score = {.causal = true},
+                .lse = true,
+                .seqlens_q = {0, 1, 130, 77},
+                .seqlens_k = {5, 1, 300, 64},
+                .seqused_k = {5, 0, 250, 64},
+                .kv_fp8 = DType::e4m3,
+                .descales = true},
+               rng);
+  // Long sequences: choose()'s tiles for long keys.
+  run_fp8_case(rt,
+               {.seqlen_q = 2049,
+                .seqlen_k = 2049,
+                .heads = 2,
+                .heads_kv = 1,
+                .head_dim = 128,
+                .score = {.causal = true},
+                .lse = true,
+                .kv_fp8 = DType::e4m3,
+                .descales = true},
+               rng);
 }
 
 TEST_CASE("attention matches the reference with the tiles of long sequences", "[gpu][attention]") {

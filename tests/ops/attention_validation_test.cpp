@@ -241,11 +241,13 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
   Call c = padded_call();
   c.k.dtype = DType::f16;
   check_invalid(c, {"k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in "
-                    "the dtypes (bf16, bf16, bf16) or (f16, f16, f16), so k needs bf16"});
+                    "the dtypes (bf16, bf16, bf16) or (f16, f16, f16) or (bf16, e4m3, bf16) or "
+                    "(f16, e4m3, f16) or (bf16, e5m2, bf16) or (f16, e5m2, f16), so k needs bf16"});
   c = padded_call();
   c.k.dtype = DType::e4m3;
-  c.v.dtype = DType::e4m3;
-  check_invalid(c, {"k has dtype e4m3 but q has dtype bf16", "so k needs bf16"});
+  check_invalid(c, {"v has dtype bf16 but k has dtype e4m3", "so v needs e4m3"});
+  c.v.dtype = DType::e5m2;
+  check_invalid(c, {"v has dtype e5m2 but k has dtype e4m3", "so v needs e4m3"});
 
   c = padded_call(DType::f16);
   c.v.dtype = DType::bf16;
@@ -258,6 +260,78 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
   // f32 everywhere is consistent but not something the kernel takes.
   check_refused(padded_call(DType::f32), ErrorCategory::unsupported,
                 {"q has dtype f32", "bf16 or f16"});
+}
+
+TEST_CASE("attention takes fp8 k and v on the mma kernel of sm_89 and newer", "[attention]") {
+  for (DType fp8 : {DType::e4m3, DType::e5m2}) {
+    INFO(kiln::to_string(fp8));
+    Call c = padded_call();
+    c.k.dtype = c.v.dtype = fp8;
+    check_accepted(c);
+    c.options.k_descale = view(0x5000000, DType::f32, {2, 2});
+    c.options.v_descale = view(0x6000000, DType::f32, {2, 2});
+    check_accepted(c);
+    const kiln::AttentionProblem problem{
+        .dtype_q = DType::bf16, .dtype_kv = fp8, .head_dim = 128, .head_dim_v = 128};
+    CHECK(kiln::choose(problem, kiln::Target("sm_90a")).kernel == kiln::AttentionKernel::mma);
+    CHECK(kiln::choose(problem, kiln::Target("sm_89")).kernel == kiln::AttentionKernel::mma);
+    for (const char* target : {"sm_80", "sm_86", "gfx90a"}) {
+      check_refusal(refusal([&] { kiln::choose(problem, kiln::Target(target)); }),
+                    ErrorCategory::unsupported,
+                    {"needs an sm_89 or newer GPU (its fp8 conversions)", target});
+    }
+    // Only the mma kernel reads fp8.
+    for (kiln::AttentionKernel kernel : {kiln::AttentionKernel::wgmma, kiln::AttentionKernel::tma,
+                                         kiln::AttentionKernel::portable}) {
+      const kiln::AttentionConfig config{
+          .block_m = 128, .block_n = 64, .stages = 2, .kernel = kernel};
+      check_refusal(refusal([&] {
+                      kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr,
+                                      validating_runtime());
+                    }),
+                    ErrorCategory::unsupported,
+                    {"k and v run on the mma attention kernel only", "AttentionKernel::mma"});
+    }
+  }
+  // On sm_80 the call is refused before anything compiles.
+  Call c = padded_call();
+  c.k.dtype = c.v.dtype = DType::e4m3;
+  check_refusal(refusal([&] {
+                  kiln::attention(c.q, c.k, c.v, c.out, c.options, nullptr,
+                                  validating_runtime("sm_80"));
+                }),
+                ErrorCategory::unsupported, {"an e4m3 K/V needs an sm_89 or newer GPU", "sm_80"});
+  // fp8 rows are copied as whole 16-byte pieces: head dims multiples of 16.
+  c.q = reshaped(c.q, {2, 128, 8, 72});
+  c.k = reshaped(c.k, {2, 256, 2, 72});
+  c.k.strides = {256 * 2 * 80, 2 * 80, 80, 1};  // rows 16-byte aligned
+  check_refused(c, ErrorCategory::unsupported,
+                {"head_dim 72 and head_dim_v 64 with an e4m3 K/V", "multiples of 16"});
+}
+
+TEST_CASE("attention refuses descales of the wrong shape or dtype, or with 16-bit k and v",
+          "[attention]") {
+  Call c = padded_call();
+  c.options.k_descale = view(0x5000000, DType::f32, {2, 2});
+  check_invalid(c, {"k_descale is for fp8 k and v, but k has dtype bf16: drop k_descale"});
+  c.k.dtype = c.v.dtype = DType::e4m3;
+  c.options.v_descale = view(0x6000000, DType::f32, {2});
+  check_invalid(c, {"v_descale has rank 1", "(batch, heads_kv) fp32 descales"});
+  c.options.v_descale = view(0x6000000, DType::bf16, {2, 2});
+  check_invalid(c, {"v_descale has dtype bf16: it must be float32"});
+  c.options.v_descale = view(0x6000000, DType::f32, {2, 8});
+  check_invalid(c, {"v_descale.size(-1) is 8 but k.size(2) (heads_kv) is 2"});
+  c.options.v_descale = std::nullopt;
+  c.options.k_descale = view(0x5000000, DType::f32, {3, 2});
+  check_invalid(c, {"k_descale.size(0) is 3", "q.size(0) (batch)"});
+  // Varlen: a descale per sequence.
+  Call v = varlen_call();
+  v.k.dtype = v.v.dtype = DType::e4m3;
+  v.options.k_descale = view(0x7000000, DType::f32, {2, 2});
+  check_invalid(v, {"k_descale.size(0) is 2", "cu_seqlens_q.size(0) - 1 (batch)"});
+  v.options.k_descale = view(0x7000000, DType::f32, {3, 2});
+  v.options.k_descale->strides = {0, 1};  // one descale per kv head, broadcast over sequences
+  check_accepted(v);
 }
 
 TEST_CASE("attention refuses a non-contiguous last dim, misalignment and negative strides",

@@ -4,6 +4,7 @@
 // be deliberate.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -49,6 +50,27 @@ std::vector<std::string> attention_lines() {
         for (const long long keys : {0LL, kLongSeqlenK - 1, kLongSeqlenK, 8 * kLongSeqlenK}) {
           const AttentionProblem problem{
               .head_dim = dim, .head_dim_v = dim_v, .band = band, .seqlen_k = keys};
+          const AttentionConfig c = choose(problem, target);
+          line += fmt::format(" k{} {} {}x{} w{} s{};", keys, name_of(c.kernel), c.block_m,
+                              c.block_n, c.warps, c.stages);
+        }
+        lines.push_back(line);
+      }
+    }
+  }
+  // e4m3 k and v, on the targets that read fp8.
+  for (const char* target : {"sm_89", "sm_90a", "sm_120"}) {
+    for (const auto& [dim, dim_v] :
+         {std::pair{64, 64}, {80, 80}, {128, 128}, {192, 128}, {256, 256}}) {
+      for (const bool band : {false, true}) {
+        std::string line =
+            fmt::format("attention {} e4m3 d{}/{} band {}:", target, dim, dim_v, band);
+        for (const long long keys : {0LL, kLongSeqlenK}) {
+          const AttentionProblem problem{.dtype_kv = DType::e4m3,
+                                         .head_dim = dim,
+                                         .head_dim_v = dim_v,
+                                         .band = band,
+                                         .seqlen_k = keys};
           const AttentionConfig c = choose(problem, target);
           line += fmt::format(" k{} {} {}x{} w{} s{};", keys, name_of(c.kernel), c.block_m,
                               c.block_n, c.warps, c.stages);
@@ -139,6 +161,14 @@ TEST_CASE("choose() gives the pinned configs and specs for every problem and tar
   for (std::string& line : decode_lines()) got.push_back(std::move(line));
   for (std::string& line : spec_lines()) got.push_back(std::move(line));
   const std::vector<std::string> pinned = pinned_lines();
+  if (got != pinned) {
+    const std::filesystem::path path =
+        std::filesystem::temp_directory_path() / "kiln_choose_pins.got.txt";
+    std::ofstream file(path);
+    for (const std::string& line : got) file << line << '\n';
+    WARN("choose()'s lines differ from choose_pins.txt; all of them are in "
+         << path.string() << ": bench what changed, then copy them over the pinned lines");
+  }
   REQUIRE(got.size() == pinned.size());
   for (std::size_t i = 0; i < got.size(); ++i) {
     INFO("pinned: " << pinned[i]);

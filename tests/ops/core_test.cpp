@@ -118,6 +118,7 @@ kiln::KernelSpec probe_spec(const Probe& c) {
                         .entry = entries[static_cast<int>(c.shape)],
                         .params = "kiln::AttentionParams"};
   spec.set("dtype_q", DType::bf16)
+      .set("dtype_kv", DType::bf16)
       .set("band", c.band())
       .set("has_softcap", c.softcap > 0)
       .set("has_alibi", c.alibi)

@@ -175,15 +175,15 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
 }
 
 TEST_CASE("the shared-memory formulas take each operand's element size", "[params][schema]") {
-  // A 1-byte K/V dtype (an fp8 cache, a row kiln does not have yet) halves the K/V tiles' bytes
-  // and leaves Q's and the output's alone. mma at d128, 128 x 64, 2 stages: Q is 128 rows of 136
-  // columns, a stage 64 rows of 136 + 136.
+  // A 1-byte K/V dtype (fp8 k and v) takes a byte an element, in unpadded rows, and leaves Q's
+  // and the output's alone. mma at d128, 128 x 64, 2 stages: Q is 128 rows of 136 columns, a
+  // stage 64 rows of 136 + 136 (fp8: 128 + 128).
   constexpr long long q_tile = 128 * 136, kv_tiles = 2 * 64 * 272;
   CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 2, 2, 2) == 2 * (q_tile + kv_tiles));
-  CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 2, 1, 2) == 2 * q_tile + kv_tiles);
+  CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 2, 1, 2) == 2 * q_tile + 2 * 64 * 256);
   CHECK(attention_forward_smem_bytes(128, 128, 128, 64, 2, 1, 2, 2) == q_tile + 2 * kv_tiles);
   // The output staging tile (128 rows of 136) reuses the tiles: it counts where it is larger.
-  CHECK(attention_forward_smem_bytes(128, 128, 128, 16, 1, 1, 1, 4) == 4 * 128 * 136);
+  CHECK(attention_forward_smem_bytes(128, 128, 128, 16, 1, 1, 2, 4) == 4 * 128 * 136);
   // wgmma at d128, 128 x 128, 2 stages: Q 128 x 128, a stage 128 x (128 + 128), after 1 KiB.
   constexpr long long wq = 128 * 128, wkv = 2 * 128 * 256;
   CHECK(attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2) ==
@@ -226,7 +226,17 @@ TEST_CASE("a spec of operand dtypes its family does not take is refused before c
     CHECK_THAT(refusal(mixed),
                Catch::Contains("dtype_kv has dtype bf16 but dtype_q has dtype f16: " + spec.entry +
                                " takes (q, k and v, out) in the dtypes (bf16, bf16, bf16) or "
-                               "(f16, f16, f16), so dtype_kv needs f16"));
+                               "(f16, f16, f16)") &&
+                   Catch::Contains("so dtype_kv needs f16"));
+    // fp8 k and v: the mma kernel's alone.
+    KernelSpec fp8 = spec;
+    fp8.set("dtype_kv", DType::e4m3);
+    if (kernel == AttentionKernel::mma) {
+      CHECK_NOTHROW(check_schema(fp8));
+    } else {
+      CHECK_THAT(refusal(fp8),
+                 Catch::Contains("dtype_kv has dtype e4m3 but dtype_q has dtype f16"));
+    }
     mixed = spec;
     mixed.set("dtype_out", DType::f32);
     CHECK_THAT(refusal(mixed),

@@ -21,6 +21,8 @@ struct AttentionParams {
   void* out;
   // k and v: batched, or varlen (spec varlen) through kv.maybe_cu_seqlens_k.
   KVLayout kv;
+  // fp8 k and v's descales (attention_forward with dtype_kv e4m3 or e5m2).
+  KVDescales descales;
 
   // Batch strides are ignored by varlen kernels (the token dim is the seq dim).
   long long q_batch_stride, q_seq_stride, q_head_stride;
@@ -80,17 +82,20 @@ struct AttentionTmaParams {
 
 // Dynamic shared memory of attention_forward for a spec, in bytes; host and kernel share it.
 // Rows are padded to the mma k-granularity (16) plus 8 elements so that ldmatrix and cp.async
-// hit distinct banks:
+// hit distinct banks; fp8 K and V tiles (kv_size 1) are swizzled instead, unpadded:
 //   qk_pitch = round_up(head_dim, 16) + 8, v_pitch = round_up(head_dim_v, 16) + 8
-//   bytes = max(q_size * block_m * qk_pitch + kv_size * stages * block_n * (qk_pitch + v_pitch),
+//   kv_unpad = 8 for fp8 K and V (their rows drop the spare elements), else 0
+//   bytes = max(q_size * block_m * qk_pitch
+//                   + kv_size * stages * block_n * (qk_pitch + v_pitch - 2 * kv_unpad),
 //               out_size * block_m * v_pitch)          (the second term: the output staging tile)
 KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size, long long out_size) {
   const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
+  const long long kv_unpad = kv_size == 1 ? 8 : 0;
   const long long tiles =
-      q_size * block_m * qk_pitch + kv_size * stages * block_n * (qk_pitch + v_pitch);
+      q_size * block_m * qk_pitch + kv_size * stages * block_n * (qk_pitch + v_pitch - 2 * kv_unpad);
   const long long staging = out_size * block_m * v_pitch;
   return tiles > staging ? tiles : staging;
 }

@@ -76,17 +76,12 @@ struct DecodeParams {
   int rotary_q_causal;
   void* maybe_q_rotated;
 
-  // An fp8 cache's descales (attention_decode with dtype_kv e4m3 or e5m2): the key sequence b's
-  // kv head h attends is the cached one times maybe_k_descale[b * k_descale_batch_stride + h *
-  // k_descale_head_stride], and likewise v. Null: 1.
-  const float* maybe_k_descale;
-  const float* maybe_v_descale;
-  long long k_descale_batch_stride, k_descale_head_stride;
-  long long v_descale_batch_stride, v_descale_head_stride;
+  // An fp8 cache's descales (dtype_kv e4m3 or e5m2).
+  KVDescales descales;
   // An fp8 cache's descales per (token, kv head) (spec token_descales): fp32 laid out as the
   // cache with no head dim, each key's and value's at the place the cache's row of it has, with
   // these strides in the batch (page), seq and head fields: the key attended is the cached one
-  // times maybe_k_descale's and this (k), and likewise v. Its batch_idx, block table and page
+  // times descales' and this (k), and likewise v. Its batch_idx, block table and page
   // size are kv's. decode_append writes those of the keys it appends.
   KVLayout token_descale;
 };

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The KV layout every attention family's Params hold (AttentionParams::kv, DecodeParams::kv):
-// where the keys and values of each sequence are. Like every Params header, the host includes it
-// and JIT compiles are handed it by this one name, "kiln/params/kv_layout.h".
+// where the keys and values of each sequence are, and an fp8 K/V's descales. Like every Params
+// header, the host includes it and JIT compiles are handed it by this one name,
+// "kiln/params/kv_layout.h".
 #pragma once
 
 namespace kiln {
@@ -34,6 +35,16 @@ struct KVLayout {
   const int* maybe_block_table;
   long long block_table_stride;
   int page_size;
+};
+
+// An fp8 K/V's descales, FlashAttention-3's (batch, heads_kv) fp32 (AttentionParams::descales,
+// DecodeParams::descales): the key sequence b's kv head h attends is the stored one times
+// maybe_k[b * k_batch_stride + h * k_head_stride], and likewise v. Null: 1.
+struct KVDescales {
+  const float* maybe_k;
+  const float* maybe_v;
+  long long k_batch_stride, k_head_stride;
+  long long v_batch_stride, v_head_stride;
 };
 
 }  // namespace kiln

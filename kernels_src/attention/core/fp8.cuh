@@ -171,6 +171,28 @@ __device__ __forceinline__ int fp8_o_column(int j, int x, int lane) {
   return 16 * (j / 2) + 4 * (lane % 4) + 2 * (x % 2) + j % 2;
 }
 
+// As stage_fragments (tile_mma.cuh), for accumulators in fp8_o_column's order: tiles 2G and
+// 2G + 1 together hold 4 head dims in a row from 16G + 4 (lane % 4), stored as one 8-byte piece.
+template <int Pitch, class T, int MTiles, int Tiles>
+__device__ __forceinline__ void stage_fp8_fragments(T* smem, const float (&acc)[MTiles][Tiles][4],
+                                                    int row0, int lane) {
+  static_assert(Tiles % 2 == 0, "fp8 V's n8 tiles come in pairs (16 head dims).");
+#pragma unroll
+  for (int mt = 0; mt < MTiles; ++mt) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int row = row0 + mt * 16 + half * 8 + lane / 4;
+      const int x = 2 * half;
+#pragma unroll
+      for (int j = 0; j < Tiles; j += 2) {
+        *reinterpret_cast<uint2*>(smem + row * Pitch + fp8_o_column(j, 0, lane)) =
+            make_uint2(mma::pack2<T>(acc[mt][j][x], acc[mt][j + 1][x]),
+                       mma::pack2<T>(acc[mt][j][x + 1], acc[mt][j + 1][x + 1]));
+      }
+    }
+  }
+}
+
 // Byte offsets of this lane's ldmatrix row in an fp8 tile of Dim-byte rows (swizzled by
 // Swizzle 16-byte chunks), and of its chunk among the first two: keys
 // lane % 8 + 8 * (lane / 8 % 2), chunk lane / 16 (pair) or 0 (single, a last odd chunk).

@@ -171,4 +171,21 @@ __device__ __forceinline__ KVTmaCoords kv_tma_coords(const KVLayout& kv, int bat
   }
 }
 
+// The descales of sequence b's kv head h in an fp8 K/V's KVDescales: pointers to them, each null
+// where none is given.
+struct HeadDescales {
+  const float* k;
+  const float* v;
+};
+
+__device__ __forceinline__ HeadDescales head_descales(const KVDescales& d, int b, int h) {
+  return {d.maybe_k != nullptr ? d.maybe_k + b * d.k_batch_stride + h * d.k_head_stride : nullptr,
+          d.maybe_v != nullptr ? d.maybe_v + b * d.v_batch_stride + h * d.v_head_stride : nullptr};
+}
+
+// The descale at `d`, or 1 where there is none (null).
+__device__ __forceinline__ float descale_or_one(const float* d) {
+  return d != nullptr ? *d : 1.f;
+}
+
 }  // namespace kiln::attention

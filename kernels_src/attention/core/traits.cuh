@@ -31,6 +31,10 @@ __device__ __forceinline__ int tile_offset(int row, int col) {
   return row * Pitch + (Swizzle > 1 ? ((col / Chunk) ^ (row % Swizzle)) * Chunk : col);
 }
 
+// Whether T is an fp8 type, kiln::e4m3 or kiln::e5m2.
+template <class T>
+inline constexpr bool is_fp8 = is_same<T, e4m3>::value || is_same<T, e5m2>::value;
+
 // The problem constants every attention kernel takes, and the checks on them.
 // Each operand has its own element type: Q (q), KV (k and v, or the KV cache) and Out (out).
 // ReadsFp8: the kernel takes an fp8 KV (e4m3 or e5m2), converting it to Q's type as it reads
@@ -40,7 +44,7 @@ struct HeadTraits {
   using Q = typename Spec::dtype_q;
   using KV = typename Spec::dtype_kv;
   using Out = typename Spec::dtype_out;
-  static constexpr bool kv_fp8 = is_same<KV, e4m3>::value || is_same<KV, e5m2>::value;
+  static constexpr bool kv_fp8 = is_fp8<KV>;
   static_assert(is_same<Q, f16>::value || is_same<Q, bf16>::value,
                 "dtype_q must be kiln::f16 or kiln::bf16.");
   static_assert(is_same<Out, Q>::value, "dtype_out must be dtype_q.");

@@ -122,10 +122,9 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
                              t * p.k_new_seq_stride;
     const New* const v_new = static_cast<const New*>(p.maybe_v_new) + batch * p.v_new_batch_stride +
                              t * p.v_new_seq_stride;
-    // An fp8 cache's descale of kv head h (nullptr: none).
-    auto descale = [&](const float* scales, long long head_stride, long long batch_stride,
-                       int h) -> const float* {
-      return fp8 && scales != nullptr ? scales + batch * batch_stride + h * head_stride : nullptr;
+    // An fp8 cache's descales of kv head h (null: none).
+    auto descales = [&](int h) {
+      return fp8 ? attention::head_descales(p.descales, batch, h) : attention::HeadDescales{};
     };
     // Key element c of kv head h as the cache takes it: rotated keys are rounded to New first,
     // as a caller rotating them would have them.
@@ -140,36 +139,30 @@ __global__ void __launch_bounds__(kDecodeAppendThreads)
     if constexpr (Spec::token_descales) {
       static_assert(fp8, "descales per token are an fp8 cache's.");
       // A warp per kv head's row; the descales' rows lie where the cache's do.
-      const auto descales = attention::kv_rows_at<mode, float>(
+      const auto rows = attention::kv_rows_at<mode, float>(
           p.token_descale, batch, attention::kv_sequence_start<mode>(p.token_descale, batch));
       long long kd_off, vd_off;
-      descales.offsets(position, kd_off, vd_off);
+      rows.offsets(position, kd_off, vd_off);
       const int lane = threadIdx.x % 32;
       for (int h = threadIdx.x / 32; h < p.heads_kv; h += blockDim.x / 32) {
-        const float* const k_head =
-            descale(p.maybe_k_descale, p.k_descale_head_stride, p.k_descale_batch_stride, h);
-        const float* const v_head =
-            descale(p.maybe_v_descale, p.v_descale_head_stride, p.v_descale_batch_stride, h);
+        const attention::HeadDescales head = descales(h);
         decode::append_row_descaled<KV, head_dim>(
-            k + h * p.kv.k_head_stride, descales.k + kd_off + h * p.token_descale.k_head_stride,
-            k_head != nullptr ? *k_head : 1.f, [&](int c) { return to_float(key(h, c)); }, lane);
+            k + h * p.kv.k_head_stride, rows.k + kd_off + h * p.token_descale.k_head_stride,
+            attention::descale_or_one(head.k), [&](int c) { return to_float(key(h, c)); }, lane);
         decode::append_row_descaled<KV, head_dim_v>(
-            v + h * p.kv.v_head_stride, descales.v + vd_off + h * p.token_descale.v_head_stride,
-            v_head != nullptr ? *v_head : 1.f,
+            v + h * p.kv.v_head_stride, rows.v + vd_off + h * p.token_descale.v_head_stride,
+            attention::descale_or_one(head.v),
             [&](int c) { return to_float(v_new[h * p.v_new_head_stride + c]); }, lane);
       }
     } else {
       for (int e = threadIdx.x; e < p.heads_kv * head_dim; e += blockDim.x) {
         const int h = e / head_dim, c = e % head_dim;
-        k[h * p.kv.k_head_stride + c] = decode::to_cache<KV>(
-            key(h, c),
-            descale(p.maybe_k_descale, p.k_descale_head_stride, p.k_descale_batch_stride, h));
+        k[h * p.kv.k_head_stride + c] = decode::to_cache<KV>(key(h, c), descales(h).k);
       }
       for (int e = threadIdx.x; e < p.heads_kv * head_dim_v; e += blockDim.x) {
         const int h = e / head_dim_v, c = e % head_dim_v;
-        v[h * p.kv.v_head_stride + c] = decode::to_cache<KV>(
-            v_new[h * p.v_new_head_stride + c],
-            descale(p.maybe_v_descale, p.v_descale_head_stride, p.v_descale_batch_stride, h));
+        v[h * p.kv.v_head_stride + c] =
+            decode::to_cache<KV>(v_new[h * p.v_new_head_stride + c], descales(h).v);
       }
     }
   }

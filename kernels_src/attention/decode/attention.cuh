@@ -678,15 +678,10 @@ __global__ void __launch_bounds__(decode::DecodeTraits<Spec>::threads,
   // with token descales each value as it is widened (KvStream::run).
   float v_descale = 1.f;
   if constexpr (Tr::kv_fp8) {
-    const int kv_head = b.packed.kv_head;
-    if (p.maybe_k_descale != nullptr) {
-      logits.scale *=
-          p.maybe_k_descale[b.batch * p.k_descale_batch_stride + kv_head * p.k_descale_head_stride];
-    }
-    if (p.maybe_v_descale != nullptr) {
-      v_descale =
-          p.maybe_v_descale[b.batch * p.v_descale_batch_stride + kv_head * p.v_descale_head_stride];
-    }
+    const attention::HeadDescales d =
+        attention::head_descales(p.descales, b.batch, b.packed.kv_head);
+    logits.scale *= attention::descale_or_one(d.k);
+    v_descale = attention::descale_or_one(d.v);
   }
   const float to_log2 = logits.to_log2();
 

@@ -3,8 +3,11 @@
 // K/V tiles through a cp.async pipeline, mma.sync on tensor cores, online softmax in fp32.
 //
 // Spec constants (all of them change the generated code; everything else is in Params):
-//   dtype_q, dtype_kv, dtype_out   kiln::f16 or kiln::bf16, one of them for all three: of q
-//                (and bias), of k and v, and of out; accumulation is fp32.
+//   dtype_q, dtype_kv, dtype_out   of q (and bias), of k and v, and of out: kiln::f16 or
+//                kiln::bf16, one of them for all three; or k and v in fp8 (kiln::e4m3 or
+//                kiln::e5m2, sm_89 and newer, head dims multiples of 16), widened to q's type in
+//                registers (attention/core/fp8.cuh), their descales in AttentionParams::descales.
+//                Accumulation is fp32.
 //   head_dim     of q and k, a multiple of 8 in [8, 256]; compiled for exactly this dim
 //                (shared-memory tiles are zero-padded to the mma's 16; global memory past
 //                head_dim is never read).
@@ -34,6 +37,7 @@
 // lib/kernels/attention.cpp.
 #pragma once
 
+#include "attention/core/fp8.cuh"
 #include "attention/core/kv_layout.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
@@ -53,12 +57,13 @@ namespace attention {
 // What a spec's constants imply for attention_forward (tiles, fragments, shared-memory layout),
 // and the checks that refuse specs it cannot run.
 template <class Spec>
-struct ForwardTraits : HeadTraits<Spec> {
-  using HeadTraits<Spec>::head_dim;
-  using HeadTraits<Spec>::head_dim_v;
-  using HeadTraits<Spec>::q_size;
-  using HeadTraits<Spec>::kv_size;
-  using HeadTraits<Spec>::out_size;
+struct ForwardTraits : HeadTraits<Spec, true> {
+  using HeadTraits<Spec, true>::head_dim;
+  using HeadTraits<Spec, true>::head_dim_v;
+  using HeadTraits<Spec, true>::q_size;
+  using HeadTraits<Spec, true>::kv_size;
+  using HeadTraits<Spec, true>::out_size;
+  using HeadTraits<Spec, true>::kv_fp8;
 
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -84,6 +89,14 @@ struct ForwardTraits : HeadTraits<Spec> {
   static constexpr int v_pitch = v_dim + 8;
   static constexpr int qk_swizzle = 1;  // padded tiles (see tile_offset)
   static constexpr int v_swizzle = 1;
+  // K and V tiles: padded as Q's, or fp8 ones unpadded and swizzled by their 16-byte chunks
+  // (rows of qk_dim and v_dim bytes, as fp8.cuh reads them).
+  static constexpr int kv_qk_pitch = kv_fp8 ? qk_dim : qk_pitch;
+  static constexpr int kv_v_pitch = kv_fp8 ? v_dim : v_pitch;
+  static constexpr int kv_qk_swizzle = kv_fp8 ? swizzle_for(qk_dim / 16) : qk_swizzle;
+  static constexpr int kv_v_swizzle = kv_fp8 ? swizzle_for(v_dim / 16) : v_swizzle;
+  static_assert(!kv_fp8 || (head_dim % 16 == 0 && head_dim_v % 16 == 0),
+                "fp8 k and v's head dims must be multiples of 16.");
 
   static constexpr int rows_per_warp = block_m / warps;
   static constexpr int m_tiles = rows_per_warp / 16;  // m16 tiles per warp
@@ -99,8 +112,8 @@ struct ForwardTraits : HeadTraits<Spec> {
   // Shared memory: Q (q_elems elements of Q), then `stages` slots of (K tile, V tile), elements
   // of KV. The output is staged from offset 0 once the loop is done.
   static constexpr int q_elems = block_m * qk_pitch;
-  static constexpr int k_elems = block_n * qk_pitch;
-  static constexpr int v_elems = block_n * v_pitch;
+  static constexpr int k_elems = block_n * kv_qk_pitch;
+  static constexpr int v_elems = block_n * kv_v_pitch;
   static constexpr int slot_elems = k_elems + v_elems;
   static constexpr int smem_bytes = static_cast<int>(attention_forward_smem_bytes(
       head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
@@ -113,12 +126,16 @@ struct ForwardTraits : HeadTraits<Spec> {
 };
 
 // The output tile through shared memory (reusing it from offset 0), so that global stores are
-// whole 16-byte row pieces.
+// whole 16-byte row pieces; o's columns in fp8_o_column's order after an fp8 V.
 template <class Tr>
 __device__ __forceinline__ void stage_output(typename Tr::Out* smem,
                                              const float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                              int warp, int lane) {
-  stage_fragments<Tr::v_pitch>(smem, o, warp * Tr::rows_per_warp, 0, lane);
+  if constexpr (Tr::kv_fp8) {
+    stage_fp8_fragments<Tr::v_pitch>(smem, o, warp * Tr::rows_per_warp, lane);
+  } else {
+    stage_fragments<Tr::v_pitch>(smem, o, warp * Tr::rows_per_warp, 0, lane);
+  }
 }
 
 // Each quad's first lane writes the LSE of the quad's rows (row0 + 8 r), those in the sequence.
@@ -134,8 +151,8 @@ __device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[2 
 }
 
 // The end of a row block, for the kernels whose warps each own whole rows (mma, wgmma): every
-// row's softmax finished with its sink, o staged through `staging` once every warp is done with
-// the tiles there, then out and the LSE stored.
+// row's softmax finished with its sink, o times fp8 values' descale, staged through `staging`
+// once every warp is done with the tiles there, then out and the LSE stored.
 template <class Tr, class Transform, class Softmax>
 __device__ __forceinline__ void store_row_block(const AttentionParams& p, const Sequence& seq,
                                                 const RowBlock& rows, const Transform& transform,
@@ -148,6 +165,17 @@ __device__ __forceinline__ void store_row_block(const AttentionParams& p, const 
   float sink[2 * Tr::m_tiles];
   transform.sinks(sink, p.score);
   softmax.finish(o, to_log2, lse, sink);
+  if constexpr (Tr::kv_fp8) {
+    const float v_descale = descale_or_one(head_descales(p.descales, seq.batch, seq.head_kv).v);
+#pragma unroll
+    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
+#pragma unroll
+      for (int j = 0; j < Tr::o_tiles; ++j) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][j][e] *= v_descale;
+      }
+    }
+  }
 
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done reading the tiles before the output overwrites them
@@ -197,23 +225,27 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
   const auto kv = sequence_kv<Spec, KV>(p, seq);
   auto load_k = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
-    load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
-        smem_kv + slot * Tr::slot_elems, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride,
-        seq.seqlen_k - key0, thread);
+    load_tile_async<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::kv_qk_pitch, Tr::threads,
+                    Tr::kv_qk_swizzle>(smem_kv + slot * Tr::slot_elems,
+                                       kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride,
+                                       seq.seqlen_k - key0, thread);
   };
   auto load_v = [&](int block, int slot) {
     const int key0 = block * Tr::block_n;
-    load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::v_pitch, Tr::threads>(
-        smem_kv + slot * Tr::slot_elems + Tr::k_elems, kv.v + key0 * p.kv.v_seq_stride,
-        p.kv.v_seq_stride, seq.seqlen_k - key0, thread);
+    load_tile_async<Tr::block_n, Tr::head_dim_v, Tr::v_dim, Tr::kv_v_pitch, Tr::threads,
+                    Tr::kv_v_swizzle>(smem_kv + slot * Tr::slot_elems + Tr::k_elems,
+                                      kv.v + key0 * p.kv.v_seq_stride, p.kv.v_seq_stride,
+                                      seq.seqlen_k - key0, thread);
   };
 
-  // Prologue. Q joins the first group. With one stage K and V alternate (FlashAttention-2):
+  // Prologue. Q joins the first group (with fp8 k and v, a group of its own, put into the order of
+  // their K fragments once it lands). With one stage K and V alternate (FlashAttention-2):
   // V of a block loads during its QK^T, K of the next during its softmax and PV. With more,
   // K and V of a block travel together and stages - 1 groups, empty or not, stay in flight,
   // so that the loop's wait count is one constant.
   load_tile_async<Tr::block_m, Tr::head_dim, Tr::qk_dim, Tr::qk_pitch, Tr::threads>(
       smem_q, q, p.q_seq_stride, row_end - row_begin, thread);
+  if constexpr (Tr::kv_fp8) mma::cp_async_commit();
   if constexpr (Tr::stages == 1) {
     if (blocks.begin < blocks.end) load_k(blocks.begin, 0);
     mma::cp_async_commit();
@@ -226,6 +258,12 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       }
       mma::cp_async_commit();
     }
+  }
+  if constexpr (Tr::kv_fp8) {
+    mma::cp_async_wait<Tr::stages == 1 ? 1 : Tr::stages - 1>();  // Q's group, not the tiles'
+    __syncthreads();
+    permute_q_for_fp8_k<Tr, Tr::block_m, Tr::threads>(smem_q, thread);
+    // The loop's first barrier orders these writes before the first product reads Q.
   }
 
   const LaneOffsets lanes = lane_offsets<Tr>(warp * Tr::rows_per_warp, lane);
@@ -258,7 +296,11 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
     const unsigned k_tile = kv_base + Tr::kv_size * read_slot * Tr::slot_elems;
     const unsigned v_tile = k_tile + Tr::kv_size * Tr::k_elems;
     float s[Tr::m_tiles][Tr::s_tiles][4];
-    qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
+    if constexpr (Tr::kv_fp8) {
+      qk_scores_fp8<Tr>(s, q_lane, k_tile, lanes, lane);
+    } else {
+      qk_scores<Tr>(s, q_lane, k_tile + lanes.k, lanes);
+    }
 
     const int key0 = block * Tr::block_n + 2 * (lane % 4);
     transform.apply(s, key0, blocks.needs_mask(block, Tr::block_n),
@@ -270,7 +312,11 @@ __global__ void __launch_bounds__(attention::ForwardTraits<Spec>::threads)
       mma::cp_async_commit();
     }
     softmax.update(s, o, to_log2);
-    pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
+    if constexpr (Tr::kv_fp8) {
+      pv_accumulate_fp8<Tr>(o, s, v_tile, lane);
+    } else {
+      pv_accumulate<Tr>(o, s, v_tile + lanes.v, lanes);
+    }
 
     if constexpr (Tr::stages > 1) read_slot = read_slot == Tr::stages - 1 ? 0 : read_slot + 1;
   }

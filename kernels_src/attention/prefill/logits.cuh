@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // Prefill's logits: the score model (attention/core/logits.cuh) over a thread's rows of one
-// sequence, with the call's bias.
+// sequence, with the call's bias and fp8 keys' descale.
 #pragma once
 
+#include "attention/core/kv_layout.cuh"
 #include "attention/core/logits.cuh"
 #include "attention/core/mask.cuh"
+#include "attention/core/traits.cuh"
 #include "attention/prefill/sequence.cuh"
 #include "kiln/params/attention.h"
 
@@ -17,6 +19,10 @@ __device__ __forceinline__ LogitTransform<Spec, Math, Rows, 8> make_logit_transf
     const AttentionParams& p, const Sequence& seq, const Band& band, int row0) {
   LogitTransform<Spec, Math, Rows, 8> f =
       make_score_transform<Spec, Math, Rows, 8>(p.score, seq.seqlen_q, seq.seqlen_k);
+  // fp8 keys' descale joins the softmax scale.
+  if constexpr (is_fp8<typename Spec::dtype_kv>) {
+    f.scale *= descale_or_one(head_descales(p.descales, seq.batch, seq.head_kv).k);
+  }
   if constexpr (Spec::has_bias) {
     f.bias = static_cast<const typename Spec::dtype_q*>(p.maybe_bias) +
              seq.batch * p.bias_batch_stride + seq.head * p.bias_head_stride;
