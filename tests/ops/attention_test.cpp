@@ -518,8 +518,8 @@ TEST_CASE("attention matches the reference at odd sequence lengths", "[gpu][atte
 // fp8 k and v under bf16 and f16 q, widened exactly as they are read, with FlashAttention-3's
 // descales (one per sequence and kv head) and without: e4m3 and e5m2, GQA, head dims 64 to 256
 // (and 192/128; 80 and 96, whose fp8 rows swizzle otherwise), every mask, softcap, ALiBi, sinks,
-// a bias, varlen with seqused_k, BHSD strides and long sequences. The reference attends the
-// stored values times the descales.
+// a bias, varlen with seqused_k, BHSD strides, user variants and long sequences. The reference
+// attends the stored values times the descales.
 TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
           "[gpu][attention]") {
   KILN_REQUIRE_GPU();
@@ -597,6 +597,21 @@ TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
                 .kv_fp8 = DType::e4m3,
                 .descales = true},
                rng);
+  // User variants: a document mask (its logit hook sees the descaled logit) and a key padding
+  // mask.
+  for (UserVariant variant : {UserVariant::document, UserVariant::key_padding}) {
+    run_fp8_case(rt,
+                 {.batch = 2,
+                  .seqlen_q = 90,
+                  .seqlen_k = 130,
+                  .heads = 4,
+                  .heads_kv = 2,
+                  .score = {.causal = true, .variant = variant},
+                  .lse = true,
+                  .kv_fp8 = DType::e4m3,
+                  .descales = true},
+                 rng);
+  }
   // Long sequences: choose()'s tiles for long keys.
   run_fp8_case(rt,
                {.seqlen_q = 2049,
