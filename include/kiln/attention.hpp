@@ -41,10 +41,10 @@ struct AttentionOptions {
   std::optional<TensorView> seqused_k;
 
   // fp8 k and v's descales, FlashAttention-3's: fp32 (batch, heads_kv), any strides; unset: 1.
-  // The key sequence b's kv head h attends is k's times k_descale[b][h] (v likewise). fp8 k and
-  // v run on the mma kernel, on sm_89 and newer, with head dims multiples of 16; each value is
-  // widened to q's dtype exactly, and the descales are applied in fp32 (k's to the scores,
-  // v's to the output). No backward.
+  // The key sequence b's kv head h attends is k's times k_descale[b][h] (v likewise); finite and
+  // positive (KILN_DEBUG=1 checks them). fp8 k and v run on the mma kernel, on sm_89 and newer,
+  // with head dims multiples of 16; each value is widened to q's dtype exactly, and the descales
+  // are applied in fp32 (k's to the scores, v's to the output). No backward.
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
 };

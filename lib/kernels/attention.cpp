@@ -33,11 +33,7 @@ constexpr OperandDTypes kOperandDTypes[] = {
 };
 // The mma kernel's: those, and fp8 k and v under a 16-bit q, widened to q's type as they are
 // read (sm_89 and newer). The default warm set compiles e4m3's.
-constexpr OperandDTypes kMmaOperandDTypes[] = {
-    {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
-    {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
-    {DType::bf16, DType::e5m2, DType::bf16}, {DType::f16, DType::e5m2, DType::f16},
-};
+constexpr std::span<const OperandDTypes> kMmaOperandDTypes = kWideningOperandDTypes;
 
 // The constants each kernel's template reads (kernels_src/attention/prefill).
 constexpr ConstantSchema kMmaConstants[] = {
@@ -332,13 +328,13 @@ void require_target(const Target& target, AttentionKernel kernel) {
 void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target) {
   if (!is_fp8(problem.dtype_kv)) return;
+  require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "K/V");
   if (kernel != AttentionKernel::mma) {
     unsupported(
         fmt::format("{} k and v run on the mma attention kernel only, not the {} one: use "
                     "AttentionKernel::mma, or choose()'s config",
                     to_string(problem.dtype_kv), describe(kernel).name));
   }
-  require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "K/V");
 }
 
 void check_config(const AttentionConfig& config, const Target& target) {
@@ -433,10 +429,7 @@ std::vector<KernelSpec> attention_default_specs(const Target& target) {
   for (const detail::OperandDTypes& dtypes : detail::kMmaOperandDTypes) {
     // fp8 k and v: e4m3 (the common one) where the conversions exist; e5m2 compiles on first
     // use.
-    if (dtypes.kv == DType::e5m2 ||
-        (is_fp8(dtypes.kv) && (!target.nvidia() || target.arch() < 89))) {
-      continue;
-    }
+    if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && !detail::reads_fp8(target))) continue;
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {
         for (long long seqlen_k : {0LL, kLongSeqlenK}) {

@@ -29,11 +29,7 @@ constexpr ConstantKind kDType = ConstantKind::dtype;
 // attention kernel's mma multiplies operands of one type: an fp8 cache is converted to q's as
 // it is read (sm_89 and newer). The append kernel takes q's and the cache's: k_new and v_new are
 // the cache's dtype, or with an fp8 cache q's, quantized into it.
-constexpr OperandDTypes kOperandDTypes[] = {
-    {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
-    {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
-    {DType::bf16, DType::e5m2, DType::bf16}, {DType::f16, DType::e5m2, DType::f16},
-};
+constexpr std::span<const OperandDTypes> kOperandDTypes = kWideningOperandDTypes;
 
 // The constants each kernel's template reads (kernels_src/attention/decode).
 constexpr ConstantSchema kAppendConstants[] = {
@@ -404,7 +400,7 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
   const int multiprocessors = detail::warmup_multiprocessors(target);
   for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
     // fp8 caches: e4m3 (the common one) where the conversions exist; e5m2 compiles on first use.
-    if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && target.arch() < 89)) continue;
+    if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && !detail::reads_fp8(target))) continue;
     for (int dim : {64, 128}) {
       // An fp8 cache with FlashAttention-3's descales and without, and with descales per token.
       for (bool token_descales : {false, true}) {

@@ -113,9 +113,13 @@ std::optional<Error> operand_dtypes_error(std::string_view what,
   return std::nullopt;
 }
 
+bool reads_fp8(const Target& target) {
+  return target.nvidia() && target.arch() >= 89;
+}
+
 void require_fp8_kv(DType kv, int head_dim, int head_dim_v, const Target* target,
                     std::string_view what) {
-  if (target != nullptr && (!target->nvidia() || target->arch() < 89)) {
+  if (target != nullptr && !reads_fp8(*target)) {
     unsupported(
         fmt::format("an {} {} needs an sm_89 or newer GPU (its fp8 conversions); the target is {}: "
                     "keep the {} in q's dtype there",

@@ -44,6 +44,15 @@ struct OperandDTypes {
   DType out;
 };
 
+// The operand dtypes of the kernels that widen fp8 K and V to q's type as they read them (the
+// prefill mma kernel, decode): one dtype, bf16 or f16, for all three, or e4m3 or e5m2 K and V
+// under a 16-bit q (sm_89 and newer).
+inline constexpr OperandDTypes kWideningOperandDTypes[] = {
+    {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
+    {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
+    {DType::bf16, DType::e5m2, DType::bf16}, {DType::f16, DType::e5m2, DType::f16},
+};
+
 // An operand of a call or a spec as messages name it ("k", "cache.v", "dtype_q"), and its
 // dtype.
 struct NamedDType {
@@ -61,9 +70,12 @@ std::optional<Error> operand_dtypes_error(std::string_view what,
                                           std::span<const NamedDType> kv,
                                           std::optional<NamedDType> out);
 
-// An fp8 K/V's conditions (kiln::Error, unsupported): head dims multiples of 16, whose rows copy
-// as whole 16-byte pieces of fp8; and, with a target, an NVIDIA sm_89 or newer one, the first
-// with fp8 conversions (NVIDIA's). `what` names the K/V in messages ("KV cache", "k and v").
+// Whether `target` has the conversions fp8 K and V are read with: NVIDIA sm_89 and newer.
+bool reads_fp8(const Target& target);
+
+// An fp8 K/V's conditions (kiln::Error, unsupported): with a target, one that reads_fp8, checked
+// first; head dims multiples of 16, whose rows copy as whole 16-byte pieces of fp8. `what` names
+// the K/V in messages ("KV cache", "K/V").
 void require_fp8_kv(DType kv, int head_dim, int head_dim_v, const Target* target,
                     std::string_view what);
 

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Forward attention: validate -> choose -> plan -> fit (and, for the tma kernel, encode its
-// tensor maps) -> compile -> launch. The kernels' descriptions and tuning tables are in
-// kernels/attention.cpp.
+// tensor maps) -> (debug checks: fp8 k and v's descales) -> compile -> launch. The kernels'
+// descriptions and tuning tables are in kernels/attention.cpp.
 #include "kiln/attention.hpp"
 
 #include <algorithm>
@@ -18,6 +18,7 @@
 #include "kiln/params/attention.h"
 #include "ops/attention_call.hpp"
 #include "ops/kv_layout.hpp"
+#include "ops/kvcache_checks.hpp"
 #include "ops/launch_plan.hpp"
 #include "ops/score.hpp"
 #include "ops/tensor_checks.hpp"
@@ -90,6 +91,10 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
   detail::check_heads(s.heads, s.heads_kv, "k");
   check_head_dim(s.head_dim, "head_dim (q.size(-1))");
   check_head_dim(s.head_dim_v, "head_dim_v (v.size(-1))");
+  if (is_fp8(s.dtypes.kv)) {
+    detail::require_fp8_kv(s.dtypes.kv, static_cast<int>(s.head_dim),
+                           static_cast<int>(s.head_dim_v), nullptr, "K/V");
+  }
   detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
   detail::require_no_overlap(out, "out");
   return s;
@@ -338,6 +343,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
+  if (detail::debug(runtime))
+    detail::check_descale_values(runtime, descale_tensors(options), stream);
   const AttentionParams params = detail::attention_params(q, k, v, out, options, s);
   // The tma kernel's tensor maps too, which the driver may refuse.
   std::optional<AttentionTmaParams> tma_params;

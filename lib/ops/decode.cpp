@@ -148,11 +148,6 @@ void check_cache_tensors(const KVCache& cache, Shape& s, int device) {
   s.capacity = *capacity;
 }
 
-// An fp8 cache's descales, as the messages name them.
-detail::DescaleTensors descale_tensors(const KVCache& cache) {
-  return {cache.k_descale, cache.v_descale, "cache.k_descale", "cache.v_descale"};
-}
-
 // An fp8 cache's descales per (token, kv head): fp32 shaped as the cache less its head dim.
 void check_token_descales(const KVCache& cache, Shape& s, int device) {
   require_pair(cache.k_token_descale, cache.v_token_descale, "cache.k_token_descale",
@@ -287,9 +282,9 @@ Shape validate(const TensorView& q, const KVCache& cache, const TensorView& out,
                const DecodeOptions& o, int device) {
   Shape s = check_q_cache_out(q, cache, out, device);
   check_cache_tensors(cache, s, device);
-  detail::check_descales(descale_tensors(cache), s.dtypes.kv, "an fp8 cache", "the cache",
-                         {s.batch, "q.size(0) (batch)"}, {s.heads_kv, "cache.k.size(2) (heads_kv)"},
-                         device);
+  detail::check_descales(detail::cache_descale_tensors(cache), s.dtypes.kv, "an fp8 cache",
+                         "the cache", {s.batch, "q.size(0) (batch)"},
+                         {s.heads_kv, "cache.k.size(2) (heads_kv)"}, device);
   check_token_descales(cache, s, device);
   check_options(o, q, s, device);
   if (o.k_new) {  // the append writes the cache, and its descales
@@ -372,7 +367,7 @@ DecodeParams params_of(const TensorView& q, const KVCache& cache, const TensorVi
     take_strides(*o.k_new, p.k_new_batch_stride, p.k_new_seq_stride, p.k_new_head_stride);
     take_strides(*o.v_new, p.v_new_batch_stride, p.v_new_seq_stride, p.v_new_head_stride);
   }
-  p.descales = detail::kv_descales(descale_tensors(cache));
+  p.descales = detail::kv_descales(detail::cache_descale_tensors(cache));
   if (cache.k_token_descale) {
     // Laid out as the cache, less the head dim: kv's way to the rows, these strides.
     p.token_descale = p.kv;

@@ -96,8 +96,21 @@ void check_cache_indices(const CacheIndices& host, const CacheBounds& bounds) {
 }
 
 void check_cache_descales(const CacheDescales& host) {
-  check_descales(host.k, host.heads_kv, "cache.k_descale");
-  check_descales(host.v, host.heads_kv, "cache.v_descale");
+  check_descales(host.k, host.heads_kv, host.k_name);
+  check_descales(host.v, host.heads_kv, host.v_name);
+}
+
+DescaleTensors cache_descale_tensors(const KVCache& cache) {
+  return {cache.k_descale, cache.v_descale, "cache.k_descale", "cache.v_descale"};
+}
+
+void check_descale_values(Runtime& runtime, const DescaleTensors& d, void* stream) {
+  std::vector<float> k, v;
+  if (d.k) k = host_matrix(runtime, *d.k, stream);
+  if (d.v) v = host_matrix(runtime, *d.v, stream);
+  const std::int64_t heads_kv = d.k ? d.k->size(1) : d.v ? d.v->size(1) : 1;
+  check_cache_descales(
+      {.k = k, .v = v, .heads_kv = heads_kv, .k_name = d.k_name, .v_name = d.v_name});
 }
 
 void check_cache_indices(Runtime& runtime, const KVCache& cache, const CacheBounds& bounds,
@@ -115,10 +128,7 @@ void check_cache_indices(Runtime& runtime, const KVCache& cache, const CacheBoun
   host.batch_idx = batch_idx;
   host.block_table = block_table;
   check_cache_indices(host, bounds);
-  std::vector<float> k_descale, v_descale;
-  if (cache.k_descale) k_descale = host_matrix(runtime, *cache.k_descale, stream);
-  if (cache.v_descale) v_descale = host_matrix(runtime, *cache.v_descale, stream);
-  check_cache_descales({.k = k_descale, .v = v_descale, .heads_kv = cache.k.size(2)});
+  check_descale_values(runtime, cache_descale_tensors(cache), stream);
 }
 
 }  // namespace kiln::detail

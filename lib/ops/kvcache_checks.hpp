@@ -1,13 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
 // KILN_DEBUG's checks of a KV cache's index tensors (seqlens, batch_idx, block_table): values
 // the device reads without bounds checks, checked on the host against the cache's shape; and of
-// an fp8 cache's descales, which must be finite and positive.
+// fp8 K and V's descales (a cache's, or prefill's), which must be finite and positive.
 #pragma once
 
 #include <cstdint>
 #include <span>
 
 #include "kiln/decode.hpp"
+#include "ops/kv_layout.hpp"
 
 namespace kiln::detail {
 
@@ -35,16 +36,26 @@ struct CacheIndices {
 // sequence b uses (ceil((seqlens[b] + seqlen_new) / page_size)).
 void check_cache_indices(const CacheIndices& host, const CacheBounds& bounds);
 
-// Host copies of an fp8 cache's descales, (batch, heads_kv) each in row-major order, or empty.
+// Host copies of fp8 K and V's descales, (batch, heads_kv) each in row-major order, or empty,
+// and how messages name them.
 struct CacheDescales {
   std::span<const float> k;
   std::span<const float> v;
   std::int64_t heads_kv = 1;
+  std::string_view k_name = "cache.k_descale";
+  std::string_view v_name = "cache.v_descale";
 };
 
 // Throws kiln::Error (invalid_argument) naming the first descale that is not finite and
 // positive: k_descale joins the softmax scale, where 0 or less empties or inverts the softmax.
 void check_cache_descales(const CacheDescales& host);
+
+// An fp8 cache's descales, as the messages name them.
+DescaleTensors cache_descale_tensors(const KVCache& cache);
+
+// Copies the descales `d` gives ((batch, heads_kv) fp32 of any strides, validated) to the host,
+// synchronizing `stream`, and checks them (check_cache_descales).
+void check_descale_values(Runtime& runtime, const DescaleTensors& d, void* stream);
 
 // Copies the cache's index tensors and descales to the host (synchronizing `stream`) and checks
 // them.

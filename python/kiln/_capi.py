@@ -25,7 +25,7 @@ import threading
 # DLPack's enums (dlpack.h): device types and dtype codes.
 KDL_CPU, KDL_CUDA, KDL_ROCM = 1, 2, 10
 KDL_INT, KDL_FLOAT, KDL_BFLOAT = 0, 2, 4
-# DLPack 1.1's kDLFloat8_e4m3fn and kDLFloat8_e5m2 (fp8 KV caches).
+# DLPack 1.1's kDLFloat8_e4m3fn and kDLFloat8_e5m2 (fp8 k and v, and KV caches).
 KDL_FLOAT8_E4M3FN, KDL_FLOAT8_E5M2 = 10, 12
 
 # kiln_status (kiln.h).

@@ -40,10 +40,11 @@ DTYPE_NAMES = {
 # The operand dtypes (q, k and v, out) kiln's attention kernels take, a row per combination, in
 # libkiln's order: the backward's (kOperandDTypes, lib/kernels/attention.cpp), and the forward's
 # and decode's, which read fp8 k and v too (kMmaOperandDTypes there, kOperandDTypes in decode.cpp).
+# The fp8 dtypes kiln reads k and v (and KV caches) in.
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OPERAND_DTYPES = ((torch.bfloat16,) * 3, (torch.float16,) * 3)
 _FP8_KV_OPERAND_DTYPES = _OPERAND_DTYPES + tuple(
-    (q, kv, q) for kv in (torch.float8_e4m3fn, torch.float8_e5m2)
-    for q in (torch.bfloat16, torch.float16))
+    (q, kv, q) for kv in FP8_DTYPES for q in (torch.bfloat16, torch.float16))
 # Head dims kiln compiles: every multiple of 8 from 8 to this (kMaxHeadDim in
 # lib/ops/tensor_checks.hpp).
 MAX_HEAD_DIM = 256
@@ -264,14 +265,17 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                    "(batch, seqlen, heads, head_dim); for varlen call flash_attn_varlen_func"))
     _ranks(q, tiles[1:])
     _operand_dtypes(q, (("k", k), ("v", v)), ("out", out), "attention", _FP8_KV_OPERAND_DTYPES)
-    _descales((("k_descale", k_descale), ("v_descale", v_descale)), k, "fp8 k and v", "k", 2,
-              "(batch, heads_kv) fp32 descales")
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v.shape[-1], "head_dim_v (v.size(-1))")
+    if k.dtype in FP8_DTYPES and (q.shape[-1] % 16 or v.shape[-1] % 16):
+        unsupported(f"head_dim {q.shape[-1]} and head_dim_v {v.shape[-1]} with an "
+                    f"{DTYPE_NAMES[k.dtype]} K/V: fp8 head dims must be multiples of 16 (16-byte "
+                    "copies of whole elements); pad the head dims with zeros")
     _dtypes((("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
              ("seqused_k", seqused_k)), torch.int32, "int32")
-    _dtypes((("lse", lse), ("alibi_slopes", alibi_slopes), ("sinks", sinks)), torch.float32,
-            "f32")
+    _dtypes((("alibi_slopes", alibi_slopes), ("sinks", sinks)), torch.float32, "f32")
+    descales(k, k_descale, v_descale)
+    _dtypes((("lse", lse),), torch.float32, "f32")
 
 
 def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
@@ -290,6 +294,12 @@ def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q
     _dtypes((("dout", dout),), out.dtype, f"out's, {DTYPE_NAMES[out.dtype]}")
 
 
+def descales(k, k_descale, v_descale):
+    """fp8 k and v's descales (flash_attn_func's): with fp8 k only, float32 of rank 2."""
+    _descales((("k_descale", k_descale), ("v_descale", v_descale)), k, "fp8 k and v", "k", 2,
+              "(batch, heads_kv) fp32 descales")
+
+
 def _descales(named, k, fp8_kv, holder, rank, layout):
     """fp8 k and v's descale tensors, those given: with an fp8 `k` only (`fp8_kv` names the K/V
     in messages, "an fp8 cache", and `holder` the tensor k is, "the cache"), of `rank`,
@@ -297,7 +307,7 @@ def _descales(named, k, fp8_kv, holder, rank, layout):
     for name, t in named:
         if t is None:
             continue
-        if k.dtype not in (torch.float8_e4m3fn, torch.float8_e5m2):
+        if k.dtype not in FP8_DTYPES:
             invalid(f"{name} is for {fp8_kv}, but {holder} has dtype {DTYPE_NAMES[k.dtype]}: "
                     f"drop {name}")
         if t.dim() != rank:
@@ -327,7 +337,7 @@ def attention_with_kvcache(q, k_cache, v_cache, cache_seqlens, out, lse, k, v, r
     _ranks(q, tiles[1:] + news)
     cache = (("k_cache", k_cache), ("v_cache", v_cache))
     _operand_dtypes(q, cache, ("out", out), "decode attention", _FP8_KV_OPERAND_DTYPES)
-    fp8 = k_cache.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
+    fp8 = k_cache.dtype in FP8_DTYPES
     if fp8:
         # The append quantizes q's dtype into the cache by the descales.
         for name, t in news:

@@ -170,15 +170,14 @@ def _no_q_descale(q_descale):
 
 
 def _forward_only_fp8(k, k_descale, v_descale):
-    """A call that must record its backward, refused when it reads fp8 k and v (or is given
-    their descales): kiln's backward takes k and v in q's dtype."""
-    fp8 = k.dtype in (torch.float8_e4m3fn, torch.float8_e5m2)
-    if fp8 or k_descale is not None or v_descale is not None:
-        what = f"k of dtype {_checks.DTYPE_NAMES[k.dtype]}" if fp8 else "k_descale or v_descale"
+    """A call that must record its backward, refused when it reads fp8 k and v: kiln's backward
+    takes k and v in q's dtype. Descales without fp8 k are refused as libkiln refuses them."""
+    _checks.descales(k, k_descale, v_descale)
+    if k.dtype in _checks.FP8_DTYPES:
         raise _capi.KilnNotImplementedError(
-            KILN_ERROR_UNSUPPORTED, f"{what} in a call whose inputs require grad: kiln's "
-            "backward takes k and v in q's dtype, not fp8; run the call under torch.no_grad(), "
-            "or pass the inputs detached")
+            KILN_ERROR_UNSUPPORTED, f"k of dtype {_checks.DTYPE_NAMES[k.dtype]} in a call whose "
+            "inputs require grad: kiln's backward takes k and v in q's dtype, not fp8; run the "
+            "call under torch.no_grad(), or pass the inputs detached")
 
 
 def _differentiable(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
@@ -250,7 +249,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     bias, alibi_slopes, sinks, k_descale, v_descale = _optional(
         bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
         v_descale=v_descale)
-    if _trains(q, k, v, sinks, bias, alibi_slopes, *hooks[3]):
+    if _trains(q, k, v, sinks, bias, alibi_slopes, k_descale, v_descale, *hooks[3]):
         _forward_only_fp8(k, k_descale, v_descale)
         return _differentiable(q, k, v, bias, alibi_slopes, None, None, None, 0, 0, score,
                                sinks, hooks, deterministic, out, return_softmax_lse)
@@ -300,7 +299,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequences = (tensor("cu_seqlens_q", cu_seqlens_q), tensor("cu_seqlens_k", cu_seqlens_k),
                  seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
                  _seqlen("max_seqlen_k", max_seqlen_k))
-    if _trains(q, k, v, sinks, bias, alibi_slopes, *hooks[3]):
+    if _trains(q, k, v, sinks, bias, alibi_slopes, k_descale, v_descale, *hooks[3]):
         _forward_only_fp8(k, k_descale, v_descale)
         return _differentiable(q, k, v, bias, alibi_slopes, *sequences, score, sinks, hooks,
                                deterministic, out, return_softmax_lse)

@@ -284,10 +284,14 @@ REFUSED = {
         kiln.KilnNotImplementedError,
         "k of dtype e4m3 in a call whose inputs require grad: kiln's backward takes k and v in "
         "q's dtype, not fp8"),
-    "descales": (
-        lambda q, k, v: kiln.flash_attn_varlen_func(q[0], k[0], v[0], cu(), cu(), 5, 7,
-                                                    k_descale=t(1, 2, dtype=F32, grad=False)),
-        kiln.KilnNotImplementedError, "k_descale or v_descale in a call whose inputs require"),
+    "a descale that requires grad": (
+        lambda q, k, v: kiln.flash_attn_varlen_func(
+            q[0].detach(), k[0].detach().to(torch.float8_e5m2),
+            v[0].detach().to(torch.float8_e5m2), cu(), cu(), 5, 7, k_descale=t(2, 2, dtype=F32)),
+        kiln.KilnNotImplementedError, "k of dtype e5m2 in a call whose inputs require grad"),
+    "a descale with 16-bit k": (
+        lambda q, k, v: kiln.flash_attn_func(q, k, v, v_descale=t(2, 2, dtype=F32, grad=False)),
+        kiln.KilnValueError, "v_descale is for fp8 k and v, but k has dtype bf16: drop v_descale"),
     "dropout": (
         lambda q, k, v: kiln.flash_attn_func(q, k, v, dropout_p=0.1),
         kiln.KilnValueError, "dropout_p=0.1 is not supported by kiln"),

@@ -264,12 +264,15 @@ def test_the_python_rules_are_the_librarys_word_for_word(as_gpu):
     # And each of k and v in another dtype than q: the mixed-dtype refusal.
     q, k, v = qkv(64, 64)
     cases += [(q, k.half(), v), (q, k, v.half()), (q.half(), k, v)]
-    # fp8 k and v, which the forward takes, and k alone in fp8, which it refuses.
+    # fp8 k and v, which the forward takes (with head dims multiples of 16), and k alone in fp8,
+    # which it refuses.
     fp8 = torch.float8_e4m3fn
     cases += [(q, k.to(fp8), v.to(fp8)), (q.half(), k.to(fp8), v.to(fp8)), (q, k.to(fp8), v)]
+    cases += [tuple(t.to(fp8) if i else t for i, t in enumerate(qkv(d, dv))) for d, dv in
+              ((72, 64), (64, 40), (96, 80))]
     refused = 0
     for q, k, v in cases:
         expected = library_verdict(q, k, v)
         assert python_verdict(q, k, v) == expected, (q.shape, v.shape, q.dtype, k.dtype, v.dtype)
         refused += expected is not None
-    assert refused == 265 + 264 - 2 * 32 + 4 + 3 + 1
+    assert refused == 265 + 264 - 2 * 32 + 4 + 3 + 1 + 2

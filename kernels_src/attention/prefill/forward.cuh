@@ -33,8 +33,8 @@
 // max-dynamic-smem attribute).
 // Do not launch an empty grid (seqlen_q == 0 or batch == 0): there is nothing to write.
 //
-// The configs choose() runs it with, and why, are its tuning table kSm80 in
-// lib/kernels/attention.cpp.
+// The configs choose() runs it with, and why, are its tuning tables kSm80 and (fp8 k and v) kFp8
+// in lib/kernels/attention.cpp.
 #pragma once
 
 #include "attention/core/fp8.cuh"

@@ -19,7 +19,7 @@ __device__ __forceinline__ LogitTransform<Spec, Math, Rows, 8> make_logit_transf
     const AttentionParams& p, const Sequence& seq, const Band& band, int row0) {
   LogitTransform<Spec, Math, Rows, 8> f =
       make_score_transform<Spec, Math, Rows, 8>(p.score, seq.seqlen_q, seq.seqlen_k);
-  // fp8 keys' descale joins the softmax scale.
+  // fp8 keys' descale joins the softmax scale (every prefill spec names its dtype_kv).
   if constexpr (is_fp8<typename Spec::dtype_kv>) {
     f.scale *= descale_or_one(head_descales(p.descales, seq.batch, seq.head_kv).k);
   }
