@@ -626,6 +626,47 @@ TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
                rng);
 }
 
+// KILN_DEBUG copies fp8 k and v's descales to the host before the launch and refuses one that is
+// not finite and positive (k's joins the softmax scale, where 0 or less empties or inverts the
+// softmax), naming it; the output stays untouched. The same call with good descales runs.
+TEST_CASE("attention under KILN_DEBUG refuses fp8 descales that are not finite and positive",
+          "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Options options = kiln::test::gpu_options();
+  options.debug = true;
+  kiln::Runtime rt(options);
+  if (rt.target().arch() < 89) {
+    WARN("skipped: fp8 k and v need sm_89 or newer, not " << rt.target().name());
+    return;
+  }
+  std::mt19937 rng(43);
+  const Case c{.batch = 2,
+               .seqlen_q = 16,
+               .seqlen_k = 40,
+               .heads = 4,
+               .heads_kv = 2,
+               .kv_fp8 = DType::e4m3,
+               .descales = true};
+  Prepared p = prepare(c, rng);
+  for (const float bad : {0.f, -1.f, std::numeric_limits<float>::infinity(),
+                          std::numeric_limits<float>::quiet_NaN()}) {
+    INFO("descale " << bad);
+    const auto descales = kiln::test::upload(std::vector<float>{1.f, 2.f, bad, 0.5f});
+    kiln::AttentionOptions o = p.d.options;
+    o.v_descale = TensorView::contiguous(descales->get(), DType::f32, {2, 2});
+    p.d.out->poison();
+    CHECK_THROWS_WITH(kiln::attention(p.d.q, p.d.k, p.d.v, p.d.out->view(), o, nullptr, rt),
+                      Catch::Contains("v_descale[1][0] is") &&
+                          Catch::Contains("descales must be finite and positive"));
+    kiln::test::sync_and_check();
+    CHECK(p.d.out->written(p.d.out->bytes()) == 0);
+  }
+  p.d.out->poison();
+  kiln::attention(p.d.q, p.d.k, p.d.v, p.d.out->view(), p.d.options, nullptr, rt);
+  kiln::test::sync_and_check();
+  kiln::test::check_out(*p.d.out, p.d.out->bytes(), p.want, c.heads, c.dim_v());
+}
+
 TEST_CASE("attention matches the reference with the tiles of long sequences", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(kiln::test::gpu_options());
