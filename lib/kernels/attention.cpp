@@ -426,10 +426,7 @@ KernelSpec detail::attention_family_spec(const KernelSchema& schema,
 std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!detail::attention_runs_on(target)) return specs;
-  for (const detail::OperandDTypes& dtypes : detail::kMmaOperandDTypes) {
-    // fp8 k and v: e4m3 (the common one) where the conversions exist; e5m2 compiles on first
-    // use.
-    if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && !detail::reads_fp8(target))) continue;
+  for (const detail::OperandDTypes& dtypes : detail::warmed_widening_dtypes(target)) {
     for (int dim : {64, 128, 256}) {
       for (bool band : {false, true}) {
         for (long long seqlen_k : {0LL, kLongSeqlenK}) {

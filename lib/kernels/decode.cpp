@@ -398,9 +398,7 @@ std::vector<KernelSpec> decode_default_specs(const Target& target) {
   constexpr int kBatch = 1, kHeadsKv = 8, kRows = 4;
   constexpr long long kCapacity = 32768;
   const int multiprocessors = detail::warmup_multiprocessors(target);
-  for (const detail::OperandDTypes& dtypes : detail::kOperandDTypes) {
-    // fp8 caches: e4m3 (the common one) where the conversions exist; e5m2 compiles on first use.
-    if (dtypes.kv == DType::e5m2 || (is_fp8(dtypes.kv) && !detail::reads_fp8(target))) continue;
+  for (const detail::OperandDTypes& dtypes : detail::warmed_widening_dtypes(target)) {
     for (int dim : {64, 128}) {
       // An fp8 cache with FlashAttention-3's descales and without, and with descales per token.
       for (bool token_descales : {false, true}) {

@@ -117,6 +117,15 @@ bool reads_fp8(const Target& target) {
   return target.nvidia() && target.arch() >= 89;
 }
 
+std::vector<OperandDTypes> warmed_widening_dtypes(const Target& target) {
+  std::vector<OperandDTypes> rows;
+  for (const OperandDTypes& row : kWideningOperandDTypes) {
+    if (row.kv == DType::e5m2 || (is_fp8(row.kv) && !reads_fp8(target))) continue;
+    rows.push_back(row);
+  }
+  return rows;
+}
+
 void require_fp8_kv(DType kv, int head_dim, int head_dim_v, const Target* target,
                     std::string_view what) {
   if (target != nullptr && !reads_fp8(*target)) {

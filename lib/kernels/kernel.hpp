@@ -11,6 +11,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "kiln/error.hpp"
 #include "kiln/runtime.hpp"
@@ -72,6 +73,10 @@ std::optional<Error> operand_dtypes_error(std::string_view what,
 
 // Whether `target` has the conversions fp8 K and V are read with: NVIDIA sm_89 and newer.
 bool reads_fp8(const Target& target);
+
+// The rows of kWideningOperandDTypes the default warm sets compile for `target`: the 16-bit ones,
+// and e4m3 (the common fp8) where the target reads fp8; e5m2 compiles on first use.
+std::vector<OperandDTypes> warmed_widening_dtypes(const Target& target);
 
 // An fp8 K/V's conditions (kiln::Error, unsupported): with a target, one that reads_fp8, checked
 // first; head dims multiples of 16, whose rows copy as whole 16-byte pieces of fp8. `what` names
