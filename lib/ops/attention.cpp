@@ -165,7 +165,7 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
   detail::check_descales(
       descale_tensors(o), s.dtypes.kv, "fp8 k and v", "k",
       {s.batch, s.varlen ? "cu_seqlens_q.size(0) - 1 (batch)" : "q.size(0) (batch)"},
-      {s.heads_kv, fmt::format("k.size({}) (heads_kv)", q.rank - 2)}, device);
+      {s.heads_kv, s.varlen ? "k.size(1) (heads_kv)" : "k.size(2) (heads_kv)"}, device);
   if (o.lse) {
     if (s.varlen) {
       detail::check_lse(*o.lse, "lse", "(heads, total_q) for varlen",
