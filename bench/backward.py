@@ -39,6 +39,8 @@ def parse_args():
     p.add_argument("--reps", type=int, default=10, help="timed calls per backend and row")
     p.add_argument("--rows", choices=["all", "grid", "models"], default="all",
                    help="the head-dim x seqlen grid, the model shapes, or both (default)")
+    p.add_argument("--head-dims", type=int, nargs="+", default=None,
+                   help="the grid's rows of these head dims only (default: every one)")
     p.add_argument("--lib", default=None, help="libkiln.so or its build dir (default $KILN_LIB)")
     p.add_argument("--tol", type=float, default=2e-2,
                    help="max abs diff of kiln's gradients vs SDPA's, relative to their largest")
@@ -153,7 +155,8 @@ def main():
     print(f"TFLOP/s, backward alone | forward + backward; then kiln/cuDNN (backward) and "
           f"deterministic/default time\n{'row':22} {'causal':6} {names} | {names} |")
     rows = []
-    grid = QUICK_ROWS if args.quick else all_rows()
+    grid = [row for row in (QUICK_ROWS if args.quick else all_rows())
+            if args.head_dims is None or row[1] in args.head_dims]
     if args.rows in ("all", "grid"):
         for dt, d, s, c in grid:
             rows.append(bench_row(kiln, dt, d, s, c, args))

@@ -96,7 +96,8 @@ long long mma_dq_bytes(const AttentionProblem& p, const AttentionBackwardConfig&
 }
 
 long long wgmma_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
-  return attention_backward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n);
+  return attention_backward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
+                                             c.warps);
 }
 
 long long no_dynamic_shared(const AttentionProblem&, const AttentionBackwardConfig&) {
@@ -209,16 +210,26 @@ constexpr BackwardTuning kMmaSmall[] = {
 };
 constexpr int kLargeSharedBytes = 163 * 1024;
 
-// sm_90a up to head dims 128, 64 query rows a step; rows by q's and k's head dim (not the
+// sm_90a, 64 query rows a step. Up to head dims 128, rows by q's and k's head dim (not the
 // wider one): where it is at most 64, one warpgroup of 64 keys (two would split dQ's 64 columns
-// below the swizzle width), else two, which split dQ's columns (one warpgroup would hold all 128
-// of them: 64 more registers). Timed on an H200: bench/RESULTS.md.
+// below the swizzle width; two CTAs share an SM), else two, which split dQ's columns (one
+// warpgroup would hold all 128 of them: 64 more registers). Above 128 (either head dim), two
+// warpgroups over 64 keys that split the head dims. Timed on an H200: bench/RESULTS.md.
 constexpr AttentionBackwardKernel kWgmma = AttentionBackwardKernel::wgmma;
 constexpr BackwardTuning kWgmmaTable[] = {
     {64, {.block_m = 64, .block_n = 64, .warps = 4, .kernel = kWgmma}},
     {128, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kWgmma}},
 };
-constexpr int kWgmmaMaxHeadDim = 128;
+constexpr AttentionBackwardConfig kWgmmaWide{
+    .block_m = 64, .block_n = 64, .warps = 8, .kernel = kWgmma};
+// A warpgroup holds dK and dV for up to 128 head dims (BackwardWgmmaTraits).
+constexpr int kWgmmaWarpgroupHeadDim = 128;
+
+// Whether a wgmma config's warpgroups split the head dims (warps 8 over block_n 64) rather than
+// the keys.
+constexpr bool splits_head_dims(const AttentionBackwardConfig& c) {
+  return c.warps * 16 > c.block_n;
+}
 
 // Every head dim kiln compiles has a row, whose tiles fit the shared memory of its targets.
 template <std::size_t N>
@@ -293,13 +304,16 @@ void check_config(const AttentionBackwardConfig& config, const Target& target) {
         config.block_m, config.block_n, config.warps, kMaxBlock, kMaxWarps, kMaxWarps * 32));
   }
   if (config.kernel == AttentionBackwardKernel::wgmma) {
-    // BackwardWgmmaTraits asserts these too: a warpgroup per 64 keys, 64-row wgmma tiles.
-    if ((config.block_n != 64 && config.block_n != 128) || config.warps != config.block_n / 16 ||
+    // BackwardWgmmaTraits asserts these too: a warpgroup per 64 keys (or two over 64 keys that
+    // split the head dims), 64-row wgmma tiles.
+    if ((config.block_n != 64 && config.block_n != 128) ||
+        (config.warps != config.block_n / 16 && (config.warps != 8 || config.block_n != 64)) ||
         (config.block_m != 64 && config.block_m != 128) || config.block_m > config.block_n) {
       invalid(fmt::format(
           "wgmma backward config (block_m {}, block_n {}, warps {}) breaks the kernel's tile "
-          "rules: block_n must be 64 or 128 with warps = block_n / 16, and block_m 64 or 128, at "
-          "most block_n (e.g. block_m 64, block_n 128, warps 8)",
+          "rules: block_n must be 64 or 128 with warps = block_n / 16 (or warps 8 over block_n "
+          "64, which split the head dims), and block_m 64 or 128, at most block_n (e.g. block_m "
+          "64, block_n 128, warps 8)",
           config.block_m, config.block_n, config.warps));
     }
     return;
@@ -342,14 +356,18 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
   const AttentionBackwardDescription& d = describe(config.kernel);
   if (config.kernel == AttentionBackwardKernel::wgmma) {
     const AttentionProblem& f = problem.forward;
-    if (std::max(f.head_dim, f.head_dim_v) > kWgmmaMaxHeadDim) {
+    const int split = splits_head_dims(config) ? 2 : 1;
+    if (std::max(f.head_dim, f.head_dim_v) > kWgmmaWarpgroupHeadDim * split) {
       unsupported(fmt::format(
-          "the wgmma backward kernel takes head dims up to {}, not {} and {}: use the mma kernel "
-          "(AttentionBackwardKernel::mma), as choose() does",
-          kWgmmaMaxHeadDim, f.head_dim, f.head_dim_v));
+          "wgmma backward config (block_m {}, block_n {}, warps {}) takes head dims up to {}, "
+          "not {} and {}: use warps 8 over block_n 64 (block_m 64), which split the head dims, "
+          "as choose() does",
+          config.block_m, config.block_n, config.warps, kWgmmaWarpgroupHeadDim * split, f.head_dim,
+          f.head_dim_v));
     }
     // dQ's columns, split between the warpgroups (BackwardWgmmaTraits::dq_cols).
-    const int dq_cols = (f.head_dim + 63) / 64 * 64 * (config.block_m / 64) / (config.block_n / 64);
+    const int dq_cols = (f.head_dim + 64 * split - 1) / (64 * split) * 64 * split *
+                        (config.block_m / 64) / (config.warps / 4);
     if (dq_cols % 64 != 0) {
       unsupported(fmt::format(
           "wgmma backward config (block_m {}, block_n {}) splits head dim {}'s dQ columns "
@@ -417,13 +435,16 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  if (detail::is_sm90a(target) &&
-      widest <= detail::kWgmmaTable[std::size(detail::kWgmmaTable) - 1].widest) {
+  // NOTE: deterministic calls keep the mma kernels where the wgmma kernel holds 64 keys a CTA:
+  // twice the key blocks take turns at each block of dq's rows, and cost 1.4-2.8 times the
+  // default's time (H200, run 32d), the mma kernels 1.4-1.7.
+  if (detail::is_sm90a(target) && !problem.deterministic &&
+      widest > detail::kWgmmaWarpgroupHeadDim) {
+    return detail::kWgmmaWide;
+  }
+  if (detail::is_sm90a(target) && widest <= detail::kWgmmaWarpgroupHeadDim) {
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
       if (problem.forward.head_dim > row.widest) continue;
-      // NOTE: deterministic calls keep the mma kernels where the wgmma kernel holds 64 keys a
-      // CTA: twice the key blocks take turns at each block of dq's rows, and cost 1.4-2.8 times
-      // the default's time (H200, run 32d), the mma kernels 1.4-1.7.
       if (problem.deterministic && row.config.block_n < 128) break;
       return row.config;
     }

@@ -640,8 +640,9 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
 // The wgmma kernel (sm_90a) by explicit configs, block_m 64 and 128, deterministic and not, where
 // its rows are least regular: varlen with empty sequences and seqused_k (a step's rows past its
 // sequence, a varlen tail), bottom-right causal with more queries than keys (rows before the
-// band), a bias's gradient, head dims 64 (one key warpgroup of two) and 96 (padded to 128).
-// Deterministic runs twice, bit for bit.
+// band), a bias's gradient, head dims 64 (one key warpgroup of two) and 96 (padded to 128), and
+// above 128 two warpgroups that split the head dims (256; 192 and 160, padded to 256; 136 over
+// 64). Deterministic runs twice, bit for bit.
 TEST_CASE("attention backward by the wgmma kernel's configs, deterministic and not",
           "[gpu][attention_backward]") {
   KILN_REQUIRE_GPU();
@@ -682,6 +683,31 @@ TEST_CASE("attention backward by the wgmma kernel's configs, deterministic and n
        .heads_kv = 1,
        .head_dim = 128,
        .score = {.causal = true}},
+      {.heads = 4,
+       .heads_kv = 2,
+       .head_dim = 256,
+       .score = {.causal = true},
+       .seqlens_q = {300, 0, 17, 129},
+       .seqlens_k = {128, 64, 1, 300},
+       .seqused_k = {100, 0, 1, 300}},
+      {.dtype = DType::f16,
+       .batch = 2,
+       .seqlen_q = 333,
+       .seqlen_k = 200,
+       .heads = 2,
+       .heads_kv = 1,
+       .head_dim = 192,
+       .head_dim_v = 160,
+       .score = {.window_left = 100, .softcap = 20.0f},
+       .bias = Bias::full},
+      {.batch = 2,
+       .seqlen_q = 200,
+       .seqlen_k = 257,
+       .heads = 2,
+       .heads_kv = 2,
+       .head_dim = 64,
+       .head_dim_v = 136,
+       .score = {.causal = true}},
   };
   for (const Case& c : cases) {
     INFO(describe(c));
@@ -689,12 +715,14 @@ TEST_CASE("attention backward by the wgmma kernel's configs, deterministic and n
     run_forward(rt, c, b);
     for (int block_m : {64, 128}) {
       // block_m 128 needs more shared memory than sm_90a has above head dim 64; at 64, 64 rows
-      // on two key warpgroups would split dQ's 64 columns, so block_m 64 takes one.
-      if (block_m == 128 && c.head_dim > 64) continue;
-      const bool one_warpgroup = block_m == 64 && c.head_dim <= 64;
+      // on two key warpgroups would split dQ's 64 columns, so block_m 64 takes one. Above 128
+      // two warpgroups split the head dims over 64 keys and 64 rows.
+      const bool wide = std::max(c.head_dim, c.dim_v()) > 128;
+      if (block_m == 128 && (c.head_dim > 64 || wide)) continue;
+      const bool one_warpgroup = !wide && block_m == 64 && c.head_dim <= 64;
       const Config config =
           kiln::AttentionBackwardConfig{.block_m = block_m,
-                                        .block_n = one_warpgroup ? 64 : 128,
+                                        .block_n = one_warpgroup || wide ? 64 : 128,
                                         .warps = one_warpgroup ? 4 : 8,
                                         .kernel = kiln::AttentionBackwardKernel::wgmma};
       INFO(describe(config));

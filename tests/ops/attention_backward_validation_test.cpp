@@ -307,8 +307,20 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
       CHECK_THAT(kiln::to_string(ordered[1]), Catch::Contains("deterministic=true"));
       CHECK_THAT(kiln::to_string(specs[1]), Catch::Contains("deterministic=false"));
     }
+    // Above 128, sm_90a's two warpgroups split the head dims over 64 keys; deterministic
+    // calls there keep the mma kernels, as at 64.
     kiln::AttentionBackwardProblem wide = problem;
-    wide.forward.head_dim = wide.forward.head_dim_v = 256;
+    wide.forward.head_dim = 256;
+    wide.forward.head_dim_v = 192;
+    const kiln::AttentionBackwardConfig wide_config = kiln::choose(wide, target);
+    if (name == "sm_90a") {
+      CHECK(wide_config.kernel == kiln::AttentionBackwardKernel::wgmma);
+      CHECK((wide_config.block_m == 64 && wide_config.block_n == 64 && wide_config.warps == 8));
+      CHECK(kiln::attention_backward_specs(wide, wide_config).size() == 3);
+    } else {
+      CHECK(wide_config.kernel != kiln::AttentionBackwardKernel::wgmma);
+    }
+    wide.deterministic = true;
     CHECK(kiln::choose(wide, target).kernel != kiln::AttentionBackwardKernel::wgmma);
     // The wgmma rows go by q's head dim, which dQ's columns have (run 31d compiled a split of
     // head dim 64's into 32 and 32 for head_dim_v 128).
@@ -375,15 +387,38 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
                 {"the wgmma backward kernel runs on sm_90a (H100, H200) only", "sm_80",
                  "AttentionBackwardKernel::mma"});
   kiln::AttentionBackwardConfig bad_wgmma = wgmma;
-  bad_wgmma.warps = 8;
-  check_refusal(
-      with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument,
-      {"wgmma backward config (block_m 64, block_n 64, warps 8)", "warps = block_n / 16"});
+  bad_wgmma.warps = 12;
+  check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument,
+                {"wgmma backward config (block_m 64, block_n 64, warps 12)", "warps = block_n / 16",
+                 "warps 8 over block_n 64"});
+  bad_wgmma.block_n = 128;
+  bad_wgmma.warps = 16;
+  check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument,
+                {"(block_m 64, block_n 128, warps 16)", "warps = block_n / 16"});
   bad_wgmma = wgmma;
   bad_wgmma.block_m = 128;
   bad_wgmma.block_n = 64;
-  bad_wgmma.warps = 4;
-  check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument, {"at most block_n"});
+  for (int warps : {4, 8}) {
+    bad_wgmma.warps = warps;
+    check_refusal(with(bad_wgmma, "sm_90a"), ErrorCategory::invalid_argument, {"at most block_n"});
+  }
+  // A warpgroup holds dK and dV for 128 head dims: wider ones need the split config.
+  kiln::AttentionBackwardProblem wide{.forward = {.head_dim = 128, .head_dim_v = 136}};
+  for (const kiln::AttentionBackwardConfig& narrow :
+       {wgmma, kiln::AttentionBackwardConfig{.block_m = 64,
+               .block_n = 128,
+               .warps = 8,
+               .kernel = kiln::AttentionBackwardKernel::wgmma}}) {
+    check_refusal(refusal([&] { kiln::attention_backward_specs(wide, narrow); }),
+                  ErrorCategory::unsupported,
+                  {"takes head dims up to 128, not 128 and 136", "warps 8 over block_n 64"});
+  }
+  kiln::AttentionBackwardConfig split_dims = wgmma;
+  split_dims.warps = 8;
+  CHECK(kiln::attention_backward_specs(wide, split_dims).size() == 3);
+  wide.forward.head_dim_v = 264;
+  check_refusal(refusal([&] { kiln::attention_backward_specs(wide, split_dims); }),
+                ErrorCategory::unsupported, {"takes head dims up to 256, not 128 and 264"});
   // At head dim 64 (padded_call's), two warpgroups on 64 query rows would split dQ's 64
   // columns in two.
   kiln::AttentionBackwardConfig split = wgmma;

@@ -35,15 +35,16 @@ void check_compiled(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& spec
   }
 }
 
-// check_compiled, and that none spills more than 64 bytes: up to that is let pass (some kernels'
-// producer warps spill a little at 24 registers), more is a regression worth a look.
-void check_compiled_without_spills(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& specs) {
+// check_compiled, and that none spills more than `most` bytes: 64 by default (some kernels'
+// producer warps spill a little at 24 registers); more is a regression worth a look.
+void check_compiled_without_spills(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& specs,
+                                   long long most = 64) {
   check_compiled(rt, specs);
   for (const kiln::KernelSpec& spec : specs) {
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
-    CHECK(info.spill_bytes <= 64);
+    CHECK(info.spill_bytes <= most);
   }
 }
 
@@ -160,9 +161,9 @@ TEST_CASE("the default backward specs compile for sm_90a and gfx90a, without spi
   // The row dots of bf16 and f16 at head dims 64, 128 and 256 (6), the sinks' sum (1), and the
   // dk/dv and dq kernels of each, with and without a mask (24); deterministic calls take the same
   // ones, except on sm_90a: its wgmma dk/dv kernel in turns at 128 (4), and the mma kernels at 64
-  // (8).
+  // and 256 (16).
   REQUIRE(kiln::attention_backward_default_specs("gfx90a").size() == 31);
-  REQUIRE(kiln::attention_backward_default_specs("sm_90a").size() == 43);
+  REQUIRE(kiln::attention_backward_default_specs("sm_90a").size() == 51);
   const auto specs = kiln::attention_backward_default_specs("sm_90a");
   kiln::test::TempDir dir;
   kiln::Runtime nvidia = runtime_for(dir.path(), "sm_90a");
@@ -231,7 +232,10 @@ TEST_CASE("the wgmma backward compiles every feature for sm_90a, without spillin
   REQUIRE_FALSE(specs.empty());
   kiln::test::TempDir dir;
   kiln::Runtime nvidia = runtime_for(dir.path(), "sm_90a");
-  check_compiled_without_spills(nvidia, specs);
+  // Above head dim 128 (two warpgroups that split the head dims, which hold 64 dQ columns a
+  // thread more) softcap's derivatives with a bias spill up to 128 bytes: run 53 timed softcap
+  // at head dim 256 at 0.88 of the speed without it, 1.6 times the mma kernel's.
+  check_compiled_without_spills(nvidia, specs, 128);
 }
 
 TEST_CASE("attention refuses targets it cannot run on", "[attention][compile]") {

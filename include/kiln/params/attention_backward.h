@@ -98,21 +98,27 @@ KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
 
 // Dynamic shared memory of attention_backward_dkdv_wgmma, in bytes: 1024 for alignment, the K
 // and V tiles of block_n keys, two dS^T tiles (block_n x block_m) and the fp32 dQ staging block
-// (block_m x head_dim, rounded up to 1024), then two slots of block_m query rows (Q, dO, and
-// each row's LSE and D in fp32, the slot rounded up to 1024), head dims padded to 64 (the swizzle
-// width), 2-byte operands:
-//   qk = round_up(head_dim, 64), v = round_up(head_dim_v, 64)
+// (block_m x head_dim, rounded up to 1024), then `stages` slots of block_m query rows (Q, dO,
+// and each row's LSE and D in fp32, the slot rounded up to 1024), 2-byte operands. Where warps
+// is block_n / 16 (a warpgroup per 64 keys) head dims are padded to 64 (the swizzle width) and
+// there are two slots; otherwise (warps 8 over block_n 64, two warpgroups that split the head
+// dims) to 128, with one slot:
+//   split = warps / (block_n / 16), stages = 3 - split
+//   qk = round_up(head_dim, 64 split), v = round_up(head_dim_v, 64 split)
 //   bytes = 1024 + 2 block_n (qk + v + 2 block_m) + round_up(4 block_m head_dim, 1024)
-//           + 2 round_up(2 block_m (qk + v) + 8 block_m, 1024)
+//           + stages round_up(2 block_m (qk + v) + 8 block_m, 1024)
 KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
                                                                        long long head_dim_v,
                                                                        long long block_m,
-                                                                       long long block_n) {
-  const long long qk = (head_dim + 63) / 64 * 64;
-  const long long v = (head_dim_v + 63) / 64 * 64;
+                                                                       long long block_n,
+                                                                       long long warps) {
+  const long long split = warps / (block_n / 16);
+  const long long align = 64 * split;
+  const long long qk = (head_dim + align - 1) / align * align;
+  const long long v = (head_dim_v + align - 1) / align * align;
   const long long staging = (4 * block_m * head_dim + 1023) / 1024 * 1024;
   const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
-  return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging + 2 * slot;
+  return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging + (3 - split) * slot;
 }
 
 }  // namespace kiln

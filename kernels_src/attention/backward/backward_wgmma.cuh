@@ -5,9 +5,11 @@
 //   attention_backward_dkdv_wgmma: a CTA per (block_n keys, kv head, batch) holds its keys' K and
 //     V tiles in shared memory and streams the query rows that attend them, block_m at a time,
 //     for every query head of the group. Its warpgroups:
-//     - block_n / 64 consumers, one per 64 keys, hold their keys' dK and dV in registers. Per
-//       streamed block, with the scores transposed (keys as the wgmma's M, so that P^T and dS^T
-//       are A operands straight from registers):
+//     - consumers that hold their keys' dK and dV in registers: block_n / 64 of them, one per
+//       64 keys, up to head dims 128; above, two over 64 keys that split the head dims, each
+//       holding dK and dV for its half of the columns (each computes the keys' S^T and dP^T
+//       whole, the same as the other's). Per streamed block, with the scores transposed (keys as
+//       the wgmma's M, so that P^T and dS^T are A operands straight from registers):
 //         S^T = K Q^T and dP^T = V dO^T (both operands in shared memory), P^T = exp(logit -
 //         lse), dS^T = P^T (dP^T - D) d logit / d score (with has_dbias, P^T (dP^T - D) also goes
 //         to bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO (A in registers);
@@ -15,7 +17,8 @@
 //       overwrites what the other still reads), and dQ = dS K (A read transposed) and dK += dS^T
 //       Q run together; dQ's share of each warpgroup is staged in fp32 while dK's products run.
 //     - a producer warpgroup (its registers handed to the consumers): warp 0 streams Q and dO
-//       into two slots with TMA, on mbarriers; warp 1 adds each staged dQ block to
+//       into two slots (one where the head dims are split) with TMA, on mbarriers; warp 1 adds
+//       each staged dQ block to
 //       bp.maybe_dq_accum with one cp.reduce.async.bulk.
 //       Warp 2 writes the rows' LSE (in log2 units) and D beside each slot's tiles.
 //   attention_backward_dq_wgmma: converts the accumulators into dq, in q's dtype and dq's layout.
@@ -32,21 +35,23 @@
 // varlen (where the next sequence's rows follow, or rows nobody wrote) the producer zeroes them.
 //
 // Spec constants: as attention_backward_dkdv_mma's (has_dbias the dk/dv kernel's), with
-//   block_n   64 or 128: keys a CTA holds, 64 for each consumer warpgroup.
-//   warps     block_n / 16: the consumers' warps.
-//   block_m   64 or 128, at most block_n: query rows a step. dQ's block_m x head_dim is split
-//             between the consumers, each taking 64 rows and a multiple of 64 of the columns.
+//   block_n   64 or 128: keys a CTA holds, 64 for each consumer key group.
+//   warps     the consumers' warps: block_n / 16 (a warpgroup per 64 keys; with one, two CTAs
+//             share an SM), or 8 over block_n 64 (two warpgroups that split the head dims).
+//   block_m   64 or 128, at most block_n (64 where the head dims are split): query rows a step.
+//             dQ's block_m x head_dim is split between the consumers, each taking 64 rows and a
+//             multiple of 64 of the columns.
 //   deterministic  whether dQ's additions take a fixed order (bp.maybe_dq_semaphore), every
 //             step then one of the sequence's blocks of block_m rows (RowSteps' Ordered: each
 //             head's last block first).
-// head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width), at most
-// 128 each.
+// head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width) times the
+// column groups, at most 128 a warpgroup.
 //
 // Launch, after attention_backward_dot and with bp.maybe_dq_accum (and with deterministic,
 // bp.maybe_dq_semaphore) zeroed: dkdv on grid
 // (ceil(seqlen_k / block_n), heads_kv, batch), seqlen_k the longest sequence's stored keys,
 // (warps + 4) * 32 threads, dynamic shared memory attention_backward_wgmma_smem_bytes(head_dim,
-// head_dim_v, block_m, block_n) from "kiln/params/attention_backward.h", bp.q_map and
+// head_dim_v, block_m, block_n, warps) from "kiln/params/attention_backward.h", bp.q_map and
 // bp.dout_map 4-d tensor maps of q and dout with boxes of 64 columns by block_m rows; then dq
 // on grid (ceil(seqlen_q / block_m), heads, batch), as many threads, no shared memory.
 #pragma once
@@ -69,28 +74,44 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
   static constexpr int warps = static_cast<int>(Spec::warps);
-  static constexpr int warpgroups = block_n / 64;  // consumers
+  static constexpr int warpgroups = warps / 4;  // consumers
   static constexpr int consumer_threads = warps * 32;
   static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup
   static_assert(block_n == 64 || block_n == 128, "block_n must be 64 or 128: 64 keys a warpgroup.");
-  static_assert(warps == block_n / 16, "warps must be block_n / 16: a warpgroup per 64 keys.");
+  static_assert(warps == block_n / 16 || (warps == 8 && block_n == 64),
+                "warps must be block_n / 16 (a warpgroup per 64 keys), or 8 over block_n 64 (two "
+                "warpgroups that split the head dims).");
+  // The consumers split the keys (key_groups of 64) and the head dims (column_groups): a
+  // warpgroup is key group warpgroup % key_groups, column group warpgroup / key_groups. A
+  // column group holds dK and dV for its share of the head dims; each one computes its key
+  // group's S^T and dP^T whole, the same as the other's.
+  static constexpr int key_groups = block_n / 64;
+  static constexpr int column_groups = warpgroups / key_groups;
+  static_assert(key_groups == 1 || column_groups == 1, "the consumers split keys or head dims.");
   static_assert((block_m == 64 || block_m == 128) && block_m <= block_n,
                 "block_m must be 64 or 128, at most block_n.");
 
-  // setmaxnreg counts beside two consumers (with one, every thread has 255 and none moves): the
-  // producer keeps 24, the consumers take the rest of the 168 a thread the CTA is launched with.
-  static constexpr bool moves_registers = warpgroups == 2;
+  // With one consumer two CTAs share an SM, so that one's products run while the other's
+  // softmax work and barriers do. Either way the producer keeps 24 registers (setmaxnreg) and
+  // the consumers take the rest of what the CTA is launched with: 168 a thread beside two
+  // consumers, 128 beside one.
+  static constexpr int ctas_per_sm = warpgroups == 1 ? 2 : 1;
   static constexpr int producer_registers = 24;
-  static constexpr int consumer_registers = 240;
-  static_assert(!moves_registers ||
-                    producer_registers * 128 + consumer_registers * consumer_threads <=
-                        65536 / threads / 8 * 8 * threads,
+  static constexpr int consumer_registers = warpgroups == 1 ? 232 : 240;
+  static_assert(producer_registers * 128 + consumer_registers * consumer_threads <=
+                    65536 / ctas_per_sm / threads / 8 * 8 * threads,
                 "the warpgroups' registers do not fit what the CTA is launched with.");
 
-  static constexpr int qk_dim = round_up(head_dim, 64);
-  static constexpr int v_dim = round_up(head_dim_v, 64);
-  static_assert(qk_dim <= 128 && v_dim <= 128,
-                "the wgmma backward takes head dims up to 128: dK and dV stay in registers.");
+  static constexpr int qk_dim = round_up(head_dim, 64 * column_groups);
+  static constexpr int v_dim = round_up(head_dim_v, 64 * column_groups);
+  // A warpgroup's columns of dK and dV, which stay in its registers.
+  static constexpr int qk_cols = qk_dim / column_groups;
+  static constexpr int v_cols = v_dim / column_groups;
+  static_assert(qk_cols <= 128 && v_cols <= 128,
+                "a warpgroup holds dK and dV for up to 128 head dims: above 128, split them (warps "
+                "8 over block_n 64).");
+  // Slots of streamed rows: one where the head dims are split (two would not fit at 256).
+  static constexpr int stages = column_groups == 1 ? 2 : 1;
 
   // The per-warp fragment shapes of the mma kernel's helpers: a warp's 16 keys against block_m
   // query columns.
@@ -106,7 +127,7 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
 
   // Shared memory from the 1024-aligned base: K, V, two dS^T buffers (block_n rows of block_m),
   // the dQ staging block (block_m rows of head_dim floats, as the accumulators lay them out),
-  // then two slots of Q, dO and their rows' LSE and D, each piece 1024-aligned.
+  // then `stages` slots of Q, dO and their rows' LSE and D, each piece 1024-aligned.
   static constexpr int k_bytes = block_n * qk_dim * 2;
   static constexpr int v_bytes = block_n * v_dim * 2;
   static constexpr int ds_bytes = block_n * block_m * 2;
@@ -118,8 +139,8 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static constexpr int dq_offset = ds_offset + 2 * ds_bytes;
   static constexpr int slots_offset = dq_offset + round_up(dq_bytes, 1024);
   static constexpr long long smem_bytes =
-      attention_backward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n);
-  static_assert(smem_bytes == 1024 + slots_offset + 2 * slot_bytes,
+      attention_backward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, warps);
+  static_assert(smem_bytes == 1024 + slots_offset + stages * slot_bytes,
                 "attention_backward_wgmma_smem_bytes disagrees with the kernel's layout.");
   // dK and dV are staged through the tiles' memory (rows padded as the mma kernel's) to store.
   static constexpr int qk_pitch = qk_dim + 8;
@@ -133,7 +154,7 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
 // producer's idle warps have left).
 template <class Tr>
 struct BackwardWgmmaBarriers {
-  tma::Pipeline<2> rows;  // a slot's Q, dO and row values
+  tma::Pipeline<Tr::stages> rows;  // a slot's Q, dO and row values
   // A slot whose rows run past a varlen sequence's end lands here: the producer zeroes those
   // rows, then arrives on rows.full itself.
   tma::BarrierRing<1> tail;
@@ -237,13 +258,14 @@ __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
 }  // namespace attention
 
 template <class Spec>
-__global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads, 1)
+__global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
+                                  attention::BackwardWgmmaTraits<Spec>::ctas_per_sm)
     attention_backward_dkdv_wgmma(const KILN_GRID_CONSTANT AttentionBackwardParams bp) {
   using namespace attention;
   using Tr = BackwardWgmmaTraits<Spec>;
   using Bars = BackwardWgmmaBarriers<Tr>;
   using T = typename Tr::T;
-  using RowsState = tma::PipelineState<2>;
+  using RowsState = tma::PipelineState<Tr::stages>;
   const AttentionParams& p = bp.fwd;
 
   extern __shared__ __align__(1024) unsigned char wgmma_smem[];
@@ -275,7 +297,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const RowSteps<Tr::block_m, Spec::deterministic> steps(tile);
 
   if (thread >= Tr::consumer_threads) {
-    if constexpr (Tr::moves_registers) tma::release_registers<Tr::producer_registers>();
+    tma::release_registers<Tr::producer_registers>();
     if (warp == Tr::warps) {
       // The producer: Q and dO by TMA, the rows' LSE and D by every lane.
       if (lane == 0) {
@@ -367,8 +389,11 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   }
 
   // The consumers.
-  if constexpr (Tr::moves_registers) tma::claim_registers<Tr::consumer_registers>();
+  tma::claim_registers<Tr::consumer_registers>();
   const int warpgroup = warp / 4;
+  // One of the two kinds has a single group (BackwardWgmmaTraits).
+  const int key_group = Tr::column_groups == 1 ? warpgroup : 0;
+  const int column_group = Tr::column_groups == 1 ? 0 : warpgroup;
   const auto kv = sequence_kv<Spec, T>(p, first);
   load_tile_swizzled<Tr::block_n, Tr::head_dim, Tr::qk_dim, Tr::consumer_threads>(
       k_tile, kv.k + key0 * p.kv.k_seq_stride, p.kv.k_seq_stride, first.seqlen_k - key0, thread);
@@ -379,11 +404,14 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   wgmma::fence_shared_for_async();
   tma::named_sync(Bars::kv_loaded, Tr::consumer_threads);
 
-  // The warp's 16 keys of its warpgroup's 64: this thread's are key_row and key_row + 8.
-  const int warp_row = warpgroup * 64 + (warp % 4) * 16;
+  // The warp's 16 keys of its key group's 64: this thread's are key_row and key_row + 8.
+  const int warp_row = key_group * 64 + (warp % 4) * 16;
   const int key_row = key0 + warp_row + lane / 4;
-  const unsigned k_rows = k_tile + warpgroup * 64 * 128;
-  const unsigned v_rows = v_tile + warpgroup * 64 * 128;
+  const unsigned k_rows = k_tile + key_group * 64 * 128;
+  const unsigned v_rows = v_tile + key_group * 64 * 128;
+  // The first 64-column chunks of this warpgroup's columns of dK and dV in a slot's Q and dO.
+  const unsigned q_chunk = column_group * (Tr::qk_cols / 64) * Tr::block_m * 128;
+  const unsigned dout_chunk = column_group * (Tr::v_cols / 64) * Tr::block_m * 128;
   // dQ's share of this warpgroup: rows dq_row0 of a step, columns from dq_col0.
   const int dq_m_tile = warpgroup % Tr::dq_m_tiles;
   const int dq_row0 = dq_m_tile * 64 + (warp % 4) * 16;
@@ -391,8 +419,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const unsigned long long k_desc =
       wgmma::descriptor(k_tile + dq_col0 / 64 * Tr::block_n * 128, Tr::block_n * 128, 1024);
 
-  float dk[1][Tr::qk_dim / 8][4];
-  float dv[1][Tr::v_dim / 8][4];
+  float dk[1][Tr::qk_cols / 8][4];
+  float dv[1][Tr::v_cols / 8][4];
   zero_fragments(dk);
   zero_fragments(dv);
   RowsState at_slot{};
@@ -435,8 +463,10 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     pin_columns(dp);
     const auto query_dot = [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; };
     if constexpr (Spec::has_dbias) {
-      store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, s, dp, query_dot,
-                               key_row, tile.stored, query_col, rows_end);
+      if (column_group == 0) {
+        store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, s, dp, query_dot,
+                                 key_row, tile.stored, query_col, rows_end);
+      }
     }
     dp_to_ds(dp, s, grad, transform, query_dot);
 
@@ -444,7 +474,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     unsigned a[Tr::block_m / 16][4];
 #pragma unroll
     for (int kk = 0; kk < Tr::block_m / 16; ++kk) probability_fragment<T>(a[kk], s, kk);
-    start_nmajor_product<T, Tr::block_m, Tr::v_dim>(all_columns(dv), a, dout_tile);
+    start_nmajor_product<T, Tr::block_m, Tr::v_cols>(all_columns(dv), a, dout_tile + dout_chunk);
     unsigned b[Tr::block_m / 16][4];
 #pragma unroll
     for (int kk = 0; kk < Tr::block_m / 16; ++kk) probability_fragment<T>(b[kk], dp, kk);
@@ -452,18 +482,21 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     // lane / 4 + 8 (x % 2), columns 16 kk + 8 (x / 2) + 2 (lane % 4) and the next, whose 16-byte
     // piece p = 2 kk + x / 2 lies in chunk p / 8 at piece (p % 8) ^ (lane / 4) of the row
     // (swizzled_offset). The row's address and the lane's xor are made opaque here, so that the
-    // addresses are not kept in registers across the loop.
+    // addresses are not kept in registers across the loop. Column group 0 stores it: the others
+    // hold the same values.
     const unsigned ds = ds_tile(at_slot.count % 2);
-    const unsigned ds_row = mma::opaque(ds + (warp_row + lane / 4) * 128 + (lane % 4) * 4);
-    const unsigned ds_xor = mma::opaque(static_cast<unsigned>(lane / 4) * 16);
+    if (column_group == 0) {
+      const unsigned ds_row = mma::opaque(ds + (warp_row + lane / 4) * 128 + (lane % 4) * 4);
+      const unsigned ds_xor = mma::opaque(static_cast<unsigned>(lane / 4) * 16);
 #pragma unroll
-    for (int kk = 0; kk < Tr::block_m / 16; ++kk) {
+      for (int kk = 0; kk < Tr::block_m / 16; ++kk) {
 #pragma unroll
-      for (int x = 0; x < 4; ++x) {
-        const unsigned piece = 2 * kk + x / 2;
-        const unsigned at = ds_row + (piece / 8) * Tr::block_n * 128 + (x % 2) * 8 * 128 +
-                            (((piece % 8) * 16) ^ ds_xor);
-        *reinterpret_cast<unsigned*>(base + (at - k_tile)) = b[kk][x];
+        for (int x = 0; x < 4; ++x) {
+          const unsigned piece = 2 * kk + x / 2;
+          const unsigned at = ds_row + (piece / 8) * Tr::block_n * 128 + (x % 2) * 8 * 128 +
+                              (((piece % 8) * 16) ^ ds_xor);
+          *reinterpret_cast<unsigned*>(base + (at - k_tile)) = b[kk][x];
+        }
       }
     }
     wgmma::fence_shared_for_async();
@@ -484,7 +517,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       }
     }
     wgmma::commit();
-    start_nmajor_product<T, Tr::block_m, Tr::qk_dim>(all_columns(dk), b, q_tile);
+    start_nmajor_product<T, Tr::block_m, Tr::qk_cols>(all_columns(dk), b, q_tile + q_chunk);
     wgmma::wait<1>();  // dV and dQ
     wgmma::pin(dq);
     pin_columns(dv);
@@ -501,8 +534,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   tma::named_sync(Bars::kv_loaded, Tr::consumer_threads);
   T* const staged_k = reinterpret_cast<T*>(base);
   T* const staged_v = staged_k + Tr::block_n * Tr::qk_pitch;
-  stage_fragments<Tr::qk_pitch>(staged_k, dk, warp_row, 0, lane);
-  stage_fragments<Tr::v_pitch>(staged_v, dv, warp_row, 0, lane);
+  stage_fragments<Tr::qk_pitch>(staged_k, dk, warp_row, column_group * Tr::qk_cols, lane);
+  stage_fragments<Tr::v_pitch>(staged_v, dv, warp_row, column_group * Tr::v_cols, lane);
   tma::named_sync(Bars::kv_loaded, Tr::consumer_threads);
   const auto grads = grad_rows<Spec::varlen, T>(bp, batch, tile.head_kv);
   store_tile<Tr::block_n, Tr::head_dim, Tr::qk_pitch, Tr::consumer_threads>(
