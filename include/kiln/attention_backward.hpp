@@ -77,9 +77,8 @@ struct AttentionBackwardConfig {
 };
 
 // The config attention_backward() and warm-up use for `problem` on `target`: the wgmma kernels on
-// sm_90a up to head dim 128 (deterministic, above head dim 64), else the mma kernels on NVIDIA
-// sm_80 and newer, the portable ones on AMD gfx9. Throws kiln::Error (unsupported) for any other
-// target.
+// sm_90a (deterministic, up to head dim 128), else the mma kernels on NVIDIA sm_80 and newer, the
+// portable ones on AMD gfx9. Throws kiln::Error (unsupported) for any other target.
 AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target);
 
 // The kernels one backward call launches, in order: the row-dot pre-pass (D = rowsum(dO * O)),

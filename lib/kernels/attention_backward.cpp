@@ -435,9 +435,9 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  // NOTE: deterministic calls keep the mma kernels where the wgmma kernel holds 64 keys a CTA:
-  // twice the key blocks take turns at each block of dq's rows, and cost 1.4-2.8 times the
-  // default's time (H200, run 32d), the mma kernels 1.4-1.7.
+  // NOTE: deterministic calls above head dim 128 keep the mma kernels (the wide config's turns
+  // are not timed yet). At 64 the wgmma kernel's turns cost 1.27-1.58 times its default's time,
+  // the mma kernels 1.83-2.37 (H200, run 54b: two CTAs an SM made the default faster).
   if (detail::is_sm90a(target) && !problem.deterministic &&
       widest > detail::kWgmmaWarpgroupHeadDim) {
     return detail::kWgmmaWide;
@@ -445,7 +445,6 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   if (detail::is_sm90a(target) && widest <= detail::kWgmmaWarpgroupHeadDim) {
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
       if (problem.forward.head_dim > row.widest) continue;
-      if (problem.deterministic && row.config.block_n < 128) break;
       return row.config;
     }
   }

@@ -42,7 +42,7 @@ using kiln::test::Output;
 using kiln::test::Prepared;
 
 // The configs every case runs with: choose()'s (none passed: on an H100 or H200 the wgmma
-// kernels up to head dim 128, the mma ones past it and when deterministic), a portable one of
+// kernels, the mma ones when deterministic above head dim 128), a portable one of
 // other tiles and 16 lanes on each key and row, an mma one of small tiles whose two warps a
 // row group each take half of the head dims (choose() does that at 256 only), and an mma one of
 // large tiles, as choose() gives sm_80. NOTE: 16 x 64
@@ -614,7 +614,7 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
        .seqlens_k = {128, 64, 1, 511}},
       {.batch = 2, .seqlen_q = 256, .seqlen_k = 256, .heads = 4, .heads_kv = 2, .head_dim = 256},
       // Head dim 128 with a window: on sm_90a choose() gives the wgmma kernel, whose dq additions
-      // take turns (at 64 it gives the mma kernels).
+      // take turns (at 64 too, on one warpgroup; at 256 it gives the mma kernels).
       {.batch = 2,
        .seqlen_q = 300,
        .seqlen_k = 517,

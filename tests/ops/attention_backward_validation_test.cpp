@@ -293,12 +293,10 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
     kiln::AttentionBackwardProblem deterministic = problem;
     deterministic.deterministic = true;
     CHECK(kiln::choose(deterministic, target).kernel == config.kernel);
-    // At head dim 64 deterministic calls keep the mma kernels (choose()'s NOTE).
+    // At head dim 64 too (one warpgroup, two CTAs an SM; choose()'s NOTE).
     kiln::AttentionBackwardProblem narrow = deterministic;
     narrow.forward.head_dim = narrow.forward.head_dim_v = 64;
-    CHECK(kiln::choose(narrow, target).kernel == (name.starts_with("gfx")
-                                                      ? kiln::AttentionBackwardKernel::portable
-                                                      : kiln::AttentionBackwardKernel::mma));
+    CHECK(kiln::choose(narrow, target).kernel == config.kernel);
     if (config.kernel == kiln::AttentionBackwardKernel::wgmma) {
       // Its dk/dv kernel orders dq's additions: a spec of its own.
       const std::vector<kiln::KernelSpec> specs = kiln::attention_backward_specs(problem, config);
