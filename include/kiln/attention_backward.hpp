@@ -50,8 +50,7 @@ enum class AttentionBackwardKernel {
              // inline assembly; every target attention runs on
   mma,       // attention/backward/backward_mma.cuh: FlashAttention-2's on tensor cores
              // (mma.sync); NVIDIA sm_80 and newer
-  wgmma,     // attention/backward/backward_wgmma.cuh: on Hopper's warpgroup MMA; sm_90a, head
-             // dims up to 128
+  wgmma,     // attention/backward/backward_wgmma.cuh: on Hopper's warpgroup MMA; sm_90a
 };
 
 // How it runs. Every config gives results within the same tolerance.
@@ -65,7 +64,9 @@ enum class AttentionBackwardKernel {
 //   warps / (block_n / 16) warps (warps a multiple of block_n / 16) each take a slice of the
 //   head dims.
 //   wgmma: the dk/dv kernel's CTA holds block_n keys (64 or 128), a warpgroup (warps =
-//   block_n / 16) per 64, and streams block_m query rows (64 or 128, at most block_n); dq is
+//   block_n / 16) per 64, for head dims up to 128; or, with warps 8 over block_n 64, two
+//   warpgroups that split the head dims, up to 256. It streams block_m query rows (64 or 128, at
+//   most block_n; 64 where the head dims are split); dq is
 //   accumulated in fp32 scratch (seqlen_q * heads * batch * head_dim words, and
 //   with deterministic an int per block_m rows of each batch and head, the additions' turns) and
 //   converted by a second kernel of block_m rows a CTA.
@@ -77,8 +78,8 @@ struct AttentionBackwardConfig {
 };
 
 // The config attention_backward() and warm-up use for `problem` on `target`: the wgmma kernels on
-// sm_90a (deterministic, up to head dim 128), else the mma kernels on NVIDIA sm_80 and newer, the
-// portable ones on AMD gfx9. Throws kiln::Error (unsupported) for any other target.
+// sm_90a, else the mma kernels on NVIDIA sm_80 and newer, the portable ones on AMD gfx9. Throws
+// kiln::Error (unsupported) for any other target.
 AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Target& target);
 
 // The kernels one backward call launches, in order: the row-dot pre-pass (D = rowsum(dO * O)),

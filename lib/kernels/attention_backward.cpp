@@ -225,12 +225,6 @@ constexpr AttentionBackwardConfig kWgmmaWide{
 // A warpgroup holds dK and dV for up to 128 head dims (BackwardWgmmaTraits).
 constexpr int kWgmmaWarpgroupHeadDim = 128;
 
-// Whether a wgmma config's warpgroups split the head dims (warps 8 over block_n 64) rather than
-// the keys.
-constexpr bool splits_head_dims(const AttentionBackwardConfig& c) {
-  return c.warps * 16 > c.block_n;
-}
-
 // Every head dim kiln compiles has a row, whose tiles fit the shared memory of its targets.
 template <std::size_t N>
 constexpr bool fits_every_head_dim(const BackwardTuning (&rows)[N], long long shared_bytes) {
@@ -293,8 +287,10 @@ std::vector<const KernelSchema*> attention_backward_schemas() {
   return schemas;
 }
 
-void check_config(const AttentionBackwardConfig& config, const Target& target) {
-  require_target(target, config.kernel);
+namespace {
+
+// A config's tile rules, whatever the target.
+void check_tiles(const AttentionBackwardConfig& config) {
   const auto in = [](int value, int most) { return value >= 1 && value <= most; };
   if (!in(config.block_m, kMaxBlock) || !in(config.block_n, kMaxBlock) ||
       !in(config.warps, kMaxWarps)) {
@@ -334,6 +330,13 @@ void check_config(const AttentionBackwardConfig& config, const Target& target) {
   }
 }
 
+}  // namespace
+
+void check_config(const AttentionBackwardConfig& config, const Target& target) {
+  require_target(target, config.kernel);
+  check_tiles(config);
+}
+
 void require_target(const Target& target, AttentionBackwardKernel kernel) {
   const AttentionBackwardDescription& d = describe(kernel);
   require_target(target, AttentionKernel::portable);  // a target attention runs on at all
@@ -354,25 +357,29 @@ void require_target(const Target& target, AttentionBackwardKernel kernel) {
 AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& problem,
                                               const AttentionBackwardConfig& config) {
   const AttentionBackwardDescription& d = describe(config.kernel);
+  check_tiles(config);
   if (config.kernel == AttentionBackwardKernel::wgmma) {
     const AttentionProblem& f = problem.forward;
-    const int split = splits_head_dims(config) ? 2 : 1;
+    const int split =
+        static_cast<int>(attention_backward_wgmma_column_groups(config.block_n, config.warps));
     if (std::max(f.head_dim, f.head_dim_v) > kWgmmaWarpgroupHeadDim * split) {
       unsupported(fmt::format(
           "wgmma backward config (block_m {}, block_n {}, warps {}) takes head dims up to {}, "
-          "not {} and {}: use warps 8 over block_n 64 (block_m 64), which split the head dims, "
-          "as choose() does",
+          "not {} and {}: {}",
           config.block_m, config.block_n, config.warps, kWgmmaWarpgroupHeadDim * split, f.head_dim,
-          f.head_dim_v));
+          f.head_dim_v,
+          split == 1 ? "use warps 8 over block_n 64 (block_m 64), which split the head dims, as "
+                       "choose() does"
+                     : "kiln compiles head dims up to 256"));
     }
-    // dQ's columns, split between the warpgroups (BackwardWgmmaTraits::dq_cols).
-    const int dq_cols = (f.head_dim + 64 * split - 1) / (64 * split) * 64 * split *
-                        (config.block_m / 64) / (config.warps / 4);
-    if (dq_cols % 64 != 0) {
+    if (attention_backward_wgmma_dq_cols(f.head_dim, config.block_m, config.block_n, config.warps) %
+            64 !=
+        0) {
       unsupported(fmt::format(
-          "wgmma backward config (block_m {}, block_n {}) splits head dim {}'s dQ columns "
-          "between its warpgroups below 64, the swizzle width: use block_m 128 or block_n 64",
-          config.block_m, config.block_n, f.head_dim));
+          "wgmma backward config (block_m {}, block_n {}, warps {}) splits head dim {}'s dQ "
+          "columns between its warpgroups below 64, the swizzle width: use block_m 128, or "
+          "block_n 64 with warps 4",
+          config.block_m, config.block_n, config.warps, f.head_dim));
     }
   }
   const int threads = d.threads(config);
@@ -435,11 +442,11 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   }
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
-  // NOTE: deterministic calls above head dim 128 keep the mma kernels (the wide config's turns
-  // are not timed yet). At 64 the wgmma kernel's turns cost 1.27-1.58 times its default's time,
-  // the mma kernels 1.83-2.37 (H200, run 54b: two CTAs an SM made the default faster).
-  if (detail::is_sm90a(target) && !problem.deterministic &&
-      widest > detail::kWgmmaWarpgroupHeadDim) {
+  // NOTE: deterministic calls take the wgmma kernels too (H200): at head dim 64 their turns cost
+  // 1.27-1.58 times the default's time, the mma kernels 1.83-2.37 (run 54b); at 256 0.81-1.11,
+  // the mma kernels 1.7-1.9 (run 55: the turns' order ran faster than the default's at 4K and
+  // 16K keys).
+  if (detail::is_sm90a(target) && widest > detail::kWgmmaWarpgroupHeadDim) {
     return detail::kWgmmaWide;
   }
   if (detail::is_sm90a(target) && widest <= detail::kWgmmaWarpgroupHeadDim) {

@@ -63,8 +63,8 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
                                               const AttentionBackwardConfig& config);
 
 // The mma kernel's config from choose()'s tables for `problem` on an NVIDIA `target`: what
-// choose() gives where the wgmma kernel cannot run (head dims past 128, or q and dout that TMA
-// cannot tile).
+// choose() gives where the wgmma kernel does not run (targets other than sm_90a, or q and dout
+// that TMA cannot tile).
 AttentionBackwardConfig mma_config(const AttentionBackwardProblem& problem, const Target& target);
 
 // Throws kiln::Error (unsupported) when `device` cannot run a launch of `plan`.

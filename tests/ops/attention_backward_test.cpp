@@ -42,12 +42,11 @@ using kiln::test::Output;
 using kiln::test::Prepared;
 
 // The configs every case runs with: choose()'s (none passed: on an H100 or H200 the wgmma
-// kernels, the mma ones when deterministic above head dim 128), a portable one of
-// other tiles and 16 lanes on each key and row, an mma one of small tiles whose two warps a
-// row group each take half of the head dims (choose() does that at 256 only), and an mma one of
-// large tiles, as choose() gives sm_80. NOTE: 16 x 64
-// with 4 warps put 2 lanes on a key, whose 16 chunks of a d256 row spilled 15 KB and made the
-// suite's slowest case (run 31a).
+// kernels), a portable one of other tiles and 16 lanes on each key and row, an mma one of small
+// tiles whose two warps a row group each take half of the head dims (choose() does that at 256
+// only), and an mma one of large tiles, as choose() gives sm_80. NOTE: 16 x 64 with 4 warps put
+// 2 lanes on a key, whose 16 chunks of a d256 row spilled 15 KB and made the suite's slowest case
+// (run 31a).
 using Config = std::optional<kiln::AttentionBackwardConfig>;
 const Config kConfigs[] = {
     std::nullopt, kiln::AttentionBackwardConfig{.block_m = 16, .block_n = 16, .warps = 8},
@@ -614,7 +613,7 @@ TEST_CASE("attention backward is bitwise reproducible with deterministic = true"
        .seqlens_k = {128, 64, 1, 511}},
       {.batch = 2, .seqlen_q = 256, .seqlen_k = 256, .heads = 4, .heads_kv = 2, .head_dim = 256},
       // Head dim 128 with a window: on sm_90a choose() gives the wgmma kernel, whose dq additions
-      // take turns (at 64 too, on one warpgroup; at 256 it gives the mma kernels).
+      // take turns (at 64 on one warpgroup, at 256 on two that split the head dims).
       {.batch = 2,
        .seqlen_q = 300,
        .seqlen_k = 517,

@@ -305,8 +305,8 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
       CHECK_THAT(kiln::to_string(ordered[1]), Catch::Contains("deterministic=true"));
       CHECK_THAT(kiln::to_string(specs[1]), Catch::Contains("deterministic=false"));
     }
-    // Above 128, sm_90a's two warpgroups split the head dims over 64 keys; deterministic
-    // calls there keep the mma kernels, as at 64.
+    // Above 128, sm_90a's two warpgroups split the head dims over 64 keys, deterministic or
+    // not (choose()'s NOTE).
     kiln::AttentionBackwardProblem wide = problem;
     wide.forward.head_dim = 256;
     wide.forward.head_dim_v = 192;
@@ -319,7 +319,7 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
       CHECK(wide_config.kernel != kiln::AttentionBackwardKernel::wgmma);
     }
     wide.deterministic = true;
-    CHECK(kiln::choose(wide, target).kernel != kiln::AttentionBackwardKernel::wgmma);
+    CHECK(kiln::choose(wide, target).kernel == wide_config.kernel);
     // The wgmma rows go by q's head dim, which dQ's columns have (run 31d compiled a split of
     // head dim 64's into 32 and 32 for head_dim_v 128).
     kiln::AttentionBackwardProblem narrow_qk = problem;
@@ -411,6 +411,16 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
                   ErrorCategory::unsupported,
                   {"takes head dims up to 128, not 128 and 136", "warps 8 over block_n 64"});
   }
+  // The specs of a config that breaks the tile rules are refused as its call is.
+  check_refusal(refusal([&] {
+                  kiln::attention_backward_specs(wide,
+                                                 {.block_m = 64,
+                                                  .block_n = 128,
+                                                  .warps = 2,
+                                                  .kernel = kiln::AttentionBackwardKernel::wgmma});
+                }),
+                ErrorCategory::invalid_argument,
+                {"(block_m 64, block_n 128, warps 2) breaks the kernel's tile rules"});
   kiln::AttentionBackwardConfig split_dims = wgmma;
   split_dims.warps = 8;
   CHECK(kiln::attention_backward_specs(wide, split_dims).size() == 3);
@@ -423,7 +433,7 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
   split.block_n = 128;
   split.warps = 8;
   check_refusal(with(split, "sm_90a"), ErrorCategory::unsupported,
-                {"splits head dim 64's dQ columns", "block_m 128 or block_n 64"});
+                {"splits head dim 64's dQ columns", "use block_m 128, or block_n 64 with warps 4"});
   // Its dk/dv kernel reads q and dout by TMA: a dout broadcast over the batch (stride 0, as
   // autograd hands out the gradient of a sum) cannot be tiled; choose()'s config takes the mma
   // kernels for it instead.

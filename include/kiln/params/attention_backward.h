@@ -96,15 +96,45 @@ KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
   return size * (block_n + 2 * block_m) * (qk_pitch + v_pitch) + 2 * block_m * row_floats * 4;
 }
 
-// Dynamic shared memory of attention_backward_dkdv_wgmma, in bytes: 1024 for alignment, the K
-// and V tiles of block_n keys, two dS^T tiles (block_n x block_m) and the fp32 dQ staging block
-// (block_m x head_dim, rounded up to 1024), then `stages` slots of block_m query rows (Q, dO,
-// and each row's LSE and D in fp32, the slot rounded up to 1024), 2-byte operands. Where warps
-// is block_n / 16 (a warpgroup per 64 keys) head dims are padded to 64 (the swizzle width) and
-// there are two slots; otherwise (warps 8 over block_n 64, two warpgroups that split the head
-// dims) to 128, with one slot:
-//   split = warps / (block_n / 16), stages = 3 - split
-//   qk = round_up(head_dim, 64 split), v = round_up(head_dim_v, 64 split)
+// The attention_backward_dkdv_wgmma kernel's consumer warpgroups split the keys, a warpgroup per
+// 64 (warps = block_n / 16), or with warps 8 over block_n 64, two of them split the head dims:
+// its column groups, 1 or 2.
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_column_groups(long long block_n,
+                                                                          long long warps) {
+  return warps * 16 > block_n ? 2 : 1;
+}
+
+// A head dim as that kernel pads it with zeros: to a multiple of 64 (the swizzle width) for each
+// column group.
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_padded_dim(long long head_dim,
+                                                                       long long block_n,
+                                                                       long long warps) {
+  const long long align = 64 * attention_backward_wgmma_column_groups(block_n, warps);
+  return (head_dim + align - 1) / align * align;
+}
+
+// dQ's columns each of its warpgroups computes: the padded head dim's block_m / 64 row tiles
+// shared among warps / 4 warpgroups, each taking 64 rows and a multiple of 64 columns.
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_dq_cols(long long head_dim,
+                                                                    long long block_m,
+                                                                    long long block_n,
+                                                                    long long warps) {
+  return attention_backward_wgmma_padded_dim(head_dim, block_n, warps) * (block_m / 64) /
+         (warps / 4);
+}
+
+// Its slots: two (the next block's rows land while one is read) where the warpgroups split the
+// keys, one where they split the head dims (at 256 two would need 276 KB).
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_stages(long long block_n,
+                                                                   long long warps) {
+  return 3 - attention_backward_wgmma_column_groups(block_n, warps);
+}
+
+// Its dynamic shared memory, in bytes: 1024 for alignment, the K and V tiles of block_n keys, two
+// dS^T tiles (block_n x block_m) and the fp32 dQ staging block (block_m x head_dim, rounded up to
+// 1024), then the slots of block_m query rows (Q, dO, and each row's LSE and D in fp32, the slot
+// rounded up to 1024), 2-byte operands, head dims padded:
+//   qk, v = the padded head_dim, head_dim_v; stages = attention_backward_wgmma_stages
 //   bytes = 1024 + 2 block_n (qk + v + 2 block_m) + round_up(4 block_m head_dim, 1024)
 //           + stages round_up(2 block_m (qk + v) + 8 block_m, 1024)
 KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
@@ -112,13 +142,12 @@ KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long
                                                                        long long block_m,
                                                                        long long block_n,
                                                                        long long warps) {
-  const long long split = warps / (block_n / 16);
-  const long long align = 64 * split;
-  const long long qk = (head_dim + align - 1) / align * align;
-  const long long v = (head_dim_v + align - 1) / align * align;
+  const long long qk = attention_backward_wgmma_padded_dim(head_dim, block_n, warps);
+  const long long v = attention_backward_wgmma_padded_dim(head_dim_v, block_n, warps);
   const long long staging = (4 * block_m * head_dim + 1023) / 1024 * 1024;
   const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
-  return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging + (3 - split) * slot;
+  return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging +
+         attention_backward_wgmma_stages(block_n, warps) * slot;
 }
 
 }  // namespace kiln

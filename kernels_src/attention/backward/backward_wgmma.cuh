@@ -86,8 +86,10 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   // column group holds dK and dV for its share of the head dims; each one computes its key
   // group's S^T and dP^T whole, the same as the other's.
   static constexpr int key_groups = block_n / 64;
-  static constexpr int column_groups = warpgroups / key_groups;
-  static_assert(key_groups == 1 || column_groups == 1, "the consumers split keys or head dims.");
+  static constexpr int column_groups =
+      static_cast<int>(attention_backward_wgmma_column_groups(block_n, warps));
+  static_assert(key_groups * column_groups == warpgroups && (key_groups == 1 || column_groups == 1),
+                "the consumers split keys or head dims.");
   static_assert((block_m == 64 || block_m == 128) && block_m <= block_n,
                 "block_m must be 64 or 128, at most block_n.");
 
@@ -102,16 +104,18 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
                     65536 / ctas_per_sm / threads / 8 * 8 * threads,
                 "the warpgroups' registers do not fit what the CTA is launched with.");
 
-  static constexpr int qk_dim = round_up(head_dim, 64 * column_groups);
-  static constexpr int v_dim = round_up(head_dim_v, 64 * column_groups);
+  static constexpr int qk_dim =
+      static_cast<int>(attention_backward_wgmma_padded_dim(head_dim, block_n, warps));
+  static constexpr int v_dim =
+      static_cast<int>(attention_backward_wgmma_padded_dim(head_dim_v, block_n, warps));
   // A warpgroup's columns of dK and dV, which stay in its registers.
   static constexpr int qk_cols = qk_dim / column_groups;
   static constexpr int v_cols = v_dim / column_groups;
   static_assert(qk_cols <= 128 && v_cols <= 128,
                 "a warpgroup holds dK and dV for up to 128 head dims: above 128, split them (warps "
                 "8 over block_n 64).");
-  // Slots of streamed rows: one where the head dims are split (two would not fit at 256).
-  static constexpr int stages = column_groups == 1 ? 2 : 1;
+  // Slots of streamed rows.
+  static constexpr int stages = static_cast<int>(attention_backward_wgmma_stages(block_n, warps));
 
   // The per-warp fragment shapes of the mma kernel's helpers: a warp's 16 keys against block_m
   // query columns.
@@ -119,7 +123,8 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
 
   // dQ's split: warpgroup w takes 64 rows, dq_m_tile(w), and dq_cols columns from dq_col(w).
   static constexpr int dq_m_tiles = block_m / 64;
-  static constexpr int dq_cols = qk_dim * dq_m_tiles / warpgroups;
+  static constexpr int dq_cols =
+      static_cast<int>(attention_backward_wgmma_dq_cols(head_dim, block_m, block_n, warps));
   static_assert(dq_cols % 64 == 0,
                 "dQ's columns split between warpgroups in multiples of 64: raise block_m.");
   // A row of the accumulators: dq_pieces 16-byte pieces.
@@ -435,8 +440,6 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     start_kmajor_product<T, Tr::qk_dim, Tr::block_n, Tr::block_m>(all_columns(s), k_rows, q_tile);
     start_kmajor_product<T, Tr::v_dim, Tr::block_n, Tr::block_m>(all_columns(dp), v_rows,
                                                                  dout_tile);
-    // The next step's row values, stored before this step's dS^T barrier, after which they are
-    // read; the slot they go to was last read before the previous step's.
     wgmma::wait<1>();
     pin_columns(s);
 
