@@ -446,13 +446,10 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   // 1.27-1.58 times the default's time, the mma kernels 1.83-2.37 (run 54b); at 256 0.81-1.11,
   // the mma kernels 1.7-1.9 (run 55: the turns' order ran faster than the default's at 4K and
   // 16K keys).
-  if (detail::is_sm90a(target) && widest > detail::kWgmmaWarpgroupHeadDim) {
-    return detail::kWgmmaWide;
-  }
-  if (detail::is_sm90a(target) && widest <= detail::kWgmmaWarpgroupHeadDim) {
+  if (detail::is_sm90a(target)) {
+    if (widest > detail::kWgmmaWarpgroupHeadDim) return detail::kWgmmaWide;
     for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
-      if (problem.forward.head_dim > row.widest) continue;
-      return row.config;
+      if (problem.forward.head_dim <= row.widest) return row.config;
     }
   }
   return detail::mma_config(problem, target);
