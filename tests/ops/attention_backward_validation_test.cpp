@@ -378,7 +378,7 @@ TEST_CASE("attention backward refuses the mma kernels on AMD, and kernels that d
     check_refusal(with(bad, "sm_90a"), ErrorCategory::invalid_argument,
                   {"breaks the kernel's tile rules", "multiple of 16 up to 256", "warps * 32"});
   }
-  // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128.
+  // The wgmma kernels: sm_90a only, their tile rules, head dims up to 128 a warpgroup.
   const kiln::AttentionBackwardConfig wgmma{
       .block_m = 64, .block_n = 64, .warps = 4, .kernel = kiln::AttentionBackwardKernel::wgmma};
   check_refusal(with(wgmma, "sm_80"), ErrorCategory::unsupported,
