@@ -68,6 +68,7 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
 
 // An m64nNk16 accumulator, N / 2 floats per thread: its registers as PTX operands %0.. and the
 // bindings of d[0 .. N / 2) to them.
+#define KILN_WGMMA_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define KILN_WGMMA_R32                                                                          \
   "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
   "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
@@ -126,6 +127,7 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
                : KILN_WGMMA_F_##f                                                                  \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),                               \
                  "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
+#define KILN_WGMMA_F_16 KILN_WGMMA_F8(0), KILN_WGMMA_F8(8)
 #define KILN_WGMMA_F_32 KILN_WGMMA_F32(0)
 #define KILN_WGMMA_F_64 KILN_WGMMA_F64
 #define KILN_WGMMA_F_88 KILN_WGMMA_F88
@@ -138,7 +140,7 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
     op("bf16", __VA_ARGS__);              \
   }
 
-// d (+)= A * B for a 64x16 A and a 16xN B (N 64, 128, 176, 192 or 256), both from shared memory
+// d (+)= A * B for a 64x16 A and a 16xN B (N 32, 64, 128, 176, 192 or 256), both from shared memory
 // (descriptors a and b); accumulate false overwrites d. A is K-major (the reduction dim
 // contiguous) unless TransposeA, where it is M-major: described as an N-major B is. Thread t of the
 // warpgroup holds, with w = t / 32, g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e),
@@ -149,9 +151,11 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
                                        unsigned long long b, bool accumulate) {
   static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
                 "wgmma takes f16 or bf16 operands.");
-  static_assert(N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
-                "N must be 64, 128, 176, 192 or 256.");
-  if constexpr (N == 64) {
+  static_assert(N == 32 || N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
+                "N must be 32, 64, 128, 176, 192 or 256.");
+  if constexpr (N == 32) {
+    KILN_WGMMA_TYPED(KILN_WGMMA_SS, 32, 16, 16, 17, 18, 19, 20)
+  } else if constexpr (N == 64) {
     KILN_WGMMA_TYPED(KILN_WGMMA_SS, 64, 32, 32, 33, 34, 35, 36)
   } else if constexpr (N == 128) {
     KILN_WGMMA_TYPED(KILN_WGMMA_SS, 128, 64, 64, 65, 66, 67, 68)
@@ -191,6 +195,7 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[4]
 #undef KILN_WGMMA_F_88
 #undef KILN_WGMMA_F_64
 #undef KILN_WGMMA_F_32
+#undef KILN_WGMMA_F_16
 #undef KILN_WGMMA_F128
 #undef KILN_WGMMA_F96
 #undef KILN_WGMMA_F88
@@ -202,5 +207,6 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[4]
 #undef KILN_WGMMA_R88
 #undef KILN_WGMMA_R64
 #undef KILN_WGMMA_R32
+#undef KILN_WGMMA_R16
 
 }  // namespace kiln::wgmma

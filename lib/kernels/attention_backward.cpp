@@ -210,16 +210,27 @@ constexpr BackwardTuning kMmaSmall[] = {
 };
 constexpr int kLargeSharedBytes = 163 * 1024;
 
-// sm_90a, 64 query rows a step. Up to head dims 128, rows by q's and k's head dim (not the
-// wider one): where it is at most 64, one warpgroup of 64 keys (two would split dQ's 64 columns
-// below the swizzle width; two CTAs share an SM), else two, which split dQ's columns (one
-// warpgroup would hold all 128 of them: 64 more registers). Above 128 (either head dim), two
-// warpgroups over 64 keys that split the head dims. Timed on an H200: bench/RESULTS.md.
+// sm_90a, by q's and k's head dim (dQ's columns; not the wider one) up to 128, each config two
+// warpgroups of 64 keys:
+// - Up to 64 (both head dims), over 128 query rows a step, each warpgroup taking 64 of them and
+//   all 64 of dQ's columns. Its 64 scores a thread of S^T and dP^T each spill 108-236 bytes with
+//   a mask and varlen (NVRTC 13.0), yet it ran 1.00-1.15 times as fast as kWgmmaNarrow, and
+//   deterministic calls 1.2-1.5 times (run 57).
+// - kWgmmaNarrow, one warpgroup of 64 keys over 64 rows (two CTAs an SM), takes the rest up to 64:
+//   a logit's derivative (softcap, a user variant), ALiBi or a bias, with which the first spills
+//   140-1800 bytes, and a head_dim_v past 64, with which it needs more than 227 KB. (Two
+//   warpgroups over 64 rows would split dQ's 64 columns below the swizzle width.)
+// - Up to 128, over 64 rows a step, splitting dQ's columns (one warpgroup would hold all 128 of
+//   them: 64 more registers).
+// - Above 128 (either head dim), kWgmmaWide: two warpgroups over 64 keys that split the head dims.
+// Timed on an H200: bench/RESULTS.md.
 constexpr AttentionBackwardKernel kWgmma = AttentionBackwardKernel::wgmma;
-constexpr BackwardTuning kWgmmaTable[] = {
-    {64, {.block_m = 64, .block_n = 64, .warps = 4, .kernel = kWgmma}},
-    {128, {.block_m = 64, .block_n = 128, .warps = 8, .kernel = kWgmma}},
-};
+constexpr AttentionBackwardConfig kWgmmaTall{
+    .block_m = 128, .block_n = 128, .warps = 8, .kernel = kWgmma};
+constexpr AttentionBackwardConfig kWgmmaNarrow{
+    .block_m = 64, .block_n = 64, .warps = 4, .kernel = kWgmma};
+constexpr AttentionBackwardConfig kWgmmaPair{
+    .block_m = 64, .block_n = 128, .warps = 8, .kernel = kWgmma};
 constexpr AttentionBackwardConfig kWgmmaWide{
     .block_m = 64, .block_n = 64, .warps = 8, .kernel = kWgmma};
 // A warpgroup holds dK and dV for up to 128 head dims (BackwardWgmmaTraits).
@@ -443,14 +454,15 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
   // NOTE: deterministic calls take the wgmma kernels too (H200): at head dim 64 their turns cost
-  // 1.27-1.58 times the default's time, the mma kernels 1.83-2.37 (run 54b); at 256 0.81-1.11,
-  // the mma kernels 1.7-1.9 (run 55: the turns' order ran faster than the default's at 4K and
-  // 16K keys).
+  // 0.97-1.28 times the default's time (run 57; the mma kernels 1.83-2.37, run 54b); at 256
+  // 0.78-1.18, the mma kernels 1.7-1.9 (runs 55-57: the turns' order ran faster than the
+  // default's at 4K and 16K keys).
   if (detail::is_sm90a(target)) {
     if (widest > detail::kWgmmaWarpgroupHeadDim) return detail::kWgmmaWide;
-    for (const detail::BackwardTuning& row : detail::kWgmmaTable) {
-      if (problem.forward.head_dim <= row.widest) return row.config;
-    }
+    const AttentionProblem& f = problem.forward;
+    if (f.head_dim > 64) return detail::kWgmmaPair;
+    const bool plain = !f.softcap && !f.alibi && !f.bias && f.variant == nullptr;
+    return plain && widest <= 64 ? detail::kWgmmaTall : detail::kWgmmaNarrow;
   }
   return detail::mma_config(problem, target);
 }

@@ -325,6 +325,16 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
     kiln::AttentionBackwardProblem narrow_qk = problem;
     narrow_qk.forward.head_dim = 64;
     if (name == "sm_90a") CHECK(kiln::choose(narrow_qk, target).block_n == 64);
+    // Up to 64 both, 128 rows a step over 128 keys; with softcap (whose derivatives would spill
+    // there) 64 over 64.
+    narrow_qk.forward.head_dim_v = 64;
+    const kiln::AttentionBackwardConfig tall = kiln::choose(narrow_qk, target);
+    narrow_qk.forward.softcap = true;
+    const kiln::AttentionBackwardConfig with_softcap = kiln::choose(narrow_qk, target);
+    if (name == "sm_90a") {
+      CHECK((tall.block_m == 128 && tall.block_n == 128 && tall.warps == 8));
+      CHECK((with_softcap.block_m == 64 && with_softcap.block_n == 64 && with_softcap.warps == 4));
+    }
     // The row-dot pre-pass, the dk/dv kernel and the dq kernel; the sinks' reduction between
     // them when asked.
     CHECK(kiln::attention_backward_specs(problem, config).size() == 3);

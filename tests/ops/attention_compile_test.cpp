@@ -35,8 +35,14 @@ void check_compiled(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& spec
   }
 }
 
+// The wgmma dk/dv kernel at 128 query rows a step (choose()'s tiles up to head dim 64, unless a
+// logit's derivative, ALiBi or a bias comes along) spills up to 236 bytes with a mask and
+// varlen, and ran faster so than the config without spills (bench/RESULTS.md, run 57).
+constexpr long long kWgmmaRows128Spill = 256;
+
 // check_compiled, and that none spills more than `most` bytes: 64 by default (some kernels'
-// producer warps spill a little at 24 registers); more is a regression worth a look.
+// producer warps spill a little at 24 registers), kWgmmaRows128Spill for the wgmma dk/dv kernel
+// at 128 rows a step; more is a regression worth a look.
 void check_compiled_without_spills(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& specs,
                                    long long most = 64) {
   check_compiled(rt, specs);
@@ -44,7 +50,9 @@ void check_compiled_without_spills(kiln::Runtime& rt, const std::vector<kiln::Ke
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
-    CHECK(info.spill_bytes <= most);
+    const bool rows128 = spec.entry.find("dkdv_wgmma") != std::string::npos &&
+                         kiln::to_string(spec).find("block_m=128,") != std::string::npos;
+    CHECK(info.spill_bytes <= (rows128 ? std::max(most, kWgmmaRows128Spill) : most));
   }
 }
 
@@ -169,7 +177,8 @@ TEST_CASE("the default backward specs compile for sm_90a and gfx90a, without spi
   // With NVRTC 13.0 the mma kernels (head dim 256 here) spill nothing, and the wgmma ones at
   // most 24 bytes (the producer warpgroup's, at 24 registers; deterministic's turns take the
   // most; the consumers spilled 136 bytes while the compiler kept dS^T's and dQ's
-  // shared-memory addresses across the loop).
+  // shared-memory addresses across the loop), except at head dim 64: 128 rows a step
+  // (kWgmmaRows128Spill).
   check_compiled_without_spills(nvidia, specs);
   KILN_REQUIRE_HIPRTC();
   kiln::Runtime amd = runtime_for(dir.path(), "gfx90a");
@@ -231,11 +240,10 @@ TEST_CASE("the wgmma backward compiles every feature for sm_90a, without spillin
   REQUIRE_FALSE(specs.empty());
   kiln::test::TempDir dir;
   kiln::Runtime nvidia = runtime_for(dir.path(), "sm_90a");
-  // Above head dim 128 (two warpgroups that split the head dims, which hold 64 dQ columns a
-  // thread more) softcap's derivatives with a bias spill: 92 bytes for these corners, 292 with
-  // varlen, softcap, a bias and dbias together (not among them). Run 53 timed softcap at head
-  // dim 256 at 0.88 of the speed without it, 1.6 times the mma kernel's.
-  check_compiled_without_spills(nvidia, specs, 128);
+  // Above head dim 128 two warpgroups split the head dims and the step's queries: S^T and dP^T
+  // of 32 queries a warpgroup, not 64, leave room for softcap's derivatives with a bias (which
+  // spilled up to 292 bytes while each computed all 64).
+  check_compiled_without_spills(nvidia, specs);
 }
 
 TEST_CASE("attention refuses targets it cannot run on", "[attention][compile]") {

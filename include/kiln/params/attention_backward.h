@@ -124,18 +124,20 @@ KILN_PARAMS_FN constexpr long long attention_backward_wgmma_dq_cols(long long he
 }
 
 // Its slots: two (the next block's rows land while one is read) where the warpgroups split the
-// keys, one where they split the head dims (at 256 two would need 276 KB).
+// keys, one where they split the head dims (at 256 two would need 291 KB).
 KILN_PARAMS_FN constexpr long long attention_backward_wgmma_stages(long long block_n,
                                                                    long long warps) {
   return 3 - attention_backward_wgmma_column_groups(block_n, warps);
 }
 
 // Its dynamic shared memory, in bytes: 1024 for alignment, the K and V tiles of block_n keys, two
-// dS^T tiles (block_n x block_m) and the fp32 dQ staging block (block_m x head_dim, rounded up to
-// 1024), then the slots of block_m query rows (Q, dO, and each row's LSE and D in fp32, the slot
-// rounded up to 1024), 2-byte operands, head dims padded:
-//   qk, v = the padded head_dim, head_dim_v; stages = attention_backward_wgmma_stages
-//   bytes = 1024 + 2 block_n (qk + v + 2 block_m) + round_up(4 block_m head_dim, 1024)
+// dS^T tiles (block_n x block_m; where the head dims are split, two P^T tiles too) and the fp32
+// dQ staging block (block_m x head_dim, rounded up to 1024), then the slots of block_m query rows
+// (Q, dO, and each row's LSE and D in fp32, the slot rounded up to 1024), 2-byte operands, head
+// dims padded:
+//   qk, v = the padded head_dim, head_dim_v; groups = attention_backward_wgmma_column_groups;
+//   stages = attention_backward_wgmma_stages
+//   bytes = 1024 + 2 block_n (qk + v + 2 groups block_m) + round_up(4 block_m head_dim, 1024)
 //           + stages round_up(2 block_m (qk + v) + 8 block_m, 1024)
 KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
                                                                        long long head_dim_v,
@@ -146,7 +148,8 @@ KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long
   const long long v = attention_backward_wgmma_padded_dim(head_dim_v, block_n, warps);
   const long long staging = (4 * block_m * head_dim + 1023) / 1024 * 1024;
   const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
-  return 1024 + 2 * block_n * (qk + v + 2 * block_m) + staging +
+  const long long groups = attention_backward_wgmma_column_groups(block_n, warps);
+  return 1024 + 2 * block_n * (qk + v + 2 * groups * block_m) + staging +
          attention_backward_wgmma_stages(block_n, warps) * slot;
 }
 

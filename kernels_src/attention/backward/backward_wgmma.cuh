@@ -7,20 +7,21 @@
 //     for every query head of the group. Its warpgroups:
 //     - consumers that hold their keys' dK and dV in registers: block_n / 64 of them, one per
 //       64 keys, up to head dims 128; above, two over 64 keys that split the head dims, each
-//       holding dK and dV for its half of the columns (each computes the keys' S^T and dP^T
-//       whole, the same as the other's). Per streamed block, with the scores transposed (keys as
-//       the wgmma's M, so that P^T and dS^T are A operands straight from registers):
+//       holding dK and dV for its half of the columns and computing S^T and dP^T for half of
+//       the step's queries (shared_probs). Per streamed block, with the scores transposed (keys
+//       as the wgmma's M, so that P^T and dS^T are A operands straight from registers):
 //         S^T = K Q^T and dP^T = V dO^T (both operands in shared memory), P^T = exp(logit -
 //         lse), dS^T = P^T (dP^T - D) d logit / d score (with has_dbias, P^T (dP^T - D) also goes
 //         to bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO (A in registers);
 //       then dS^T goes to shared memory (two buffers, so that one warpgroup's next block never
 //       overwrites what the other still reads), and dQ = dS K (A read transposed) and dK += dS^T
 //       Q run together; dQ's share of each warpgroup is staged in fp32 while dK's products run.
+//       With shared_probs P^T goes to shared memory beside dS^T (two buffers too), and dV and dK
+//       read both from there whole, after dQ's products.
 //     - a producer warpgroup (its registers handed to the consumers): warp 0 streams Q and dO
 //       into two slots (one where the head dims are split) with TMA, on mbarriers; warp 1 adds
-//       each staged dQ block to
-//       bp.maybe_dq_accum with one cp.reduce.async.bulk.
-//       Warp 2 writes the rows' LSE (in log2 units) and D beside each slot's tiles.
+//       each staged dQ block to bp.maybe_dq_accum with one cp.reduce.async.bulk. Warp 2 writes
+//       the rows' LSE (in log2 units) and D beside each slot's tiles.
 //   attention_backward_dq_wgmma: converts the accumulators into dq, in q's dtype and dq's layout.
 // D = rowsum(dO * O) comes from attention/backward/dot.cuh, the zeroed accumulators from the
 // host. The logit, mask and gradient steps are the mma kernel's (backward_mma.cuh): a warp's 16
@@ -81,10 +82,11 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static_assert(warps == block_n / 16 || (warps == 8 && block_n == 64),
                 "warps must be block_n / 16 (a warpgroup per 64 keys), or 8 over block_n 64 (two "
                 "warpgroups that split the head dims).");
-  // The consumers split the keys (key_groups of 64) and the head dims (column_groups): a
+  // The consumers split the keys (key_groups of 64) or the head dims (column_groups): a
   // warpgroup is key group warpgroup % key_groups, column group warpgroup / key_groups. A
-  // column group holds dK and dV for its share of the head dims; each one computes its key
-  // group's S^T and dP^T whole, the same as the other's.
+  // column group holds dK and dV for its share of the head dims and computes S^T and dP^T for
+  // its share of the step's queries, score_cols of them; P^T and dS^T then go through shared
+  // memory (shared_probs), where every column group reads them whole.
   static constexpr int key_groups = block_n / 64;
   static constexpr int column_groups =
       static_cast<int>(attention_backward_wgmma_column_groups(block_n, warps));
@@ -92,6 +94,8 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
                 "the consumers split keys or head dims.");
   static_assert((block_m == 64 || block_m == 128) && block_m <= block_n,
                 "block_m must be 64 or 128, at most block_n.");
+  static constexpr int score_cols = block_m / column_groups;
+  static constexpr bool shared_probs = column_groups > 1;
 
   // With one consumer two CTAs share an SM, so that one's products run while the other's
   // softmax work and barriers do. Either way the producer keeps 24 registers (setmaxnreg) and
@@ -117,9 +121,9 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   // Slots of streamed rows.
   static constexpr int stages = static_cast<int>(attention_backward_wgmma_stages(block_n, warps));
 
-  // The per-warp fragment shapes of the mma kernel's helpers: a warp's 16 keys against block_m
-  // query columns.
-  static constexpr int s_tiles = block_m / 8;
+  // The per-warp fragment shapes of the mma kernel's helpers: a warp's 16 keys against
+  // score_cols query columns.
+  static constexpr int s_tiles = score_cols / 8;
 
   // dQ's split: warpgroup w takes 64 rows, dq_m_tile(w), and dq_cols columns from dq_col(w).
   static constexpr int dq_m_tiles = block_m / 64;
@@ -130,9 +134,10 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   // A row of the accumulators: dq_pieces 16-byte pieces.
   static constexpr int dq_pieces = head_dim / 4;
 
-  // Shared memory from the 1024-aligned base: K, V, two dS^T buffers (block_n rows of block_m),
-  // the dQ staging block (block_m rows of head_dim floats, as the accumulators lay them out),
-  // then `stages` slots of Q, dO and their rows' LSE and D, each piece 1024-aligned.
+  // Shared memory from the 1024-aligned base: K, V, two dS^T buffers (block_n rows of block_m)
+  // and with shared_probs two P^T buffers after them, the dQ staging block (block_m rows of
+  // head_dim floats, as the accumulators lay them out), then `stages` slots of Q, dO and their
+  // rows' LSE and D, each piece 1024-aligned.
   static constexpr int k_bytes = block_n * qk_dim * 2;
   static constexpr int v_bytes = block_n * v_dim * 2;
   static constexpr int ds_bytes = block_n * block_m * 2;
@@ -141,7 +146,7 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static constexpr int dout_bytes = block_m * v_dim * 2;
   static constexpr int slot_bytes = round_up(q_bytes + dout_bytes + 2 * block_m * 4, 1024);
   static constexpr int ds_offset = k_bytes + v_bytes;
-  static constexpr int dq_offset = ds_offset + 2 * ds_bytes;
+  static constexpr int dq_offset = ds_offset + 2 * column_groups * ds_bytes;
   static constexpr int slots_offset = dq_offset + round_up(dq_bytes, 1024);
   static constexpr long long smem_bytes =
       attention_backward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, warps);
@@ -278,7 +283,10 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   unsigned char* const base = wgmma_smem + (1024 - mma::smem_address(wgmma_smem) % 1024) % 1024;
   const unsigned k_tile = mma::smem_address(base);
   const unsigned v_tile = k_tile + Tr::k_bytes;
-  const auto ds_tile = [&](int buffer) { return k_tile + Tr::ds_offset + buffer * Tr::ds_bytes; };
+  // Buffer 0 or 1 of dS^T, or with shared_probs (probs) of P^T.
+  const auto ds_tile = [&](int buffer, bool probs = false) {
+    return k_tile + Tr::ds_offset + (2 * probs + buffer) * Tr::ds_bytes;
+  };
   float* const dq_staged = reinterpret_cast<float*>(base + Tr::dq_offset);
   const auto slot_tile = [&](int slot) { return base + Tr::slots_offset + slot * Tr::slot_bytes; };
   // Value f (0: LSE in log2 units, 1: D) of the streamed rows of a slot.
@@ -414,6 +422,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const int key_row = key0 + warp_row + lane / 4;
   const unsigned k_rows = k_tile + key_group * 64 * 128;
   const unsigned v_rows = v_tile + key_group * 64 * 128;
+  // This warpgroup's first query of a step's S^T and dP^T.
+  const int query0 = column_group * Tr::score_cols;
   // The first 64-column chunks of this warpgroup's columns of dK and dV in a slot's Q and dO.
   const unsigned q_chunk = column_group * (Tr::qk_cols / 64) * Tr::block_m * 128;
   const unsigned dout_chunk = column_group * (Tr::v_cols / 64) * Tr::block_m * 128;
@@ -437,21 +447,22 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     float s[1][Tr::s_tiles][4];
     float dp[1][Tr::s_tiles][4];
     // Two groups: the probabilities are computed while dP^T's products run.
-    start_kmajor_product<T, Tr::qk_dim, Tr::block_n, Tr::block_m>(all_columns(s), k_rows, q_tile);
-    start_kmajor_product<T, Tr::v_dim, Tr::block_n, Tr::block_m>(all_columns(dp), v_rows,
-                                                                 dout_tile);
+    start_kmajor_product<T, Tr::qk_dim, Tr::block_n, Tr::score_cols, Tr::block_m>(
+        all_columns(s), k_rows, q_tile + query0 * 128);
+    start_kmajor_product<T, Tr::v_dim, Tr::block_n, Tr::score_cols, Tr::block_m>(
+        all_columns(dp), v_rows, dout_tile + query0 * 128);
     wgmma::wait<1>();
     pin_columns(s);
 
     const int r0 = at.r0;
     const Sequence seq = locate_sequence<Spec::varlen>(p, batch, at.head);
     const auto transform = make_logit_transform<Spec, mma::ApproxMath, 1>(p, seq, band, r0);
-    const float* const lse = row_floats(slot, 0);
-    const float* const dot = row_floats(slot, 1);
+    const float* const lse = row_floats(slot, 0) + query0;
+    const float* const dot = row_floats(slot, 1) + query0;
     const int rows_end = min(r0 + Tr::block_m, steps.row_end);
     const bool masked = !tile_in_band(band, r0, rows_end, key0, Tr::block_n);
     const bool edge = r0 + Tr::block_m > seq.seqlen_q || key0 + Tr::block_n > seq.seqlen_k;
-    const int query_col = r0 + 2 * (lane % 4);
+    const int query_col = r0 + query0 + 2 * (lane % 4);
     float grad[1][Tr::s_tiles][4];
     transposed_derivatives(grad, s, transform, key_row, query_col);
     if (transform.has_bias && edge) {
@@ -466,48 +477,52 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
     pin_columns(dp);
     const auto query_dot = [&](int nt, int e) { return dot[fragment_col(nt, e, lane)]; };
     if constexpr (Spec::has_dbias) {
-      if (column_group == 0) {
-        store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, s, dp, query_dot,
-                                 key_row, tile.stored, query_col, rows_end);
-      }
+      store_transposed_dlogits(dbias_accum_rows(bp, batch, at.head), p.seqlen_k, s, dp, query_dot,
+                               key_row, tile.stored, query_col, rows_end);
     }
     dp_to_ds(dp, s, grad, transform, query_dot);
 
-    // dV += P^T dO, while dS^T goes to shared memory for dQ.
-    unsigned a[Tr::block_m / 16][4];
+    // dV += P^T dO, while dS^T goes to shared memory for dQ (with shared_probs, P^T and dS^T
+    // both go there first).
+    unsigned a[Tr::score_cols / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < Tr::block_m / 16; ++kk) probability_fragment<T>(a[kk], s, kk);
-    start_nmajor_product<T, Tr::block_m, Tr::v_cols>(all_columns(dv), a, dout_tile + dout_chunk);
-    unsigned b[Tr::block_m / 16][4];
+    for (int kk = 0; kk < Tr::score_cols / 16; ++kk) probability_fragment<T>(a[kk], s, kk);
+    if constexpr (!Tr::shared_probs) {
+      start_nmajor_product<T, Tr::block_m, Tr::v_cols>(all_columns(dv), a, dout_tile + dout_chunk);
+    }
+    unsigned b[Tr::score_cols / 16][4];
 #pragma unroll
-    for (int kk = 0; kk < Tr::block_m / 16; ++kk) probability_fragment<T>(b[kk], dp, kk);
+    for (int kk = 0; kk < Tr::score_cols / 16; ++kk) probability_fragment<T>(b[kk], dp, kk);
     // From the packed fragments, so that the fp32 S and dS die here: b[kk][x] holds row
-    // lane / 4 + 8 (x % 2), columns 16 kk + 8 (x / 2) + 2 (lane % 4) and the next, whose 16-byte
-    // piece p = 2 kk + x / 2 lies in chunk p / 8 at piece (p % 8) ^ (lane / 4) of the row
-    // (swizzled_offset). The row's address and the lane's xor are made opaque here, so that the
-    // addresses are not kept in registers across the loop. Column group 0 stores it: the others
-    // hold the same values.
-    const unsigned ds = ds_tile(at_slot.count % 2);
-    if (column_group == 0) {
-      const unsigned ds_row = mma::opaque(ds + (warp_row + lane / 4) * 128 + (lane % 4) * 4);
-      const unsigned ds_xor = mma::opaque(static_cast<unsigned>(lane / 4) * 16);
+    // lane / 4 + 8 (x % 2), columns query0 + 16 kk + 8 (x / 2) + 2 (lane % 4) and the next, whose
+    // 16-byte piece p = query0 / 8 + 2 kk + x / 2 lies in chunk p / 8 at piece (p % 8) ^
+    // (lane / 4) of the row (swizzled_offset). The row's address and the lane's xor are made
+    // opaque here, so that the addresses are not kept in registers across the loop.
+    const auto store_transposed = [&](unsigned tile,
+                                      const unsigned(&frags)[Tr::score_cols / 16][4]) {
+      const unsigned row = mma::opaque(tile + (warp_row + lane / 4) * 128 + (lane % 4) * 4);
+      const unsigned lane_xor = mma::opaque(static_cast<unsigned>(lane / 4) * 16);
 #pragma unroll
-      for (int kk = 0; kk < Tr::block_m / 16; ++kk) {
+      for (int kk = 0; kk < Tr::score_cols / 16; ++kk) {
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
-          const unsigned piece = 2 * kk + x / 2;
-          const unsigned at = ds_row + (piece / 8) * Tr::block_n * 128 + (x % 2) * 8 * 128 +
-                              (((piece % 8) * 16) ^ ds_xor);
-          *reinterpret_cast<unsigned*>(base + (at - k_tile)) = b[kk][x];
+          const unsigned piece = query0 / 8 + 2 * kk + x / 2;
+          const unsigned at = row + (piece / 8) * Tr::block_n * 128 + (x % 2) * 8 * 128 +
+                              (((piece % 8) * 16) ^ lane_xor);
+          *reinterpret_cast<unsigned*>(base + (at - k_tile)) = frags[kk][x];
         }
       }
-    }
+    };
+    const int buffer = at_slot.count % 2;
+    const unsigned ds = ds_tile(buffer);
+    store_transposed(ds, b);
+    if constexpr (Tr::shared_probs) store_transposed(ds_tile(buffer, true), a);
     wgmma::fence_shared_for_async();
     tma::named_sync(Bars::ds_stored, Tr::consumer_threads);
 
     // dQ (block_m x qk_dim) = dS K: this warpgroup's 64 rows and dq_cols columns, dS read
-    // transposed (M-major) from the dS^T tile, K N-major; then dK += dS^T Q, which runs while dQ
-    // is staged.
+    // transposed (M-major) from the dS^T tile, K N-major; then dK += dS^T Q (with shared_probs
+    // after dV += P^T dO), which runs while dQ is staged.
     float dq[Tr::dq_cols / 2];
     wgmma::fence();
     {
@@ -520,15 +535,22 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       }
     }
     wgmma::commit();
-    start_nmajor_product<T, Tr::block_m, Tr::qk_cols>(all_columns(dk), b, q_tile + q_chunk);
-    wgmma::wait<1>();  // dV and dQ
+    if constexpr (Tr::shared_probs) {
+      start_nmajor_product<T, Tr::block_m, Tr::v_cols>(all_columns(dv), ds_tile(buffer, true),
+                                                       dout_tile + dout_chunk);
+      start_nmajor_product<T, Tr::block_m, Tr::qk_cols>(all_columns(dk), ds, q_tile + q_chunk);
+      wgmma::wait<2>();  // dQ
+    } else {
+      start_nmajor_product<T, Tr::block_m, Tr::qk_cols>(all_columns(dk), b, q_tile + q_chunk);
+      wgmma::wait<1>();  // dV and dQ
+    }
     wgmma::pin(dq);
-    pin_columns(dv);
     tma::named_sync(Bars::dq_free, Bars::dq_threads);
     stage_dq<Tr, Tr::dq_cols>(dq_staged, dq, seq.lse_offset + r0, dq_row0, dq_col0, lane);
     wgmma::fence_shared_for_async();
     tma::named_arrive(Bars::dq_staged, Bars::dq_threads);
     wgmma::wait<0>();
+    pin_columns(dv);
     pin_columns(dk);
     bars.rows.empty.arrive(at_slot);  // this thread is done with the slot
   }

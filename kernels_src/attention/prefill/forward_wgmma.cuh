@@ -99,19 +99,19 @@ __device__ __forceinline__ float (&all_columns(float (&acc)[1][Tiles][4]))[4 * T
 }
 
 // Issues acc = A B^T as one committed wgmma group, with A (64 rows, at a_rows in a tile of ARows
-// rows) and B (N rows, a tile of N rows at b_tile) both K-major over Dim (padded) columns: k16
-// steps walk 32 bytes within a 128-byte chunk, then to the next chunk. acc is being written
-// until the group is waited for.
-template <class T, int Dim, int ARows, int N>
+// rows) and B (N rows, at b_rows in a tile of BRows rows) both K-major over Dim (padded)
+// columns: k16 steps walk 32 bytes within a 128-byte chunk, then to the next chunk. acc is being
+// written until the group is waited for.
+template <class T, int Dim, int ARows, int N, int BRows = N>
 __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2], unsigned a_rows,
-                                                     unsigned b_tile) {
+                                                     unsigned b_rows) {
   wgmma::fence();
   const unsigned long long a = wgmma::descriptor(a_rows, 0, 1024);
-  const unsigned long long b = wgmma::descriptor(b_tile, 0, 1024);
+  const unsigned long long b = wgmma::descriptor(b_rows, 0, 1024);
 #pragma unroll
   for (int kk = 0; kk < Dim / 16; ++kk) {
     wgmma::mma_ss<T, false, N>(acc, wgmma::advance(a, (kk / 4) * ARows * 128 + (kk % 4) * 32),
-                               wgmma::advance(b, (kk / 4) * N * 128 + (kk % 4) * 32), kk > 0);
+                               wgmma::advance(b, (kk / 4) * BRows * 128 + (kk % 4) * 32), kk > 0);
   }
   wgmma::commit();
 }
@@ -129,6 +129,23 @@ __device__ __forceinline__ void start_nmajor_product(float (&acc)[N / 2],
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk) {
     wgmma::mma_rs<T, true, N>(acc, a[kk], wgmma::advance(b, kk * 16 * 128), true);
+  }
+  wgmma::commit();
+}
+
+// As start_nmajor_product with A from shared memory: the K-major tile at a_tile (64 rows of K
+// columns, one 128-byte chunk).
+template <class T, int K, int N>
+__device__ __forceinline__ void start_nmajor_product(float (&acc)[N / 2], unsigned a_tile,
+                                                     unsigned b_tile) {
+  static_assert(K <= 64, "A's rows are one 128-byte chunk.");
+  wgmma::fence();
+  const unsigned long long a = wgmma::descriptor(a_tile, 0, 1024);
+  const unsigned long long b = wgmma::descriptor(b_tile, K * 128, 1024);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    wgmma::mma_ss<T, true, N>(acc, wgmma::advance(a, kk * 32), wgmma::advance(b, kk * 16 * 128),
+                              true);
   }
   wgmma::commit();
 }
