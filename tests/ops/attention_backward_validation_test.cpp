@@ -293,7 +293,7 @@ TEST_CASE("attention backward's choose, specs and default specs, with no device"
     kiln::AttentionBackwardProblem deterministic = problem;
     deterministic.deterministic = true;
     CHECK(kiln::choose(deterministic, target).kernel == config.kernel);
-    // At head dim 64 too (one warpgroup, two CTAs an SM; choose()'s NOTE).
+    // At head dim 64 too (choose()'s NOTE).
     kiln::AttentionBackwardProblem narrow = deterministic;
     narrow.forward.head_dim = narrow.forward.head_dim_v = 64;
     CHECK(kiln::choose(narrow, target).kernel == config.kernel);
