@@ -210,17 +210,19 @@ constexpr BackwardTuning kMmaSmall[] = {
 };
 constexpr int kLargeSharedBytes = 163 * 1024;
 
-// sm_90a, by q's and k's head dim (dQ's columns; not the wider one) up to 128, each config two
-// warpgroups of 64 keys:
-// - Up to 64 (both head dims), over 128 query rows a step, each warpgroup taking 64 of them and
-//   all 64 of dQ's columns. Its 64 scores a thread of S^T and dP^T each spill 108-236 bytes with
-//   a mask and varlen (NVRTC 13.0), yet it ran 1.00-1.15 times as fast as kWgmmaNarrow, and
-//   deterministic calls 1.2-1.5 times (run 57).
+// sm_90a, by q's and k's head dim (dQ's columns; not the wider one) up to 128:
+// - Up to 64 (both head dims), kWgmmaTall: two warpgroups of 64 keys over 128 query rows a step,
+//   each taking 64 of them and all 64 of dQ's columns. Its 64 scores a thread of S^T and dP^T
+//   each spill 108-236 bytes (NVRTC 13.0; the most without a mask, with varlen), yet it ran
+//   1.00-1.15 times as fast as kWgmmaNarrow, and deterministic calls 1.2-1.5 times (run 57).
 // - kWgmmaNarrow, one warpgroup of 64 keys over 64 rows (two CTAs an SM), takes the rest up to 64:
-//   a logit's derivative (softcap, a user variant), ALiBi or a bias, with which the first spills
-//   140-1800 bytes, and a head_dim_v past 64, with which it needs more than 227 KB. (Two
-//   warpgroups over 64 rows would split dQ's 64 columns below the swizzle width.)
-// - Up to 128, over 64 rows a step, splitting dQ's columns (one warpgroup would hold all 128 of
+//   softcap (712-792 bytes of spills in the first) and user variants (a logit's derivative);
+//   ALiBi and a bias, which spill as much as plain calls alone but up to 2052 bytes with the
+//   other features, and are not timed there yet; and a head_dim_v past 64, with which the first
+//   needs more than 227 KB. (Two warpgroups over 64 rows would split dQ's 64 columns below the
+//   swizzle width.)
+// - Up to 128, kWgmmaPair: two warpgroups of 64 keys over 64 rows a step, splitting dQ's columns
+// (one warpgroup would hold all 128 of
 //   them: 64 more registers).
 // - Above 128 (either head dim), kWgmmaWide: two warpgroups over 64 keys that split the head dims.
 // Timed on an H200: bench/RESULTS.md.
@@ -454,8 +456,8 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
   // NOTE: deterministic calls take the wgmma kernels too (H200): at head dim 64 their turns cost
-  // 0.97-1.28 times the default's time (run 57; the mma kernels 1.83-2.37, run 54b); at 256
-  // 0.78-1.18, the mma kernels 1.7-1.9 (runs 55-57: the turns' order ran faster than the
+  // 1.00-1.28 times the default's time (run 58b; the mma kernels 1.83-2.37, run 54b); at 256
+  // 0.79-1.18, the mma kernels 1.7-1.9 (runs 55-58b: the turns' order ran faster than the
   // default's at 4K and 16K keys).
   if (detail::is_sm90a(target)) {
     if (widest > detail::kWgmmaWarpgroupHeadDim) return detail::kWgmmaWide;

@@ -9,7 +9,8 @@
 //       64 keys, up to head dims 128; above, two over 64 keys that split the head dims, each
 //       holding dK and dV for its half of the columns and computing S^T and dP^T for half of
 //       the step's queries (shared_probs). Per streamed block, with the scores transposed (keys
-//       as the wgmma's M, so that P^T and dS^T are A operands straight from registers):
+//       as the wgmma's M, so that P^T and dS^T are A operands straight from registers, unless
+//       shared_probs):
 //         S^T = K Q^T and dP^T = V dO^T (both operands in shared memory), P^T = exp(logit -
 //         lse), dS^T = P^T (dP^T - D) d logit / d score (with has_dbias, P^T (dP^T - D) also goes
 //         to bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO (A in registers);
@@ -152,6 +153,10 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
       attention_backward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, warps);
   static_assert(smem_bytes == 1024 + slots_offset + stages * slot_bytes,
                 "attention_backward_wgmma_smem_bytes disagrees with the kernel's layout.");
+  // With the 1 KB the compiler pads the barriers' static shared memory to (the dynamic part's
+  // alignment).
+  static_assert(smem_bytes + 1024 <= 227 * 1024,
+                "the tiles do not fit sm_90a's 227 KB of shared memory: lower block_m or block_n.");
   // dK and dV are staged through the tiles' memory (rows padded as the mma kernel's) to store.
   static constexpr int qk_pitch = qk_dim + 8;
   static constexpr int v_pitch = v_dim + 8;
@@ -170,7 +175,7 @@ struct BackwardWgmmaBarriers {
   tma::BarrierRing<1> tail;
 
   static constexpr int kv_loaded = 1;  // the consumers: K and V are in shared memory
-  static constexpr int ds_stored = 2;  // the consumers: a block's dS^T is whole
+  static constexpr int ds_stored = 2;  // the consumers: a block's dS^T (and P^T) is whole
   static constexpr int dq_free = 3;    // the dQ warp's arrival: the staging block was read
   static constexpr int dq_staged = 4;  // the consumers' arrivals: a block's dQ is staged
   static constexpr int dq_threads = Tr::consumer_threads + 32;
