@@ -221,9 +221,8 @@ constexpr int kLargeSharedBytes = 163 * 1024;
 //   other features, and are not timed there yet; and a head_dim_v past 64, with which the first
 //   needs more than 227 KB. (Two warpgroups over 64 rows would split dQ's 64 columns below the
 //   swizzle width.)
-// - Up to 128, kWgmmaPair: two warpgroups of 64 keys over 64 rows a step, splitting dQ's columns
-// (one warpgroup would hold all 128 of
-//   them: 64 more registers).
+// - Up to 128, kWgmmaPair: two warpgroups of 64 keys over 64 rows a step, splitting dQ's
+//   columns (one warpgroup would hold all 128 of them: 64 more registers).
 // - Above 128 (either head dim), kWgmmaWide: two warpgroups over 64 keys that split the head dims.
 // Timed on an H200: bench/RESULTS.md.
 constexpr AttentionBackwardKernel kWgmma = AttentionBackwardKernel::wgmma;
