@@ -43,8 +43,8 @@ struct AttentionBackwardProblem {
 };
 
 // The backward kernels attention_backward() can run. portable and mma have no atomics, so they
-// are deterministic; wgmma adds dq up in fp32 with atomic bulk reductions, in a fixed order
-// (each key block waiting for its turn) when deterministic.
+// are deterministic; wgmma adds dq up in fp32 with atomic reductions, in a fixed order (each key
+// block waiting for its turn) when deterministic.
 enum class AttentionBackwardKernel {
   portable,  // attention/backward/backward_portable.cuh: plain loads and fp32 arithmetic, no
              // inline assembly; every target attention runs on

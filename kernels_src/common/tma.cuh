@@ -86,6 +86,12 @@ __device__ __forceinline__ void reduce_add_bulk(float* destination, unsigned sou
                "r"(source), "r"(bytes)
                : "memory");
 }
+// Adds x and y to the pair of fp32 values at `destination` (8-byte aligned) in global memory,
+// each atomically, without waiting (sm_90's vector red).
+__device__ __forceinline__ void reduce_add_pair(float* destination, float x, float y) {
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(destination), "f"(x), "f"(y)
+               : "memory");
+}
 __device__ __forceinline__ void commit_bulk() {
   asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
 }

@@ -60,52 +60,62 @@ AttentionConfig forward_config(const AttentionBackwardConfig& c) {
 // A spec that arrives as text, parsed into the typed problem and config its kernel's shared
 // memory is computed from.
 struct ParsedSpec {
-  AttentionProblem problem;
+  AttentionBackwardProblem problem;
   AttentionBackwardConfig config;
 };
 ParsedSpec parse(const KernelSpec& spec) {
-  return {.problem = {.dtype_q = dtype_constant(spec, "dtype_q"),
-                      .dtype_kv = dtype_constant(spec, "dtype_kv"),
-                      .dtype_out = dtype_constant(spec, "dtype_out"),
-                      .head_dim = static_cast<int>(integer_constant(spec, "head_dim")),
-                      .head_dim_v = static_cast<int>(integer_constant(spec, "head_dim_v"))},
-          .config = {.block_m = static_cast<int>(integer_constant(spec, "block_m")),
-                     .block_n = static_cast<int>(integer_constant(spec, "block_n")),
-                     .warps = static_cast<int>(integer_constant(spec, "warps"))}};
+  const bool ordered = std::any_of(spec.constants.begin(), spec.constants.end(),
+                                   [](const Constant& c) { return c.name == "deterministic"; }) &&
+                       boolean_constant(spec, "deterministic");
+  return {
+      .problem = {.forward = {.dtype_q = dtype_constant(spec, "dtype_q"),
+                              .dtype_kv = dtype_constant(spec, "dtype_kv"),
+                              .dtype_out = dtype_constant(spec, "dtype_out"),
+                              .head_dim = static_cast<int>(integer_constant(spec, "head_dim")),
+                              .head_dim_v = static_cast<int>(integer_constant(spec, "head_dim_v"))},
+                  .deterministic = ordered},
+      .config = {.block_m = static_cast<int>(integer_constant(spec, "block_m")),
+                 .block_n = static_cast<int>(integer_constant(spec, "block_n")),
+                 .warps = static_cast<int>(integer_constant(spec, "warps"))}};
 }
 
-long long portable_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+long long portable_dkdv_bytes(const AttentionBackwardProblem& b, const AttentionBackwardConfig& c) {
+  const AttentionProblem& p = b.forward;
   return attention_backward_dkdv_portable_smem_bytes(
       p.head_dim, p.head_dim_v, c.block_m, element_bytes(p.dtype_q), element_bytes(p.dtype_out));
 }
 
-long long portable_dq_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+long long portable_dq_bytes(const AttentionBackwardProblem& b, const AttentionBackwardConfig& c) {
+  const AttentionProblem& p = b.forward;
   return attention_forward_portable_smem_bytes(p.head_dim, p.head_dim_v, c.block_n,
                                                element_bytes(p.dtype_kv));
 }
 
 // The mma kernels' operands have one dtype (the forward's operand table), q's.
-long long mma_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+long long mma_dkdv_bytes(const AttentionBackwardProblem& b, const AttentionBackwardConfig& c) {
+  const AttentionProblem& p = b.forward;
   return attention_backward_mma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.warps,
                                            element_bytes(p.dtype_q), 2);
 }
 
-long long mma_dq_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+long long mma_dq_bytes(const AttentionBackwardProblem& b, const AttentionBackwardConfig& c) {
+  const AttentionProblem& p = b.forward;
   return attention_backward_mma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.warps,
                                            element_bytes(p.dtype_q), 0);
 }
 
-long long wgmma_dkdv_bytes(const AttentionProblem& p, const AttentionBackwardConfig& c) {
+long long wgmma_dkdv_bytes(const AttentionBackwardProblem& b, const AttentionBackwardConfig& c) {
+  const AttentionProblem& p = b.forward;
   return attention_backward_wgmma_smem_bytes(p.head_dim, p.head_dim_v, c.block_m, c.block_n,
-                                             c.warps);
+                                             c.warps, b.deterministic);
 }
 
-long long no_dynamic_shared(const AttentionProblem&, const AttentionBackwardConfig&) {
+long long no_dynamic_shared(const AttentionBackwardProblem&, const AttentionBackwardConfig&) {
   return 0;
 }
 
 // A kernel's shared memory for a spec that arrives as text.
-template <long long (*Bytes)(const AttentionProblem&, const AttentionBackwardConfig&)>
+template <long long (*Bytes)(const AttentionBackwardProblem&, const AttentionBackwardConfig&)>
 long long spec_bytes(const KernelSpec& spec) {
   const ParsedSpec s = parse(spec);
   return Bytes(s.problem, s.config);
@@ -400,10 +410,10 @@ AttentionBackwardPlan attention_backward_plan(const AttentionBackwardProblem& pr
       .sinks = std::nullopt,
       .dkdv = {.spec = attention_family_spec(d.dkdv, problem.forward, forward_config(config)),
                .threads = threads,
-               .shared_bytes = d.dkdv_shared_bytes(problem.forward, config)},
+               .shared_bytes = d.dkdv_shared_bytes(problem, config)},
       .dq = {.spec = attention_family_spec(d.dq, problem.forward, forward_config(config)),
              .threads = threads,
-             .shared_bytes = d.dq_shared_bytes(problem.forward, config)},
+             .shared_bytes = d.dq_shared_bytes(problem, config)},
       .dq_rows = d.dq_rows(config),
       .dbias = std::nullopt};
   plan.dkdv.spec.set("has_dbias", problem.dbias);

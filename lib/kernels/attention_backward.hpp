@@ -27,9 +27,9 @@ struct AttentionBackwardDescription {
   KernelSchema dq;
   int (*threads)(const AttentionBackwardConfig& config);  // per CTA, both kernels
   int (*dq_rows)(const AttentionBackwardConfig& config);  // query rows per dq CTA
-  long long (*dkdv_shared_bytes)(const AttentionProblem& problem,
+  long long (*dkdv_shared_bytes)(const AttentionBackwardProblem& problem,
                                  const AttentionBackwardConfig& config);
-  long long (*dq_shared_bytes)(const AttentionProblem& problem,
+  long long (*dq_shared_bytes)(const AttentionBackwardProblem& problem,
                                const AttentionBackwardConfig& config);
 };
 

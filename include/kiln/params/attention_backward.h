@@ -35,7 +35,7 @@ struct AttentionBackwardParams {
   float* maybe_dsinks;
   int dot_row_blocks;
   // The wgmma kernels' dq accumulators, fp32, zeroed before attention_backward_dkdv_wgmma adds
-  // each key block's share with bulk reductions: head_dim floats a query row, the row at its LSE
+  // each key block's share with atomic reductions: head_dim floats a query row, the row at its LSE
   // offset (row r of (batch, head) at (lse offset + r) * head_dim), its 16-byte pieces rotated
   // (backward_wgmma.cuh). Null for the other kernels.
   float* maybe_dq_accum;
@@ -123,34 +123,51 @@ KILN_PARAMS_FN constexpr long long attention_backward_wgmma_dq_cols(long long he
          (warps / 4);
 }
 
-// Its slots: two (the next block's rows land while one is read) where the warpgroups split the
-// keys, one where they split the head dims (at 256 two would need 291 KB).
+// Whether that kernel adds dQ through the fp32 staging block by bulk reductions (which take
+// their turns with deterministic), or straight from the consumers' registers with vector
+// reductions: where the head dims are split and the order is free, so that the staging block's
+// memory holds a second slot.
+KILN_PARAMS_FN constexpr bool attention_backward_wgmma_staged_dq(long long block_n, long long warps,
+                                                                 bool deterministic) {
+  return deterministic || attention_backward_wgmma_column_groups(block_n, warps) == 1;
+}
+
+// Its slots: two (the next block's rows land while one is read), but one where the head dims are
+// split and dQ is staged (at 256 two would need 291 KB).
 KILN_PARAMS_FN constexpr long long attention_backward_wgmma_stages(long long block_n,
-                                                                   long long warps) {
-  return 3 - attention_backward_wgmma_column_groups(block_n, warps);
+                                                                   long long warps,
+                                                                   bool deterministic) {
+  return attention_backward_wgmma_staged_dq(block_n, warps, deterministic) &&
+                 attention_backward_wgmma_column_groups(block_n, warps) == 2
+             ? 1
+             : 2;
 }
 
 // Its dynamic shared memory, in bytes: 1024 for alignment, the K and V tiles of block_n keys, two
-// dS^T tiles (block_n x block_m; where the head dims are split, two P^T tiles too) and the fp32
-// dQ staging block (block_m x head_dim, rounded up to 1024), then the slots of block_m query rows
-// (Q, dO, and each row's LSE and D in fp32, the slot rounded up to 1024), 2-byte operands, head
-// dims padded:
+// dS^T tiles (block_n x block_m; where the head dims are split, two P^T tiles too), then where dQ
+// is staged the fp32 staging block (block_m x head_dim, rounded up to 1024) and the slots of
+// block_m query rows (Q, dO, and each row's LSE and D in fp32, the slot rounded up to 1024); where
+// it is not, the slots of Q and dO alone, then all the slots' LSE and D (rounded up to 1024), so
+// that two slots fit at 256. 2-byte operands, head dims padded:
 //   qk, v = the padded head_dim, head_dim_v; groups = attention_backward_wgmma_column_groups;
 //   stages = attention_backward_wgmma_stages
-//   bytes = 1024 + 2 block_n (qk + v + 2 groups block_m) + round_up(4 block_m head_dim, 1024)
-//           + stages round_up(2 block_m (qk + v) + 8 block_m, 1024)
-KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(long long head_dim,
-                                                                       long long head_dim_v,
-                                                                       long long block_m,
-                                                                       long long block_n,
-                                                                       long long warps) {
+//   staged: bytes = 1024 + 2 block_n (qk + v + 2 groups block_m) + round_up(4 block_m head_dim,
+//                   1024) + stages round_up(2 block_m (qk + v) + 8 block_m, 1024)
+//   not:    bytes = 1024 + 2 block_n (qk + v + 2 groups block_m) + stages 2 block_m (qk + v)
+//                   + round_up(stages 8 block_m, 1024)
+KILN_PARAMS_FN constexpr long long attention_backward_wgmma_smem_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n, long long warps,
+    bool deterministic) {
   const long long qk = attention_backward_wgmma_padded_dim(head_dim, block_n, warps);
   const long long v = attention_backward_wgmma_padded_dim(head_dim_v, block_n, warps);
-  const long long staging = (4 * block_m * head_dim + 1023) / 1024 * 1024;
-  const long long slot = (2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024;
+  const long long stages = attention_backward_wgmma_stages(block_n, warps, deterministic);
   const long long groups = attention_backward_wgmma_column_groups(block_n, warps);
-  return 1024 + 2 * block_n * (qk + v + 2 * groups * block_m) + staging +
-         attention_backward_wgmma_stages(block_n, warps) * slot;
+  const long long tiles = 1024 + 2 * block_n * (qk + v + 2 * groups * block_m);
+  if (!attention_backward_wgmma_staged_dq(block_n, warps, deterministic)) {
+    return tiles + stages * 2 * block_m * (qk + v) + (stages * 8 * block_m + 1023) / 1024 * 1024;
+  }
+  return tiles + (4 * block_m * head_dim + 1023) / 1024 * 1024 +
+         stages * ((2 * block_m * (qk + v) + 8 * block_m + 1023) / 1024 * 1024);
 }
 
 }  // namespace kiln

@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The backward pass on Hopper (sm_90a), warp-specialized: FlashAttention-2's recomputation with
 // every product a wgmma.mma_async, Q and dO streamed by TMA, and dQ added across key blocks to
-// fp32 accumulators by bulk reductions (with `deterministic`, in a fixed order: add_in_turn).
+// fp32 accumulators by bulk reductions (with `deterministic`, in a fixed order: add_in_turn), or
+// where the head dims are split and the order is free, by vector reductions from registers.
 //   attention_backward_dkdv_wgmma: a CTA per (block_n keys, kv head, batch) holds its keys' K and
 //     V tiles in shared memory and streams the query rows that attend them, block_m at a time,
 //     for every query head of the group. Its warpgroups:
@@ -16,13 +17,15 @@
 //         to bp.maybe_dbias_accum, as the mma kernel's), dV += P^T dO (A in registers);
 //       then dS^T goes to shared memory (two buffers, so that one warpgroup's next block never
 //       overwrites what the other still reads), and dQ = dS K (A read transposed) and dK += dS^T
-//       Q run together; dQ's share of each warpgroup is staged in fp32 while dK's products run.
+//       Q run together; dQ's share of each warpgroup is staged in fp32 while dK's products run
+//       (staged_dq), or added to the accumulators from its registers (red.global.add.v2).
 //       With shared_probs P^T goes to shared memory beside dS^T (two buffers too), and dV and dK
 //       read both from there whole, after dQ's products.
 //     - a producer warpgroup (its registers handed to the consumers): warp 0 streams Q and dO
-//       into two slots (one where the head dims are split) with TMA, on mbarriers; warp 1 adds
-//       each staged dQ block to bp.maybe_dq_accum with one cp.reduce.async.bulk. Warp 2 writes
-//       the rows' LSE (in log2 units) and D beside each slot's tiles.
+//       into two slots (one where the head dims are split and dQ staged: the staging block
+//       takes the second's memory) with TMA, on mbarriers; with staged_dq warp 1 adds each
+//       staged dQ block to bp.maybe_dq_accum with one cp.reduce.async.bulk. Warp 2 writes the
+//       rows' LSE (in log2 units) and D for each slot.
 //   attention_backward_dq_wgmma: converts the accumulators into dq, in q's dtype and dq's layout.
 // D = rowsum(dO * O) comes from attention/backward/dot.cuh, the zeroed accumulators from the
 // host. The logit, mask and gradient steps are the mma kernel's (backward_mma.cuh): a warp's 16
@@ -44,7 +47,7 @@
 //             dQ's block_m x head_dim is split between the consumers, each taking 64 rows and a
 //             multiple of 64 of the columns.
 //   deterministic  whether dQ's additions take a fixed order (bp.maybe_dq_semaphore), every
-//             step then one of the sequence's blocks of block_m rows (RowSteps' Ordered: each
+//             step then one of the sequence's blocks of block_m rows (RowOrder::ordered: each
 //             head's last block first).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width) times the
 // column groups, at most 128 a warpgroup.
@@ -67,8 +70,16 @@
 namespace kiln {
 namespace attention {
 
+// What the dq kernel takes of a spec too: the CTA's threads (the consumer warps and the producer
+// warpgroup), and a row of the accumulators: dq_pieces 16-byte pieces.
 template <class Spec>
-struct BackwardWgmmaTraits : HeadTraits<Spec> {
+struct BackwardWgmmaAccum {
+  static constexpr int threads = static_cast<int>(Spec::warps) * 32 + 128;
+  static constexpr int dq_pieces = static_cast<int>(Spec::head_dim) / 4;
+};
+
+template <class Spec>
+struct BackwardWgmmaTraits : HeadTraits<Spec>, BackwardWgmmaAccum<Spec> {
   using T = typename HeadTraits<Spec>::Q;
   using HeadTraits<Spec>::head_dim;
   using HeadTraits<Spec>::head_dim_v;
@@ -78,7 +89,7 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static constexpr int warps = static_cast<int>(Spec::warps);
   static constexpr int warpgroups = warps / 4;  // consumers
   static constexpr int consumer_threads = warps * 32;
-  static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup
+  using BackwardWgmmaAccum<Spec>::threads;
   static_assert(block_n == 64 || block_n == 128, "block_n must be 64 or 128: 64 keys a warpgroup.");
   static_assert(warps == block_n / 16 || (warps == 8 && block_n == 64),
                 "warps must be block_n / 16 (a warpgroup per 64 keys), or 8 over block_n 64 (two "
@@ -119,8 +130,12 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
   static_assert(qk_cols <= 128 && v_cols <= 128,
                 "a warpgroup holds dK and dV for up to 128 head dims: above 128, split them (warps "
                 "8 over block_n 64).");
-  // Slots of streamed rows.
-  static constexpr int stages = static_cast<int>(attention_backward_wgmma_stages(block_n, warps));
+  // Whether dQ goes through the staging block and the dQ warp, or straight from the consumers'
+  // registers to the accumulators; and the slots of streamed rows.
+  static constexpr bool staged_dq =
+      attention_backward_wgmma_staged_dq(block_n, warps, Spec::deterministic);
+  static constexpr int stages =
+      static_cast<int>(attention_backward_wgmma_stages(block_n, warps, Spec::deterministic));
 
   // The per-warp fragment shapes of the mma kernel's helpers: a warp's 16 keys against
   // score_cols query columns.
@@ -132,26 +147,31 @@ struct BackwardWgmmaTraits : HeadTraits<Spec> {
       static_cast<int>(attention_backward_wgmma_dq_cols(head_dim, block_m, block_n, warps));
   static_assert(dq_cols % 64 == 0,
                 "dQ's columns split between warpgroups in multiples of 64: raise block_m.");
-  // A row of the accumulators: dq_pieces 16-byte pieces.
-  static constexpr int dq_pieces = head_dim / 4;
+  using BackwardWgmmaAccum<Spec>::dq_pieces;
 
   // Shared memory from the 1024-aligned base: K, V, two dS^T buffers (block_n rows of block_m)
-  // and with shared_probs two P^T buffers after them, the dQ staging block (block_m rows of
-  // head_dim floats, as the accumulators lay them out), then `stages` slots of Q, dO and their
-  // rows' LSE and D, each piece 1024-aligned.
+  // and with shared_probs two P^T buffers after them, then with staged_dq the dQ staging block
+  // (block_m rows of head_dim floats, as the accumulators lay them out) and `stages` slots of Q,
+  // dO and their rows' LSE and D; without, the slots of Q and dO, then their LSE and D. Each
+  // piece 1024-aligned.
   static constexpr int k_bytes = block_n * qk_dim * 2;
   static constexpr int v_bytes = block_n * v_dim * 2;
   static constexpr int ds_bytes = block_n * block_m * 2;
   static constexpr int dq_bytes = block_m * head_dim * 4;
   static constexpr int q_bytes = block_m * qk_dim * 2;
   static constexpr int dout_bytes = block_m * v_dim * 2;
-  static constexpr int slot_bytes = round_up(q_bytes + dout_bytes + 2 * block_m * 4, 1024);
+  static constexpr int row_bytes = 2 * block_m * 4;  // a slot's LSE and D
+  static constexpr int slot_bytes =
+      staged_dq ? round_up(q_bytes + dout_bytes + row_bytes, 1024) : q_bytes + dout_bytes;
   static constexpr int ds_offset = k_bytes + v_bytes;
   static constexpr int dq_offset = ds_offset + 2 * column_groups * ds_bytes;
-  static constexpr int slots_offset = dq_offset + round_up(dq_bytes, 1024);
-  static constexpr long long smem_bytes =
-      attention_backward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n, warps);
-  static_assert(smem_bytes == 1024 + slots_offset + stages * slot_bytes,
+  static constexpr int slots_offset = dq_offset + (staged_dq ? round_up(dq_bytes, 1024) : 0);
+  static constexpr int rows_end = slots_offset + stages * slot_bytes;
+  static constexpr long long smem_bytes = attention_backward_wgmma_smem_bytes(
+      head_dim, head_dim_v, block_m, block_n, warps, Spec::deterministic);
+  static_assert(slot_bytes % 1024 == 0 &&
+                    smem_bytes ==
+                        1024 + rows_end + (staged_dq ? 0 : round_up(stages * row_bytes, 1024)),
                 "attention_backward_wgmma_smem_bytes disagrees with the kernel's layout.");
   // With the 1 KB the compiler pads the barriers' static shared memory to (the dynamic part's
   // alignment).
@@ -191,34 +211,60 @@ struct BackwardWgmmaBarriers {
 };
 
 // The rotation of accumulator row `row`: its 16-byte piece p lies at piece (p + rotation) %
-// dq_pieces.
+// dq_pieces (Tr a BackwardWgmmaAccum).
 template <class Tr>
 __device__ __forceinline__ int dq_accum_rotation(long long row) {
   return static_cast<int>(2 * (row % (Tr::dq_pieces / 2)));
 }
 
-// Stages a warpgroup's 64-row fp32 dQ accumulator of Cols columns from col0 into the staging
-// block at `staged` (rows of head_dim floats, the accumulators' layout), rows row0 + the
-// fragment's row, whose first lies at accumulator row `accum_row0`; columns from head_dim on
-// are padding and dropped.
-template <class Tr, int Cols>
-__device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols / 2],
-                                         long long accum_row0, int row0, int col0, int lane) {
+// Calls add(at, x, y) for each column pair (x, y) of a warpgroup's 64-row fp32 dQ accumulator of
+// Cols columns from col0, `at` its place in rows laid out as the accumulators' (rows of head_dim
+// floats, rotated): row_at(row) is where the lane's first pair of row `row` would lie unrotated,
+// for rows row0 + the fragment's row below `rows` (block_m: all), whose first lies at accumulator
+// row `accum_row0`. Columns from head_dim on are padding and dropped.
+template <class Tr, int Cols, class RowAt, class Add>
+__device__ __forceinline__ void for_dq_pairs(const float (&acc)[Cols / 2], long long accum_row0,
+                                             int rows, int row0, int col0, int lane,
+                                             const RowAt& row_at, const Add& add) {
   constexpr int pieces = Tr::dq_pieces;
   const int rotation0 = dq_accum_rotation<Tr>(accum_row0);
 #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = row0 + lane / 4 + 8 * half;
+    if (rows < Tr::block_m && row >= rows) continue;
+    float* const at = row_at(row);
     // The lane's first piece, rotated; its column's pair lies at (lane % 2) * 2 in it.
     const int piece0 = (col0 / 4 + (lane % 4) / 2 + rotation0 + 2 * row) % pieces;
-    float* const at = mma::opaque(staged + row * Tr::head_dim + (lane % 2) * 2);
 #pragma unroll
     for (int j = 0; j < Cols / 8; ++j) {
       if (Tr::head_dim < Tr::qk_dim && col0 + 8 * j >= Tr::head_dim) break;
-      *reinterpret_cast<float2*>(at + (piece0 + 2 * j) % pieces * 4) =
-          make_float2(acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
+      add(at + (piece0 + 2 * j) % pieces * 4, acc[4 * j + 2 * half], acc[4 * j + 2 * half + 1]);
     }
   }
+}
+
+// Stages that accumulator into the staging block at `staged` (rows of head_dim floats, the
+// accumulators' layout), its first row at row0 of the block.
+template <class Tr, int Cols>
+__device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols / 2],
+                                         long long accum_row0, int row0, int col0, int lane) {
+  for_dq_pairs<Tr, Cols>(
+      acc, accum_row0, Tr::block_m, row0, col0, lane,
+      [&](int row) { return mma::opaque(staged + row * Tr::head_dim + (lane % 2) * 2); },
+      [](float* at, float x, float y) { *reinterpret_cast<float2*>(at) = make_float2(x, y); });
+}
+
+// Adds it to the accumulators (from accum, rows of head_dim floats) straight from registers, its
+// first row at row row0 of accumulator row accum_row0's block; rows from `rows` on (past the
+// sequence's end) left out.
+template <class Tr, int Cols>
+__device__ __forceinline__ void add_dq(float* accum, const float (&acc)[Cols / 2],
+                                       long long accum_row0, int rows, int row0, int col0,
+                                       int lane) {
+  for_dq_pairs<Tr, Cols>(
+      acc, accum_row0, rows, row0, col0, lane,
+      [&](int row) { return accum + (accum_row0 + row) * Tr::head_dim + (lane % 2) * 2; },
+      [](float* at, float x, float y) { tma::reduce_add_pair(at, x, y); });
 }
 
 // Deterministic dQ: the dQ warp's `add` of step `at` (a block of block_m rows, the steps
@@ -237,8 +283,8 @@ __device__ __forceinline__ void stage_dq(float* staged, const float (&acc)[Cols 
 template <class Tr, class Add>
 __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
                                             const KeyBlockTile& tile,
-                                            const RowSteps<Tr::block_m, true>& steps, RowStep at,
-                                            int lane, const Add& add) {
+                                            const RowSteps<Tr::block_m, RowOrder::ordered>& steps,
+                                            RowStep at, int lane, const Add& add) {
   const int block = at.r0 / Tr::block_m;
   if (block >= bp.dq_row_blocks) {
     if (lane == 0) {
@@ -296,8 +342,9 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const auto slot_tile = [&](int slot) { return base + Tr::slots_offset + slot * Tr::slot_bytes; };
   // Value f (0: LSE in log2 units, 1: D) of the streamed rows of a slot.
   const auto row_floats = [&](int slot, int f) {
-    return reinterpret_cast<float*>(slot_tile(slot) + Tr::q_bytes + Tr::dout_bytes) +
-           f * Tr::block_m;
+    unsigned char* const rows = Tr::staged_dq ? slot_tile(slot) + Tr::q_bytes + Tr::dout_bytes
+                                              : base + Tr::rows_end + slot * Tr::row_bytes;
+    return reinterpret_cast<float*>(rows) + f * Tr::block_m;
   };
 
   const KeyBlockTile tile = key_block_tile<Spec, Tr::block_n>(p);
@@ -312,7 +359,8 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const Sequence& first = tile.first;
   const Band& band = tile.band;
   const int batch = tile.batch;
-  const RowSteps<Tr::block_m, Spec::deterministic> steps(tile);
+  const RowSteps<Tr::block_m, Spec::deterministic ? RowOrder::ordered : RowOrder::rotated> steps(
+      tile);
 
   if (thread >= Tr::consumer_threads) {
     tma::release_registers<Tr::producer_registers>();
@@ -378,7 +426,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
         }
         bars.rows.full.arrive(at_slot);
       }
-    } else if (warp == Tr::warps + 1 && !steps.done(steps.first())) {
+    } else if (Tr::staged_dq && warp == Tr::warps + 1 && !steps.done(steps.first())) {
       // The dQ warp: each staged block, added to the accumulators by one bulk reduction.
       tma::named_arrive(Bars::dq_free, Bars::dq_threads);
       for (RowStep at = steps.first(); !steps.done(at); at = steps.after(at)) {
@@ -550,10 +598,15 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
       wgmma::wait<1>();  // dV and dQ
     }
     wgmma::pin(dq);
-    tma::named_sync(Bars::dq_free, Bars::dq_threads);
-    stage_dq<Tr, Tr::dq_cols>(dq_staged, dq, seq.lse_offset + r0, dq_row0, dq_col0, lane);
-    wgmma::fence_shared_for_async();
-    tma::named_arrive(Bars::dq_staged, Bars::dq_threads);
+    if constexpr (Tr::staged_dq) {
+      tma::named_sync(Bars::dq_free, Bars::dq_threads);
+      stage_dq<Tr, Tr::dq_cols>(dq_staged, dq, seq.lse_offset + r0, dq_row0, dq_col0, lane);
+      wgmma::fence_shared_for_async();
+      tma::named_arrive(Bars::dq_staged, Bars::dq_threads);
+    } else {
+      add_dq<Tr, Tr::dq_cols>(bp.maybe_dq_accum, dq, seq.lse_offset + r0, seq.seqlen_q - r0,
+                              dq_row0, dq_col0, lane);
+    }
     wgmma::wait<0>();
     pin_columns(dv);
     pin_columns(dk);
@@ -578,19 +631,19 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
 
 // dq = the fp32 accumulators of block_m query rows, in q's dtype.
 template <class Spec>
-__global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads)
+__global__ void __launch_bounds__(attention::BackwardWgmmaAccum<Spec>::threads)
     attention_backward_dq_wgmma(const KILN_GRID_CONSTANT AttentionBackwardParams bp) {
   using namespace attention;
-  using Tr = BackwardWgmmaTraits<Spec>;
-  using T = typename Tr::T;
+  using Tr = BackwardWgmmaAccum<Spec>;
+  using T = typename HeadTraits<Spec>::Q;
   constexpr int kChunks = Spec::head_dim / 8;
   const AttentionParams& p = bp.fwd;
   const int batch = static_cast<int>(blockIdx.z);
   const int head = static_cast<int>(blockIdx.y);
   const Sequence seq = locate_sequence<Spec::varlen>(p, batch, head);
-  const int row0 = static_cast<int>(blockIdx.x) * Tr::block_m;
+  const int row0 = static_cast<int>(blockIdx.x) * static_cast<int>(Spec::block_m);
   T* const dq = static_cast<T*>(bp.dq) + dq_offset<Spec::varlen>(bp, batch, head);
-  for (int i = static_cast<int>(threadIdx.x); i < Tr::block_m * kChunks; i += Tr::threads) {
+  for (int i = static_cast<int>(threadIdx.x); i < Spec::block_m * kChunks; i += Tr::threads) {
     const int row = row0 + i / kChunks;
     if (row >= seq.seqlen_q) break;
     const int col = i % kChunks * 8;
