@@ -47,7 +47,7 @@
 //             dQ's block_m x head_dim is split between the consumers, each taking 64 rows and a
 //             multiple of 64 of the columns.
 //   deterministic  whether dQ's additions take a fixed order (bp.maybe_dq_semaphore), every
-//             step then one of the sequence's blocks of block_m rows (RowOrder::ordered: each
+//             step then one of the sequence's blocks of block_m rows (RowSteps' Ordered: each
 //             head's last block first).
 // head_dim and head_dim_v are padded with zeros to multiples of 64 (the swizzle width) times the
 // column groups, at most 128 a warpgroup.
@@ -283,8 +283,8 @@ __device__ __forceinline__ void add_dq(float* accum, const float (&acc)[Cols / 2
 template <class Tr, class Add>
 __device__ __forceinline__ void add_in_turn(const AttentionBackwardParams& bp,
                                             const KeyBlockTile& tile,
-                                            const RowSteps<Tr::block_m, RowOrder::ordered>& steps,
-                                            RowStep at, int lane, const Add& add) {
+                                            const RowSteps<Tr::block_m, true>& steps, RowStep at,
+                                            int lane, const Add& add) {
   const int block = at.r0 / Tr::block_m;
   if (block >= bp.dq_row_blocks) {
     if (lane == 0) {
@@ -359,8 +359,7 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const Sequence& first = tile.first;
   const Band& band = tile.band;
   const int batch = tile.batch;
-  const RowSteps<Tr::block_m, Spec::deterministic ? RowOrder::ordered : RowOrder::rotated> steps(
-      tile);
+  const RowSteps<Tr::block_m, Spec::deterministic> steps(tile);
 
   if (thread >= Tr::consumer_threads) {
     tma::release_registers<Tr::producer_registers>();

@@ -58,7 +58,7 @@ __device__ __forceinline__ KVRows<tensor_mode(Varlen), T> grad_rows(
 // the same, and the query rows that attend some of its keys (none past seqused_k; begin >= end
 // when none does). key0 >= stored: the block holds no key of the sequence, and nothing to write.
 struct KeyBlockTile {
-  int batch, head_kv, key_block, key0, stored;
+  int batch, head_kv, key0, stored;
   int first_head, heads;  // the group's query heads
   Sequence first;         // of first_head
   Band band;
@@ -79,8 +79,7 @@ __device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p)
   KeyBlockTile t;
   t.batch = static_cast<int>(blockIdx.z);
   t.head_kv = static_cast<int>(blockIdx.y);
-  t.key_block = static_cast<int>(blockIdx.x);
-  t.key0 = t.key_block * BlockN;
+  t.key0 = static_cast<int>(blockIdx.x) * BlockN;
   t.stored = stored_keys<Spec::varlen>(p, t.batch);
   t.heads = p.heads / p.heads_kv;
   t.first_head = t.head_kv * t.heads;
@@ -90,57 +89,43 @@ __device__ __forceinline__ KeyBlockTile key_block_tile(const AttentionParams& p)
   return t;
 }
 
-// A dk/dv CTA's steps: the rows that attend its key block (tile.rows), BlockM at a time, for each
-// query head of its group in turn; none when no row does. A step is its (head, first row). In
-// which order (RowOrder):
-//   forward: from the first row.
-//   rotated: from the key block's own block of rows (its index modulo the head's blocks), then on
-//     round to the one before it, so that the CTAs of a wave add dq to different rows at once.
-//   ordered: the sequence's blocks of BlockM rows (from the multiple of BlockM at or before the
-//     first row), the last first, each for every head of the group in turn: the order in which
-//     deterministic dq's key blocks, taking turns at a block of rows by blockIdx.x, wait least
-//     under a causal band (backward_wgmma.cuh's add_in_turn). Heads inner: with them outer, a key
-//     block that has fewer row blocks a head than the one before it would reach the next head
-//     early and wait there for the rest of the previous head.
+// A dk/dv CTA's steps: the rows that attend its key block (tile.rows), BlockM at a time from the
+// first, for each query head of its group in turn; none when no row does. A step is its (head,
+// first row). Ordered: the steps are the sequence's blocks of BlockM rows (from the multiple of
+// BlockM at or before the first row), the last first, each for every head of the group in turn:
+// the order in which deterministic dq's key blocks, taking turns at a block of rows by
+// blockIdx.x, wait least under a causal band (backward_wgmma.cuh's add_in_turn). Heads inner:
+// with them outer, a key block that has fewer row blocks a head than the one before it would
+// reach the next head early and wait there for the rest of the previous head.
 struct RowStep {
   int head, r0;
 };
 
-enum class RowOrder { forward, rotated, ordered };
-
-template <int BlockM, RowOrder Order = RowOrder::forward>
+template <int BlockM, bool Ordered = false>
 struct RowSteps {
-  static constexpr bool ordered = Order == RowOrder::ordered;
   int row_begin, row_end, first_head, end_head;
-  int start;  // each head's first row (rotated)
 
   // The first row of the steps over `rows`.
   __device__ __forceinline__ static int first_row(const RowBlock& rows) {
-    return ordered ? rows.begin / BlockM * BlockM : rows.begin;
+    return Ordered ? rows.begin / BlockM * BlockM : rows.begin;
   }
 
   __device__ __forceinline__ explicit RowSteps(const KeyBlockTile& tile)
       : row_begin(first_row(tile.rows)),
         row_end(tile.rows.end),
         first_head(tile.first_head),
-        end_head(tile.rows.begin < tile.rows.end ? tile.first_head + tile.heads : tile.first_head),
-        start(Order == RowOrder::rotated && row_begin < row_end
-                  ? row_begin +
-                        tile.key_block % ((row_end - row_begin + BlockM - 1) / BlockM) * BlockM
-                  : row_begin) {}
+        end_head(tile.rows.begin < tile.rows.end ? tile.first_head + tile.heads : tile.first_head) {
+  }
 
   __device__ __forceinline__ RowStep first() const {
-    return {first_head, ordered ? (row_end - 1) / BlockM * BlockM : start};
+    return {first_head, Ordered ? (row_end - 1) / BlockM * BlockM : row_begin};
   }
   __device__ __forceinline__ bool done(RowStep at) const { return at.head >= end_head; }
   __device__ __forceinline__ RowStep after(RowStep at) const {
-    if constexpr (ordered) {
+    if constexpr (Ordered) {
       if (at.head + 1 < end_head) return {at.head + 1, at.r0};
       return at.r0 - BlockM >= row_begin ? RowStep{first_head, at.r0 - BlockM}
                                          : RowStep{end_head, at.r0};
-    } else if constexpr (Order == RowOrder::rotated) {
-      const int r0 = at.r0 + BlockM < row_end ? at.r0 + BlockM : row_begin;
-      return r0 != start ? RowStep{at.head, r0} : RowStep{at.head + 1, start};
     } else {
       return at.r0 + BlockM < row_end ? RowStep{at.head, at.r0 + BlockM}
                                       : RowStep{at.head + 1, row_begin};
