@@ -465,9 +465,9 @@ AttentionBackwardConfig choose(const AttentionBackwardProblem& problem, const Ta
   detail::require_target(target, AttentionBackwardKernel::mma);
   const int widest = std::max(problem.forward.head_dim, problem.forward.head_dim_v);
   // NOTE: deterministic calls take the wgmma kernels too (H200): at head dim 64 their turns cost
-  // 1.00-1.28 times the default's time (run 58b; the mma kernels 1.83-2.37, run 54b); at 256
-  // 0.79-1.18, the mma kernels 1.7-1.9 (runs 55-58b: the turns' order ran faster than the
-  // default's at 4K and 16K keys).
+  // 0.99-1.28 times the default's time (run 61b; the mma kernels 1.83-2.37, run 54b); at 256
+  // 1.00-1.32, where the default has a second slot that the turns' staging block leaves no room
+  // for (the mma kernels 1.7-1.9 times the old default's, run 55).
   if (detail::is_sm90a(target)) {
     if (widest > detail::kWgmmaWarpgroupHeadDim) return detail::kWgmmaWide;
     const AttentionProblem& f = problem.forward;
