@@ -58,22 +58,20 @@ AttentionConfig forward_config(const AttentionBackwardConfig& c) {
 }
 
 // A spec that arrives as text, parsed into the typed problem and config its kernel's shared
-// memory is computed from.
+// memory is computed from; `deterministic` where its kernel takes that constant (the wgmma dk/dv
+// kernel's).
 struct ParsedSpec {
   AttentionBackwardProblem problem;
   AttentionBackwardConfig config;
 };
-ParsedSpec parse(const KernelSpec& spec) {
-  const bool ordered = std::any_of(spec.constants.begin(), spec.constants.end(),
-                                   [](const Constant& c) { return c.name == "deterministic"; }) &&
-                       boolean_constant(spec, "deterministic");
+ParsedSpec parse(const KernelSpec& spec, bool takes_deterministic) {
   return {
       .problem = {.forward = {.dtype_q = dtype_constant(spec, "dtype_q"),
                               .dtype_kv = dtype_constant(spec, "dtype_kv"),
                               .dtype_out = dtype_constant(spec, "dtype_out"),
                               .head_dim = static_cast<int>(integer_constant(spec, "head_dim")),
                               .head_dim_v = static_cast<int>(integer_constant(spec, "head_dim_v"))},
-                  .deterministic = ordered},
+                  .deterministic = takes_deterministic && boolean_constant(spec, "deterministic")},
       .config = {.block_m = static_cast<int>(integer_constant(spec, "block_m")),
                  .block_n = static_cast<int>(integer_constant(spec, "block_n")),
                  .warps = static_cast<int>(integer_constant(spec, "warps"))}};
@@ -115,9 +113,10 @@ long long no_dynamic_shared(const AttentionBackwardProblem&, const AttentionBack
 }
 
 // A kernel's shared memory for a spec that arrives as text.
-template <long long (*Bytes)(const AttentionBackwardProblem&, const AttentionBackwardConfig&)>
+template <long long (*Bytes)(const AttentionBackwardProblem&, const AttentionBackwardConfig&),
+          bool TakesDeterministic = false>
 long long spec_bytes(const KernelSpec& spec) {
-  const ParsedSpec s = parse(spec);
+  const ParsedSpec s = parse(spec, TakesDeterministic);
   return Bytes(s.problem, s.config);
 }
 
@@ -166,7 +165,7 @@ const AttentionBackwardDescription kDescriptions[] = {
      .name = "wgmma",
      .targets = AttentionTargets::sm90a,
      .dkdv = {kWgmmaSource, "kiln::attention_backward_dkdv_wgmma", kParams, wgmma_dkdv_constants(),
-              spec_bytes<wgmma_dkdv_bytes>, attention_operand_dtypes()},
+              spec_bytes<wgmma_dkdv_bytes, true>, attention_operand_dtypes()},
      .dq = {kWgmmaSource, "kiln::attention_backward_dq_wgmma", kParams,
             attention_portable_constants(), no_shared_memory, attention_operand_dtypes()},
      .threads = wgmma_threads,

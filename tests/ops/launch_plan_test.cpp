@@ -10,10 +10,13 @@
 #include <fmt/format.h>
 
 #include "kernels/attention.hpp"
+#include "kernels/attention_backward.hpp"
 #include "kernels/decode.hpp"
 #include "kiln/attention.hpp"
+#include "kiln/attention_backward.hpp"
 #include "kiln/decode.hpp"
 #include "kiln/params/attention.h"
+#include "kiln/params/attention_backward.h"
 #include "kiln/params/decode.h"
 #include "params/registry.hpp"
 #include "support.hpp"
@@ -71,6 +74,39 @@ TEST_CASE("attention plans the CTA each kernel declares", "[attention][plan]") {
   CHECK(portable_plan.threads == portable.warps * 32);
   CHECK(portable_plan.shared_bytes == 2 * portable.block_n * (128 + 128));
   check_registry_agrees(portable_plan);
+}
+
+// Where its warpgroups split the head dims (above 128), the wgmma dk/dv kernel's default adds dQ
+// from registers and streams two slots; deterministic calls stage dQ and stream one. At 192
+// (padded to 256 columns) and 256/64 the two layouts differ, so a plan or spec that lost the flag
+// would be caught.
+TEST_CASE("the wgmma backward plans its shared memory with deterministic",
+          "[attention_backward][plan]") {
+  // 1024 + the tiles, 2 * 64 * (qk + v + 256) with the head dims padded to 128, then two slots of
+  // 2 * 64 * (qk + v) and their LSE and D (1024); or the staging block (64 * head_dim floats) and
+  // one slot with its LSE and D (+ 512, rounded up to 1024).
+  const struct {
+    int head_dim, head_dim_v;
+    long long plain, deterministic;
+  } rows[] = {
+      {192, 192, 1024 + 98304 + 131072 + 1024, 1024 + 98304 + 49152 + 66560},
+      {256, 64, 1024 + 81920 + 98304 + 1024, 1024 + 81920 + 65536 + 50176},
+      {256, 256, 1024 + 98304 + 131072 + 1024, 1024 + 98304 + 65536 + 66560},
+  };
+  for (const auto& row : rows) {
+    for (const bool deterministic : {false, true}) {
+      const AttentionBackwardProblem problem{
+          .forward = {.head_dim = row.head_dim, .head_dim_v = row.head_dim_v},
+          .deterministic = deterministic};
+      const AttentionBackwardConfig config = choose(problem, "sm_90a");
+      INFO(row.head_dim << "/" << row.head_dim_v << " deterministic " << deterministic);
+      REQUIRE(config.kernel == AttentionBackwardKernel::wgmma);
+      REQUIRE(attention_backward_wgmma_column_groups(config.block_n, config.warps) == 2);
+      const detail::AttentionBackwardPlan plan = detail::attention_backward_plan(problem, config);
+      CHECK(plan.dkdv.shared_bytes == (deterministic ? row.deterministic : row.plain));
+      check_registry_agrees(plan.dkdv);
+    }
+  }
 }
 
 TEST_CASE("decode decides its row tiles once, in choose(), and plans from them", "[decode][plan]") {

@@ -33,8 +33,8 @@
 //
 // The accumulators (bp.maybe_dq_accum) hold head_dim floats a query row at the LSE's offsets,
 // each row's 16-byte pieces rotated by twice its index (dq_accum_rotation), so that the staging
-// writes of a warp's eight rows fall in distinct banks. A block's bulk reduction covers its rows
-// of the sequence alone.
+// writes of a warp's eight rows fall in distinct banks (the additions from registers keep the
+// layout, which the dq kernel reads). A block's additions cover its rows of the sequence alone.
 //
 // Rows past a sequence's end read as zeros: TMA fills them past the tensor's token dim, and with
 // varlen (where the next sequence's rows follow, or rows nobody wrote) the producer zeroes them.
@@ -56,9 +56,10 @@
 // bp.maybe_dq_semaphore) zeroed: dkdv on grid
 // (ceil(seqlen_k / block_n), heads_kv, batch), seqlen_k the longest sequence's stored keys,
 // (warps + 4) * 32 threads, dynamic shared memory attention_backward_wgmma_smem_bytes(head_dim,
-// head_dim_v, block_m, block_n, warps) from "kiln/params/attention_backward.h", bp.q_map and
-// bp.dout_map 4-d tensor maps of q and dout with boxes of 64 columns by block_m rows; then dq
-// on grid (ceil(seqlen_q / block_m), heads, batch), as many threads, no shared memory.
+// head_dim_v, block_m, block_n, warps, deterministic) from "kiln/params/attention_backward.h",
+// bp.q_map and bp.dout_map 4-d tensor maps of q and dout with boxes of 64 columns by block_m
+// rows; then dq on grid (ceil(seqlen_q / block_m), heads, batch), as many threads, no shared
+// memory.
 #pragma once
 
 #include "attention/backward/backward_mma.cuh"
@@ -152,8 +153,9 @@ struct BackwardWgmmaTraits : HeadTraits<Spec>, BackwardWgmmaAccum<Spec> {
   // Shared memory from the 1024-aligned base: K, V, two dS^T buffers (block_n rows of block_m)
   // and with shared_probs two P^T buffers after them, then with staged_dq the dQ staging block
   // (block_m rows of head_dim floats, as the accumulators lay them out) and `stages` slots of Q,
-  // dO and their rows' LSE and D; without, the slots of Q and dO, then their LSE and D. Each
-  // piece 1024-aligned.
+  // dO and their rows' LSE and D; without, the slots of Q and dO, then every slot's LSE and D
+  // (row_bytes each) in one block. The tiles, the staging block, the slots and that block start
+  // 1024-aligned.
   static constexpr int k_bytes = block_n * qk_dim * 2;
   static constexpr int v_bytes = block_n * v_dim * 2;
   static constexpr int ds_bytes = block_n * block_m * 2;
@@ -166,12 +168,13 @@ struct BackwardWgmmaTraits : HeadTraits<Spec>, BackwardWgmmaAccum<Spec> {
   static constexpr int ds_offset = k_bytes + v_bytes;
   static constexpr int dq_offset = ds_offset + 2 * column_groups * ds_bytes;
   static constexpr int slots_offset = dq_offset + (staged_dq ? round_up(dq_bytes, 1024) : 0);
-  static constexpr int rows_end = slots_offset + stages * slot_bytes;
+  static constexpr int slots_end = slots_offset + stages * slot_bytes;
+  static_assert(slot_bytes % 1024 == 0,
+                "a slot's Q and dO are whole 1024-byte swizzle atoms: pad the head dims to 64.");
   static constexpr long long smem_bytes = attention_backward_wgmma_smem_bytes(
       head_dim, head_dim_v, block_m, block_n, warps, Spec::deterministic);
-  static_assert(slot_bytes % 1024 == 0 &&
-                    smem_bytes ==
-                        1024 + rows_end + (staged_dq ? 0 : round_up(stages * row_bytes, 1024)),
+  static_assert(smem_bytes ==
+                    1024 + slots_end + (staged_dq ? 0 : round_up(stages * row_bytes, 1024)),
                 "attention_backward_wgmma_smem_bytes disagrees with the kernel's layout.");
   // With the 1 KB the compiler pads the barriers' static shared memory to (the dynamic part's
   // alignment).
@@ -219,9 +222,10 @@ __device__ __forceinline__ int dq_accum_rotation(long long row) {
 
 // Calls add(at, x, y) for each column pair (x, y) of a warpgroup's 64-row fp32 dQ accumulator of
 // Cols columns from col0, `at` its place in rows laid out as the accumulators' (rows of head_dim
-// floats, rotated): row_at(row) is where the lane's first pair of row `row` would lie unrotated,
-// for rows row0 + the fragment's row below `rows` (block_m: all), whose first lies at accumulator
-// row `accum_row0`. Columns from head_dim on are padding and dropped.
+// floats, rotated), for rows row0 + the fragment's row below `rows` (block_m: all), whose first
+// lies at accumulator row `accum_row0`: row_at(row) is the start of row `row` plus the lane's
+// offset in a 16-byte piece, (lane % 2) * 2 floats. Columns from head_dim on are padding and
+// dropped.
 template <class Tr, int Cols, class RowAt, class Add>
 __device__ __forceinline__ void for_dq_pairs(const float (&acc)[Cols / 2], long long accum_row0,
                                              int rows, int row0, int col0, int lane,
@@ -342,9 +346,9 @@ __global__ void __launch_bounds__(attention::BackwardWgmmaTraits<Spec>::threads,
   const auto slot_tile = [&](int slot) { return base + Tr::slots_offset + slot * Tr::slot_bytes; };
   // Value f (0: LSE in log2 units, 1: D) of the streamed rows of a slot.
   const auto row_floats = [&](int slot, int f) {
-    unsigned char* const rows = Tr::staged_dq ? slot_tile(slot) + Tr::q_bytes + Tr::dout_bytes
-                                              : base + Tr::rows_end + slot * Tr::row_bytes;
-    return reinterpret_cast<float*>(rows) + f * Tr::block_m;
+    unsigned char* const values = Tr::staged_dq ? slot_tile(slot) + Tr::q_bytes + Tr::dout_bytes
+                                                : base + Tr::slots_end + slot * Tr::row_bytes;
+    return reinterpret_cast<float*>(values) + f * Tr::block_m;
   };
 
   const KeyBlockTile tile = key_block_tile<Spec, Tr::block_n>(p);
