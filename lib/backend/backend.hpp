@@ -68,8 +68,8 @@ class Compiler {
 
 // A tiled view of device memory for Hopper's tensor memory accelerator (TMA), which kernels read
 // through a 128-byte descriptor (CUtensorMap) made by the driver. Dims are innermost first;
-// dims[0] is contiguous. Elements outside the dims read as zeros. Boxes land 128-byte swizzled,
-// as wgmma reads them: box[0] must span 128 bytes at most.
+// dims[0] is contiguous. Elements outside the dims read as zeros. Boxes land swizzled by their
+// rows' bytes, which must be 128 (as wgmma reads 16-bit tiles) or 64 (fp8 staging).
 struct TensorMapLayout {
   static constexpr int max_rank = 5;
   const void* data = nullptr;  // 16-byte aligned

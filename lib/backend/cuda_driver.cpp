@@ -8,6 +8,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <string>
 #include <utility>
 
 #include "backend/backend.hpp"
@@ -42,9 +43,11 @@ constexpr int CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 6;
 constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
 // cuTensorMapEncodeTiled's enumerations, as cuda.h numbers them.
+constexpr int CU_TENSOR_MAP_DATA_TYPE_UINT8 = 0;
 constexpr int CU_TENSOR_MAP_DATA_TYPE_FLOAT16 = 6;
 constexpr int CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 = 9;
 constexpr int CU_TENSOR_MAP_INTERLEAVE_NONE = 0;
+constexpr int CU_TENSOR_MAP_SWIZZLE_64B = 2;
 constexpr int CU_TENSOR_MAP_SWIZZLE_128B = 3;
 constexpr int CU_TENSOR_MAP_L2_PROMOTION_L2_256B = 3;
 constexpr int CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE = 0;
@@ -380,20 +383,28 @@ class CudaDriver final : public Driver {
 
   void encode_tensor_map(void* map, const TensorMapLayout& layout) override {
     if (api_->cuTensorMapEncodeTiled == nullptr) Driver::encode_tensor_map(map, layout);
-    if (layout.dtype != DType::f16 && layout.dtype != DType::bf16) {
+    int dtype = CU_TENSOR_MAP_DATA_TYPE_UINT8;  // fp8: TMA moves bytes
+    if (layout.dtype == DType::f16) {
+      dtype = CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    } else if (layout.dtype == DType::bf16) {
+      dtype = CU_TENSOR_MAP_DATA_TYPE_BFLOAT16;
+    } else if (!is_fp8(layout.dtype)) {
       throw Error(ErrorCategory::unsupported,
-                  "kiln makes TMA descriptors of f16 and bf16 tensors only, not " +
+                  "kiln makes TMA descriptors of f16, bf16 and fp8 tensors only, not " +
                       std::string(to_string(layout.dtype)));
+    }
+    // A box row swizzled by its own bytes: 128 (64 16-bit columns) or 64 (64 fp8 ones).
+    const std::uint64_t row_bytes = layout.box[0] * size_of(layout.dtype);
+    if (row_bytes != 64 && row_bytes != 128) {
+      throw Error(ErrorCategory::unsupported, "a TMA box row of " + std::to_string(row_bytes) +
+                                                  " bytes: kiln swizzles rows of 64 or 128 bytes");
     }
     const std::uint32_t element_strides[TensorMapLayout::max_rank] = {1, 1, 1, 1, 1};
     const CUresult result = api_->cuTensorMapEncodeTiled(
-        map,
-        layout.dtype == DType::f16 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT16
-                                   : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16,
-        static_cast<unsigned>(layout.rank), const_cast<void*>(layout.data), layout.dims,
+        map, dtype, static_cast<unsigned>(layout.rank), const_cast<void*>(layout.data), layout.dims,
         layout.byte_strides, layout.box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
-        CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+        row_bytes == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B,
+        CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
     if (result != CUDA_SUCCESS) {
       throw Error(ErrorCategory::unsupported,
                   api_->failure(result, "cuTensorMapEncodeTiled") +

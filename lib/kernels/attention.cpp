@@ -31,9 +31,10 @@ constexpr OperandDTypes kOperandDTypes[] = {
     {DType::bf16, DType::bf16, DType::bf16},
     {DType::f16, DType::f16, DType::f16},
 };
-// The mma kernel's: those, and fp8 k and v under a 16-bit q, widened to q's type as they are
-// read (sm_89 and newer). The default warm set compiles e4m3's.
-constexpr std::span<const OperandDTypes> kMmaOperandDTypes = kWideningOperandDTypes;
+// The mma and tma kernels': those, and fp8 k and v under a 16-bit q, widened to q's type as they
+// are read (sm_89 and newer; the tma kernel widens them in shared memory). The default warm set
+// compiles e4m3's.
+constexpr std::span<const OperandDTypes> kWideningDTypes = kWideningOperandDTypes;
 
 // The constants each kernel's template reads (kernels_src/attention/prefill).
 constexpr ConstantSchema kMmaConstants[] = {
@@ -81,7 +82,7 @@ constexpr AttentionDescription kDescriptions[] = {
     {.kernel = AttentionKernel::mma,
      .name = "mma",
      .schema = {"attention/prefill/forward.cuh", "kiln::attention_forward", "kiln::AttentionParams",
-                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>, kMmaOperandDTypes},
+                kMmaConstants, spec_shared_bytes<AttentionKernel::mma>, kWideningDTypes},
      .targets = AttentionTargets::sm80,
      .threads = warps_threads,
      .shared_bytes =
@@ -107,7 +108,7 @@ constexpr AttentionDescription kDescriptions[] = {
      .name = "tma",
      .schema = {"attention/prefill/forward_tma.cuh", "kiln::attention_forward_tma",
                 "kiln::AttentionTmaParams", kWarpgroupConstants,
-                spec_shared_bytes<AttentionKernel::tma>, kOperandDTypes},
+                spec_shared_bytes<AttentionKernel::tma>, kWideningDTypes},
      .targets = AttentionTargets::sm90a,
      // wgmma's warpgroups and the producer's
      .threads = [](const AttentionConfig& c) { return c.block_m * 2 + 128; },
@@ -242,19 +243,49 @@ constexpr AttentionTuning kFp8[] = {
     {256, Match::any, Match::any, {.block_m = 64, .block_n = 32, .warps = 4, .stages = 2}},
 };
 
+// fp8 k and v on sm_90a, both head dims 64 or more: the tma kernel, widening K and V into its
+// slots, on kSm90a's tiles where their staging entries fit beside them (at d128, 2 x 128 keys:
+// 176 keys leave no room for them). FIXME(tuning): kSm90a's measurements, not fp8's.
+constexpr AttentionTuning kFp8Sm90a[] = {
+    {64, Match::no, Match::any, {.block_m = 192, .block_n = 128, .stages = 3, .kernel = kTma}},
+    {64, Match::yes, Match::no, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
+    {64, Match::yes, Match::yes, {.block_m = 128, .block_n = 192, .stages = 2, .kernel = kTma}},
+    {128, Match::any, Match::any, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
+    {256, Match::any, Match::any, {.block_m = 128, .block_n = 64, .stages = 2, .kernel = kTma}},
+};
+
 static_assert(covers_every_problem(kGfx9) && covers_every_problem(kSm90a) &&
-                  covers_every_problem(kSm80) && covers_every_problem(kFp8),
+                  covers_every_problem(kSm80) && covers_every_problem(kFp8) &&
+                  covers_every_problem(kFp8Sm90a),
               "Each tuning table has a row for every head dim kiln compiles, masked or not, with "
               "short or long keys.");
 
 // The table of `target` for `problem`: one of the above.
 std::span<const AttentionTuning> table_of(const AttentionProblem& problem, const Target& target) {
   if (target.amd()) return kGfx9;
-  if (is_fp8(problem.dtype_kv)) return kFp8;
-  if (is_sm90a(target) && std::min(problem.head_dim, problem.head_dim_v) >= kTmaMinHeadDim) {
-    return kSm90a;
+  const bool tma =
+      is_sm90a(target) && std::min(problem.head_dim, problem.head_dim_v) >= kTmaMinHeadDim;
+  if (is_fp8(problem.dtype_kv)) {
+    if (tma) return kFp8Sm90a;
+    return kFp8;
   }
+  if (tma) return kSm90a;
   return kSm80;
+}
+
+// The config of `table`'s first row that `problem` matches.
+AttentionConfig row_of(std::span<const AttentionTuning> table, const AttentionProblem& problem) {
+  const int widest = std::max(problem.head_dim, problem.head_dim_v);
+  const bool long_keys = problem.seqlen_k >= kLongSeqlenK;
+  for (const AttentionTuning& row : table) {
+    if (widest <= row.widest && matches(row.band, problem.band) &&
+        matches(row.long_keys, long_keys)) {
+      return row.config;
+    }
+  }
+  // NOTE: only a head dim past kMaxHeadDim gets here, which no call validates; its compile
+  // refuses it.
+  return table.back().config;
 }
 
 }  // namespace
@@ -282,7 +313,7 @@ std::span<const OperandDTypes> attention_operand_dtypes() {
 }
 
 std::span<const OperandDTypes> attention_forward_operand_dtypes() {
-  return kMmaOperandDTypes;
+  return kWideningDTypes;
 }
 
 std::span<const ConstantSchema> attention_portable_constants() {
@@ -329,10 +360,10 @@ void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target) {
   if (!is_fp8(problem.dtype_kv)) return;
   require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "K/V");
-  if (kernel != AttentionKernel::mma) {
+  if (kernel != AttentionKernel::mma && kernel != AttentionKernel::tma) {
     unsupported(
-        fmt::format("{} k and v run on the mma attention kernel only, not the {} one: use "
-                    "AttentionKernel::mma, or choose()'s config",
+        fmt::format("{} k and v run on the mma and tma attention kernels only, not the {} one: "
+                    "use AttentionKernel::mma (or tma on sm_90a), or choose()'s config",
                     to_string(problem.dtype_kv), describe(kernel).name));
   }
 }
@@ -353,7 +384,8 @@ void check_config(const AttentionConfig& config, const Target& target) {
   }
 }
 
-AttentionConfig without_tma(const AttentionConfig& config) {
+AttentionConfig without_tma(const AttentionProblem& problem, const AttentionConfig& config) {
+  if (is_fp8(problem.dtype_kv)) return row_of(kFp8, problem);  // wgmma reads no fp8
   AttentionConfig c = config;
   c.kernel = AttentionKernel::wgmma;
   if (c.block_n == 176) c.block_n = 128;  // 176 keys a step is the tma kernel's alone
@@ -383,18 +415,7 @@ void require_fits(const LaunchPlan& plan, const AttentionConfig& config, const D
 AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
   detail::require_target(target, target.amd() ? AttentionKernel::portable : AttentionKernel::mma);
   detail::require_kv_dtype(problem, AttentionKernel::mma, target);
-  const int widest = std::max(problem.head_dim, problem.head_dim_v);
-  const bool long_keys = problem.seqlen_k >= kLongSeqlenK;
-  const std::span<const detail::AttentionTuning> table = detail::table_of(problem, target);
-  for (const detail::AttentionTuning& row : table) {
-    if (widest <= row.widest && detail::matches(row.band, problem.band) &&
-        detail::matches(row.long_keys, long_keys)) {
-      return row.config;
-    }
-  }
-  // NOTE: only a head dim past kMaxHeadDim gets here, which no call validates; its compile
-  // refuses it.
-  return table.back().config;
+  return detail::row_of(detail::table_of(problem, target), problem);
 }
 
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config) {

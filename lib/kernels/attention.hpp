@@ -57,8 +57,8 @@ bool is_sm90a(const Target& target);
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
 void require_target(const Target& target, AttentionKernel kernel);
 
-// Throws kiln::Error (unsupported) for fp8 k and v that `kernel` on `target` cannot read: only
-// the mma kernel reads them, on sm_89 and newer, with head dims multiples of 16.
+// Throws kiln::Error (unsupported) for fp8 k and v that `kernel` on `target` cannot read: the
+// mma kernel (and tma, on sm_90a) reads them, on sm_89 and newer, with head dims multiples of 16.
 void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target);
 
@@ -66,9 +66,10 @@ void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
 // range, and (unsupported) for a kernel `target` cannot run.
 void check_config(const AttentionConfig& config, const Target& target);
 
-// The config that loads `config`'s tiles without TMA, for inputs TMA cannot tile: the wgmma
-// kernel, which steps by multiples of 64 keys.
-AttentionConfig without_tma(const AttentionConfig& config);
+// The config that loads `config`'s tiles without TMA, for inputs of `problem` TMA cannot tile:
+// the wgmma kernel, which steps by multiples of 64 keys; with fp8 k and v, which wgmma does not
+// read, the mma kernel's config for them.
+AttentionConfig without_tma(const AttentionProblem& problem, const AttentionConfig& config);
 
 // The launch of `config` for `problem`: attention_spec's kernel, with the threads and dynamic
 // shared memory its description computes. The grid depends on the sizes of the call (row

@@ -331,14 +331,15 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   }
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
+    const bool fp8 = is_fp8(checked.problem.dtype_kv);
     if (config) {
       unsupported(fmt::format(
           "the tma kernel cannot tile q {}, k {} and v {}: TMA needs data, no empty dim and "
-          "every stride but the last a nonzero multiple of 16 bytes: use the wgmma kernel "
-          "(AttentionKernel::wgmma), or choose()'s config, which does so itself",
-          q.describe(), k.describe(), v.describe()));
+          "every stride but the last a nonzero multiple of 16 bytes: use the {} kernel "
+          "(AttentionKernel::{}), or choose()'s config, which does so itself",
+          q.describe(), k.describe(), v.describe(), fp8 ? "mma" : "wgmma", fp8 ? "mma" : "wgmma"));
     }
-    c = detail::without_tma(c);
+    c = detail::without_tma(checked.problem, c);
   }
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);

@@ -464,14 +464,24 @@ void run_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   }
 }
 
-// fp8 k and v (Case::kv_fp8), which the mma kernel alone reads: with choose()'s config and with
-// mma configs of other tiles (32 and 128 keys a step, 1 to 3 stages, 4 and 8 warps), on the same
-// inputs, each checked by check_kernel against one fp64 reference.
+// fp8 k and v (Case::kv_fp8), which the mma kernel reads (and tma, on sm_90a): with choose()'s
+// config, with mma configs of other tiles (32 and 128 keys a step, 1 to 3 stages, 4 and 8 warps)
+// and on sm_90a a tma config of other tiles (one or three consumer warpgroups, more staging
+// entries), on the same inputs, each checked by check_kernel against one fp64 reference.
 void run_fp8_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
   INFO(describe(c));
   Prepared p = prepare(c, rng);
   check_kernel(rt, c, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
   const bool wide = std::max(c.head_dim, c.dim_v()) > 128;
+  if (rt.target() == "sm_90a" && std::min(c.head_dim, c.dim_v()) >= 64) {
+    const bool narrow = std::max(c.head_dim, c.dim_v()) <= 64;
+    check_kernel(rt, c, p.d, p.want, p.has_rows,
+                 kiln::AttentionConfig{.block_m = narrow ? 192 : 64,
+                                       .block_n = narrow ? 128 : 64,
+                                       .stages = wide ? 2 : 3,
+                                       .kernel = kiln::AttentionKernel::tma},
+                 "the tma kernel, other tiles");
+  }
   check_kernel(rt, c, p.d, p.want, p.has_rows,
                kiln::AttentionConfig{.block_m = 64, .block_n = 32, .warps = 4, .stages = 3},
                "the mma kernel, 64 x 32 tiles, 3 stages");

@@ -262,7 +262,8 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
                 {"q has dtype f32", "bf16 or f16"});
 }
 
-TEST_CASE("attention takes fp8 k and v on the mma kernel of sm_89 and newer", "[attention]") {
+TEST_CASE("attention takes fp8 k and v on the mma kernel of sm_89 and newer, and tma on sm_90a",
+          "[attention]") {
   for (DType fp8 : {DType::e4m3, DType::e5m2}) {
     INFO(kiln::to_string(fp8));
     Call c = padded_call();
@@ -273,24 +274,42 @@ TEST_CASE("attention takes fp8 k and v on the mma kernel of sm_89 and newer", "[
     check_accepted(c);
     const kiln::AttentionProblem problem{
         .dtype_q = DType::bf16, .dtype_kv = fp8, .head_dim = 128, .head_dim_v = 128};
-    CHECK(kiln::choose(problem, kiln::Target("sm_90a")).kernel == kiln::AttentionKernel::mma);
+    CHECK(kiln::choose(problem, kiln::Target("sm_90a")).kernel == kiln::AttentionKernel::tma);
+    CHECK(kiln::choose(problem, kiln::Target("sm_90")).kernel == kiln::AttentionKernel::mma);
     CHECK(kiln::choose(problem, kiln::Target("sm_89")).kernel == kiln::AttentionKernel::mma);
+    // Below the tma kernel's head dims, and where its staging entries leave no room for the
+    // long-key tiles of bf16 (176 keys), mma's and 128 keys.
+    kiln::AttentionProblem narrow = problem;
+    narrow.head_dim = narrow.head_dim_v = 48;
+    CHECK(kiln::choose(narrow, kiln::Target("sm_90a")).kernel == kiln::AttentionKernel::mma);
+    kiln::AttentionProblem long_keys = problem;
+    long_keys.seqlen_k = 1 << 20;
+    CHECK(kiln::choose(long_keys, kiln::Target("sm_90a")).block_n == 128);
     for (const char* target : {"sm_80", "sm_86", "gfx90a"}) {
       check_refusal(refusal([&] { kiln::choose(problem, kiln::Target(target)); }),
                     ErrorCategory::unsupported,
                     {"needs an sm_89 or newer GPU (its fp8 conversions)", target});
     }
-    // Only the mma kernel reads fp8.
-    for (kiln::AttentionKernel kernel : {kiln::AttentionKernel::wgmma, kiln::AttentionKernel::tma,
-                                         kiln::AttentionKernel::portable}) {
+    // The mma and tma kernels read fp8 (a validating runtime, with no GPU, accepts the call up to
+    // the device); the others refuse it.
+    check_refusal(
+        refusal([&] {
+          kiln::attention(
+              c.q, c.k, c.v, c.out, c.options,
+              {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kiln::AttentionKernel::tma},
+              nullptr, validating_runtime());
+        }),
+        ErrorCategory::not_found, {"needs a GPU to run", "attention_forward_tma"});
+    for (kiln::AttentionKernel kernel :
+         {kiln::AttentionKernel::wgmma, kiln::AttentionKernel::portable}) {
       const kiln::AttentionConfig config{
           .block_m = 128, .block_n = 64, .stages = 2, .kernel = kernel};
-      check_refusal(refusal([&] {
-                      kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr,
-                                      validating_runtime());
-                    }),
-                    ErrorCategory::unsupported,
-                    {"k and v run on the mma attention kernel only", "AttentionKernel::mma"});
+      check_refusal(
+          refusal([&] {
+            kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr, validating_runtime());
+          }),
+          ErrorCategory::unsupported,
+          {"k and v run on the mma and tma attention kernels only", "AttentionKernel::mma"});
     }
   }
   // On sm_80 the call is refused before anything compiles.

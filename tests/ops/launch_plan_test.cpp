@@ -74,6 +74,27 @@ TEST_CASE("attention plans the CTA each kernel declares", "[attention][plan]") {
   CHECK(portable_plan.threads == portable.warps * 32);
   CHECK(portable_plan.shared_bytes == 2 * portable.block_n * (128 + 128));
   check_registry_agrees(portable_plan);
+
+  // fp8 k and v: the tma kernel plans its staging entries; inputs TMA cannot tile fall back to
+  // the mma kernel (wgmma reads no fp8), the others to wgmma on the same tiles.
+  AttentionProblem fp8 = kD128;
+  fp8.dtype_kv = DType::e4m3;
+  const AttentionConfig fp8_tma = choose(fp8, "sm_90a");
+  REQUIRE(fp8_tma.kernel == AttentionKernel::tma);
+  const LaunchPlan fp8_plan = detail::attention_plan(fp8, fp8_tma);
+  CHECK(fp8_plan.shared_bytes == attention_forward_tma_smem_bytes(128, 128, fp8_tma.block_m,
+                                                                  fp8_tma.block_n, fp8_tma.stages,
+                                                                  2, 1, 2));
+  CHECK(fp8_plan.shared_bytes <= attention_forward_tma_budget_bytes());
+  check_registry_agrees(fp8_plan);
+  const AttentionConfig fp8_mma = detail::without_tma(fp8, fp8_tma);
+  const AttentionConfig sm89 = choose(fp8, "sm_89");
+  CHECK(fp8_mma.kernel == AttentionKernel::mma);
+  CHECK((fp8_mma.block_m == sm89.block_m && fp8_mma.block_n == sm89.block_n &&
+         fp8_mma.warps == sm89.warps && fp8_mma.stages == sm89.stages));
+  const AttentionConfig untiled = detail::without_tma(kD128, tma);
+  CHECK(untiled.kernel == AttentionKernel::wgmma);
+  CHECK((untiled.block_m == tma.block_m && untiled.block_n == tma.block_n));
 }
 
 // Where its warpgroups split the head dims (above 128), the wgmma dk/dv kernel's default adds dQ

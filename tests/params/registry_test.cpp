@@ -190,16 +190,26 @@ TEST_CASE("the shared-memory formulas take each operand's element size", "[param
         1024 + 2 * (wq + wkv));
   CHECK(attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) == 1024 + 2 * wq + wkv);
   // tma stages its output (128 rows of 136) beside the tiles where they fit: at d128 with
-  // 2-byte operands, and at d256 only once K and V take 1 byte each.
-  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) ==
-        1024 + 2 * wq + wkv + 2 * 128 * 136);
+  // 2-byte operands.
   CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2) ==
         1024 + 2 * (wq + wkv) + 2 * 128 * 136);
   // 4-byte outputs would not fit their staging tile beside the tiles.
   CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 4) ==
         attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 4));
   CHECK_FALSE(attention_forward_tma_staged(256, 256, 128, 64, 2, 2, 2, 2));
-  CHECK(attention_forward_tma_staged(256, 256, 128, 64, 2, 2, 1, 2));
+  // fp8 k and v on the tma kernel land in staging entries of a K or V block each, in bytes, and
+  // are widened into slots of q's type: at d128 with 128 x 128 tiles in 2 stages, 4 entries of
+  // 128 rows of 128 bytes fit its budget (227 KiB less 1 KiB) without the output staging tile;
+  // at d256 with 64 keys, 2 entries; a config with no room for one a stage has none.
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 1, 2) == 4);
+  CHECK_FALSE(attention_forward_tma_staged(128, 128, 128, 128, 2, 2, 1, 2));
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) ==
+        1024 + 2 * (wq + wkv) + 4 * 128 * 128);
+  CHECK(attention_forward_tma_fp8_entries(256, 256, 128, 64, 2, 2, 1, 2) == 2);
+  CHECK(attention_forward_tma_smem_bytes(256, 256, 128, 64, 2, 2, 1, 2) ==
+        1024 + 2 * (128 * 256 + 2 * 64 * 512) + 2 * 64 * 256);
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 176, 2, 2, 1, 2) == 0);
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 2, 2) == 0);  // 16-bit
   CHECK(attention_forward_portable_smem_bytes(128, 64, 32, 2) ==
         2 * attention_forward_portable_smem_bytes(128, 64, 32, 1));
   // decode at d128, one row tile, 4 warps of 3 stages of 16 keys: Q 16 x 128, K/V 4 x 3 x 16 x
@@ -228,10 +238,10 @@ TEST_CASE("a spec of operand dtypes its family does not take is refused before c
                                " takes (q, k and v, out) in the dtypes (bf16, bf16, bf16) or "
                                "(f16, f16, f16)") &&
                    Catch::Contains("so dtype_kv needs f16"));
-    // fp8 k and v: the mma kernel's alone.
+    // fp8 k and v: the mma and tma kernels'.
     KernelSpec fp8 = spec;
     fp8.set("dtype_kv", DType::e4m3);
-    if (kernel == AttentionKernel::mma) {
+    if (kernel == AttentionKernel::mma || kernel == AttentionKernel::tma) {
       CHECK_NOTHROW(check_schema(fp8));
     } else {
       CHECK_THAT(refusal(fp8),

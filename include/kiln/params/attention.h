@@ -94,8 +94,8 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
   const long long qk_pitch = (head_dim + 15) / 16 * 16 + 8;
   const long long v_pitch = (head_dim_v + 15) / 16 * 16 + 8;
   const long long kv_unpad = kv_size == 1 ? 8 : 0;
-  const long long tiles =
-      q_size * block_m * qk_pitch + kv_size * stages * block_n * (qk_pitch + v_pitch - 2 * kv_unpad);
+  const long long tiles = q_size * block_m * qk_pitch +
+                          kv_size * stages * block_n * (qk_pitch + v_pitch - 2 * kv_unpad);
   const long long staging = out_size * block_m * v_pitch;
   return tiles > staging ? tiles : staging;
 }
@@ -129,33 +129,87 @@ KILN_PARAMS_FN constexpr long long attention_forward_wgmma_smem_bytes(
   return 1024 + (tiles > staging ? tiles : staging);
 }
 
-// Whether attention_forward_tma stages its output in a tile of its own, which must fit in
-// 227 KiB beside the tiles of attention_forward_wgmma, so that a tile's output is copied out
+// The tma kernel's dynamic shared memory at most: 227 KiB a CTA, less 1 KiB for its barriers in
+// static shared memory.
+KILN_PARAMS_FN constexpr long long attention_forward_tma_budget_bytes() {
+  return 227 * 1024 - 1024;
+}
+
+// The tma kernel's K/V slots hold q's type: fp8 k and v (kv_size 1) land in staging entries of
+// their own, each a K or a V block of block_n rows of the wider head dim (rounded to 64) in
+// bytes, which the kernel widens into the slots. The bytes of one entry, or 0 for 16-bit k and v.
+KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entry_bytes(long long head_dim,
+                                                                         long long head_dim_v,
+                                                                         long long block_n,
+                                                                         long long kv_size) {
+  const long long widest = head_dim > head_dim_v ? head_dim : head_dim_v;
+  return kv_size == 1 ? block_n * ((widest + 63) / 64 * 64) : 0;
+}
+
+// The tma kernel's dynamic shared memory with `entries` fp8 staging entries, with or without the
+// output staging tile: 1024 bytes of alignment slack, Q and the K/V slots in q's type, the
+// entries, and the output staging tile (or, without it, the larger of the tiles and that tile,
+// which then reuses them as attention_forward_wgmma's does).
+KILN_PARAMS_FN constexpr long long attention_forward_tma_layout_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long kv_size, long long out_size, long long entries,
+    bool staged) {
+  const long long tiles =
+      attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
+                                         q_size) +
+      entries * attention_forward_tma_fp8_entry_bytes(head_dim, head_dim_v, block_n, kv_size);
+  const long long staging = attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size);
+  if (staged) return 1024 + tiles + staging;
+  return 1024 + (tiles > staging ? tiles : staging);
+}
+
+// How many fp8 staging entries the tma kernel takes (0 for 16-bit k and v): the most, up to two
+// a stage (a K and a V block each), that fit its budget with the output staging tile, else the
+// most that fit without it; at least `stages`, else none fit (0: the config does not fit).
+KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entries(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long kv_size, long long out_size) {
+  if (kv_size != 1) return 0;
+  for (int staged = 1; staged >= 0; --staged) {
+    for (long long entries = 2 * stages; entries >= stages; --entries) {
+      if (attention_forward_tma_layout_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
+                                             kv_size, out_size, entries,
+                                             staged == 1) <= attention_forward_tma_budget_bytes()) {
+        return entries;
+      }
+    }
+  }
+  return 0;
+}
+
+// Whether attention_forward_tma stages its output in a tile of its own, which must fit its budget
+// beside the tiles (and fp8 staging entries), so that a tile's output is copied out
 // with bulk copies while the next tile computes; otherwise each thread stores its share of the
 // output from registers.
 KILN_PARAMS_FN constexpr bool attention_forward_tma_staged(long long head_dim, long long head_dim_v,
                                                            long long block_m, long long block_n,
                                                            long long stages, long long q_size,
                                                            long long kv_size, long long out_size) {
-  return 1024 +
-             attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n, stages,
-                                                q_size, kv_size) +
-             attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size) <=
-         227 * 1024;
+  const long long entries = attention_forward_tma_fp8_entries(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size);
+  return attention_forward_tma_layout_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
+                                            kv_size, out_size, entries,
+                                            true) <= attention_forward_tma_budget_bytes();
 }
 
-// Dynamic shared memory of attention_forward_tma: attention_forward_wgmma's, plus the staging
-// tile where it fits.
+// Dynamic shared memory of attention_forward_tma: its layout with its fp8 staging entries, and
+// the output staging tile where it fits. fp8 k and v with no room for `stages` entries get the
+// layout with that many, above the budget, whose kernel refuses to compile.
 KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size, long long out_size) {
-  const long long tiles = attention_forward_wgmma_smem_bytes(head_dim, head_dim_v, block_m, block_n,
-                                                             stages, q_size, kv_size, out_size);
-  if (!attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
-                                    out_size)) {
-    return tiles;
-  }
-  return tiles + attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size);
+  const long long entries = attention_forward_tma_fp8_entries(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size);
+  return attention_forward_tma_layout_bytes(
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size,
+      kv_size == 1 && entries == 0 ? stages : entries,
+      attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
+                                   out_size));
 }
 
 // Dynamic shared memory of attention_forward_portable, in bytes: one K and one V tile of block_n

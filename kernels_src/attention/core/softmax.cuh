@@ -107,10 +107,12 @@ struct OnlineSoftmax {
 
   // Normalizes o by the row sums and gives each row's natural-log sum of exp of its logits
   // (-inf, with o = 0, for a row that attended no key). Each row's sink logit (natural units;
-  // -inf: none) joins its sum, and so its LSE, with no value (add_sink).
-  template <int OTiles>
+  // -inf: none) joins its sum, and so its LSE, with no value (add_sink). Scaled: o is also
+  // multiplied by `scale` (an fp8 V's descale).
+  template <bool Scaled = false, int OTiles>
   __device__ __forceinline__ void finish(float (&o)[MTiles][OTiles][4], float to_log2,
-                                         float (&lse)[rows], const float (&sink)[rows]) {
+                                         float (&lse)[rows], const float (&sink)[rows],
+                                         float scale = 1.f) {
 #pragma unroll
     for (int mt = 0; mt < MTiles; ++mt) {
 #pragma unroll
@@ -121,7 +123,8 @@ struct OnlineSoftmax {
         const float factor = add_sink(sink[r], shift, sum);
         // NOTE: a reciprocal times the factor, not a division: with no sink the factor is 1,
         // and the epilogue of a short tile is not free.
-        const float inv = (attended(sum) ? 1.f / sum : 0.f) * factor;
+        float inv = (attended(sum) ? 1.f / sum : 0.f) * factor;
+        if constexpr (Scaled) inv *= scale;
         lse[r] = row_lse(shift, sum);
 #pragma unroll
         for (int j = 0; j < OTiles; ++j) {

@@ -97,6 +97,8 @@ struct ForwardTraits : HeadTraits<Spec, true> {
   static constexpr int kv_v_swizzle = kv_fp8 ? swizzle_for(v_dim / 16) : v_swizzle;
   static_assert(!kv_fp8 || (head_dim % 16 == 0 && head_dim_v % 16 == 0),
                 "fp8 k and v's head dims must be multiples of 16.");
+  // An fp8 V's fragments leave o's columns in fp8_o_column's order.
+  static constexpr bool fp8_o_columns = kv_fp8;
 
   static constexpr int rows_per_warp = block_m / warps;
   static constexpr int m_tiles = rows_per_warp / 16;  // m16 tiles per warp
@@ -126,12 +128,13 @@ struct ForwardTraits : HeadTraits<Spec, true> {
 };
 
 // The output tile through shared memory (reusing it from offset 0), so that global stores are
-// whole 16-byte row pieces; o's columns in fp8_o_column's order after an fp8 V.
+// whole 16-byte row pieces; o's columns in fp8_o_column's order after an fp8 V read in registers
+// (Tr::fp8_o_columns).
 template <class Tr>
 __device__ __forceinline__ void stage_output(typename Tr::Out* smem,
                                              const float (&o)[Tr::m_tiles][Tr::o_tiles][4],
                                              int warp, int lane) {
-  if constexpr (Tr::kv_fp8) {
+  if constexpr (Tr::fp8_o_columns) {
     stage_fp8_fragments<Tr::v_pitch>(smem, o, warp * Tr::rows_per_warp, lane);
   } else {
     stage_fragments<Tr::v_pitch>(smem, o, warp * Tr::rows_per_warp, 0, lane);
@@ -150,6 +153,17 @@ __device__ __forceinline__ void store_lse(float* lse_rows, const float (&lse)[2 
   }
 }
 
+// What the output is multiplied by as the softmax finishes: fp8 V's descale (per sequence and kv
+// head), else 1.
+template <class Tr>
+__device__ __forceinline__ float output_scale(const AttentionParams& p, const Sequence& seq) {
+  if constexpr (Tr::kv_fp8) {
+    return descale_or_one(head_descales(p.descales, seq.batch, seq.head_kv).v);
+  } else {
+    return 1.f;
+  }
+}
+
 // The end of a row block, for the kernels whose warps each own whole rows (mma, wgmma): every
 // row's softmax finished with its sink, o times fp8 values' descale, staged through `staging`
 // once every warp is done with the tiles there, then out and the LSE stored.
@@ -164,18 +178,7 @@ __device__ __forceinline__ void store_row_block(const AttentionParams& p, const 
   float lse[2 * Tr::m_tiles];
   float sink[2 * Tr::m_tiles];
   transform.sinks(sink, p.score);
-  softmax.finish(o, to_log2, lse, sink);
-  if constexpr (Tr::kv_fp8) {
-    const float v_descale = descale_or_one(head_descales(p.descales, seq.batch, seq.head_kv).v);
-#pragma unroll
-    for (int mt = 0; mt < Tr::m_tiles; ++mt) {
-#pragma unroll
-      for (int j = 0; j < Tr::o_tiles; ++j) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) o[mt][j][e] *= v_descale;
-      }
-    }
-  }
+  softmax.template finish<Tr::kv_fp8>(o, to_log2, lse, sink, output_scale<Tr>(p, seq));
 
   mma::cp_async_wait<0>();
   __syncthreads();  // every warp is done reading the tiles before the output overwrites them

@@ -10,11 +10,14 @@
 // the next one's products; otherwise each thread stores its accumulators. The producer
 // warpgroup hands registers back (setmaxnreg) to the consumers.
 //
+// fp8 k and v (e4m3, e5m2) land in staging entries instead, which the producer warpgroup's other
+// three warps widen into the slots (tma/converter.cuh): the consumers read q's type either way.
+//
 // Its parts, in attention/prefill/tma/: traits.cuh (shapes, registers, the barriers, on
-// common/pipeline.cuh), producer.cuh (the loads), epilogue.cuh (output and LSE stores) and
-// tile_order.cuh. The consumers' key loop stays in the kernel's body: moved into a member
-// function of its own, the same statements came out of ptxas scheduled differently and ran
-// 2-7% slower at head dims 128 and 256 on an H200 (bench/RESULTS.md, run 24a).
+// common/pipeline.cuh), producer.cuh (the loads), converter.cuh (fp8 k and v), epilogue.cuh
+// (output and LSE stores) and tile_order.cuh. The consumers' key loop stays in the kernel's body:
+// moved into a member function of its own, the same statements came out of ptxas scheduled
+// differently and ran 2-7% slower at head dims 128 and 256 on an H200 (bench/RESULTS.md, run 24a).
 //
 // Spec constants: those of attention_forward_wgmma (block_m, block_n, stages). With two consumer
 // warpgroups (block_m 128) they take turns at the tensor cores (ping-pong, below);
@@ -31,6 +34,7 @@
 // columns by block_m (q) and block_n (k, v) rows.
 #pragma once
 
+#include "attention/prefill/tma/converter.cuh"
 #include "attention/prefill/tma/epilogue.cuh"
 #include "attention/prefill/tma/producer.cuh"
 
@@ -56,10 +60,15 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   const TileOrder<Spec, Tr::block_m, Tr::block_n> order{p, tp.section_pairs};
 
   if (thread >= Tr::consumer_threads) {
-    // The producer: the first warp of the last warpgroup.
+    // The producer: the first warp of the last warpgroup; with fp8 k and v, the other three
+    // convert.
     tma::release_registers<Tr::producer_registers>();
-    if (thread >= Tr::consumer_threads + 32) return;
-    TmaProducer<Spec>(tp, bars, tiles, thread % 32).run(order);
+    const int role_thread = thread - Tr::consumer_threads;
+    if (role_thread < 32) {
+      TmaProducer<Spec>(tp, bars, tiles, thread % 32).run(order);
+    } else if constexpr (Tr::kv_fp8) {
+      TmaConverter<Spec>{bars, tiles, role_thread - 32}.run();
+    }
     return;
   }
 

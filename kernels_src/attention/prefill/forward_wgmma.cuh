@@ -26,13 +26,13 @@
 namespace kiln {
 namespace attention {
 
-template <class Spec>
-struct WgmmaTraits : HeadTraits<Spec> {
-  using HeadTraits<Spec>::head_dim;
-  using HeadTraits<Spec>::head_dim_v;
-  using HeadTraits<Spec>::q_size;
-  using HeadTraits<Spec>::kv_size;
-  using HeadTraits<Spec>::out_size;
+// ReadsFp8: the tma kernel's, which widens fp8 k and v into slots of q's type.
+template <class Spec, bool ReadsFp8 = false>
+struct WgmmaTraits : HeadTraits<Spec, ReadsFp8> {
+  using HeadTraits<Spec, ReadsFp8>::head_dim;
+  using HeadTraits<Spec, ReadsFp8>::head_dim_v;
+  using HeadTraits<Spec, ReadsFp8>::q_size;
+  using HeadTraits<Spec, ReadsFp8>::out_size;
 
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -55,13 +55,16 @@ struct WgmmaTraits : HeadTraits<Spec> {
   static constexpr int s_tiles = block_n / 8;
   static constexpr int o_tiles = v_dim / 8;
   static constexpr int v_pitch = v_dim + 8;  // the output staging tile
+  // The output accumulators' columns are in order (as stage_output reads them): wgmma reads K
+  // and V in q's type, whatever type they arrive in.
+  static constexpr bool fp8_o_columns = false;
 
-  // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots.
+  // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots, in q's type.
   static constexpr int q_bytes = block_m * qk_dim * q_size;
-  static constexpr int k_bytes = block_n * qk_dim * kv_size;
-  static constexpr int slot_bytes = k_bytes + block_n * v_dim * kv_size;
+  static constexpr int k_bytes = block_n * qk_dim * q_size;
+  static constexpr int slot_bytes = k_bytes + block_n * v_dim * q_size;
   static constexpr int smem_bytes = static_cast<int>(attention_forward_wgmma_smem_bytes(
-      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size));
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, q_size, out_size));
   static_assert(smem_bytes >= 1024 + q_bytes + stages * slot_bytes &&
                     smem_bytes >= 1024 + block_m * v_pitch * out_size,
                 "attention_forward_wgmma_smem_bytes disagrees with the kernel's layout.");
@@ -82,7 +85,7 @@ __device__ __forceinline__ void load_tile_swizzled(unsigned tile, const T* gmem,
 }
 
 // The A fragment of PV's k16 step kk: probabilities of keys 16 kk .. 16 kk + 15, rounded to T
-// (V's type).
+// (the V slots' type, q's).
 template <class T, int STiles>
 __device__ __forceinline__ void probability_fragment(unsigned (&a)[4],
                                                      const float (&s)[1][STiles][4], int kk) {
@@ -165,7 +168,7 @@ template <class Tr>
 __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
                                              const unsigned (&a)[Tr::block_n / 16][4],
                                              unsigned v_tile) {
-  start_nmajor_product<typename Tr::KV, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile);
+  start_nmajor_product<typename Tr::Q, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile);
 }
 
 // Keeps the compiler from touching an accumulator before the wait that completes it.
@@ -180,7 +183,7 @@ __device__ __forceinline__ void probability_fragments(unsigned (&a)[Tr::block_n 
                                                       const float (&s)[1][Tr::s_tiles][4]) {
 #pragma unroll
   for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    probability_fragment<typename Tr::KV>(a[kk], s, kk);
+    probability_fragment<typename Tr::Q>(a[kk], s, kk);
   }
 }
 

@@ -53,7 +53,7 @@ struct TmaEpilogue {
     float lse[2];
     float sink[2];
     transform.sinks(sink, p.score);
-    softmax.finish(o, to_log2, lse, sink);
+    softmax.template finish<Tr::kv_fp8>(o, to_log2, lse, sink, output_scale<Tr>(p, seq));
     Out* const out = static_cast<Out*>(p.out) + seq.out_offset;
     if constexpr (Tr::staged) {
       // Each warp stages its 16 rows and copies them out with bulk copies, a row each, which run

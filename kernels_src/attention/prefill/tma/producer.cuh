@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tma kernel's producer: one warp that takes the tiles from the scheduler and, for each,
 // hands Q's slot to it and streams Q, then K and V of its key blocks, into the swizzled slots
-// with TMA. Its first lane issues every copy; the whole warp zeroes V's tails.
+// with TMA (fp8 k and v into staging entries, with a job for the converters that widen them into
+// the slots). Its first lane issues every copy; the whole warp zeroes V's tails.
 #pragma once
 
 #include "attention/core/kv_layout.cuh"
@@ -34,6 +35,7 @@ struct TmaProducer {
   tma::PipelineState<1> q_at{};
   tma::PipelineState<Tr::stages> kv_at{};  // the next tile's first key block: its K and its V
   tma::PipelineState<1> tail_at{};
+  tma::PipelineState<Tr::kv_fp8 ? Tr::fp8_entries : 1> entry_at{};
 
   __device__ __forceinline__ TmaProducer(const AttentionTmaParams& tp_, TmaBarriers<Tr>& bars_,
                                          unsigned char* tiles_, int lane_)
@@ -69,6 +71,12 @@ struct TmaProducer {
       bars.q.full.arrive(q_at);
       scheduler.finish();
     }
+    if constexpr (Tr::kv_fp8) {
+      if (issuer) {
+        post(Fp8Job{Fp8Job::stop, 0, 0});
+        bars.fp8.ring.full.arrive(entry_at);
+      }
+    }
   }
 
   __device__ __forceinline__ MapCoords map_coords(const Tile& tile) const {
@@ -103,8 +111,37 @@ struct TmaProducer {
     return tiles + Tr::q_bytes + slot * Tr::slot_bytes;
   }
 
+  // fp8 k and v: the next staging entry, once the converters are done with it, to `job`; the
+  // caller arrives on its full barrier.
+  __device__ __forceinline__ unsigned char* post(const Fp8Job& job) {
+    bars.fp8.ring.acquire(entry_at);
+    bars.fp8.job[entry_at.slot()] = job;
+    return tiles + Tr::entries_offset + entry_at.slot() * Tr::entry_bytes;
+  }
+
+  // fp8 k or v: block `block`'s Dim columns from `map` into the next staging entry, for the
+  // converters to widen into the slot at ring position `position` (job's).
+  template <int Dim>
+  __device__ __forceinline__ void load_fp8(const TensorMap* map, const Fp8Job& job, int block,
+                                           const MapCoords& coords) {
+    if (issuer) {
+      unsigned char* const entry = post(job);
+      bars.fp8.ring.full.arrive_expect_tx(entry_at, Tr::block_n * Dim);
+#pragma unroll
+      for (int c = 0; c < Dim / 64; ++c) {
+        tma::load_4d(entry + c * Tr::block_n * 64, map, bars.fp8.ring.full.at(entry_at), 64 * c,
+                     coords.k_token + block * Tr::block_n, coords.head_kv, coords.batch);
+      }
+    }
+    entry_at.advance();
+  }
+
   __device__ __forceinline__ void load_k(int block, tma::PipelineState<Tr::stages> k_at,
                                          const MapCoords& coords) {
+    if constexpr (Tr::kv_fp8) {
+      load_fp8<Tr::qk_dim>(&tp.k_map, Fp8Job{Fp8Job::k, k_at.count, Tr::block_n}, block, coords);
+      return;
+    }
     if (issuer) {
       bars.k.acquire(k_at);
       bars.k.full.arrive_expect_tx(k_at, Tr::k_bytes);
@@ -126,6 +163,11 @@ struct TmaProducer {
     unsigned char* const v_tile = slot_tile(v_at.slot()) + Tr::k_bytes;
     const int valid = seq.seqlen_k - block * Tr::block_n;
     const bool tail = valid < Tr::block_n;
+    if constexpr (Tr::kv_fp8) {
+      const int rows = tail ? (valid > 0 ? valid : 0) : Tr::block_n;
+      load_fp8<Tr::v_dim>(&tp.v_map, Fp8Job{Fp8Job::v, v_at.count, rows}, block, coords);
+      return;
+    }
     unsigned long long* const landed = tail ? bars.v_tail.at(tail_at) : bars.v.full.at(v_at);
     if (issuer) {
       bars.v.acquire(v_at);

@@ -10,8 +10,8 @@ namespace kiln {
 namespace attention {
 
 template <class Spec>
-struct TmaTraits : WgmmaTraits<Spec> {
-  using Base = WgmmaTraits<Spec>;
+struct TmaTraits : WgmmaTraits<Spec, true> {
+  using Base = WgmmaTraits<Spec, true>;
   static constexpr int consumer_groups = Base::block_m / 64;
   static constexpr int consumer_threads = consumer_groups * 128;
   static constexpr int consumer_warps = consumer_threads / 32;
@@ -33,11 +33,57 @@ struct TmaTraits : WgmmaTraits<Spec> {
                 "the warpgroups' registers do not fit what the CTA is launched with.");
   static_assert(consumer_groups != 3 || consumer_registers == 160,
                 "three consumer warpgroups must keep 160 registers each beside the producer.");
-  // Whether an output staging tile follows the Q and K/V tiles (attention_forward_tma_staged).
+
+  // fp8 k and v: TMA lands each K or V block in a staging entry of its own, whose 64-column
+  // chunks are block_n rows of 64 bytes swizzled by 64 bytes (the map's box), and the producer
+  // warpgroup's other three warps (the converters, tma/converter.cuh) widen it into its slot.
+  static constexpr int fp8_entries = static_cast<int>(attention_forward_tma_fp8_entries(
+      Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages, Base::q_size,
+      Base::kv_size, Base::out_size));
+  static constexpr int entry_bytes = static_cast<int>(attention_forward_tma_fp8_entry_bytes(
+      Base::head_dim, Base::head_dim_v, Base::block_n, Base::kv_size));
+  static_assert(!Base::kv_fp8 || fp8_entries >= Base::stages,
+                "fp8 k and v's staging entries do not fit beside the tiles: lower block_m, "
+                "block_n or stages.");
+  static constexpr int converter_warps = Base::kv_fp8 ? 3 : 0;
+  // Whether an output staging tile follows the Q and K/V tiles and the staging entries
+  // (attention_forward_tma_staged).
   static constexpr bool staged =
       attention_forward_tma_staged(Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n,
                                    Base::stages, Base::q_size, Base::kv_size, Base::out_size);
-  static constexpr int staging_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
+  static constexpr int entries_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
+  static constexpr int staging_offset = entries_offset + fp8_entries * entry_bytes;
+  static_assert(1024 + staging_offset +
+                        (staged ? Base::block_m * Base::v_pitch * Base::out_size : 0) <=
+                    attention_forward_tma_smem_bytes(Base::head_dim, Base::head_dim_v,
+                                                     Base::block_m, Base::block_n, Base::stages,
+                                                     Base::q_size, Base::kv_size, Base::out_size),
+                "attention_forward_tma_smem_bytes disagrees with the kernel's layout.");
+};
+
+// What the producer hands the converters with each fp8 staging entry: the slot (its ring
+// position) the block goes to, K's or V's, and how many of its rows hold keys of the sequence
+// (the rest of a V block is zeroed); or that no block is left.
+struct Fp8Job {
+  enum Kind : int { k, v, stop };
+  int kind;
+  int position;
+  int rows;
+};
+
+// The fp8 staging entries' ring and jobs (none for 16-bit k and v).
+template <int Entries>
+struct Fp8Staging {
+  tma::Pipeline<Entries> ring;
+  Fp8Job job[Entries];
+
+  // The producer's single arrival (with the loads' bytes) fills an entry; each converter warp's
+  // empties it.
+  __device__ __forceinline__ void init(unsigned converter_warps) { ring.init(1, converter_warps); }
+};
+template <>
+struct Fp8Staging<0> {
+  __device__ __forceinline__ void init(unsigned) {}
 };
 
 // What the producer and the consumers meet at, in static shared memory. Q's slot is one stage
@@ -55,15 +101,18 @@ struct TmaBarriers {
   // A V block that holds its sequence's last key lands here instead of v.full: the producer
   // zeroes its rows past that key, then arrives on v.full itself.
   tma::BarrierRing<1> v_tail;
+  Fp8Staging<Tr::fp8_entries> fp8;
 
   // One thread, before a CTA barrier. The producer's single arrival (with the loads' bytes)
-  // fills a slot; Q's slot empties once every consumer thread read its tile index, a K or V
-  // slot once every consumer warp is done with it.
+  // fills a slot, or with fp8 k and v each converter warp's; Q's slot empties once every consumer
+  // thread read its tile index, a K or V slot once every consumer warp is done with it.
   __device__ __forceinline__ void init() {
+    const unsigned fillers = Tr::kv_fp8 ? Tr::converter_warps : 1;
     q.init(1, Tr::consumer_threads);
     v_tail.init(1);
-    k.init(1, Tr::consumer_warps);
-    v.init(1, Tr::consumer_warps);
+    k.init(fillers, Tr::consumer_warps);
+    v.init(fillers, Tr::consumer_warps);
+    fp8.init(Tr::converter_warps);
     tma::fence_init();
   }
 };
