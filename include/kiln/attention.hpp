@@ -42,9 +42,10 @@ struct AttentionOptions {
 
   // fp8 k and v's descales, FlashAttention-3's: fp32 (batch, heads_kv), any strides; unset: 1.
   // The key sequence b's kv head h attends is k's times k_descale[b][h] (v likewise); finite and
-  // positive (KILN_DEBUG=1 checks them). fp8 k and v run on the mma kernel, on sm_89 and newer,
-  // with head dims multiples of 16; each value is widened to q's dtype exactly, and the descales
-  // are applied in fp32 (k's to the scores, v's to the output). No backward.
+  // positive (KILN_DEBUG=1 checks them). fp8 k and v run on sm_89 and newer with head dims
+  // multiples of 16, on the tma kernel (sm_90a) or the mma one; each value is widened to q's
+  // dtype exactly, and the descales are applied in fp32 (k's to the scores, v's to the output).
+  // No backward.
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
 };
@@ -53,7 +54,7 @@ struct AttentionOptions {
 struct AttentionProblem {
   // Each operand's dtype: q's (and bias's), k's and v's, out's. The kernels take the
   // combinations in lib/kernels/attention.cpp's tables: one dtype, f16 or bf16, for all, or
-  // (mma only) fp8 k and v under a 16-bit q.
+  // (mma and tma) fp8 k and v under a 16-bit q.
   DType dtype_q = DType::bf16;
   DType dtype_kv = DType::bf16;
   DType dtype_out = DType::bf16;
@@ -96,8 +97,8 @@ struct AttentionConfig {
 
 // The config the hot path, is_supported() and warm-up use for `problem` on `target`: the tma
 // kernel on sm_90a for head dims of 64 and more (attention() runs the wgmma kernel instead for
-// inputs TMA cannot tile, such as a stride of 0), the mma kernel on other sm_80+ targets and
-// dims, the portable one on AMD's
+// inputs TMA cannot tile, such as a stride of 0, and the mma kernel for such fp8 k and v), the mma
+// kernel on other sm_80+ targets and dims, the portable one on AMD's
 // wave64 gfx9 targets, such as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's
 // stops at gfx90c). Throws kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, const Target& target);

@@ -230,7 +230,8 @@ constexpr AttentionTuning kSm80[] = {
     {256, Match::any, Match::any, {.block_m = 64, .block_n = 64, .warps = 4, .stages = 1}},
 };
 
-// fp8 k and v on sm_89 and newer: the mma kernel, measured on an H200 with kiln_bench_tune's e4m3
+// fp8 k and v on sm_89 and newer but sm_90a's tma head dims (and there, inputs TMA cannot tile):
+// the mma kernel, measured on an H200 with kiln_bench_tune's e4m3
 // sweep (bench/RESULTS.md, run 45). Up to 64, kSm80's unmasked tiles (a third stage gained under
 // 1%). To 96, one stage of 64 keys: 10% faster than 32 keys in 2 stages, 20-35% than 8 warps.
 // To 128, 32 keys in 2 stages: 10-30% faster than any other candidate (the 64-key tiles spill or

@@ -9,6 +9,7 @@
 #include <initializer_list>
 #include <memory>
 #include <optional>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -331,13 +332,13 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   }
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
-    const bool fp8 = is_fp8(checked.problem.dtype_kv);
+    const std::string_view instead = is_fp8(checked.problem.dtype_kv) ? "mma" : "wgmma";
     if (config) {
       unsupported(fmt::format(
-          "the tma kernel cannot tile q {}, k {} and v {}: TMA needs data, no empty dim and "
-          "every stride but the last a nonzero multiple of 16 bytes: use the {} kernel "
-          "(AttentionKernel::{}), or choose()'s config, which does so itself",
-          q.describe(), k.describe(), v.describe(), fp8 ? "mma" : "wgmma", fp8 ? "mma" : "wgmma"));
+          "the tma kernel cannot tile q {0}, k {1} and v {2}: TMA needs data, no empty dim and "
+          "every stride but the last a nonzero multiple of 16 bytes: use the {3} kernel "
+          "(AttentionKernel::{3}), or choose()'s config, which does so itself",
+          q.describe(), k.describe(), v.describe(), instead));
     }
     c = detail::without_tma(checked.problem, c);
   }

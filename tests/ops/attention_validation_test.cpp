@@ -431,7 +431,17 @@ TEST_CASE("attention takes a size-1 dim of stride 2^62 + 8 without TMA", "[atten
                   kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr,
                                   validating_runtime());
                 }),
-                ErrorCategory::unsupported, {"the tma kernel cannot tile q"});
+                ErrorCategory::unsupported,
+                {"the tma kernel cannot tile q", "use the wgmma kernel (AttentionKernel::wgmma)"});
+  // fp8 k and v: the wgmma kernel reads none, so the mma kernel runs them.
+  c.k.dtype = c.v.dtype = DType::e4m3;
+  check_accepted(c);
+  check_refusal(refusal([&] {
+                  kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr,
+                                  validating_runtime());
+                }),
+                ErrorCategory::unsupported,
+                {"the tma kernel cannot tile q", "use the mma kernel (AttentionKernel::mma)"});
 }
 
 TEST_CASE("attention refuses null tensors whose element count overflows int64", "[attention]") {

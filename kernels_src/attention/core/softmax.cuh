@@ -108,7 +108,8 @@ struct OnlineSoftmax {
   // Normalizes o by the row sums and gives each row's natural-log sum of exp of its logits
   // (-inf, with o = 0, for a row that attended no key). Each row's sink logit (natural units;
   // -inf: none) joins its sum, and so its LSE, with no value (add_sink). Scaled: o is also
-  // multiplied by `scale` (an fp8 V's descale).
+  // multiplied by `scale` (an fp8 V's descale); a compile-time choice, for a multiplication by a
+  // constant 1 still changed the machine code of sm_80's masked kernels.
   template <bool Scaled = false, int OTiles>
   __device__ __forceinline__ void finish(float (&o)[MTiles][OTiles][4], float to_log2,
                                          float (&lse)[rows], const float (&sink)[rows],

@@ -24,8 +24,9 @@
 // with three (192) the scheduler interleaves them.
 //
 // Keys past a sequence's end get probability 0, and their V rows are zeros whatever memory holds
-// there: TMA reads zeros past the tensor's token dim, and the producer zeroes the rest of the
-// block that holds a sequence's last key (a varlen neighbour's rows, or rows past seqused_k).
+// there: TMA reads zeros past the tensor's token dim, and the producer (with fp8, the converters)
+// zeroes the rest of the block that holds a sequence's last key (a varlen neighbour's rows, or
+// rows past seqused_k).
 //
 // Launch: grid (x) at most one CTA per SM, and at most the tile count, ceil(seqlen_q / block_m) *
 // heads * batch; block (block_m / 64 + 1) * 128 threads; dynamic shared memory
@@ -41,8 +42,8 @@
 namespace kiln {
 
 // The kernel, as its roles: the barriers set up, then the producer warp's loads
-// (tma/producer.cuh), or each consumer warpgroup's tiles, every one through the key loop and
-// the epilogue (tma/epilogue.cuh).
+// (tma/producer.cuh), with fp8 k and v the converters' widening (tma/converter.cuh), or each
+// consumer warpgroup's tiles, every one through the key loop and the epilogue (tma/epilogue.cuh).
 template <class Spec>
 __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     attention_forward_tma(const KILN_GRID_CONSTANT AttentionTmaParams tp) {
@@ -52,6 +53,8 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
 
   extern __shared__ __align__(1024) unsigned char tma_smem[];
   __shared__ TmaBarriers<Tr> bars;
+  static_assert(sizeof(TmaBarriers<Tr>) <= 1024,
+                "the barriers outgrow the 1 KiB attention_forward_tma_budget_bytes leaves them.");
   unsigned char* const tiles = tma_smem + (1024 - mma::smem_address(tma_smem) % 1024) % 1024;
 
   const int thread = threadIdx.x;

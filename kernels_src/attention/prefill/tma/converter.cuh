@@ -22,9 +22,9 @@ struct TmaConverter {
   using Tr = TmaTraits<Spec>;
   using Q = typename Tr::Q;
   using KV = typename Tr::KV;
-  static constexpr int threads = Tr::converter_warps * 32;
-  // A lane's rows of a block, 32 apart, and how many it loads at once: 4 with the 40 registers
-  // beside two consumer warpgroups, 1 with the 32 beside three (2 spilled 24 bytes there).
+  // A lane's rows of a block, 32 apart, and how many it loads at once: 4 with the producer
+  // warpgroup's 40 registers (beside two consumer warpgroups), 1 with its 32 (beside one or
+  // three; 2 spilled 24 bytes beside three).
   static constexpr int row_steps = (Tr::block_n + 31) / 32;
   static constexpr int batch = Tr::producer_registers >= 40 ? 4 : 1;
 
@@ -36,7 +36,7 @@ struct TmaConverter {
 
   TmaBarriers<Tr>& bars;
   unsigned char* tiles;  // Q's slot, the K/V slots, then the staging entries
-  int thread;            // 0 to threads - 1
+  int thread;            // 0 to converter_warps * 32 - 1
 
   // Every job the producer posts, until it posts the stop.
   __device__ __forceinline__ void run() {
@@ -46,15 +46,15 @@ struct TmaConverter {
       if (job.kind == Fp8Job::stop) return;
       const unsigned char* const entry = tiles + Tr::entries_offset + at.slot() * Tr::entry_bytes;
       const tma::PipelineState<Tr::stages> slot{job.position, job.position % Tr::stages};
-      unsigned char* const k_tile = tiles + Tr::q_bytes + slot.slot() * Tr::slot_bytes;
+      unsigned char* const slot_tile = tiles + Tr::q_bytes + slot.slot() * Tr::slot_bytes;
       tma::Pipeline<Tr::stages>& pipeline = job.kind == Fp8Job::k ? bars.k : bars.v;
       pipeline.acquire(slot);
       if (job.kind == Fp8Job::k) {
-        widen<Tr::qk_dim, false>(k_tile, entry, Tr::block_n);
+        widen<Tr::qk_dim, false>(slot_tile, entry, Tr::block_n);
       } else if (job.rows < Tr::block_n) {
-        widen<Tr::v_dim, true>(k_tile + Tr::k_bytes, entry, job.rows);
+        widen<Tr::v_dim, true>(slot_tile + Tr::k_bytes, entry, job.rows);
       } else {
-        widen<Tr::v_dim, false>(k_tile + Tr::k_bytes, entry, Tr::block_n);
+        widen<Tr::v_dim, false>(slot_tile + Tr::k_bytes, entry, Tr::block_n);
       }
       wgmma::fence_shared_for_async();  // the slot's writes are visible to wgmma's reads
       __syncwarp();

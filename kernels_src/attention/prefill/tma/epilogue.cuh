@@ -39,7 +39,7 @@ struct TmaEpilogue {
   using Out = typename Tr::Out;
 
   const AttentionParams& p;
-  unsigned char* tiles;  // Q's slot, the K/V slots, then (Tr::staged) the output's
+  unsigned char* tiles;  // Q's slot, the K/V slots, fp8 staging entries, (Tr::staged) the output's
   int warp;
   int lane;
 

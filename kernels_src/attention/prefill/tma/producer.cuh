@@ -2,7 +2,8 @@
 // The tma kernel's producer: one warp that takes the tiles from the scheduler and, for each,
 // hands Q's slot to it and streams Q, then K and V of its key blocks, into the swizzled slots
 // with TMA (fp8 k and v into staging entries, with a job for the converters that widen them into
-// the slots). Its first lane issues every copy; the whole warp zeroes V's tails.
+// the slots). Its first lane issues every copy; the whole warp zeroes V's tails (fp8's: the
+// converters).
 #pragma once
 
 #include "attention/core/kv_layout.cuh"
@@ -29,7 +30,7 @@ struct TmaProducer {
 
   const AttentionTmaParams& tp;
   TmaBarriers<Tr>& bars;
-  unsigned char* tiles;  // Q's slot, then the K/V slots
+  unsigned char* tiles;  // Q's slot, the K/V slots, then the fp8 staging entries
   int lane;
   bool issuer;
   tma::PipelineState<1> q_at{};

@@ -86,7 +86,8 @@ struct Fp8Staging<0> {
   __device__ __forceinline__ void init(unsigned) {}
 };
 
-// What the producer and the consumers meet at, in static shared memory. Q's slot is one stage
+// What the producer, the converters (fp8 k and v) and the consumers meet at, in static shared
+// memory. Q's slot is one stage
 // that carries its tile's index: the consumers learn their next tile from it, and hand the slot
 // back once the tile's last scores are in, so the next tile's Q loads under the tile's last
 // product and its output stores. K and V of a slot have barriers of their own: a warpgroup is
