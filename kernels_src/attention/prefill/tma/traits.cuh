@@ -87,12 +87,11 @@ struct Fp8Staging<0> {
 };
 
 // What the producer, the converters (fp8 k and v) and the consumers meet at, in static shared
-// memory. Q's slot is one stage
-// that carries its tile's index: the consumers learn their next tile from it, and hand the slot
-// back once the tile's last scores are in, so the next tile's Q loads under the tile's last
-// product and its output stores. K and V of a slot have barriers of their own: a warpgroup is
-// done with K once its scores are in, well before it is done with V, and the next K load need
-// not wait for V.
+// memory. Q's slot is one stage that carries its tile's index: the consumers learn their next
+// tile from it, and hand the slot back once the tile's last scores are in, so the next tile's Q
+// loads under the tile's last product and its output stores. K and V of a slot have barriers of
+// their own: a warpgroup is done with K once its scores are in, well before it is done with V, and
+// the next K load need not wait for V.
 template <class Tr>
 struct TmaBarriers {
   int q_tile_index;  // written by the producer before it fills Q's slot (-1: none left)
