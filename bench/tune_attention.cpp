@@ -4,8 +4,10 @@
 // against choose()'s on the same inputs (random, never zeros); a mismatch fails the run.
 //
 //   kiln_bench_tune [CACHE]        one line per shape: ms per call for each config, and the best
-//   kiln_bench_tune CACHE e4m3     the same over e4m3 k and v (bf16 q), on the mma kernel's
-//                                  candidates
+//   kiln_bench_tune CACHE e4m3     the same over e4m3 k and v (bf16 q), on the mma and tma
+//                                  kernels' candidates
+//   kiln_bench_tune CACHE fp8      the same over e4m3 q, k and v (bf16 out; head dims up to 128),
+//                                  on the tma kernel's candidates, with TFLOP/s
 //
 // Needs a GPU; the kernels compile into CACHE (default: a directory under /tmp).
 #include <cstdint>
@@ -57,21 +59,39 @@ std::vector<kiln::AttentionConfig> candidates(int head_dim) {
   return {config(128, 64, 2), config(64, 64, 2)};
 }
 
-// The mma kernel's candidates for e4m3 k and v, by head dim: those that compile without spilling
-// on sm_90a (NVRTC 13.0), and choose()'s 16-bit tiles.
+// What a run times: 16-bit q, k and v (bf16), e4m3 k and v under a bf16 q, or e4m3 q, k and v
+// with a bf16 out.
+enum class Mode { bf16, e4m3_kv, fp8 };
+
+constexpr kiln::AttentionConfig tma_config(int m, int n, int stages) {
+  return {.block_m = m, .block_n = n, .stages = stages, .kernel = kiln::AttentionKernel::tma};
+}
+
+// The candidates for e4m3 k and v, by head dim: the mma kernel's that compile without spilling on
+// sm_90a (NVRTC 13.0), and choose()'s 16-bit tiles; the tma kernel's whose staging entries fit.
 std::vector<kiln::AttentionConfig> fp8_candidates(int head_dim) {
   const auto config = [](int m, int n, int warps, int stages) {
     return kiln::AttentionConfig{.block_m = m, .block_n = n, .warps = warps, .stages = stages};
   };
   if (head_dim <= 64) {
-    return {config(128, 64, 4, 2), config(128, 64, 4, 3), config(128, 128, 8, 2),
-            config(128, 64, 8, 2), config(64, 128, 4, 2), config(128, 128, 4, 2)};
+    return {config(128, 64, 4, 2),   config(128, 64, 4, 3),   config(128, 128, 8, 2),
+            config(128, 64, 8, 2),   config(64, 128, 4, 2),   config(128, 128, 4, 2),
+            tma_config(192, 128, 3), tma_config(128, 128, 2), tma_config(128, 192, 2)};
   }
   if (head_dim <= 128) {
-    return {config(128, 64, 8, 2), config(128, 128, 8, 2), config(128, 32, 4, 2),
-            config(64, 64, 4, 2),  config(64, 128, 4, 2),  config(128, 64, 4, 1)};
+    return {config(128, 64, 8, 2),   config(128, 128, 8, 2), config(128, 32, 4, 2),
+            config(64, 64, 4, 2),    config(64, 128, 4, 2),  config(128, 64, 4, 1),
+            tma_config(128, 128, 2), tma_config(128, 64, 3), tma_config(128, 64, 4),
+            tma_config(64, 64, 3)};
   }
-  return {config(64, 64, 4, 1), config(64, 64, 4, 2), config(128, 64, 8, 1), config(64, 32, 4, 2)};
+  return {config(64, 64, 4, 1), config(64, 64, 4, 2),   config(128, 64, 8, 1),
+          config(64, 32, 4, 2), tma_config(128, 64, 2), tma_config(64, 64, 2)};
+}
+
+// The tma kernel's candidates for e4m3 q, k and v: 128 or 256 keys a step, 2 to 4 stages.
+std::vector<kiln::AttentionConfig> all_fp8_candidates() {
+  return {tma_config(128, 128, 2), tma_config(128, 128, 3), tma_config(128, 128, 4),
+          tma_config(128, 256, 2)};
 }
 
 std::string name(const kiln::AttentionConfig& c) {
@@ -81,34 +101,39 @@ std::string name(const kiln::AttentionConfig& c) {
          std::to_string(c.stages);
 }
 
-int run(const fs::path& cache, bool fp8) {
+int run(const fs::path& cache, Mode mode) {
+  const bool fp8 = mode != Mode::bf16;
   kiln::Options options;
   options.cache_dir = cache;
   options.kernels_dir = fs::path(KILN_SOURCE_DIR) / "kernels_src";
   kiln::Runtime runtime(options);
   int mismatches = 0;
   for (const Shape& s : kShapes) {
+    if (mode == Mode::fp8 && s.head_dim > 128) continue;  // kiln::AttentionOptions::q_descale
     const std::int64_t q_count = std::int64_t{s.batch} * s.seqlen * s.heads * s.head_dim;
     const std::int64_t kv_count = std::int64_t{s.batch} * s.seqlen * s.heads_kv * s.head_dim;
-    const Device q(random_bf16(q_count, 1));
+    const Device q = mode == Mode::fp8 ? Device(kiln::bench::random_e4m3(q_count, 1))
+                                       : Device(random_bf16(q_count, 1));
     const Device k =
         fp8 ? Device(kiln::bench::random_e4m3(kv_count, 2)) : Device(random_bf16(kv_count, 2));
     const Device v =
         fp8 ? Device(kiln::bench::random_e4m3(kv_count, 3)) : Device(random_bf16(kv_count, 3));
     const Device out(std::vector<std::uint16_t>(q_count, 0xffff));  // NaN until written
     const kiln::DType kv_dtype = fp8 ? kiln::DType::e4m3 : kiln::DType::bf16;
+    const kiln::DType q_dtype = mode == Mode::fp8 ? kiln::DType::e4m3 : kiln::DType::bf16;
     const auto view = [&](const Device& d, int heads, kiln::DType dtype = kiln::DType::bf16) {
       return kiln::TensorView::contiguous(d.data, dtype, {s.batch, s.seqlen, heads, s.head_dim});
     };
     kiln::AttentionOptions attention_options;
     attention_options.score.causal = s.causal;
     const auto call = [&](const kiln::AttentionConfig& config) {
-      kiln::attention(view(q, s.heads), view(k, s.heads_kv, kv_dtype),
+      kiln::attention(view(q, s.heads, q_dtype), view(k, s.heads_kv, kv_dtype),
                       view(v, s.heads_kv, kv_dtype), view(out, s.heads), attention_options, config,
                       nullptr, runtime);
     };
     const auto result = [&] { return out.read<std::uint16_t>(static_cast<std::size_t>(q_count)); };
-    const kiln::AttentionProblem problem{.dtype_kv = kv_dtype,
+    const kiln::AttentionProblem problem{.dtype_q = q_dtype,
+                                         .dtype_kv = kv_dtype,
                                          .head_dim = s.head_dim,
                                          .head_dim_v = s.head_dim,
                                          .band = s.causal,
@@ -121,8 +146,11 @@ int run(const fs::path& cache, bool fp8) {
                 s.heads_kv, s.causal ? "causal" : "none", name(chosen).c_str());
     double best_ms = 1e30;
     std::string best;
-    for (const kiln::AttentionConfig& config :
-         fp8 ? fp8_candidates(s.head_dim) : candidates(s.head_dim)) {
+    const double flops =
+        4.0 * s.batch * s.heads * s.seqlen * s.seqlen * s.head_dim / (s.causal ? 2 : 1);
+    for (const kiln::AttentionConfig& config : mode == Mode::fp8       ? all_fp8_candidates()
+                                               : mode == Mode::e4m3_kv ? fp8_candidates(s.head_dim)
+                                                                       : candidates(s.head_dim)) {
       try {
         call(config);
         check(cudaDeviceSynchronize(), "warm-up");
@@ -135,7 +163,8 @@ int run(const fs::path& cache, bool fp8) {
       // Configs differ in summation order only: a few bf16 ulps of outputs below 1.
       const bool mismatch = !(most <= 1e-2f);
       mismatches += mismatch;
-      std::printf(" %s %.3f%s |", name(config).c_str(), ms, mismatch ? " MISMATCH" : "");
+      std::printf(" %s %.3f (%.0f)%s |", name(config).c_str(), ms, flops / ms / 1e9,
+                  mismatch ? " MISMATCH" : "");
       if (!mismatch && ms < best_ms) best_ms = ms, best = name(config);
     }
     std::printf(" best %s\n", best.c_str());
@@ -148,12 +177,15 @@ int run(const fs::path& cache, bool fp8) {
 
 int main(int argc, char** argv) {
   try {
-    const bool fp8 = argc > 2 && std::string(argv[2]) == "e4m3";
-    if (argc > 3 || (argc > 2 && !fp8)) {
-      std::fprintf(stderr, "usage: kiln_bench_tune [CACHE [e4m3]]\n");
+    const std::string mode = argc > 2 ? argv[2] : "bf16";
+    if (argc > 3 || (mode != "bf16" && mode != "e4m3" && mode != "fp8")) {
+      std::fprintf(stderr, "usage: kiln_bench_tune [CACHE [e4m3 | fp8]]\n");
       return 2;
     }
-    return run(argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "kiln_bench_tune", fp8);
+    return run(argc > 1 ? fs::path(argv[1]) : fs::temp_directory_path() / "kiln_bench_tune",
+               mode == "fp8"    ? Mode::fp8
+               : mode == "e4m3" ? Mode::e4m3_kv
+                                : Mode::bf16);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "kiln_bench_tune: %s\n", e.what());
     return 2;

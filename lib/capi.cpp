@@ -111,7 +111,8 @@ constexpr std::array kAttentionOptionsEnds = {KILN_FIELD_END(kiln_attention_opti
                                               KILN_FIELD_END(kiln_attention_options, max_seqlen_q),
                                               KILN_FIELD_END(kiln_attention_options, max_seqlen_k),
                                               KILN_FIELD_END(kiln_attention_options, k_descale),
-                                              KILN_FIELD_END(kiln_attention_options, v_descale)};
+                                              KILN_FIELD_END(kiln_attention_options, v_descale),
+                                              KILN_FIELD_END(kiln_attention_options, q_descale)};
 
 constexpr std::array kDecodeOptionsEnds = {KILN_FIELD_END(kiln_decode_options, k_new),
                                            KILN_FIELD_END(kiln_decode_options, v_new),
@@ -529,6 +530,7 @@ AttentionOptions attention_options_of(const kiln_attention_options* options, con
   o.max_seqlen_k = c.max_seqlen_k;
   o.k_descale = tensors.maybe(c.k_descale, "k_descale");
   o.v_descale = tensors.maybe(c.v_descale, "v_descale");
+  o.q_descale = tensors.maybe(c.q_descale, "q_descale");
   return o;
 }
 

@@ -18,9 +18,9 @@ namespace kiln {
 //   v    (batch, seqlen_k, heads_kv, head_dim_v)   varlen: (total_k, heads_kv, head_dim_v)
 //   out  like q, with head_dim_v
 // fp16 or bf16, all four the same, or k and v in fp8 (e4m3 or e5m2) under a 16-bit q (see
-// k_descale); any strides with stride 1 on the last dim, and every other stride and the data
-// pointers multiples of 16 bytes. Inputs may broadcast (stride 0); outputs (out, lse) must give
-// every element its own address.
+// k_descale), or q, k and v in e4m3 with a 16-bit out (see q_descale); any strides with stride 1 on
+// the last dim, and every other stride and the data pointers multiples of 16 bytes. Inputs may
+// broadcast (stride 0); outputs (out, lse) must give every element its own address.
 struct AttentionOptions {
   ScoreOptions score;  // scale, band (causal, sliding window), softcap, ALiBi
 
@@ -48,13 +48,20 @@ struct AttentionOptions {
   // No backward.
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
+
+  // The all-fp8 forward: q, k and v in e4m3 and out in bf16 or fp16, on sm_90a (the tma kernel),
+  // head_dim_v at most 128. q_descale is q's descale, as k_descale is k's (FlashAttention-3's,
+  // fp32 (batch, heads_kv); unset: 1), applied with it to the scores. The products are fp8 ones:
+  // the probabilities are rounded to e4m3 (from 2^8 down, OnlineSoftmax's offset) for P V, whose
+  // sums are added into fp32 accumulators every key block. No bias, no backward.
+  std::optional<TensorView> q_descale;
 };
 
 // The problem as the kernel sees it, after validation: what decides the compiled variant.
 struct AttentionProblem {
   // Each operand's dtype: q's (and bias's), k's and v's, out's. The kernels take the
   // combinations in lib/kernels/attention.cpp's tables: one dtype, f16 or bf16, for all, or
-  // (mma and tma) fp8 k and v under a 16-bit q.
+  // (mma and tma) fp8 k and v under a 16-bit q, or (tma) e4m3 q, k and v with a 16-bit out.
   DType dtype_q = DType::bf16;
   DType dtype_kv = DType::bf16;
   DType dtype_out = DType::bf16;

@@ -98,6 +98,9 @@ typedef struct kiln_attention_options {
    * k_descale[b][h], likewise v (kiln::AttentionOptions::k_descale). */
   const DLTensor* k_descale;
   const DLTensor* v_descale;
+  /* The all-fp8 forward's q descale (float8_e4m3fn q, k and v, f16 or bf16 out, sm_90a): fp32
+   * (batch, heads_kv) or NULL (1), as k_descale (kiln::AttentionOptions::q_descale). */
+  const DLTensor* q_descale;
 } kiln_attention_options;
 
 void kiln_attention_options_init_sized(kiln_attention_options* options, size_t struct_size,

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// PTX wrappers for Hopper's warpgroup MMA (sm_90a): wgmma.mma_async m64nNk16 with fp32
-// accumulators, its fences and groups, and the shared-memory matrix descriptors of the
-// 128-byte-swizzled tiles it reads.
+// PTX wrappers for Hopper's warpgroup MMA (sm_90a): wgmma.mma_async with fp32 accumulators,
+// m64nNk16 over f16 or bf16 operands and m64nNk32 over fp8 ones (e4m3, e5m2), its fences and
+// groups, and the shared-memory matrix descriptors of the 128-byte-swizzled tiles it reads.
 //
-// Tile layout (every operand in shared memory): a tile of R rows is cut into column chunks of 64
-// elements (128 bytes); chunk c is R rows of 128 bytes at tile + c * R * 128, and the 16-byte
-// piece p of row r sits at piece p ^ (r % 8) of that row. Tiles start 1024-byte aligned, so the
+// Tile layout (every operand in shared memory): a tile of R rows is cut into column chunks of
+// 128 bytes (64 16-bit elements, 128 fp8 ones); chunk c is R rows of 128 bytes at
+// tile + c * R * 128, and the 16-byte piece p of row r sits at piece p ^ (r % 8) of that row.
+// Either way a k step reads 32 bytes of each row. Tiles start 1024-byte aligned, so the
 // hardware's swizzle (address bits 4-6 xor bits 7-9) is exactly this one.
 #pragma once
 
@@ -127,30 +128,59 @@ __device__ __forceinline__ void pin(float (&d)[N]) {
                : KILN_WGMMA_F_##f                                                                  \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),                               \
                  "r"(static_cast<int>(accumulate)), "n"(TransposeB ? 1 : 0))
+// fp8's k32 forms, which take no transposes: both operands K-major.
+#define KILN_WGMMA_SS8(type, n, f, a_, b_, p_, t_, ta_)                                            \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #p_                                            \
+               ", 0;\n"                                                                            \
+               "wgmma.mma_async.sync.aligned.m64n" #n "k32.f32." type "." type " " KILN_WGMMA_R##f \
+               ", %" #a_ ", %" #b_ ", p, 1, 1;\n}\n"                                               \
+               : KILN_WGMMA_F_##f                                                                  \
+               : "l"(a), "l"(b), "r"(static_cast<int>(accumulate)))
+#define KILN_WGMMA_RS8(type, n, f, a0, a1, a2, a3, b_, p_, t_)                                     \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %" #p_                                            \
+               ", 0;\n"                                                                            \
+               "wgmma.mma_async.sync.aligned.m64n" #n "k32.f32." type "." type " " KILN_WGMMA_R##f \
+               ", {%" #a0 ", %" #a1 ", %" #a2 ", %" #a3 "}, %" #b_ ", p, 1, 1;\n}\n"               \
+               : KILN_WGMMA_F_##f                                                                  \
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b),                               \
+                 "r"(static_cast<int>(accumulate)))
 #define KILN_WGMMA_F_16 KILN_WGMMA_F8(0), KILN_WGMMA_F8(8)
 #define KILN_WGMMA_F_32 KILN_WGMMA_F32(0)
 #define KILN_WGMMA_F_64 KILN_WGMMA_F64
 #define KILN_WGMMA_F_88 KILN_WGMMA_F88
 #define KILN_WGMMA_F_96 KILN_WGMMA_F96
 #define KILN_WGMMA_F_128 KILN_WGMMA_F128
-#define KILN_WGMMA_TYPED(op, ...)         \
-  if constexpr (is_same<T, f16>::value) { \
-    op("f16", __VA_ARGS__);               \
-  } else {                                \
-    op("bf16", __VA_ARGS__);              \
+#define KILN_WGMMA_TYPED(op, ...)                 \
+  if constexpr (is_same<T, f16>::value) {         \
+    op("f16", __VA_ARGS__);                       \
+  } else if constexpr (is_same<T, bf16>::value) { \
+    op("bf16", __VA_ARGS__);                      \
+  } else if constexpr (is_same<T, e4m3>::value) { \
+    op##8("e4m3", __VA_ARGS__);                   \
+  } else {                                        \
+    op##8("e5m2", __VA_ARGS__);                   \
   }
 
-// d (+)= A * B for a 64x16 A and a 16xN B (N 32, 64, 128, 176, 192 or 256), both from shared memory
-// (descriptors a and b); accumulate false overwrites d. A is K-major (the reduction dim
-// contiguous) unless TransposeA, where it is M-major: described as an N-major B is. Thread t of the
+// The operand types wgmma takes: 16-bit ones (k16 steps) and fp8 ones (k32, both operands
+// K-major).
+template <class T>
+inline constexpr bool takes_operand = is_same<T, f16>::value || is_same<T, bf16>::value ||
+                                      is_same<T, e4m3>::value || is_same<T, e5m2>::value;
+template <class T>
+inline constexpr bool fp8_operand = is_same<T, e4m3>::value || is_same<T, e5m2>::value;
+
+// d (+)= A * B for a 64xK A and a KxN B (K 16 over 16-bit operands, 32 over fp8; N 32, 64, 128,
+// 176, 192 or 256), both from shared memory (descriptors a and b); accumulate false overwrites d.
+// A is K-major (the reduction dim contiguous) unless TransposeA, where it is M-major: described
+// as an N-major B is. fp8 operands are both K-major. Thread t of the
 // warpgroup holds, with w = t / 32, g = t % 32 / 4, q = t % 4: d[4j + e] = D(16w + g, 8j + 2q + e),
 // d[4j + 2 + e] = D(16w + g + 8, 8j + 2q + e), the mma.sync m16n8 accumulator layout per warp,
 // so n8 tiles j of one wide product are those of narrower ones side by side.
 template <class T, bool TransposeB, int N, bool TransposeA = false>
 __device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
                                        unsigned long long b, bool accumulate) {
-  static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
-                "wgmma takes f16 or bf16 operands.");
+  static_assert(takes_operand<T>, "wgmma takes f16, bf16, e4m3 or e5m2 operands.");
+  static_assert(!fp8_operand<T> || (!TransposeA && !TransposeB), "fp8 operands are K-major.");
   static_assert(N == 32 || N == 64 || N == 128 || N == 176 || N == 192 || N == 256,
                 "N must be 32, 64, 128, 176, 192 or 256.");
   if constexpr (N == 32) {
@@ -168,13 +198,13 @@ __device__ __forceinline__ void mma_ss(float (&d)[N / 2], unsigned long long a,
   }
 }
 
-// As mma_ss with A from registers, in mma.sync's m16n8k16 A-fragment layout per warp (rows
-// 16w..16w + 15 of the 64).
+// As mma_ss with A from registers, in mma.sync's A-fragment layout per warp (rows 16w..16w + 15
+// of the 64): m16n8k16's over 16-bit operands, m16n8k32's over fp8.
 template <class T, bool TransposeB, int N>
 __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[4],
                                        unsigned long long b, bool accumulate) {
-  static_assert(is_same<T, f16>::value || is_same<T, bf16>::value,
-                "wgmma takes f16 or bf16 operands.");
+  static_assert(takes_operand<T>, "wgmma takes f16, bf16, e4m3 or e5m2 operands.");
+  static_assert(!fp8_operand<T> || !TransposeB, "fp8 operands are K-major.");
   static_assert(N == 64 || N == 128 || N == 192 || N == 256, "N must be 64, 128, 192 or 256.");
   if constexpr (N == 64) {
     KILN_WGMMA_TYPED(KILN_WGMMA_RS, 64, 32, 32, 33, 34, 35, 36, 37, 38)
@@ -188,7 +218,9 @@ __device__ __forceinline__ void mma_rs(float (&d)[N / 2], const unsigned (&a)[4]
 }
 
 #undef KILN_WGMMA_TYPED
+#undef KILN_WGMMA_RS8
 #undef KILN_WGMMA_RS
+#undef KILN_WGMMA_SS8
 #undef KILN_WGMMA_SS
 #undef KILN_WGMMA_F_128
 #undef KILN_WGMMA_F_96

@@ -31,10 +31,23 @@ constexpr OperandDTypes kOperandDTypes[] = {
     {DType::bf16, DType::bf16, DType::bf16},
     {DType::f16, DType::f16, DType::f16},
 };
-// The mma and tma kernels': those, and fp8 k and v under a 16-bit q, widened to q's type as they
-// are read (sm_89 and newer; the tma kernel widens them in shared memory). The default warm set
-// compiles e4m3's.
+// The mma kernel's: those, and fp8 k and v under a 16-bit q, widened to q's type as they are read
+// (sm_89 and newer). The default warm set compiles e4m3's.
 constexpr std::span<const OperandDTypes> kWideningDTypes = kWideningOperandDTypes;
+// The tma kernel's: the mma kernel's (it widens fp8 k and v in shared memory), and the all-fp8
+// forward's e4m3 q, k and v with a 16-bit out (sm_90a). The default warm set compiles bf16 out's.
+constexpr OperandDTypes kTmaDTypes[] = {
+    {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
+    {DType::bf16, DType::e4m3, DType::bf16}, {DType::f16, DType::e4m3, DType::f16},
+    {DType::bf16, DType::e5m2, DType::bf16}, {DType::f16, DType::e5m2, DType::f16},
+    {DType::e4m3, DType::e4m3, DType::bf16}, {DType::e4m3, DType::e4m3, DType::f16},
+};
+static_assert(std::equal(std::begin(kWideningOperandDTypes), std::end(kWideningOperandDTypes),
+                         std::begin(kTmaDTypes),
+                         [](const OperandDTypes& a, const OperandDTypes& b) {
+                           return a.q == b.q && a.kv == b.kv && a.out == b.out;
+                         }),
+              "kTmaDTypes begins with the widening kernels' rows.");
 
 // The constants each kernel's template reads (kernels_src/attention/prefill).
 constexpr ConstantSchema kMmaConstants[] = {
@@ -108,7 +121,7 @@ constexpr AttentionDescription kDescriptions[] = {
      .name = "tma",
      .schema = {"attention/prefill/forward_tma.cuh", "kiln::attention_forward_tma",
                 "kiln::AttentionTmaParams", kWarpgroupConstants,
-                spec_shared_bytes<AttentionKernel::tma>, kWideningDTypes},
+                spec_shared_bytes<AttentionKernel::tma>, kTmaDTypes},
      .targets = AttentionTargets::sm90a,
      // wgmma's warpgroups and the producer's
      .threads = [](const AttentionConfig& c) { return c.block_m * 2 + 128; },
@@ -255,15 +268,23 @@ constexpr AttentionTuning kFp8Sm90a[] = {
     {256, Match::any, Match::any, {.block_m = 128, .block_n = 64, .stages = 2, .kernel = kTma}},
 };
 
+// fp8 q, k and v (sm_90a only): the tma kernel's fp8 products, 128 x 128 tiles (wgmma's fp8
+// operands are K-major: V is transposed into its slots in 128-key chunks; a P V accumulator of
+// each block's beside o, s and P leaves no room for 256 keys). FIXME(tuning): stages not measured.
+constexpr AttentionTuning kFp8QSm90a[] = {
+    {256, Match::any, Match::any, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
+};
+
 static_assert(covers_every_problem(kGfx9) && covers_every_problem(kSm90a) &&
                   covers_every_problem(kSm80) && covers_every_problem(kFp8) &&
-                  covers_every_problem(kFp8Sm90a),
+                  covers_every_problem(kFp8Sm90a) && covers_every_problem(kFp8QSm90a),
               "Each tuning table has a row for every head dim kiln compiles, masked or not, with "
               "short or long keys.");
 
 // The table of `target` for `problem`: one of the above.
 std::span<const AttentionTuning> table_of(const AttentionProblem& problem, const Target& target) {
   if (target.amd()) return kGfx9;
+  if (is_fp8(problem.dtype_q)) return kFp8QSm90a;  // require_kv_dtype: sm_90a
   const bool tma =
       is_sm90a(target) && std::min(problem.head_dim, problem.head_dim_v) >= kTmaMinHeadDim;
   if (is_fp8(problem.dtype_kv)) {
@@ -314,7 +335,7 @@ std::span<const OperandDTypes> attention_operand_dtypes() {
 }
 
 std::span<const OperandDTypes> attention_forward_operand_dtypes() {
-  return kWideningDTypes;
+  return kTmaDTypes;
 }
 
 std::span<const ConstantSchema> attention_portable_constants() {
@@ -357,8 +378,34 @@ void require_target(const Target& target, AttentionKernel kernel) {
   }
 }
 
+void require_fp8_q(int head_dim_v) {
+  if (head_dim_v > 128) {
+    unsupported(fmt::format(
+        "head_dim_v {} with fp8 q, k and v is not supported yet: the all-fp8 forward takes "
+        "head_dim_v up to 128; pass q in bf16 or fp16 (fp8 k and v stay fp8 under it)",
+        head_dim_v));
+  }
+}
+
 void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target) {
+  if (is_fp8(problem.dtype_q)) {
+    if (!is_sm90a(target)) {
+      unsupported(fmt::format(
+          "an {} q (the all-fp8 forward) runs on sm_90a (H100, H200) only; the target is {}: "
+          "pass q in bf16 or fp16 there (fp8 k and v stay fp8 under it)",
+          to_string(problem.dtype_q), target.name()));
+    }
+    if (kernel != AttentionKernel::tma) {
+      unsupported(
+          fmt::format("an {} q runs on the tma attention kernel only, not the {} one: use "
+                      "AttentionKernel::tma, or choose()'s config",
+                      to_string(problem.dtype_q), describe(kernel).name));
+    }
+    require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "K/V");
+    require_fp8_q(problem.head_dim_v);
+    return;
+  }
   if (!is_fp8(problem.dtype_kv)) return;
   require_fp8_kv(problem.dtype_kv, problem.head_dim, problem.head_dim_v, &target, "K/V");
   if (kernel != AttentionKernel::mma && kernel != AttentionKernel::tma) {
@@ -415,7 +462,8 @@ void require_fits(const LaunchPlan& plan, const AttentionConfig& config, const D
 
 AttentionConfig choose(const AttentionProblem& problem, const Target& target) {
   detail::require_target(target, target.amd() ? AttentionKernel::portable : AttentionKernel::mma);
-  detail::require_kv_dtype(problem, AttentionKernel::mma, target);
+  detail::require_kv_dtype(
+      problem, is_fp8(problem.dtype_q) ? AttentionKernel::tma : AttentionKernel::mma, target);
   return detail::row_of(detail::table_of(problem, target), problem);
 }
 
@@ -448,8 +496,11 @@ KernelSpec detail::attention_family_spec(const KernelSchema& schema,
 std::vector<KernelSpec> attention_default_specs(const Target& target) {
   std::vector<KernelSpec> specs;
   if (!detail::attention_runs_on(target)) return specs;
-  for (const detail::OperandDTypes& dtypes : detail::warmed_widening_dtypes(target)) {
+  std::vector<detail::OperandDTypes> rows = detail::warmed_widening_dtypes(target);
+  if (detail::is_sm90a(target)) rows.push_back({DType::e4m3, DType::e4m3, DType::bf16});
+  for (const detail::OperandDTypes& dtypes : rows) {
     for (int dim : {64, 128, 256}) {
+      if (is_fp8(dtypes.q) && dim > 128) continue;  // require_fp8_q
       for (bool band : {false, true}) {
         for (long long seqlen_k : {0LL, kLongSeqlenK}) {
           const AttentionProblem problem{.dtype_q = dtypes.q,

@@ -37,7 +37,8 @@ std::span<const AttentionDescription> attention_descriptions();
 // combination.
 std::span<const OperandDTypes> attention_operand_dtypes();
 
-// Those some forward kernel takes: the mma kernel's, with fp8 k and v too.
+// Those some forward kernel takes: the tma kernel's, with fp8 k and v under a 16-bit q (the mma
+// kernel takes those too) and e4m3 q, k and v with a 16-bit out.
 std::span<const OperandDTypes> attention_forward_operand_dtypes();
 
 // The constants of the portable forward kernel, which the portable backward kernels take too.
@@ -58,9 +59,14 @@ bool is_sm90a(const Target& target);
 void require_target(const Target& target, AttentionKernel kernel);
 
 // Throws kiln::Error (unsupported) for fp8 k and v that `kernel` on `target` cannot read: the
-// mma kernel (and tma, on sm_90a) reads them, on sm_89 and newer, with head dims multiples of 16.
+// mma kernel (and tma, on sm_90a) reads them, on sm_89 and newer, with head dims multiples of 16;
+// an fp8 q only the tma kernel, on sm_90a (require_fp8_q's head dims).
 void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target);
+
+// Throws kiln::Error (unsupported) for an fp8 q's head_dim_v the all-fp8 forward does not take
+// yet: above 128 (each key block's P V has accumulators of its own).
+void require_fp8_q(int head_dim_v);
 
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out of
 // range, and (unsupported) for a kernel `target` cannot run.

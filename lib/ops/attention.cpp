@@ -96,6 +96,7 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
     detail::require_fp8_kv(s.dtypes.kv, static_cast<int>(s.head_dim),
                            static_cast<int>(s.head_dim_v), nullptr, "K/V");
   }
+  if (is_fp8(s.dtypes.q)) detail::require_fp8_q(static_cast<int>(s.head_dim_v));
   detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
   detail::require_no_overlap(out, "out");
   return s;
@@ -104,6 +105,12 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
 // fp8 k and v's descales, as the messages name them.
 detail::DescaleTensors descale_tensors(const AttentionOptions& o) {
   return {o.k_descale, o.v_descale, "k_descale", "v_descale"};
+}
+
+// An fp8 q's descale, as a DescaleTensors of its own (with no second tensor).
+detail::DescaleTensors q_descale_tensors(const AttentionOptions& o) {
+  static const std::optional<TensorView> kNone;
+  return {o.q_descale, kNone, "q_descale", ""};
 }
 
 void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int device) {
@@ -147,6 +154,12 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
     const TensorView& b = *o.bias;
     check_common(b, "bias", device);
     require_rank(b, "bias", 4, "(batch, heads, seqlen_q, seqlen_k), stride 0 to broadcast");
+    if (is_fp8(q.dtype)) {
+      unsupported(
+          fmt::format("bias with an {} q is not supported yet: add it to the scores "
+                      "through a user variant, or pass q, k and v in bf16 or fp16",
+                      to_string(q.dtype)));
+    }
     if (b.dtype != q.dtype) {
       invalid(fmt::format("bias has dtype {} but q has dtype {}: they must match",
                           to_string(b.dtype), to_string(q.dtype)));
@@ -163,10 +176,14 @@ void check_options(const AttentionOptions& o, Shape& s, const TensorView& q, int
       }
     }
   }
-  detail::check_descales(
-      descale_tensors(o), s.dtypes.kv, "fp8 k and v", "k",
-      {s.batch, s.varlen ? "cu_seqlens_q.size(0) - 1 (batch)" : "q.size(0) (batch)"},
-      {s.heads_kv, s.varlen ? "k.size(1) (heads_kv)" : "k.size(2) (heads_kv)"}, device);
+  const detail::Extent batch{s.batch,
+                             s.varlen ? "cu_seqlens_q.size(0) - 1 (batch)" : "q.size(0) (batch)"};
+  const detail::Extent heads_kv{s.heads_kv,
+                                s.varlen ? "k.size(1) (heads_kv)" : "k.size(2) (heads_kv)"};
+  detail::check_descales(descale_tensors(o), s.dtypes.kv, "fp8 k and v", "k", batch, heads_kv,
+                         device);
+  detail::check_descales(q_descale_tensors(o), s.dtypes.q, "an fp8 q", "q", batch, heads_kv,
+                         device);
   if (o.lse) {
     if (s.varlen) {
       detail::check_lse(*o.lse, "lse", "(heads, total_q) for varlen",
@@ -268,7 +285,7 @@ bool detail::tma_can_tile(std::initializer_list<const TensorView*> tensors) {
 }
 
 TensorMap detail::tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
-                                Runtime& runtime) {
+                                Runtime& runtime, int columns) {
   detail::TensorMapLayout layout{.data = t.data, .dtype = t.dtype, .rank = 4};
   const int h = t.rank - 2, tokens = t.rank - 3;
   const auto bytes = [&](std::int64_t stride) {
@@ -281,7 +298,7 @@ TensorMap detail::tensor_map_of(const TensorView& t, std::int64_t dim, int rows,
   layout.byte_strides[0] = bytes(t.stride(tokens));
   layout.byte_strides[1] = bytes(t.stride(h));
   layout.byte_strides[2] = varlen ? bytes(t.stride(tokens)) : bytes(t.stride(0));
-  layout.box[0] = 64;
+  layout.box[0] = static_cast<std::uint32_t>(columns);
   layout.box[1] = static_cast<std::uint32_t>(rows);
   layout.box[2] = layout.box[3] = 1;
   TensorMap map{};
@@ -303,16 +320,26 @@ int section_pairs_of(const Shape& s) {
   return static_cast<int>(std::clamp<std::int64_t>(kL2Bytes / kv_bytes, 1, s.heads * s.batch));
 }
 
-// The tma kernel's argument, its tile counter yet to come (null).
+// The tma kernel's argument, its tile counter yet to come (null). The all-fp8 forward's boxes
+// are 128 columns: 128 bytes, a chunk of the 128-byte swizzle.
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
-                                 const TensorView& k, const TensorView& v, const AttentionConfig& c,
+                                 const TensorView& k, const TensorView& v,
+                                 const AttentionOptions& o, const AttentionConfig& c,
                                  const Shape& s, Runtime& runtime) {
-  return {.q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime),
-          .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime),
-          .v_map = detail::tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime),
-          .p = params,
-          .maybe_tile_counter = nullptr,
-          .section_pairs = section_pairs_of(s)};
+  const int columns = is_fp8(s.dtypes.q) ? 128 : 64;
+  AttentionTmaParams tp{
+      .q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime, columns),
+      .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime, columns),
+      .v_map = detail::tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime, columns),
+      .p = params,
+      .maybe_tile_counter = nullptr,
+      .section_pairs = section_pairs_of(s)};
+  if (o.q_descale) {
+    tp.maybe_q_descale = static_cast<const float*>(o.q_descale->data);
+    tp.q_descale_batch_stride = o.q_descale->stride(0);
+    tp.q_descale_head_stride = o.q_descale->stride(1);
+  }
+  return tp;
 }
 
 constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
@@ -333,6 +360,13 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
     const std::string_view instead = is_fp8(checked.problem.dtype_kv) ? "mma" : "wgmma";
+    if (is_fp8(checked.problem.dtype_q)) {
+      unsupported(fmt::format(
+          "the tma kernel, the only one with fp8 products, cannot tile q {}, k {} and v {}: TMA "
+          "needs data, no empty dim and every stride but the last a nonzero multiple of 16 bytes "
+          "(broadcast a tensor by copying it, not by a stride of 0)",
+          q.describe(), k.describe(), v.describe()));
+    }
     if (config) {
       unsupported(fmt::format(
           "the tma kernel cannot tile q {0}, k {1} and v {2}: TMA needs data, no empty dim and "
@@ -345,12 +379,16 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
-  if (detail::debug(runtime))
+  if (detail::debug(runtime)) {
     detail::check_descale_values(runtime, descale_tensors(options), stream);
+    detail::check_descale_values(runtime, q_descale_tensors(options), stream);
+  }
   const AttentionParams params = detail::attention_params(q, k, v, out, options, s);
   // The tma kernel's tensor maps too, which the driver may refuse.
   std::optional<AttentionTmaParams> tma_params;
-  if (c.kernel == AttentionKernel::tma) tma_params = tma_params_of(params, q, k, v, c, s, runtime);
+  if (c.kernel == AttentionKernel::tma) {
+    tma_params = tma_params_of(params, q, k, v, options, c, s, runtime);
+  }
   const Kernel kernel = runtime.kernel(plan.spec, stream);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{

@@ -42,9 +42,9 @@ AttentionParams attention_params(const TensorView& q, const TensorView& k, const
 bool tma_can_tile(std::initializer_list<const TensorView*> tensors);
 
 // The TMA descriptor of a tensor laid out as q, k or v (`t`, with `dim` columns) for boxes of
-// 64 columns by `rows` rows: 4-d (columns, tokens, heads, batch), one batch of every token with
-// varlen. The driver may refuse it (kiln::Error).
+// `columns` columns (64; 128 for the all-fp8 forward's) by `rows` rows: 4-d (columns, tokens,
+// heads, batch), one batch of every token with varlen. The driver may refuse it (kiln::Error).
 TensorMap tensor_map_of(const TensorView& t, std::int64_t dim, int rows, bool varlen,
-                        Runtime& runtime);
+                        Runtime& runtime, int columns = 64);
 
 }  // namespace kiln::detail

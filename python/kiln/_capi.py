@@ -191,7 +191,7 @@ AttentionOptions = _struct("kiln_attention_options", "AttentionOptions", (
     *_tensors("bias", "cu_seqlens_q", "cu_seqlens_k", "seqused_k"),
     ("max_seqlen_q", ctypes.c_int, 0),
     ("max_seqlen_k", ctypes.c_int, 0),
-    *_tensors("k_descale", "v_descale"),
+    *_tensors("k_descale", "v_descale", "q_descale"),
 ))
 
 DecodeOptions = _struct("kiln_decode_options", "DecodeOptions", (
@@ -237,7 +237,7 @@ COMPACT_PACKERS = [struct.Struct(f"{DLTENSOR.format}{n}q").pack_into for n in ra
 # block_table, out, alibi_slopes, k_new, v_new, rotary_cos, rotary_sin, lse, sinks, k_descale,
 # v_descale, k_token_descale, v_token_descale, then the variant's, from VARIANT_SLOT on), and
 # kiln_attention_backward's own (dout, dq, dk, dv, dsinks, dbias), from BACKWARD_SLOT on, past the
-# forward's.
+# forward's. kiln_attention's q_descale takes slot 16, which it does not otherwise use.
 VARIANT_SLOT = 18
 BACKWARD_SLOT = VARIANT_SLOT + VARIANT_TENSORS
 MAX_TENSORS = BACKWARD_SLOT + 6

@@ -38,13 +38,17 @@ DTYPE_NAMES = {
     torch.float8_e5m2: "e5m2",
 }
 # The operand dtypes (q, k and v, out) kiln's attention kernels take, a row per combination, in
-# libkiln's order: the backward's (kOperandDTypes, lib/kernels/attention.cpp), and the forward's
-# and decode's, which read fp8 k and v too (kMmaOperandDTypes there, kOperandDTypes in decode.cpp).
+# libkiln's order: the backward's (kOperandDTypes, lib/kernels/attention.cpp), decode's, which
+# reads fp8 k and v too (kOperandDTypes in decode.cpp), and the forward's, which also takes
+# e4m3 q, k and v with a 16-bit out (kTmaDTypes in attention.cpp).
 # The fp8 dtypes kiln reads k and v (and KV caches) in.
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OPERAND_DTYPES = ((torch.bfloat16,) * 3, (torch.float16,) * 3)
 _FP8_KV_OPERAND_DTYPES = _OPERAND_DTYPES + tuple(
     (q, kv, q) for kv in FP8_DTYPES for q in (torch.bfloat16, torch.float16))
+_FORWARD_OPERAND_DTYPES = _FP8_KV_OPERAND_DTYPES + (
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.bfloat16),
+    (torch.float8_e4m3fn, torch.float8_e4m3fn, torch.float16))
 # Head dims kiln compiles: every multiple of 8 from 8 to this (kMaxHeadDim in
 # lib/ops/tensor_checks.hpp).
 MAX_HEAD_DIM = 256
@@ -246,14 +250,14 @@ def variant(scalars, tensors):
 
 def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              top_left, softcap, sinks, k_descale, v_descale, variant_name, variant_code,
-              variant_scalars, variant_tensors):
+              top_left, softcap, sinks, k_descale, v_descale, q_descale, variant_name,
+              variant_code, variant_scalars, variant_tensors):
     """kiln::attention's op (kiln.ops.attention): its arguments, as the op takes them."""
     tiles = (("q", q), ("k", k), ("v", v), ("out", out))
     _all_known(tiles + (("lse", lse), ("bias", bias), ("alibi_slopes", alibi_slopes),
                         ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k),
                         ("seqused_k", seqused_k), ("sinks", sinks), ("k_descale", k_descale),
-                        ("v_descale", v_descale)))
+                        ("v_descale", v_descale), ("q_descale", q_descale)))
     variant(variant_scalars, variant_tensors)
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and bias is not None:
@@ -264,7 +268,7 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                 + ("(total_tokens, heads, head_dim) with cu_seqlens" if varlen else
                    "(batch, seqlen, heads, head_dim); for varlen call flash_attn_varlen_func"))
     _ranks(q, tiles[1:])
-    _operand_dtypes(q, (("k", k), ("v", v)), ("out", out), "attention", _FP8_KV_OPERAND_DTYPES)
+    _operand_dtypes(q, (("k", k), ("v", v)), ("out", out), "attention", _FORWARD_OPERAND_DTYPES)
     head_dim(q.shape[-1], "head_dim (q.size(-1))")
     head_dim(v.shape[-1], "head_dim_v (v.size(-1))")
     if k.dtype in FP8_DTYPES and (q.shape[-1] % 16 or v.shape[-1] % 16):
@@ -275,6 +279,7 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
              ("seqused_k", seqused_k)), torch.int32, "int32")
     _dtypes((("alibi_slopes", alibi_slopes), ("sinks", sinks)), torch.float32, "f32")
     descales(k, k_descale, v_descale)
+    q_descale_of(q, q_descale)
     _dtypes((("lse", lse),), torch.float32, "f32")
 
 
@@ -286,8 +291,8 @@ def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q
     forward's arguments, and dout, the gradient of out, in out's dtype and rank."""
     attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
               max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-              top_left, softcap, sinks, None, None, variant_name, variant_code, variant_scalars,
-              variant_tensors)
+              top_left, softcap, sinks, None, None, None, variant_name, variant_code,
+              variant_scalars, variant_tensors)
     _operand_dtypes(q, (("k", k), ("v", v)), None, "attention's backward")
     known(dout, "dout")
     _ranks(q, (("dout", dout),))
@@ -297,6 +302,12 @@ def attention_backward(dout, q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q
 def descales(k, k_descale, v_descale):
     """fp8 k and v's descales (flash_attn_func's): with fp8 k only, float32 of rank 2."""
     _descales((("k_descale", k_descale), ("v_descale", v_descale)), k, "fp8 k and v", "k", 2,
+              "(batch, heads_kv) fp32 descales")
+
+
+def q_descale_of(q, q_descale):
+    """An fp8 q's descale (flash_attn_func's): with an fp8 q only, float32 of rank 2."""
+    _descales((("q_descale", q_descale),), q, "an fp8 q", "q", 2,
               "(batch, heads_kv) fp32 descales")
 
 

@@ -93,15 +93,26 @@ def _stride1(t):
     return t if t is None or t.dim() == 0 or t.stride(-1) == 1 else t.contiguous()
 
 
-def _output(out, shape, like, name):
-    """`out` checked against the shape and dtype the call writes, or a new tensor."""
+def _output(out, shape, like, name, dtypes=None):
+    """`out` checked against the shape and dtype the call writes (one of `dtypes`; None: like's),
+    or a new tensor (of the first of `dtypes`)."""
+    dtypes = dtypes or (like.dtype,)
     if out is None:
-        return like.new_empty(shape)
+        return like.new_empty(shape, dtype=dtypes[0])
     tensor(name, out)
-    if tuple(out.shape) != tuple(shape) or out.dtype != like.dtype:
+    if tuple(out.shape) != tuple(shape) or out.dtype not in dtypes:
+        written = " or ".join(str(d) for d in dtypes)
         _invalid(f"{name} has shape {tuple(out.shape)} and dtype {out.dtype}: this call writes "
-                 f"{tuple(shape)} {like.dtype}")
+                 f"{tuple(shape)} {written}")
     return out
+
+
+def _forward_output(out, shape, q):
+    """The forward's out: q's dtype, or with an fp8 q (the all-fp8 forward) bf16, as
+    FlashAttention-3's, or fp16 given as out=."""
+    if q.dtype in _checks.FP8_DTYPES:
+        return _output(out, shape, q, "out", (torch.bfloat16, torch.float16))
+    return _output(out, shape, q, "out")
 
 
 def _optional(**tensors):
@@ -162,17 +173,19 @@ def _not_differentiable(argument, why):
 
 
 def _no_q_descale(q_descale):
-    """FlashAttention-3's q_descale, an fp8 q's, refused: kiln reads fp8 k and v under 16-bit
-    queries."""
+    """FlashAttention-3's q_descale, an fp8 q's, refused in decode: kiln's decode reads fp8 caches
+    under 16-bit queries."""
     if q_descale is not None:
-        _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln reads fp8 k and v "
-                     "under 16-bit queries")
+        _unsupported("q_descale", "<tensor>", "pass q in bf16 or fp16: kiln's decode reads fp8 "
+                     "caches under 16-bit queries (flash_attn_func takes an fp8 q)")
 
 
-def _forward_only_fp8(k, k_descale, v_descale):
+def _forward_only_fp8(q, k, k_descale, v_descale, q_descale):
     """A call that must record its backward, refused when it reads fp8 k and v: kiln's backward
-    takes k and v in q's dtype. Descales without fp8 k are refused as libkiln refuses them."""
+    takes k and v in q's dtype. Descales without fp8 k (or q) are refused as libkiln refuses
+    them."""
     _checks.descales(k, k_descale, v_descale)
+    _checks.q_descale_of(q, q_descale)
     if k.dtype in _checks.FP8_DTYPES:
         raise _capi.KilnNotImplementedError(
             KILN_ERROR_UNSUPPORTED, f"k of dtype {_checks.DTYPE_NAMES[k.dtype]} in a call whose "
@@ -229,8 +242,9 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     fp8 k and v (torch.float8_e4m3fn or float8_e5m2) under a bf16 or fp16 q, on sm_89 and newer,
     head dims multiples of 16: each value is widened to q's dtype exactly; k_descale and
     v_descale (FlashAttention-3's), float32 (batch, heads_kv) or None (1), multiply them in fp32
-    (k's the scores, v's the output); q_descale (an fp8 q's) is refused. No backward: with an
-    input that requires grad they are refused.
+    (k's the scores, v's the output). q, k and v all float8_e4m3fn (the all-fp8 forward, sm_90a,
+    head_dim_v up to 128; no bias): fp8 products, out bf16 (fp16 through out=), and q_descale
+    like k_descale. No backward: with an input that requires grad they are refused.
 
     Differentiable in q, k, v, sinks (dsinks) and bias (dbias, summed where it has size 1 and
     broadcasts), as FlashAttention's and PyTorch's: deterministic=True makes the backward's
@@ -239,26 +253,25 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     tensor that requires grad are refused.
     """
     _forward_only(dropout_p, return_attn_probs)
-    _no_q_descale(q_descale)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
     q = _stride1(with_rank("q", q, 4, _LAYOUT))
     k = _stride1(with_rank("k", k, 4, _LAYOUT))
     v = _stride1(with_rank("v", v, 4, _LAYOUT))
     return_softmax_lse = flag("return_softmax_lse", return_softmax_lse)
     hooks = _variant(variant, variant_scalars, variant_tensors)
-    bias, alibi_slopes, sinks, k_descale, v_descale = _optional(
+    bias, alibi_slopes, sinks, k_descale, v_descale, q_descale = _optional(
         bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, k_descale=k_descale,
-        v_descale=v_descale)
-    if _trains(q, k, v, sinks, bias, alibi_slopes, k_descale, v_descale, *hooks[3]):
-        _forward_only_fp8(k, k_descale, v_descale)
+        v_descale=v_descale, q_descale=q_descale)
+    if _trains(q, k, v, sinks, bias, alibi_slopes, k_descale, v_descale, q_descale, *hooks[3]):
+        _forward_only_fp8(q, k, k_descale, v_descale, q_descale)
         return _differentiable(q, k, v, bias, alibi_slopes, None, None, None, 0, 0, score,
                                sinks, hooks, deterministic, out, return_softmax_lse)
     batch, seqlen_q, heads = q.shape[:3]
-    out = _output(out, (batch, seqlen_q, heads, v.shape[-1]), q, "out")
+    out = _forward_output(out, (batch, seqlen_q, heads, v.shape[-1]), q)
     lse = q.new_empty((batch, heads, seqlen_q), dtype=torch.float32) \
         if return_softmax_lse else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, None, None, None, 0, 0,
-         *score, sinks, k_descale, v_descale, *hooks)
+         *score, sinks, k_descale, v_descale, q_descale, *hooks)
     return out if lse is None else (out, lse)
 
 
@@ -286,28 +299,27 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     if block_table is not None:
         _unsupported("block_table", "<tensor>", "kiln's varlen attention reads contiguous k and "
                      "v; for a paged cache call flash_attn_with_kvcache")
-    _no_q_descale(q_descale)
     score = _score(softmax_scale, causal, window_size, softcap, top_left)
     q = _stride1(with_rank("q", q, 3, _VARLEN_LAYOUT))
     k = _stride1(with_rank("k", k, 3, _VARLEN_LAYOUT))
     v = _stride1(with_rank("v", v, 3, _VARLEN_LAYOUT))
     return_softmax_lse = flag("return_softmax_lse", return_softmax_lse)
     hooks = _variant(variant, variant_scalars, variant_tensors)
-    bias, alibi_slopes, sinks, seqused_k, k_descale, v_descale = _optional(
+    bias, alibi_slopes, sinks, seqused_k, k_descale, v_descale, q_descale = _optional(
         bias=bias, alibi_slopes=alibi_slopes, sinks=sinks, seqused_k=seqused_k,
-        k_descale=k_descale, v_descale=v_descale)
+        k_descale=k_descale, v_descale=v_descale, q_descale=q_descale)
     sequences = (tensor("cu_seqlens_q", cu_seqlens_q), tensor("cu_seqlens_k", cu_seqlens_k),
                  seqused_k, _seqlen("max_seqlen_q", max_seqlen_q),
                  _seqlen("max_seqlen_k", max_seqlen_k))
-    if _trains(q, k, v, sinks, bias, alibi_slopes, k_descale, v_descale, *hooks[3]):
-        _forward_only_fp8(k, k_descale, v_descale)
+    if _trains(q, k, v, sinks, bias, alibi_slopes, k_descale, v_descale, q_descale, *hooks[3]):
+        _forward_only_fp8(q, k, k_descale, v_descale, q_descale)
         return _differentiable(q, k, v, bias, alibi_slopes, *sequences, score, sinks, hooks,
                                deterministic, out, return_softmax_lse)
     total_q, heads = q.shape[:2]
-    out = _output(out, (total_q, heads, v.shape[-1]), q, "out")
+    out = _forward_output(out, (total_q, heads, v.shape[-1]), q)
     lse = q.new_empty((heads, total_q), dtype=torch.float32) if return_softmax_lse else None
     _run(ops.attention, q, q, k, v, out, lse, bias, alibi_slopes, *sequences, *score, sinks,
-         k_descale, v_descale, *hooks)
+         k_descale, v_descale, q_descale, *hooks)
     return out if lse is None else (out, lse)
 
 

@@ -186,7 +186,7 @@ def _variant(name, code, scalars, tensors):
 
 def _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k, max_seqlen_q,
                        max_seqlen_k, softmax_scale, causal, window_left, window_right, top_left,
-                       softcap, sinks, variant, k_descale=None, v_descale=None):
+                       softcap, sinks, variant, k_descale=None, v_descale=None, q_descale=None):
     """kiln_attention_options of the forward and the backward, packed with their tensors
     (`variant`: the score's variant fields, from _variant); returns its address."""
     score = (softmax_scale, causal, window_left, window_right, top_left, softcap,
@@ -194,7 +194,8 @@ def _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k
     return _capi.pack_attention_options(
         score, _maybe(6, bias, "bias"), _maybe(7, cu_seqlens_q, "cu_seqlens_q"),
         _maybe(8, cu_seqlens_k, "cu_seqlens_k"), _maybe(9, seqused_k, "seqused_k"), max_seqlen_q,
-        max_seqlen_k, _maybe(14, k_descale, "k_descale"), _maybe(15, v_descale, "v_descale"))
+        max_seqlen_k, _maybe(14, k_descale, "k_descale"), _maybe(15, v_descale, "v_descale"),
+        _maybe(16, q_descale, "q_descale"))
 
 
 def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tensor],
@@ -204,13 +205,14 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Optional[Tenso
                softmax_scale: float, causal: bool, window_left: int, window_right: int,
                top_left: bool, softcap: float, sinks: Optional[Tensor],
                k_descale: Optional[Tensor], v_descale: Optional[Tensor],
-               variant_name: Optional[str], variant_code: Optional[str],
+               q_descale: Optional[Tensor], variant_name: Optional[str],
+               variant_code: Optional[str],
                variant_scalars: List[float], variant_tensors: List[Tensor]) -> None:
     variant, keep_alive = _variant(variant_name, variant_code, variant_scalars, variant_tensors)
     options = _attention_options(bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                                  max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
                                  window_right, top_left, softcap, sinks, variant, k_descale,
-                                 v_descale)
+                                 v_descale, q_descale)
     _check(_capi.attention(_tensor(0, q, "q"), _tensor(1, k, "k"), _tensor(2, v, "v"),
                            _tensor(3, out, "out"), options, _maybe(4, lse, "lse"), _stream(q)))
 
@@ -246,8 +248,8 @@ def _attention_forward(q: Tensor, k: Tensor, v: Tensor, bias: Optional[Tensor],
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
     _attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k, seqused_k,
                max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left, window_right,
-               top_left, softcap, sinks, None, None, variant_name, variant_code, variant_scalars,
-               variant_tensors)
+               top_left, softcap, sinks, None, None, None, variant_name, variant_code,
+               variant_scalars, variant_tensors)
     return out, lse
 
 
@@ -258,7 +260,7 @@ def _attention_forward_fake(q, k, v, bias, alibi_slopes, cu_seqlens_q, cu_seqlen
     out, lse = _forward_outputs(q, v, cu_seqlens_q is not None or cu_seqlens_k is not None)
     _checks.attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
                       seqused_k, max_seqlen_q, max_seqlen_k, softmax_scale, causal, window_left,
-                      window_right, top_left, softcap, sinks, None, None, variant_name,
+                      window_right, top_left, softcap, sinks, None, None, None, variant_name,
                       variant_code, variant_scalars, variant_tensors)
     return out, lse
 

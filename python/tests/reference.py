@@ -37,10 +37,11 @@ def _as_list(x, batch):
 
 
 def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_left, dtype,
-            sinks):
+            sinks, p_fp8):
     """One sequence: q (s_q, h, d), k (s_k, h_kv, d), v (s_k, h_kv, d_v); slopes (h) or None;
-    bias broadcastable to (h, s_q, s_k) or None; sinks (h) or None. Computes in `dtype`;
-    returns out (s_q, h, d_v) and lse (h, s_q)."""
+    bias broadcastable to (h, s_q, s_k) or None; sinks (h) or None. Computes in `dtype`, with
+    p_fp8 (an fp8 dtype) rounding each row's probabilities to it from 2^8 (the largest 256), as
+    kiln's all-fp8 forward does; returns out (s_q, h, d_v) and lse (h, s_q)."""
     s_q, heads, _ = q.shape
     s_k, heads_kv, _ = k.shape
     if heads % heads_kv != 0:
@@ -79,16 +80,20 @@ def _attend(q, k, v, *, scale, causal, window_size, softcap, slopes, bias, top_l
     # Not the NaN of 0/0: an empty row's probabilities are 0, and so (for autograd, whose
     # softmax backward would turn its NaN into every gradient) are its logits' gradients.
     probs = torch.softmax(logits.masked_fill(empty, 0.0), dim=-1).masked_fill(empty, 0.0)
+    if p_fp8 is not None:
+        live = logits.masked_fill(empty, 0.0)
+        exps = torch.exp(live - live.amax(dim=-1, keepdim=True)).masked_fill(empty, 0.0)
+        probs = (256 * exps).to(p_fp8).to(dtype) / 256 / exps.sum(-1, keepdim=True).clamp_min(1)
     out = torch.einsum("hij,jhd->ihd", probs[..., :s_k], v)
     return out, lse
 
 
-def _options(q, upcast, softmax_scale, sinks, **band):
+def _options(q, upcast, softmax_scale, sinks, p_fp8=None, **band):
     """The per-sequence _attend options every call shares, and the LSE's dtype: float64 when
     upcast, else the inputs' dtype (float32 for the LSE, as kiln's)."""
     dtype, lse_dtype = (torch.float64, torch.float64) if upcast else (q.dtype, torch.float32)
     scale = softmax_scale if softmax_scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    return dict(scale=scale, dtype=dtype, sinks=sinks, **band), lse_dtype
+    return dict(scale=scale, dtype=dtype, sinks=sinks, p_fp8=p_fp8, **band), lse_dtype
 
 
 def _slopes(alibi_slopes, b):
@@ -115,11 +120,13 @@ def attention_ref(
     seqused_k=None,
     sinks=None,
     upcast=True,
+    p_fp8=None,
 ):
     """flash_attn_func (q (b, s_q, h, d), k and v (b, s_k, h_kv, d)) or, with cu_seqlens_q and
     cu_seqlens_k, flash_attn_varlen_func (q (total_q, h, d), k and v (total_k, h_kv, d)).
     seqused_k (b) keeps only the first seqused_k[b] keys of each sequence. alibi_slopes (h) or
-    (b, h); bias broadcastable to (b, h, s_q, s_k), dense only; sinks (h).
+    (b, h); bias broadcastable to (b, h, s_q, s_k), dense only; sinks (h). p_fp8: the plain
+    computation's probabilities rounded as kiln's all-fp8 forward rounds them (_attend).
 
     Returns (out, lse): out like q with v's head dim, float64 when upcast else q's dtype; lse
     (b, h, s_q), or (h, total_q) with varlen, float64 when upcast else float32."""
@@ -129,7 +136,7 @@ def attention_ref(
     if varlen and bias is not None:
         raise ValueError("bias is dense only (kiln takes no bias with varlen)")
     band = dict(causal=causal, window_size=window_size, softcap=softcap, top_left=top_left)
-    options, lse_dtype = _options(q, upcast, softmax_scale, sinks, **band)
+    options, lse_dtype = _options(q, upcast, softmax_scale, sinks, p_fp8, **band)
 
     if varlen:
         starts_q = cu_seqlens_q.tolist()

@@ -62,11 +62,6 @@ UNSUPPORTED = [
      lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0,
                                          block_table=torch.empty(0, 1, dtype=I32)),
      "block_table="),
-    ("flash_attn_func q_descale",
-     lambda: kiln.flash_attn_func(Q, FP8_K, FP8_K, q_descale=torch.ones(0, 8)), "q_descale="),
-    ("flash_attn_varlen_func q_descale",
-     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0, q_descale=torch.ones(0, 8)),
-     "q_descale="),
     ("flash_attn_with_kvcache q_descale",
      lambda: kiln.flash_attn_with_kvcache(Q, CACHE, CACHE, cache_seqlens=SEQLENS,
                                           q_descale=torch.ones(0, 2)), "q_descale="),
@@ -101,6 +96,12 @@ INVALID = [
      "max_seqlen_q is a Tensor (tensor(5)): pass a Python int"),
     ("max_seqlen_k a bool",
      lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, True), "max_seqlen_k is a bool"),
+    ("q_descale with a 16-bit q",
+     lambda: kiln.flash_attn_func(Q, FP8_K, FP8_K, q_descale=torch.ones(0, 8)),
+     "q_descale is for an fp8 q, but q has dtype bf16: drop q_descale"),
+    ("q_descale with a 16-bit varlen q",
+     lambda: kiln.flash_attn_varlen_func(QV, KV, KV, CU, CU, 0, 0, q_descale=torch.ones(0, 8)),
+     "q_descale is for an fp8 q"),
     ("out of the wrong shape", lambda: kiln.flash_attn_func(Q, K, K, out=bf16(0, 5, 8, 32)),
      "out has shape (0, 5, 8, 32)"),
     ("out of the wrong dtype",
@@ -155,7 +156,8 @@ KILN = [
      _capi.KILN_ERROR_INVALID_ARGUMENT,
      "k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in the dtypes "
      "(bf16, bf16, bf16) or (f16, f16, f16) or (bf16, e4m3, bf16) or (f16, e4m3, f16) or "
-     "(bf16, e5m2, bf16) or (f16, e5m2, f16), so k needs bf16"),
+     "(bf16, e5m2, bf16) or (f16, e5m2, f16) or (e4m3, e4m3, bf16) or (e4m3, e4m3, f16), so k "
+     "needs bf16"),
     ("fp8 k with a bf16 v", lambda: kiln.flash_attn_func(Q, FP8_K, K),
      _capi.KILN_ERROR_INVALID_ARGUMENT, "v has dtype bf16 but k has dtype e4m3"),
     ("a descale with bf16 k and v",
@@ -223,7 +225,7 @@ def test_cpu_tensors_are_refused_in_words_not_dlpack_codes():
                  lambda: kiln.flash_attn_func(Q.float(), K.float(), K.float()),  # CPU first
                  lambda: kiln.ops.attention(Q, K, K, Q.clone(), None, None, None, None, None,
                                             None, 0, 0, 0.0, False, -1, -1, False, 0.0, None,
-                                            None, None, None, None, [], [])):
+                                            None, None, None, None, None, [], [])):
         with refused(kiln.KilnValueError, _capi.KILN_ERROR_INVALID_ARGUMENT,
                      "q is on the CPU; kiln runs on CUDA or ROCm GPUs", "q.cuda()") as error:
             call()

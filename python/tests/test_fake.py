@@ -234,7 +234,7 @@ def library_verdict(q, k, v):
     try:
         ops._attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None, None,
                        None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None, None, None,
-                       None, [], [])
+                       None, None, [], [])
     except kiln.KilnError as e:
         return e.status, e.message
     return None
@@ -245,7 +245,7 @@ def python_verdict(q, k, v):
     try:
         _checks.attention(q, k, v, q.new_empty(*q.shape[:3], v.shape[-1]), None, None, None,
                           None, None, None, 0, 0, 0.0, False, -1, -1, False, 0.0, None, None,
-                          None, None, None, [], [])
+                          None, None, None, None, [], [])
     except kiln.KilnError as e:
         return e.status, e.message
     return None

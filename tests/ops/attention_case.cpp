@@ -54,6 +54,7 @@ Strided lse_layout(const Case& c, std::int64_t total_q) {
 ReferenceProblem reference_problem(const Case& c) {
   ReferenceProblem ref;
   ref.dtype = c.dtype;
+  if (c.q_fp8) ref.p_fp8 = c.kv_fp8;
   ref.heads = c.heads;
   ref.heads_kv = c.heads_kv;
   ref.head_dim = c.head_dim;
@@ -95,7 +96,7 @@ void upload_qkv(const Case& c, const Layouts& l, const std::vector<double>& q,
     return;
   }
   for (auto [layout, values, view, dtype] :
-       {std::tuple{&l.q, &q, &d.q, c.dtype}, std::tuple{&l.k, &k, &d.k, c.kv_dtype()},
+       {std::tuple{&l.q, &q, &d.q, c.q_dtype()}, std::tuple{&l.k, &k, &d.k, c.kv_dtype()},
         std::tuple{&l.v, &v, &d.v, c.kv_dtype()}}) {
     std::vector<std::uint16_t> image(guarded_size({layout}), kPoison16);
     kiln::test::scatter(dtype, *layout, *values, image);
@@ -146,31 +147,41 @@ void add_bias(const Case& c, ReferenceProblem& ref, DeviceCase& d, std::mt19937&
   d.options.bias = view_of(*d.buffers.back(), c.dtype, Strided{shape, strides, 0});
 }
 
-// Random descales of fp8 k and v, (batch, heads_kv) fp32 from 1/4 to 4, uploaded for the call;
-// returns the reference's k and v, each stored value times its sequence's descale.
-std::pair<std::vector<double>, std::vector<double>> add_descales(const Case& c,
-                                                                 const ReferenceProblem& ref,
-                                                                 std::vector<double> k,
-                                                                 std::vector<double> v,
-                                                                 DeviceCase& d, std::mt19937& rng) {
+// Random descales of fp8 k and v (and an fp8 q), (batch, heads_kv) fp32 from 1/4 to 4, uploaded
+// for the call; scales the reference's q, k and v, each stored value times its sequence's (and
+// kv head's) descale.
+void add_descales(const Case& c, const ReferenceProblem& ref, std::vector<double>& q,
+                  std::vector<double>& k, std::vector<double>& v, DeviceCase& d,
+                  std::mt19937& rng) {
   const int batch = ref.batch();
   std::uniform_real_distribution<double> exponent(-2, 2);
-  for (auto [values, view, dim] : {std::tuple{&k, &d.options.k_descale, c.head_dim},
-                                   std::tuple{&v, &d.options.v_descale, c.dim_v()}}) {
+  struct Scaled {
+    std::vector<double>* values;
+    std::optional<TensorView>* view;
+    const std::vector<int>& cu_seqlens;
+    int heads, dim;
+  };
+  std::vector<Scaled> tensors = {
+      {&k, &d.options.k_descale, ref.cu_seqlens_k, c.heads_kv, c.head_dim},
+      {&v, &d.options.v_descale, ref.cu_seqlens_k, c.heads_kv, c.dim_v()}};
+  if (c.q_fp8) {
+    tensors.push_back({&q, &d.options.q_descale, ref.cu_seqlens_q, c.heads, c.head_dim});
+  }
+  for (const Scaled& t : tensors) {
     std::vector<float> descales(static_cast<std::size_t>(batch * c.heads_kv));
     for (float& x : descales) x = static_cast<float>(std::exp2(exponent(rng)));
+    const int group = t.heads / c.heads_kv;  // heads per kv head: q's descale is a kv head's
     for (int b = 0; b < batch; ++b) {
-      for (int t = ref.cu_seqlens_k[b]; t < ref.cu_seqlens_k[b + 1]; ++t) {
-        for (int h = 0; h < c.heads_kv; ++h) {
-          double* const row = &(*values)[(std::size_t{1} * t * c.heads_kv + h) * dim];
-          for (int e = 0; e < dim; ++e) row[e] *= descales[b * c.heads_kv + h];
+      for (int token = t.cu_seqlens[b]; token < t.cu_seqlens[b + 1]; ++token) {
+        for (int h = 0; h < t.heads; ++h) {
+          double* const row = &(*t.values)[(std::size_t{1} * token * t.heads + h) * t.dim];
+          for (int e = 0; e < t.dim; ++e) row[e] *= descales[b * c.heads_kv + h / group];
         }
       }
     }
     d.buffers.push_back(upload(descales));
-    *view = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {batch, c.heads_kv});
+    *t.view = TensorView::contiguous(d.buffers.back()->get(), DType::f32, {batch, c.heads_kv});
   }
-  return {std::move(k), std::move(v)};
 }
 
 void add_sequences(const Case& c, const ReferenceProblem& ref, DeviceCase& d) {
@@ -205,7 +216,10 @@ std::string describe(const Case& c) {
     s << " batch " << c.batch << " seqlen " << c.seqlen_q << "x" << c.seqlen_k;
   }
   if (!c.seqused_k.empty()) s << " seqused_k";
-  if (c.kv_fp8) s << " k and v " << kiln::to_string(*c.kv_fp8) << (c.descales ? " descaled" : "");
+  if (c.kv_fp8) {
+    s << (c.q_fp8 ? " q, k and v " : " k and v ") << kiln::to_string(*c.kv_fp8)
+      << (c.descales ? " descaled" : "");
+  }
   s << kiln::test::describe(c.score);
   const char* layouts[] = {"contiguous", "padded", "packed qkv", "bhsd"};
   s << " layout " << layouts[static_cast<int>(c.layout)];
@@ -253,7 +267,7 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
   Prepared p;
   DeviceCase& d = p.d;
   const std::int64_t total_q = ref.cu_seqlens_q.back(), total_k = ref.cu_seqlens_k.back();
-  const auto q = kiln::test::random_normal(c.dtype, total_q * c.heads * c.head_dim, rng);
+  auto q = kiln::test::random_normal(c.q_dtype(), total_q * c.heads * c.head_dim, rng);
   auto k = kiln::test::random_normal(c.kv_dtype(), total_k * c.heads_kv * c.head_dim, rng);
   auto v = kiln::test::random_normal(c.kv_dtype(), total_k * c.heads_kv * c.dim_v(), rng);
 
@@ -274,7 +288,7 @@ Prepared prepare(const Case& c, std::mt19937& rng) {
         d.options.score, d.buffers, rng);
   }
   add_sequences(c, ref, d);
-  if (c.descales) std::tie(k, v) = add_descales(c, ref, std::move(k), std::move(v), d, rng);
+  if (c.descales) add_descales(c, ref, q, k, v, d, rng);
   if (c.lse) d.options.lse = d.lse->view();
   p.want = kiln::test::attention_reference(ref, q, k, v);
   const int rows = c.varlen() ? d.options.max_seqlen_q : c.seqlen_q;

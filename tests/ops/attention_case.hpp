@@ -56,9 +56,12 @@ struct Case {
   // reference attends the stored values times the descales.
   std::optional<DType> kv_fp8;
   bool descales = false;
+  // q in kv_fp8 too (the all-fp8 forward), out in dtype; with descales, q's too (q_descale).
+  bool q_fp8 = false;
 
   bool varlen() const { return !seqlens_q.empty(); }
   DType kv_dtype() const { return kv_fp8.value_or(dtype); }
+  DType q_dtype() const { return q_fp8 ? kv_dtype() : dtype; }
   int dim_v() const { return head_dim_v ? head_dim_v : head_dim; }
 };
 

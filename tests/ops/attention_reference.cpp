@@ -287,7 +287,10 @@ void for_each_softmax_row(const ReferenceProblem& p, const std::vector<double>& 
           sum_plain += s;
         }
         for (double& s : r.p) s /= sum;
-        for (double& s : r.p_plain) s = round_to(p.dtype, s / sum_plain);
+        for (double& s : r.p_plain) {
+          s = p.p_fp8 ? round_to(*p.p_fp8, 256 * s) / 256 / sum_plain
+                      : round_to(p.dtype, s / sum_plain);
+        }
         r.lse = max + std::log(sum);
         r.sink_p = std::exp(sink - max) / sum;
         r.sink_p_plain = std::exp(sink - max_plain) / sum_plain;

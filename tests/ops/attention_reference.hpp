@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -58,6 +59,10 @@ std::vector<double> gather(DType dtype, const Strided& layout,
 //   v (total_k, heads_kv, head_dim_v), dense row-major, values exactly representable in dtype.
 struct ReferenceProblem {
   DType dtype = DType::bf16;  // of the inputs; the plain-dtype baseline rounds to it
+  // The all-fp8 forward's: the plain baseline rounds each row's probabilities to this fp8 dtype
+  // from 2^8 (the largest 256) instead of rounding the normalized ones to dtype, as the kernel's
+  // fp8 P operand does.
+  std::optional<DType> p_fp8;
   int heads = 1;
   int heads_kv = 1;
   int head_dim = 0;

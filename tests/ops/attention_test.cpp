@@ -372,7 +372,7 @@ void check_outputs(const Case& c, const DeviceCase& d, const Downloaded& got,
 }
 
 kiln::AttentionProblem problem_of(const Case& c, const DeviceCase& d) {
-  return {.dtype_q = c.dtype,
+  return {.dtype_q = c.q_dtype(),
           .dtype_kv = c.kv_dtype(),
           .dtype_out = c.dtype,
           .head_dim = c.head_dim,
@@ -489,6 +489,22 @@ void run_fp8_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
                kiln::AttentionConfig{
                    .block_m = 128, .block_n = wide ? 64 : 128, .warps = 8, .stages = wide ? 1 : 2},
                "the mma kernel, 8 warps");
+}
+
+// q, k and v in e4m3 (Case::q_fp8), which the tma kernel alone takes: with choose()'s config
+// and with 3 stages, on the same inputs, each checked by check_kernel against one fp64 reference
+// of the dequantized inputs, whose plain baseline rounds P to e4m3 as the kernel does.
+void run_all_fp8_case(kiln::Runtime& rt, Case c, std::mt19937& rng) {
+  c.kv_fp8 = DType::e4m3;
+  c.q_fp8 = true;
+  INFO(describe(c));
+  Prepared p = prepare(c, rng);
+  check_kernel(rt, c, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
+  check_kernel(
+      rt, c, p.d, p.want, p.has_rows,
+      kiln::AttentionConfig{
+          .block_m = 128, .block_n = 128, .stages = 3, .kernel = kiln::AttentionKernel::tma},
+      "the tma kernel, 3 stages");
 }
 
 // `count` bf16 values from a normal distribution, as their bits.
@@ -634,6 +650,105 @@ TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
                 .kv_fp8 = DType::e4m3,
                 .descales = true},
                rng);
+}
+
+// The all-fp8 forward (sm_90a): e4m3 q, k and v with FlashAttention-3's descales (q's too) and
+// without, out in bf16 and f16, GQA, head dims 64 and 128 (and 192/128, 80/64: padded rows),
+// every mask, softcap, ALiBi, sinks, varlen with seqused_k, BHSD strides, user variants and long
+// sequences. The reference attends the stored values times the descales.
+TEST_CASE("attention over fp8 q, k and v: descales, masks, varlen", "[gpu][attention]") {
+  KILN_REQUIRE_GPU();
+  kiln::Runtime rt(kiln::test::gpu_options());
+  if (rt.target() != "sm_90a") {
+    WARN("skipped: the all-fp8 forward runs on sm_90a, not " << rt.target().name());
+    return;
+  }
+  std::mt19937 rng(47);
+  for (DType dtype : kDTypes) {
+    run_all_fp8_case(rt,
+                     {.dtype = dtype,
+                      .batch = 2,
+                      .seqlen_q = 113,
+                      .seqlen_k = 203,
+                      .heads = 4,
+                      .heads_kv = 2,
+                      .head_dim = 128,
+                      .lse = true,
+                      .descales = true},
+                     rng);
+  }
+  for (auto [dim, dim_v] : {std::pair{64, 64}, {192, 128}, {80, 64}}) {
+    run_all_fp8_case(rt,
+                     {.batch = 2,
+                      .seqlen_q = 77,
+                      .seqlen_k = 150,
+                      .heads = 2,
+                      .heads_kv = 1,
+                      .head_dim = dim,
+                      .head_dim_v = dim_v,
+                      .score = {.causal = true},
+                      .lse = true,
+                      .descales = true},
+                     rng);
+  }
+  run_all_fp8_case(rt,
+                   {.seqlen_q = 200,
+                    .seqlen_k = 300,
+                    .heads = 4,
+                    .heads_kv = 4,
+                    .head_dim = 128,
+                    .score = {.window_left = 40,
+                              .window_right = 8,
+                              .softcap = 30,
+                              .alibi = Alibi::per_head,
+                              .sinks = true},
+                    .layout = Layout::bhsd,
+                    .lse = true,
+                    .descales = true},
+                   rng);
+  run_all_fp8_case(rt,
+                   {.dtype = DType::f16,
+                    .batch = 2,
+                    .seqlen_q = 64,
+                    .seqlen_k = 96,
+                    .heads = 2,
+                    .heads_kv = 2,
+                    .head_dim = 128},
+                   rng);
+  run_all_fp8_case(rt,
+                   {.heads = 8,
+                    .heads_kv = 2,
+                    .head_dim = 128,
+                    .score = {.causal = true},
+                    .lse = true,
+                    .seqlens_q = {0, 1, 130, 77},
+                    .seqlens_k = {5, 1, 300, 64},
+                    .seqused_k = {5, 0, 250, 64},
+                    .descales = true},
+                   rng);
+  for (UserVariant variant : {UserVariant::document, UserVariant::key_padding}) {
+    run_all_fp8_case(rt,
+                     {.batch = 2,
+                      .seqlen_q = 90,
+                      .seqlen_k = 130,
+                      .heads = 4,
+                      .heads_kv = 2,
+                      .head_dim = 128,
+                      .score = {.causal = true, .variant = variant},
+                      .lse = true,
+                      .descales = true},
+                     rng);
+  }
+  run_all_fp8_case(rt,
+                   {.seqlen_q = 2049,
+                    .seqlen_k = 2049,
+                    .heads = 2,
+                    .heads_kv = 1,
+                    .head_dim = 128,
+                    .score = {.causal = true},
+                    .lse = true,
+                    .descales = true},
+                   rng);
 }
 
 // KILN_DEBUG copies fp8 k and v's descales to the host before the launch and refuses one that is

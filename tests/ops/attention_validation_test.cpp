@@ -242,7 +242,8 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
   c.k.dtype = DType::f16;
   check_invalid(c, {"k has dtype f16 but q has dtype bf16: attention takes (q, k and v, out) in "
                     "the dtypes (bf16, bf16, bf16) or (f16, f16, f16) or (bf16, e4m3, bf16) or "
-                    "(f16, e4m3, f16) or (bf16, e5m2, bf16) or (f16, e5m2, f16), so k needs bf16"});
+                    "(f16, e4m3, f16) or (bf16, e5m2, bf16) or (f16, e5m2, f16) or (e4m3, e4m3, "
+                    "bf16) or (e4m3, e4m3, f16), so k needs bf16"});
   c = padded_call();
   c.k.dtype = DType::e4m3;
   check_invalid(c, {"v has dtype bf16 but k has dtype e4m3", "so v needs e4m3"});
@@ -326,6 +327,60 @@ TEST_CASE("attention takes fp8 k and v on the mma kernel of sm_89 and newer, and
   c.k.strides = {256 * 2 * 80, 2 * 80, 80, 1};  // rows 16-byte aligned
   check_refused(c, ErrorCategory::unsupported,
                 {"head_dim 72 and head_dim_v 64 with an e4m3 K/V", "multiples of 16"});
+}
+
+TEST_CASE("attention takes e4m3 q, k and v with a 16-bit out on sm_90a's tma kernel alone",
+          "[attention]") {
+  Call c = padded_call();
+  c.q.dtype = c.k.dtype = c.v.dtype = DType::e4m3;
+  check_accepted(c);
+  c.out.dtype = DType::f16;
+  check_accepted(c);
+  c.options.q_descale = view(0x4000000, DType::f32, {2, 2});
+  c.options.k_descale = view(0x5000000, DType::f32, {2, 2});
+  c.options.v_descale = view(0x6000000, DType::f32, {2, 2});
+  check_accepted(c);
+  const kiln::AttentionProblem problem{
+      .dtype_q = DType::e4m3, .dtype_kv = DType::e4m3, .head_dim = 128, .head_dim_v = 128};
+  const kiln::AttentionConfig chosen = kiln::choose(problem, kiln::Target("sm_90a"));
+  CHECK(chosen.kernel == kiln::AttentionKernel::tma);
+  CHECK(chosen.block_n == 128);
+  for (const char* target : {"sm_90", "sm_89", "sm_80", "gfx90a"}) {
+    check_refusal(refusal([&] { kiln::choose(problem, kiln::Target(target)); }),
+                  ErrorCategory::unsupported, {"runs on sm_90a (H100, H200) only", target});
+  }
+  for (kiln::AttentionKernel kernel : {kiln::AttentionKernel::mma, kiln::AttentionKernel::wgmma,
+                                       kiln::AttentionKernel::portable}) {
+    const kiln::AttentionConfig config{
+        .block_m = 128, .block_n = 64, .warps = 4, .stages = 2, .kernel = kernel};
+    check_refusal(refusal([&] {
+                    kiln::attention(c.q, c.k, c.v, c.out, c.options, config, nullptr,
+                                    validating_runtime());
+                  }),
+                  ErrorCategory::unsupported, {"an e4m3 q runs on the tma attention kernel only"});
+  }
+  // Out in fp8, k and v in another dtype, a bias, head_dim_v above 128: refused.
+  Call bad = c;
+  bad.out.dtype = DType::e4m3;
+  check_invalid(bad, {"out has dtype e4m3 but q has dtype e4m3", "so out needs bf16"});
+  bad = c;
+  bad.k.dtype = bad.v.dtype = DType::e5m2;
+  check_invalid(bad, {"k has dtype e5m2 but q has dtype e4m3", "so k needs e4m3"});
+  bad = c;
+  bad.options.bias = view(0x8000000, DType::e4m3, {2, 8, 128, 256});
+  check_refused(bad, ErrorCategory::unsupported, {"bias with an e4m3 q is not supported yet"});
+  bad = c;
+  bad.v = reshaped(bad.v, {2, 256, 2, 256});
+  bad.out = reshaped(bad.out, {2, 128, 8, 256});
+  check_refused(bad, ErrorCategory::unsupported,
+                {"head_dim_v 256 with fp8 q, k and v is not supported yet", "up to 128"});
+  // q_descale: an fp8 q's, of (batch, heads_kv).
+  bad = c;
+  bad.options.q_descale = view(0x4000000, DType::f32, {2, 8});
+  check_invalid(bad, {"q_descale.size(-1) is 8 but k.size(2) (heads_kv) is 2"});
+  Call wide = padded_call();
+  wide.options.q_descale = view(0x4000000, DType::f32, {2, 2});
+  check_invalid(wide, {"q_descale is for an fp8 q, but q has dtype bf16: drop q_descale"});
 }
 
 TEST_CASE("attention refuses descales of the wrong shape or dtype, or with 16-bit k and v",

@@ -68,6 +68,9 @@ struct alignas(64) TensorMap {
 // The persistent grid's scheduling (neither changes results): maybe_tile_counter, two words that
 // are zero at launch and that the kernel leaves zero (null: tiles are dealt round-robin), and
 // section_pairs, how many (batch, head) pairs' tiles are taken together (at least 1).
+// With fp8 q, k and v (dtype_q e4m3) the boxes are 128 columns (128 bytes) wide, and q's descale
+// (FlashAttention-3's q_descale, fp32 (batch, heads_kv), a row per sequence with varlen; null: 1)
+// joins k's in the softmax scale.
 struct AttentionTmaParams {
   TensorMap q_map;
   TensorMap k_map;
@@ -75,6 +78,8 @@ struct AttentionTmaParams {
   AttentionParams p;
   unsigned* maybe_tile_counter;
   int section_pairs;
+  const float* maybe_q_descale;
+  long long q_descale_batch_stride, q_descale_head_stride;
 };
 
 // The shared-memory formulas below take the bytes of an element of each operand: q_size (q),
@@ -100,12 +105,13 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
   return tiles > staging ? tiles : staging;
 }
 
-// The bytes of attention_forward_wgmma's Q tile and `stages` (K, V) slots, with head dims
-// rounded up to the swizzle's 64 columns, unpadded.
+// The bytes of attention_forward_wgmma's Q tile and `stages` (K, V) slots, unpadded: head_dim
+// rounded up to the swizzle's 128-byte chunks (64 columns, or 128 of fp8), head_dim_v to 64.
 KILN_PARAMS_FN constexpr long long attention_forward_wgmma_tile_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size) {
-  const long long qk_dim = (head_dim + 63) / 64 * 64;
+  const long long chunk = 128 / q_size;
+  const long long qk_dim = (head_dim + chunk - 1) / chunk * chunk;
   const long long v_dim = (head_dim_v + 63) / 64 * 64;
   return q_size * block_m * qk_dim + kv_size * stages * block_n * (qk_dim + v_dim);
 }
@@ -135,13 +141,17 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_budget_bytes() {
   return 227 * 1024 - 1024;
 }
 
-// The tma kernel's K/V slots hold q's type: fp8 k and v (kv_size 1) land in staging entries of
-// their own, each a K or a V block of block_n rows of the wider head dim (rounded to 64) in
-// bytes, which the kernel widens into the slots. The bytes of one entry, or 0 for 16-bit k and v.
+// The tma kernel's K/V slots hold q's type: fp8 k and v under a 16-bit q (kv_size 1) land in
+// staging entries of their own, each a K or a V block of block_n rows of the wider head dim
+// (rounded to 64) in bytes, which the kernel widens into the slots. With fp8 q, k and v (q_size 1)
+// K lands in its slot and V alone in an entry, block_n rows of head_dim_v rounded to 128 bytes,
+// which the kernel transposes into its slot. The bytes of one entry, or 0 for 16-bit k and v.
 KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entry_bytes(long long head_dim,
                                                                          long long head_dim_v,
                                                                          long long block_n,
+                                                                         long long q_size,
                                                                          long long kv_size) {
+  if (q_size == 1) return block_n * ((head_dim_v + 127) / 128 * 128);
   const long long widest = head_dim > head_dim_v ? head_dim : head_dim_v;
   return kv_size == 1 ? block_n * ((widest + 63) / 64 * 64) : 0;
 }
@@ -154,24 +164,27 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_layout_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size, long long out_size, long long entries,
     bool staged) {
-  const long long tiles =
-      attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
-                                         q_size) +
-      entries * attention_forward_tma_fp8_entry_bytes(head_dim, head_dim_v, block_n, kv_size);
+  const long long tiles = attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n,
+                                                             stages, q_size, q_size) +
+                          entries * attention_forward_tma_fp8_entry_bytes(head_dim, head_dim_v,
+                                                                          block_n, q_size, kv_size);
   const long long staging = attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size);
   if (staged) return 1024 + tiles + staging;
   return 1024 + (tiles > staging ? tiles : staging);
 }
 
 // How many fp8 staging entries the tma kernel takes (0 for 16-bit k and v): the most, up to two
-// a stage (a K and a V block each), that fit its budget with the output staging tile, else the
-// most that fit without it; at least `stages`, else none fit (0: the config does not fit).
+// a stage (a K and a V block each; with fp8 q, one, for V alone), that fit its budget with the
+// output staging tile, else the most that fit without it; at least `stages` (with fp8 q, 2), else
+// none fit (0: the config does not fit).
 KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entries(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size, long long out_size) {
   if (kv_size != 1) return 0;
+  const long long most = q_size == 1 ? stages : 2 * stages;
+  const long long least = q_size == 1 ? 2 : stages;
   for (int staged = 1; staged >= 0; --staged) {
-    for (long long entries = 2 * stages; entries >= stages; --entries) {
+    for (long long entries = most; entries >= least; --entries) {
       if (attention_forward_tma_layout_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
                                              kv_size, out_size, entries,
                                              staged == 1) <= attention_forward_tma_budget_bytes()) {
@@ -199,7 +212,7 @@ KILN_PARAMS_FN constexpr bool attention_forward_tma_staged(long long head_dim, l
 
 // Dynamic shared memory of attention_forward_tma: its layout with its fp8 staging entries, and
 // the output staging tile where it fits. fp8 k and v with no room for `stages` entries get the
-// layout with that many, above the budget, whose kernel refuses to compile.
+// layout with that many (with fp8 q, 2), above the budget, whose kernel refuses to compile.
 KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size, long long out_size) {
@@ -207,7 +220,7 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(
       head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size);
   return attention_forward_tma_layout_bytes(
       head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size,
-      kv_size == 1 && entries == 0 ? stages : entries,
+      kv_size == 1 && entries == 0 ? (q_size == 1 ? 2 : stages) : entries,
       attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
                                    out_size));
 }

@@ -95,6 +95,28 @@ __device__ __forceinline__ KV fp8_from_float(float x) {
   return {static_cast<unsigned char>(pair & 0xffu)};
 }
 
+// a, b, c and d rounded to T (kiln::e4m3 or kiln::e5m2) as fp8_from_float does, packed from the
+// low byte up: an fp8 mma fragment register.
+template <class T>
+__device__ __forceinline__ unsigned fp8x4_from_floats(float a, float b, float c, float d) {
+  static_assert(kFp8Conversions || sizeof(T) == 0,
+                "fp8 is converted with instructions of sm_89 and newer.");
+  unsigned out;
+  if constexpr (is_same<T, e4m3>::value) {
+    asm("{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e4m3x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e4m3x2.f32 hi, %4, %3;\nmov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(out)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  } else {
+    static_assert(is_same<T, e5m2>::value, "an fp8 type: kiln::e4m3 or kiln::e5m2.");
+    asm("{\n.reg .b16 lo, hi;\ncvt.rn.satfinite.e5m2x2.f32 lo, %2, %1;\n"
+        "cvt.rn.satfinite.e5m2x2.f32 hi, %4, %3;\nmov.b32 %0, {lo, hi};\n}\n"
+        : "=r"(out)
+        : "f"(a), "f"(b), "f"(c), "f"(d));
+  }
+  return out;
+}
+
 // The largest finite value of KV (kiln::e4m3 or kiln::e5m2): 448 or 57344.
 template <class KV>
 __device__ __forceinline__ constexpr float fp8_largest() {

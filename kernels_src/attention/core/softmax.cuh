@@ -15,8 +15,10 @@ namespace kiln::attention {
 // 0 follows every rise. The sum, o and the LSE all count from the running max, so the result is
 // the same; probabilities then reach at most 2^Slack, which fp32 sums and fp16/bf16 P operands
 // hold with their usual relative precision, and once a row's max is near its final value no
-// step rescales o.
-template <int MTiles, int VoteFrom = 128, int Slack = 0>
+// step rescales o. Offset: probabilities count from 2^Offset instead of 1 (at most 2^(Slack +
+// Offset)), and so do the sums, so that an fp8 P operand holds small ones in its normal range;
+// finish() takes it back out of the LSE.
+template <int MTiles, int VoteFrom = 128, int Slack = 0, int Offset = 0>
 struct OnlineSoftmax {
   static constexpr int rows = 2 * MTiles;
   // Whether rescale_output votes to skip the multiplies for o of OTiles n8 tiles (4 accumulators
@@ -68,11 +70,13 @@ struct OnlineSoftmax {
         rescale[r] = softmax_rescale<mma::ApproxMath>(row_max[r], m, shift, to_log2);
         row_max[r] = m;
         float sum = row_sum[r] * rescale[r];
+        float bias = -shift;
+        if constexpr (Offset != 0) bias += static_cast<float>(Offset);
 #pragma unroll
         for (int nt = 0; nt < STiles; ++nt) {
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float p = mma::exp2_approx(fmaf(s[mt][nt][2 * half + e], to_log2, -shift));
+            const float p = mma::exp2_approx(fmaf(s[mt][nt][2 * half + e], to_log2, bias));
             s[mt][nt][2 * half + e] = p;
             sum += p;
           }
@@ -121,6 +125,7 @@ struct OnlineSoftmax {
         const int r = 2 * mt + half;
         float sum = mma::quad_sum(row_sum[r]);
         float shift = softmax_shift(row_max[r], to_log2);
+        if constexpr (Offset != 0) shift -= static_cast<float>(Offset);  // what the sum counts from
         const float factor = add_sink(sink[r], shift, sum);
         // NOTE: a reciprocal times the factor, not a division: with no sink the factor is 1,
         // and the epilogue of a short tile is not free.

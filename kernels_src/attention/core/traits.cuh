@@ -37,20 +37,26 @@ inline constexpr bool is_fp8 = is_same<T, e4m3>::value || is_same<T, e5m2>::valu
 
 // The problem constants every attention kernel takes, and the checks on them.
 // Each operand has its own element type: Q (q), KV (k and v, or the KV cache) and Out (out).
-// ReadsFp8: the kernel takes an fp8 KV (e4m3 or e5m2), converting it to Q's type as it reads
-// it (fp8.cuh).
-template <class Spec, bool ReadsFp8 = false>
+// ReadsFp8: the kernel takes an fp8 KV (e4m3 or e5m2) under a 16-bit q, converting it to Q's type
+// as it reads it (fp8.cuh). TakesFp8Q: the kernel also takes q, k and v all in e4m3, its
+// products in fp8, with out in f16 or bf16 (the tma kernel's all-fp8 forward).
+template <class Spec, bool ReadsFp8 = false, bool TakesFp8Q = false>
 struct HeadTraits {
   using Q = typename Spec::dtype_q;
   using KV = typename Spec::dtype_kv;
   using Out = typename Spec::dtype_out;
   static constexpr bool kv_fp8 = is_fp8<KV>;
-  static_assert(is_same<Q, f16>::value || is_same<Q, bf16>::value,
-                "dtype_q must be kiln::f16 or kiln::bf16.");
-  static_assert(is_same<Out, Q>::value, "dtype_out must be dtype_q.");
-  static_assert(is_same<KV, Q>::value || kv_fp8,
-                "dtype_kv must be dtype_q, kiln::e4m3 or kiln::e5m2.");
-  static_assert(ReadsFp8 || !kv_fp8, "dtype_kv must be dtype_q: this kernel reads no fp8 KV.");
+  static constexpr bool q_fp8 = is_fp8<Q>;
+  static_assert(is_same<Q, f16>::value || is_same<Q, bf16>::value ||
+                    (TakesFp8Q && is_same<Q, e4m3>::value),
+                "dtype_q must be kiln::f16 or kiln::bf16 (or, on the tma kernel, kiln::e4m3).");
+  static_assert(q_fp8 ? is_same<Out, f16>::value || is_same<Out, bf16>::value
+                      : is_same<Out, Q>::value,
+                "dtype_out must be dtype_q, or kiln::f16 or kiln::bf16 under an fp8 q.");
+  static_assert(q_fp8 ? is_same<KV, Q>::value : is_same<KV, Q>::value || kv_fp8,
+                "dtype_kv must be dtype_q, or kiln::e4m3 or kiln::e5m2 under a 16-bit q.");
+  static_assert(ReadsFp8 || !kv_fp8 || q_fp8,
+                "dtype_kv must be dtype_q: this kernel reads no fp8 KV.");
   // Bytes per element, wherever the kernels compute bytes.
   static constexpr int q_size = static_cast<int>(sizeof(Q));
   static constexpr int kv_size = static_cast<int>(sizeof(KV));

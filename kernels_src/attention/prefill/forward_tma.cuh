@@ -10,8 +10,12 @@
 // the next one's products; otherwise each thread stores its accumulators. The producer
 // warpgroup hands registers back (setmaxnreg) to the consumers.
 //
-// fp8 k and v (e4m3, e5m2) land in staging entries instead, which the producer warpgroup's other
-// three warps widen into the slots (tma/converter.cuh): the consumers read q's type either way.
+// fp8 k and v (e4m3, e5m2) under a 16-bit q land in staging entries instead, which the producer
+// warpgroup's other three warps widen into the slots (tma/converter.cuh): the consumers read q's
+// type either way. With fp8 q, k and v (e4m3) the products are fp8 ones (k32 steps) over 128-byte
+// chunks of 128 columns: Q and K land as 16-bit ones do, V in a staging entry that those warps
+// transpose into its slot (wgmma's fp8 operands are K-major); P is rounded to e4m3 from 2^8
+// (OnlineSoftmax's Offset) and each block's P V is added into fp32 accumulators once it is in.
 //
 // Its parts, in attention/prefill/tma/: traits.cuh (shapes, registers, the barriers, on
 // common/pipeline.cuh), producer.cuh (the loads), converter.cuh (fp8 k and v), epilogue.cuh
@@ -119,15 +123,23 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     const KeyBlocks& blocks = tile.blocks;
     const Band& band = tile.band;
     const int row0 = rows.begin + warp * Tr::rows_per_warp + lane / 4;
-    const auto transform = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
+    const auto transform = [&] {
+      auto f = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
+      if constexpr (Tr::q_fp8) f.scale *= q_descale(tp, seq);
+      return f;
+    }();
     const float to_log2 = transform.to_log2();
 
     float o[1][Tr::o_tiles][4];
     zero_fragments(o);
+    // fp8 products: each block's P V, added into o once it is in (add_output).
+    float pv[1][Tr::o_tiles][4];
     // Where o is large enough for the rescale vote, a running max that lags the rows' logits by
     // up to 2^8 leaves most steps no rescale. Measured on an H100: 6% faster at head dim 256;
-    // at 64, voting on every step as well, 7-9% slower.
-    OnlineSoftmax<1, 128, OnlineSoftmax<1>::votes<Tr::o_tiles> ? 8 : 0> softmax;
+    // at 64, voting on every step as well, 7-9% slower. Not under fp8 P, whose probabilities
+    // count from 2^8 already (Tr::p_offset) and would saturate e4m3.
+    constexpr int slack = OnlineSoftmax<1>::votes<Tr::o_tiles> && !Tr::q_fp8 ? 8 : 0;
+    OnlineSoftmax<1, 128, slack, Tr::p_offset> softmax;
     softmax.init();
     const auto transform_logits = [&](float(&s)[1][Tr::s_tiles][4], int block) {
       pin_columns(s);
@@ -138,6 +150,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     const auto output_done = [&](int slot) {
       wgmma::wait<0>();
       pin_columns(o);
+      if constexpr (Tr::q_fp8) pin_columns(pv);
       release(&bars.v.empty.barrier[slot]);
     };
 
@@ -149,7 +162,15 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     if (turns == 0) tma::arrive(&bars.q.empty.barrier[0]);
     if (turns > 0) {
       float s[1][Tr::s_tiles][4];
-      unsigned a[Tr::block_n / 16][4];
+      ProbabilityFragments<Tr> a;
+      // P V into o, or with fp8 products into pv.
+      const auto start_product = [&](int slot) {
+        if constexpr (Tr::q_fp8) {
+          start_output<Tr>(pv, a, k_tile(slot) + Tr::k_bytes);
+        } else {
+          start_output<Tr>(o, a, k_tile(slot) + Tr::k_bytes);
+        }
+      };
       int slot = kv_count % Tr::stages;
       tma::wait(&bars.k.full.barrier[slot], phase(kv_count));
       take_turn();
@@ -167,7 +188,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
         tma::wait(&bars.v.full.barrier[slot], phase(kv_count + turn - 1));
         take_turn();
         start_scores<Tr>(s, q_rows, k_tile(next));
-        start_output<Tr>(o, a, k_tile(slot) + Tr::k_bytes);
+        start_product(slot);
         pass_turn();
         wgmma::wait<1>();
         release(&bars.k.empty.barrier[next]);
@@ -176,13 +197,18 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
         float rescale[2];
         softmax.exponentiate(s, to_log2, rescale);
         output_done(slot);
-        softmax.rescale_output(o, rescale);
+        if constexpr (Tr::q_fp8) {
+          add_output(o, pv, rescale);
+        } else {
+          softmax.rescale_output(o, rescale);
+        }
         probability_fragments<Tr>(a, s);
         slot = next;
       }
       tma::wait(&bars.v.full.barrier[slot], phase(kv_count + turns - 1));
-      start_output<Tr>(o, a, k_tile(slot) + Tr::k_bytes);
+      start_product(slot);
       output_done(slot);
+      if constexpr (Tr::q_fp8) add_output(o, pv, {1.f, 1.f});
       kv_count += turns;
     }
 

@@ -26,13 +26,16 @@
 namespace kiln {
 namespace attention {
 
-// ReadsFp8: the tma kernel's, which widens fp8 k and v into slots of q's type.
+// ReadsFp8: the tma kernel's, which widens fp8 k and v into slots of q's type, and takes an all-fp8
+// q, k and v (HeadTraits' TakesFp8Q), whose products are fp8 ones.
 template <class Spec, bool ReadsFp8 = false>
-struct WgmmaTraits : HeadTraits<Spec, ReadsFp8> {
-  using HeadTraits<Spec, ReadsFp8>::head_dim;
-  using HeadTraits<Spec, ReadsFp8>::head_dim_v;
-  using HeadTraits<Spec, ReadsFp8>::q_size;
-  using HeadTraits<Spec, ReadsFp8>::out_size;
+struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
+  using Head = HeadTraits<Spec, ReadsFp8, ReadsFp8>;
+  using Head::head_dim;
+  using Head::head_dim_v;
+  using Head::out_size;
+  using Head::q_fp8;
+  using Head::q_size;
 
   static constexpr int block_m = static_cast<int>(Spec::block_m);
   static constexpr int block_n = static_cast<int>(Spec::block_n);
@@ -46,8 +49,14 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8> {
 
   static constexpr int warps = block_m / 16;
   static constexpr int threads = warps * 32;
-  static constexpr int qk_dim = round_up(head_dim, 64);
+  // Columns of q's type in a 128-byte chunk of the swizzle: 64, or 128 of fp8. Q and K rows are
+  // padded to whole chunks; V's columns (wgmma's N) to 64, and an fp8 V, transposed in shared
+  // memory (tma/converter.cuh), to whole 128-key chunks.
+  static constexpr int chunk_columns = 128 / q_size;
+  static constexpr int qk_dim = round_up(head_dim, chunk_columns);
   static constexpr int v_dim = round_up(head_dim_v, 64);
+  static_assert(!q_fp8 || block_n % 128 == 0,
+                "with fp8 q, k and v block_n must be 128 or 256: whole 128-key chunks of V.");
 
   // The fragment shapes the shared softmax, logit and output code expects (forward.cuh).
   static constexpr int rows_per_warp = 16;
@@ -103,8 +112,8 @@ __device__ __forceinline__ float (&all_columns(float (&acc)[1][Tiles][4]))[4 * T
 
 // Issues acc = A B^T as one committed wgmma group, with A (64 rows, at a_rows in a tile of ARows
 // rows) and B (N rows, at b_rows in a tile of BRows rows) both K-major over Dim (padded)
-// columns: k16 steps walk 32 bytes within a 128-byte chunk, then to the next chunk. acc is being
-// written until the group is waited for.
+// columns: k steps (16 columns, 32 of fp8) walk 32 bytes within a 128-byte chunk, then to the
+// next chunk. acc is being written until the group is waited for.
 template <class T, int Dim, int ARows, int N, int BRows = N>
 __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2], unsigned a_rows,
                                                      unsigned b_rows) {
@@ -112,7 +121,7 @@ __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2], unsign
   const unsigned long long a = wgmma::descriptor(a_rows, 0, 1024);
   const unsigned long long b = wgmma::descriptor(b_rows, 0, 1024);
 #pragma unroll
-  for (int kk = 0; kk < Dim / 16; ++kk) {
+  for (int kk = 0; kk < Dim * static_cast<int>(sizeof(T)) / 32; ++kk) {
     wgmma::mma_ss<T, false, N>(acc, wgmma::advance(a, (kk / 4) * ARows * 128 + (kk % 4) * 32),
                                wgmma::advance(b, (kk / 4) * BRows * 128 + (kk % 4) * 32), kk > 0);
   }
@@ -153,6 +162,25 @@ __device__ __forceinline__ void start_nmajor_product(float (&acc)[N / 2], unsign
   wgmma::commit();
 }
 
+// Issues acc = A B^T as one committed group (accumulate false: acc is overwritten), with A in
+// registers (a, one A fragment per k32 step of the K reduction columns) and B the fp8 K-major
+// tile at b_tile: N rows of K columns in 128-column chunks. acc and a are in use until the group
+// is waited for.
+template <class T, int K, int N>
+__device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2],
+                                                     const unsigned (&a)[K / 32][4],
+                                                     unsigned b_tile, bool accumulate) {
+  static_assert(wgmma::fp8_operand<T>, "A in registers over K-major B: fp8 operands.");
+  wgmma::fence();
+  const unsigned long long b = wgmma::descriptor(b_tile, 0, 1024);
+#pragma unroll
+  for (int kk = 0; kk < K / 32; ++kk) {
+    wgmma::mma_rs<T, false, N>(acc, a[kk], wgmma::advance(b, (kk / 4) * N * 128 + (kk % 4) * 32),
+                               accumulate || kk > 0);
+  }
+  wgmma::commit();
+}
+
 // Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile) and the K tile at
 // k_tile.
 template <class Tr>
@@ -162,13 +190,33 @@ __device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsi
                                                                              k_tile);
 }
 
-// Issues O += P V with P in registers (a, one A fragment per 16 keys) and the V tile at v_tile:
-// V is N-major (head dim contiguous).
+// The A fragments of PV: one per k step, 16 keys (32 of fp8).
+template <class Tr>
+using ProbabilityFragments = unsigned[Tr::block_n / (Tr::q_fp8 ? 32 : 16)][4];
+
+// Issues O += P V with P in registers (a) and the V tile at v_tile: V is N-major (head dim
+// contiguous); with fp8 q, k and v, K-major (keys contiguous, transposed by the tma kernel) and
+// O = P V, which the caller adds into its fp32 accumulators.
 template <class Tr>
 __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
-                                             const unsigned (&a)[Tr::block_n / 16][4],
-                                             unsigned v_tile) {
-  start_nmajor_product<typename Tr::Q, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile);
+                                             const ProbabilityFragments<Tr>& a, unsigned v_tile) {
+  if constexpr (Tr::q_fp8) {
+    start_kmajor_product<typename Tr::Q, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile, false);
+  } else {
+    start_nmajor_product<typename Tr::Q, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile);
+  }
+}
+
+// With fp8 q, k and v: o = (o + pv) * rescale, each row's, once a block's P V (pv) is in: the
+// promotion of fp8 products into fp32 accumulators.
+template <int Tiles>
+__device__ __forceinline__ void add_output(float (&o)[1][Tiles][4], const float (&pv)[1][Tiles][4],
+                                           const float (&rescale)[2]) {
+#pragma unroll
+  for (int j = 0; j < Tiles; ++j) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) o[0][j][x] = (o[0][j][x] + pv[0][j][x]) * rescale[x / 2];
+  }
 }
 
 // Keeps the compiler from touching an accumulator before the wait that completes it.
@@ -177,13 +225,27 @@ __device__ __forceinline__ void pin_columns(float (&acc)[1][Tiles][4]) {
   wgmma::pin(all_columns(acc));
 }
 
-// The probabilities of every key of a block as PV's A fragments.
+// The probabilities of every key of a block as PV's A fragments. fp8 ones (m16n8k32's layout per
+// warp) hold keys 4q .. 4q + 3 and 16 + 4q .. 19 + 4q of each 32 in lane q = lane % 4, where the
+// accumulator holds 2q, 2q + 1, 8 + 2q, 9 + 2q, ...: key k of the fragment's order is key
+// p_key(k) of the block's, in which order the tma kernel transposes V.
 template <class Tr>
-__device__ __forceinline__ void probability_fragments(unsigned (&a)[Tr::block_n / 16][4],
+__device__ __forceinline__ void probability_fragments(ProbabilityFragments<Tr>& a,
                                                       const float (&s)[1][Tr::s_tiles][4]) {
 #pragma unroll
-  for (int kk = 0; kk < Tr::block_n / 16; ++kk) {
-    probability_fragment<typename Tr::Q>(a[kk], s, kk);
+  for (int kk = 0; kk < Tr::block_n / (Tr::q_fp8 ? 32 : 16); ++kk) {
+    if constexpr (Tr::q_fp8) {
+      const auto pack = [&](int t, int half) {
+        return fp8x4_from_floats<typename Tr::Q>(s[0][t][2 * half], s[0][t][2 * half + 1],
+                                                 s[0][t + 1][2 * half], s[0][t + 1][2 * half + 1]);
+      };
+      a[kk][0] = pack(4 * kk, 0);
+      a[kk][1] = pack(4 * kk, 1);
+      a[kk][2] = pack(4 * kk + 2, 0);
+      a[kk][3] = pack(4 * kk + 2, 1);
+    } else {
+      probability_fragment<typename Tr::Q>(a[kk], s, kk);
+    }
   }
 }
 

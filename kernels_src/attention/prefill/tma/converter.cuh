@@ -1,14 +1,21 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tma kernel's converters, with fp8 k and v: the producer warpgroup's warps 1 to 3, which
-// take the staging entries in the order the producer posts them, widen each K or V block to q's
+// take the staging entries in the order the producer posts them, and hand each slot to the
+// consumers as the producer's loads would. Under a 16-bit q they widen each K or V block to q's
 // type (attention/core/fp8.cuh) into its slot in the 128-byte-swizzled layout TMA gives 16-bit
-// blocks, and hand the slot to the consumers as the producer's loads would.
+// blocks; with fp8 q, k and v they transpose each V block into its slot, K-major as wgmma's fp8
+// operands must be.
 //
-// A thread moves 16 columns of a row at a time: 16 bytes of the entry in, two 16-byte pieces of
-// the slot out. Consecutive lanes take consecutive rows of the same 16 columns, so that the 8
-// lanes of each quarter-warp access (16-byte loads and stores go a quarter-warp at a time) touch
-// 8 distinct bank groups on both sides: entry rows of 64 bytes swizzled by 64 (piece
+// Widening, a thread moves 16 columns of a row at a time: 16 bytes of the entry in, two 16-byte
+// pieces of the slot out. Consecutive lanes take consecutive rows of the same 16 columns, so that
+// the 8 lanes of each quarter-warp access (16-byte loads and stores go a quarter-warp at a time)
+// touch 8 distinct bank groups on both sides: entry rows of 64 bytes swizzled by 64 (piece
 // q ^ (row / 2 % 4)), slot rows of 128 bytes swizzled by 128 (piece q ^ (row % 8)).
+//
+// Transposing, a thread takes 4 columns (dims) of 16 keys at a time: 16 4-byte loads, one a key,
+// where the warp's lanes read one 128-byte row together, then byte permutes, then a 16-byte
+// store a dim. Lanes store their dims in rotated orders, so that the 8 lanes of a quarter-warp
+// store rows of 8 distinct row % 8, whose pieces the swizzle puts in distinct bank groups.
 #pragma once
 
 #include "attention/core/fp8.cuh"
@@ -49,7 +56,13 @@ struct TmaConverter {
       unsigned char* const slot_tile = tiles + Tr::q_bytes + slot.slot() * Tr::slot_bytes;
       tma::Pipeline<Tr::stages>& pipeline = job.kind == Fp8Job::k ? bars.k : bars.v;
       pipeline.acquire(slot);
-      if (job.kind == Fp8Job::k) {
+      if constexpr (Tr::q_fp8) {
+        if (job.rows < Tr::block_n) {
+          transpose<true>(slot_tile + Tr::k_bytes, entry, job.rows);
+        } else {
+          transpose<false>(slot_tile + Tr::k_bytes, entry, Tr::block_n);
+        }
+      } else if (job.kind == Fp8Job::k) {
         widen<Tr::qk_dim, false>(slot_tile, entry, Tr::block_n);
       } else if (job.rows < Tr::block_n) {
         widen<Tr::v_dim, true>(slot_tile + Tr::k_bytes, entry, job.rows);
@@ -115,6 +128,62 @@ struct TmaConverter {
           *reinterpret_cast<uint4*>(out + step * 32 * 128 + high) =
               key ? make_uint4(c.x, c.y, d.x, d.y) : make_uint4(0, 0, 0, 0);
         }
+      }
+    }
+  }
+
+  // The V block's head_dim_v columns of its first `rows` keys from the entry (block_n rows of
+  // 128-byte chunks, swizzled by 128) into the slot's V tile transposed: v_dim rows (dims) of
+  // block_n keys, in 128-key chunks swizzled by 128, keys past `rows` zeros (Tail: there may be
+  // some). Within each 16 keys the order is that of P's A fragments (p_key below). A warp takes
+  // 32 (dim group, key group) units at a time: 4 dims of 16 keys, lane l dim group l of the
+  // block's (v_dim / 4, taken 32 at a time) and warps taking turns at key groups.
+  template <bool Tail>
+  __device__ __forceinline__ void transpose(unsigned char* tile, const unsigned char* entry,
+                                            int rows) const {
+    constexpr int dim_groups = Tr::v_dim / 4;
+    constexpr int units = dim_groups * (Tr::block_n / 16);
+    const unsigned lane = static_cast<unsigned>(thread) % 32;
+    const int warp = thread / 32;
+    // This lane's dims, d0 .. d0 + 3, leave in the order d0 + (i + turn) % 4 for i = 0 .. 3:
+    // first-stage permutes pick bytes (turn + 2 h, turn + 2 h + 1) % 4 of the two words.
+    const unsigned turn = (lane >> 1) & 3;
+    const unsigned b0 = turn, b1 = (turn + 1) & 3, b2 = (turn + 2) & 3, b3 = (turn + 3) & 3;
+    const unsigned pick_low = b0 | (b0 + 4) << 4 | b1 << 8 | (b1 + 4) << 12;
+    const unsigned pick_high = b2 | (b2 + 4) << 4 | b3 << 8 | (b3 + 4) << 12;
+#pragma unroll 1
+    for (int unit = warp * 32 + static_cast<int>(lane); unit < units;
+         unit += Tr::converter_warps * 32) {
+      const int dims = unit % dim_groups * 4, keys = unit / dim_groups * 16;
+      // Row (key) r's 4 bytes at dims: chunk dims / 128, piece dims % 128 / 16 ^ r % 8.
+      const unsigned char* const in = entry + (dims / 128 * Tr::block_n + keys) * 128 + dims % 16;
+      const unsigned piece = static_cast<unsigned>(dims % 128 / 16);
+      unsigned word[16];
+#pragma unroll
+      for (int r = 0; r < 16; ++r) {
+        word[r] = *reinterpret_cast<const unsigned*>(in + r * 128 + ((piece ^ (r % 8)) * 16));
+        if (Tail && keys + r >= rows) word[r] = 0;
+      }
+      // Output word q of each dim's piece holds keys 2q, 2q + 1, 2q + 8, 2q + 9 (p_key).
+      unsigned out[4][4];
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const unsigned low01 = __byte_perm(word[2 * q], word[2 * q + 1], pick_low);
+        const unsigned high01 = __byte_perm(word[2 * q], word[2 * q + 1], pick_high);
+        const unsigned low89 = __byte_perm(word[2 * q + 8], word[2 * q + 9], pick_low);
+        const unsigned high89 = __byte_perm(word[2 * q + 8], word[2 * q + 9], pick_high);
+        out[0][q] = __byte_perm(low01, low89, 0x5410);
+        out[1][q] = __byte_perm(low01, low89, 0x7632);
+        out[2][q] = __byte_perm(high01, high89, 0x5410);
+        out[3][q] = __byte_perm(high01, high89, 0x7632);
+      }
+      unsigned char* const chunk = tile + keys / 128 * Tr::v_dim * 128;
+      const unsigned key_piece = static_cast<unsigned>(keys % 128 / 16);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const unsigned dim = static_cast<unsigned>(dims) + ((static_cast<unsigned>(i) + turn) & 3);
+        *reinterpret_cast<uint4*>(chunk + dim * 128 + ((key_piece ^ (dim % 8)) * 16)) =
+            make_uint4(out[i][0], out[i][1], out[i][2], out[i][3]);
       }
     }
   }

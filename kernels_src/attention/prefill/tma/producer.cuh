@@ -2,8 +2,8 @@
 // The tma kernel's producer: one warp that takes the tiles from the scheduler and, for each,
 // hands Q's slot to it and streams Q, then K and V of its key blocks, into the swizzled slots
 // with TMA (fp8 k and v into staging entries, with a job for the converters that widen them into
-// the slots). Its first lane issues every copy; the whole warp zeroes V's tails (fp8's: the
-// converters).
+// the slots; with fp8 q, k and v, V alone, which they transpose). Its first lane issues every
+// copy; the whole warp zeroes V's tails (fp8's: the converters).
 #pragma once
 
 #include "attention/core/kv_layout.cuh"
@@ -100,9 +100,9 @@ struct TmaProducer {
     if (issuer) {
       bars.q.full.arrive_expect_tx(q_at, Tr::q_bytes);
 #pragma unroll
-      for (int c = 0; c < Tr::qk_dim / 64; ++c) {
-        tma::load_4d(tiles + c * Tr::block_m * 128, &tp.q_map, bars.q.full.at(q_at), 64 * c,
-                     coords.q_token, coords.head, coords.batch);
+      for (int c = 0; c < Tr::qk_dim / Tr::chunk_columns; ++c) {
+        tma::load_4d(tiles + c * Tr::block_m * 128, &tp.q_map, bars.q.full.at(q_at),
+                     Tr::chunk_columns * c, coords.q_token, coords.head, coords.batch);
       }
     }
     q_at.advance();
@@ -121,7 +121,7 @@ struct TmaProducer {
   }
 
   // fp8 k or v: block `block`'s Dim columns from `map` into the next staging entry, for the
-  // converters to widen into the slot at ring position `position` (job's).
+  // converters to widen (or transpose) into the slot at ring position `position` (job's).
   template <int Dim>
   __device__ __forceinline__ void load_fp8(const TensorMap* map, const Fp8Job& job, int block,
                                            const MapCoords& coords) {
@@ -129,8 +129,9 @@ struct TmaProducer {
       unsigned char* const entry = post(job);
       bars.fp8.ring.full.arrive_expect_tx(entry_at, Tr::block_n * Dim);
 #pragma unroll
-      for (int c = 0; c < Dim / 64; ++c) {
-        tma::load_4d(entry + c * Tr::block_n * 64, map, bars.fp8.ring.full.at(entry_at), 64 * c,
+      for (int c = 0; c < Dim / Tr::entry_columns; ++c) {
+        tma::load_4d(entry + c * Tr::block_n * Tr::entry_columns, map,
+                     bars.fp8.ring.full.at(entry_at), Tr::entry_columns * c,
                      coords.k_token + block * Tr::block_n, coords.head_kv, coords.batch);
       }
     }
@@ -139,7 +140,7 @@ struct TmaProducer {
 
   __device__ __forceinline__ void load_k(int block, tma::PipelineState<Tr::stages> k_at,
                                          const MapCoords& coords) {
-    if constexpr (Tr::kv_fp8) {
+    if constexpr (Tr::widens) {
       load_fp8<Tr::qk_dim>(&tp.k_map, Fp8Job{Fp8Job::k, k_at.count, Tr::block_n}, block, coords);
       return;
     }
@@ -148,9 +149,10 @@ struct TmaProducer {
       bars.k.full.arrive_expect_tx(k_at, Tr::k_bytes);
       unsigned char* const k_tile = slot_tile(k_at.slot());
 #pragma unroll
-      for (int c = 0; c < Tr::qk_dim / 64; ++c) {
-        tma::load_4d(k_tile + c * Tr::block_n * 128, &tp.k_map, bars.k.full.at(k_at), 64 * c,
-                     coords.k_token + block * Tr::block_n, coords.head_kv, coords.batch);
+      for (int c = 0; c < Tr::qk_dim / Tr::chunk_columns; ++c) {
+        tma::load_4d(k_tile + c * Tr::block_n * 128, &tp.k_map, bars.k.full.at(k_at),
+                     Tr::chunk_columns * c, coords.k_token + block * Tr::block_n, coords.head_kv,
+                     coords.batch);
       }
     }
   }
@@ -166,7 +168,8 @@ struct TmaProducer {
     const bool tail = valid < Tr::block_n;
     if constexpr (Tr::kv_fp8) {
       const int rows = tail ? (valid > 0 ? valid : 0) : Tr::block_n;
-      load_fp8<Tr::v_dim>(&tp.v_map, Fp8Job{Fp8Job::v, v_at.count, rows}, block, coords);
+      load_fp8<Tr::q_fp8 ? Tr::entry_dim_v : Tr::v_dim>(
+          &tp.v_map, Fp8Job{Fp8Job::v, v_at.count, rows}, block, coords);
       return;
     }
     unsigned long long* const landed = tail ? bars.v_tail.at(tail_at) : bars.v.full.at(v_at);

@@ -34,18 +34,35 @@ struct TmaTraits : WgmmaTraits<Spec, true> {
   static_assert(consumer_groups != 3 || consumer_registers == 160,
                 "three consumer warpgroups must keep 160 registers each beside the producer.");
 
-  // fp8 k and v: TMA lands each K or V block in a staging entry of its own, whose 64-column
-  // chunks are block_n rows of 64 bytes swizzled by 64 bytes (the map's box), and the producer
-  // warpgroup's other three warps (the converters, tma/converter.cuh) widen it into its slot.
+  // fp8 k and v under a 16-bit q (widens): TMA lands each K or V block in a staging entry of its
+  // own, whose 64-column chunks are block_n rows of 64 bytes swizzled by 64 bytes (the map's box),
+  // and the producer warpgroup's other three warps (the converters, tma/converter.cuh) widen it
+  // into its slot. fp8 q, k and v (q_fp8): K lands in its slot as Q does, in 128-column chunks,
+  // and only V in an entry (block_n rows of 128-byte chunks, swizzled by 128), which the
+  // converters transpose into its slot: wgmma's fp8 operands are K-major, and P V reduces over
+  // keys.
+  using Base::q_fp8;
+  static constexpr bool widens = Base::kv_fp8 && !q_fp8;
   static constexpr int fp8_entries = static_cast<int>(attention_forward_tma_fp8_entries(
       Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages, Base::q_size,
       Base::kv_size, Base::out_size));
   static constexpr int entry_bytes = static_cast<int>(attention_forward_tma_fp8_entry_bytes(
-      Base::head_dim, Base::head_dim_v, Base::block_n, Base::kv_size));
-  static_assert(!Base::kv_fp8 || fp8_entries >= Base::stages,
+      Base::head_dim, Base::head_dim_v, Base::block_n, Base::q_size, Base::kv_size));
+  static_assert(!Base::kv_fp8 || fp8_entries >= (q_fp8 ? 2 : Base::stages),
                 "fp8 k and v's staging entries do not fit beside the tiles: lower block_m, "
                 "block_n or stages.");
   static constexpr int converter_warps = Base::kv_fp8 ? 3 : 0;
+  // The columns of an entry's chunks (its map's box), and V's columns there.
+  static constexpr int entry_columns = q_fp8 ? 128 : 64;
+  static constexpr int entry_dim_v = round_up(Base::head_dim_v, entry_columns);
+  // fp8 products: each block's P V goes to an accumulator of its own, added into o in fp32 before
+  // the next (wgmma's fp8 products keep fewer bits as they accumulate), and the probabilities
+  // count from 2^8 instead of 1 (OnlineSoftmax's Offset), so that e4m3 holds the small ones with
+  // its normal precision.
+  static constexpr int p_offset = q_fp8 ? 8 : 0;
+  static_assert(!q_fp8 || Base::head_dim_v <= 128,
+                "with fp8 q, k and v head_dim_v must be at most 128 (each block's P V needs "
+                "accumulators of its own).");
   // Whether an output staging tile follows the Q and K/V tiles and the staging entries
   // (attention_forward_tma_staged).
   static constexpr bool staged =
@@ -61,9 +78,17 @@ struct TmaTraits : WgmmaTraits<Spec, true> {
                 "attention_forward_tma_smem_bytes disagrees with the kernel's layout.");
 };
 
+// An fp8 q's descale for `seq`'s kv head, or 1 where the call gives none.
+__device__ __forceinline__ float q_descale(const AttentionTmaParams& tp, const Sequence& seq) {
+  return descale_or_one(tp.maybe_q_descale != nullptr
+                            ? tp.maybe_q_descale + seq.batch * tp.q_descale_batch_stride +
+                                  seq.head_kv * tp.q_descale_head_stride
+                            : nullptr);
+}
+
 // What the producer hands the converters with each fp8 staging entry: the slot (its ring
-// position) the block goes to, K's or V's, and how many of its rows hold keys of the sequence
-// (the rest of a V block is zeroed); or that no block is left.
+// position) the block goes to, K's or V's (V's alone with fp8 q), and how many of its rows hold
+// keys of the sequence (the rest of a V block is zeroed); or that no block is left.
 struct Fp8Job {
   enum Kind : int { k, v, stop };
   int kind;
@@ -104,14 +129,14 @@ struct TmaBarriers {
   Fp8Staging<Tr::fp8_entries> fp8;
 
   // One thread, before a CTA barrier. The producer's single arrival (with the loads' bytes)
-  // fills a slot, or with fp8 k and v each converter warp's; Q's slot empties once every consumer
-  // thread read its tile index, a K or V slot once every consumer warp is done with it.
+  // fills a slot, or where the converters fill it (fp8 V; K too under a 16-bit q) each converter
+  // warp's; Q's slot empties once every consumer thread read its tile index, a K or V slot once
+  // every consumer warp is done with it.
   __device__ __forceinline__ void init() {
-    const unsigned fillers = Tr::kv_fp8 ? Tr::converter_warps : 1;
     q.init(1, Tr::consumer_threads);
     v_tail.init(1);
-    k.init(fillers, Tr::consumer_warps);
-    v.init(fillers, Tr::consumer_warps);
+    k.init(Tr::widens ? Tr::converter_warps : 1, Tr::consumer_warps);
+    v.init(Tr::kv_fp8 ? Tr::converter_warps : 1, Tr::consumer_warps);
     fp8.init(Tr::converter_warps);
     tma::fence_init();
   }
