@@ -11,8 +11,12 @@ models' prefill shapes (MODEL_ROWS: GQA 4:1 and 8:1, head dims 80 and 96, batche
 sequences), causal; then a varlen batch of mixed lengths (VARLEN_LENGTHS: kiln's
 flash_attn_varlen_func on the packed tokens, SDPA on the same tokens as a jagged nested tensor, the
 layout PyTorch offers for it). Each grid and model row also times kiln over e4m3 k and v (column
-e4m3: the same k and v cast to e4m3 once, q and out in the row's dtype; issue 32), and checks that
-output against SDPA's over the dequantized k and v. SDPA's fused kernels take no GQA, so on those
+e4m3: the same k and v cast to e4m3 once, q and out in the row's dtype; issue 32) and, on sm_90a
+at head dims up to 128, the all-fp8 forward (column fp8: q cast to e4m3 too, out in the row's
+dtype; PyTorch's SDPA has no fp8 peer, FlashAttention-3's published fp8 figures are the one), and
+checks each output against SDPA's over the dequantized inputs; fp8's within --tol plus 2^-4 of
+v's largest magnitude, the most e4m3's rounding of the probabilities (2^-4 of each, relative) can
+move an output that sums them times v. SDPA's fused kernels take no GQA, so on those
 rows they get K and V repeated to every query head (the same FLOPs; kiln reads the kv heads once).
 TFLOP/s count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
 convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could not
@@ -37,7 +41,7 @@ SDPA_BACKENDS = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
     "efficient": SDPBackend.EFFICIENT_ATTENTION,
 }
-BACKENDS = ["kiln", "kiln_e4m3"] + list(SDPA_BACKENDS)
+BACKENDS = ["kiln", "kiln_e4m3", "kiln_fp8"] + list(SDPA_BACKENDS)
 # Where the correctness check takes its expected output from, best first.
 REFERENCE_ORDER = ["flash", "cudnn", "efficient"]
 TOKENS, MODEL_DIM = 16384, 2048
@@ -133,11 +137,13 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args, model=None):
     row = {"dtype": dtype_name, "head_dim": d, "seqlen": seqlen, "batch": batch, "heads": heads,
            "heads_kv": heads_kv, "model": name, "causal": causal,
            "flops": row_flops(batch, heads, seqlen, d, causal), "errors": {}}
-    k8, v8 = k.to(torch.float8_e4m3fn), v.to(torch.float8_e4m3fn)
-    out8 = torch.empty_like(out)
+    q8, k8, v8 = (t.to(torch.float8_e4m3fn) for t in (q, k, v))
+    out8, out_fp8 = torch.empty_like(out), torch.empty_like(out)
     calls = {"kiln": lambda: kiln.flash_attn_func(q, k, v, causal=causal, out=out)}
     if reads_fp8():
         calls["kiln_e4m3"] = lambda: kiln.flash_attn_func(q, k8, v8, causal=causal, out=out8)
+    if all_fp8(d):
+        calls["kiln_fp8"] = lambda: kiln.flash_attn_func(q8, k8, v8, causal=causal, out=out_fp8)
 
     # SDPA's fused kernels need as many kv heads as query heads: repeat them (not timed).
     def for_sdpa(k, v):
@@ -154,7 +160,22 @@ def bench_row(kiln, dtype_name, d, seqlen, causal, args, model=None):
     elif reads_fp8():
         row["check_e4m3"] = {"ref": None, "max_abs_diff": None, "ok": False,
                              "error": row["errors"].get("kiln_e4m3", "kiln e4m3 did not run")}
+    if all_fp8(d):
+        fp8 = {n: sdpa_call(b, q8.to(dtype), *for_sdpa(k8.to(dtype), v8.to(dtype)), causal)
+               for n, b in SDPA_BACKENDS.items() if n in calls}
+        fp8["kiln"] = calls.get("kiln_fp8", calls["kiln"])
+        tol = args.tol + v8.float().abs().max().item() / 16
+        row["check_fp8"] = (check_row(fp8, out_fp8, tol, lambda t: t.transpose(1, 2))
+                            if "kiln_fp8" in calls else
+                            {"ref": None, "max_abs_diff": None, "ok": False,
+                             "error": row["errors"].get("kiln_fp8", "kiln fp8 did not run")})
     return row
+
+
+def all_fp8(d):
+    """Whether the row has an fp8 column: the all-fp8 forward runs on sm_90a, head dims up to
+    128."""
+    return torch.cuda.get_device_capability() == (9, 0) and d <= 128
 
 
 def reads_fp8():
@@ -192,6 +213,7 @@ def time_row(row, calls, out, args, unpack=lambda t: t.transpose(1, 2)):
     row["ms"] = {n: ms.get(n) for n in BACKENDS}
     row["tflops"] = {n: (row["flops"] / t / 1e9 if t else None) for n, t in row["ms"].items()}
     row["e4m3_over_kiln"] = ratio(row["tflops"], "kiln_e4m3", "kiln")
+    row["fp8_over_kiln"] = ratio(row["tflops"], "kiln_fp8", "kiln")
     row["kiln_over_flash"] = ratio(row["tflops"], "kiln", "flash")
     row["kiln_over_cudnn"] = ratio(row["tflops"], "kiln", "cudnn")
     row["check"] = check_row(calls, out, args.tol, unpack)
@@ -280,8 +302,8 @@ def header_lines(kiln, args):
 
 
 TABLE_HEAD = (f"{'dtype':5} {'d':>3} {'seqlen':>6} {'causal':>6} | {'kiln':>6} {'e4m3':>6} "
-              f"{'flash':>6} {'cudnn':>6} {'effic':>6} | {'k/flash':>7} {'k/cudnn':>7} "
-              f"{'e4/kiln':>7} | {'1st ms':>6} | check")
+              f"{'fp8':>6} {'flash':>6} {'cudnn':>6} {'effic':>6} | {'k/flash':>7} "
+              f"{'k/cudnn':>7} {'e4/kiln':>7} {'f8/kiln':>7} | {'1st ms':>6} | check")
 
 
 def verdict_of(chk):
@@ -299,12 +321,14 @@ def row_line(row):
     verdict = verdict_of(row["check"])
     if "check_e4m3" in row:
         verdict += f", e4m3 {verdict_of(row['check_e4m3'])}"
+    if "check_fp8" in row:
+        verdict += f", fp8 {verdict_of(row['check_fp8'])}"
     label = f" {row['model']} b{row['batch']} h{row['heads']}/{row['heads_kv']}" if row.get(
         "model") else ""
     return (f"{row['dtype']:5} {row['head_dim']:>3} {row['seqlen']:>6} {str(row['causal']):>6} | "
             + " ".join(cell(t[n], "6.0f") for n in BACKENDS) + " | "
             + f"{cell(row['kiln_over_flash'], '7.2f')} {cell(row['kiln_over_cudnn'], '7.2f')} "
-            + f"{cell(row['e4m3_over_kiln'], '7.2f')} | "
+            + f"{cell(row['e4m3_over_kiln'], '7.2f')} {cell(row['fp8_over_kiln'], '7.2f')} | "
             + f"{cell(row['first_call_ms'].get('kiln'), '6.0f')} | {verdict}{label}")
 
 
@@ -325,8 +349,10 @@ def summarize(rows):
         "kiln_over_flash": span("kiln_over_flash"),
         "kiln_over_cudnn": span("kiln_over_cudnn"),
         "e4m3_over_kiln": span("e4m3_over_kiln"),
+        "fp8_over_kiln": span("fp8_over_kiln"),
         "mismatches": [row_name(r) for r in rows if r["check"]["ok"] is False
-                       or r.get("check_e4m3", {}).get("ok") is False],
+                       or r.get("check_e4m3", {}).get("ok") is False
+                       or r.get("check_fp8", {}).get("ok") is False],
         "kiln_failed": [row_name(r) for r in rows if r["tflops"]["kiln"] is None],
     }
 
@@ -343,7 +369,10 @@ def summary_lines(s, total):
              f"kiln/cudnn: min {cell(kc['min'], '.2f')} max {cell(kc['max'], '.2f')}, "
              f"{kc['rows_ge_1']} of {total} rows >= 1.0",
              f"kiln e4m3/kiln: min {cell(ke['min'], '.2f')} max {cell(ke['max'], '.2f')}, "
-             f"{ke['rows_ge_1']} of {ke['rows']} rows >= 1.0"]
+             f"{ke['rows_ge_1']} of {ke['rows']} rows >= 1.0",
+             f"kiln fp8/kiln: min {cell(s['fp8_over_kiln']['min'], '.2f')} "
+             f"max {cell(s['fp8_over_kiln']['max'], '.2f')}, "
+             f"{s['fp8_over_kiln']['rows_ge_1']} of {s['fp8_over_kiln']['rows']} rows >= 1.0"]
     if s["mismatches"]:
         lines.append(f"!!! OUTPUT MISMATCH on {len(s['mismatches'])} rows: "
                      + ", ".join(s["mismatches"]))
