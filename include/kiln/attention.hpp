@@ -49,8 +49,8 @@ struct AttentionOptions {
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;
 
-  // The all-fp8 forward: q, k and v in e4m3 and out in bf16 or fp16, on sm_90a (the tma kernel),
-  // head_dim_v at most 128. q_descale is q's descale, as k_descale is k's (FlashAttention-3's,
+  // The all-fp8 forward: q, k and v in e4m3 and out in bf16 or fp16, on sm_90a (the tma kernel).
+  // q_descale is q's descale, as k_descale is k's (FlashAttention-3's,
   // fp32 (batch, heads_kv); unset: 1), applied with it to the scores. The products are fp8 ones:
   // the probabilities are rounded to e4m3 (from 2^8 down, OnlineSoftmax's offset) for P V, whose
   // sums are added into fp32 accumulators every key block. No bias, no backward.

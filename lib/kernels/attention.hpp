@@ -60,13 +60,9 @@ void require_target(const Target& target, AttentionKernel kernel);
 
 // Throws kiln::Error (unsupported) for fp8 k and v that `kernel` on `target` cannot read: the
 // mma kernel (and tma, on sm_90a) reads them, on sm_89 and newer, with head dims multiples of 16;
-// an fp8 q only the tma kernel, on sm_90a (require_fp8_q's head dims).
+// an fp8 q only the tma kernel, on sm_90a.
 void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target);
-
-// Throws kiln::Error (unsupported) for an fp8 q's head_dim_v the all-fp8 forward does not take
-// yet: above 128 (each key block's P V has accumulators of its own).
-void require_fp8_q(int head_dim_v);
 
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out of
 // range, and (unsupported) for a kernel `target` cannot run.

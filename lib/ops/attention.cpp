@@ -96,7 +96,6 @@ Shape check_qkv(const TensorView& q, const TensorView& k, const TensorView& v,
     detail::require_fp8_kv(s.dtypes.kv, static_cast<int>(s.head_dim),
                            static_cast<int>(s.head_dim_v), nullptr, "K/V");
   }
-  if (is_fp8(s.dtypes.q)) detail::require_fp8_q(static_cast<int>(s.head_dim_v));
   detail::check_tile_tensors({{&q, "q"}, {&k, "k"}, {&v, "v"}, {&out, "out"}});
   detail::require_no_overlap(out, "out");
   return s;

@@ -242,8 +242,8 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
     fp8 k and v (torch.float8_e4m3fn or float8_e5m2) under a bf16 or fp16 q, on sm_89 and newer,
     head dims multiples of 16: each value is widened to q's dtype exactly; k_descale and
     v_descale (FlashAttention-3's), float32 (batch, heads_kv) or None (1), multiply them in fp32
-    (k's the scores, v's the output). q, k and v all float8_e4m3fn (the all-fp8 forward, sm_90a,
-    head_dim_v up to 128; no bias): fp8 products, out bf16 (fp16 through out=), and q_descale
+    (k's the scores, v's the output). q, k and v all float8_e4m3fn (the all-fp8 forward, sm_90a;
+    no bias): fp8 products, out bf16 (fp16 through out=), and q_descale
     like k_descale. No backward: with an input that requires grad they are refused.
 
     Differentiable in q, k, v, sinks (dsinks) and bias (dbias, summed where it has size 1 and

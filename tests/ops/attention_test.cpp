@@ -492,19 +492,97 @@ void run_fp8_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
 }
 
 // q, k and v in e4m3 (Case::q_fp8), which the tma kernel alone takes: with choose()'s config
-// and with 3 stages, on the same inputs, each checked by check_kernel against one fp64 reference
-// of the dequantized inputs, whose plain baseline rounds P to e4m3 as the kernel does.
+// and (head dims up to 128, where they fit) with 3 stages, on the same inputs, each checked by
+// check_kernel against one fp64 reference of the dequantized inputs, whose plain baseline rounds
+// P to e4m3 as the kernel does.
 void run_all_fp8_case(kiln::Runtime& rt, Case c, std::mt19937& rng) {
   c.kv_fp8 = DType::e4m3;
   c.q_fp8 = true;
   INFO(describe(c));
   Prepared p = prepare(c, rng);
   check_kernel(rt, c, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
+  if (std::max(c.head_dim, c.dim_v()) > 128) return;
   check_kernel(
       rt, c, p.d, p.want, p.has_rows,
       kiln::AttentionConfig{
           .block_m = 128, .block_n = 128, .stages = 3, .kernel = kiln::AttentionKernel::tma},
       "the tma kernel, 3 stages");
+}
+
+// fp8 tests' first case: GQA at head dim 128 with q and out in `dtype` over e4m3 k and v with
+// descales.
+Case fp8_gqa_case(DType dtype) {
+  return {.dtype = dtype,
+          .batch = 2,
+          .seqlen_q = 113,
+          .seqlen_k = 203,
+          .heads = 4,
+          .heads_kv = 2,
+          .head_dim = 128,
+          .lse = true,
+          .kv_fp8 = DType::e4m3,
+          .descales = true};
+}
+
+// The fp8 cases both fp8 tests run, over e4m3 k and v with descales: head dims `dims` (head_dim,
+// head_dim_v) causal, and at `head_dim` a window with softcap, ALiBi and sinks in BHSD strides,
+// user variants (a document mask, whose logit hook sees the descaled logit, and a key padding
+// mask); at 128 varlen with seqused_k, and long sequences (choose()'s tiles for long keys).
+std::vector<Case> fp8_cases(std::initializer_list<std::pair<int, int>> dims, int head_dim) {
+  std::vector<Case> cases;
+  for (auto [dim, dim_v] : dims) {
+    cases.push_back({.batch = 2,
+                     .seqlen_q = 77,
+                     .seqlen_k = 150,
+                     .heads = 2,
+                     .heads_kv = 1,
+                     .head_dim = dim,
+                     .head_dim_v = dim_v,
+                     .score = {.causal = true},
+                     .lse = true});
+  }
+  cases.push_back({.seqlen_q = 200,
+                   .seqlen_k = 300,
+                   .heads = 4,
+                   .heads_kv = 4,
+                   .head_dim = head_dim,
+                   .score = {.window_left = 40,
+                             .window_right = 8,
+                             .softcap = 30,
+                             .alibi = Alibi::per_head,
+                             .sinks = true},
+                   .layout = Layout::bhsd,
+                   .lse = true});
+  cases.push_back({.heads = 8,
+                   .heads_kv = 2,
+                   .head_dim = 128,
+                   .score = {.causal = true},
+                   .lse = true,
+                   .seqlens_q = {0, 1, 130, 77},
+                   .seqlens_k = {5, 1, 300, 64},
+                   .seqused_k = {5, 0, 250, 64}});
+  for (UserVariant variant : {UserVariant::document, UserVariant::key_padding}) {
+    cases.push_back({.batch = 2,
+                     .seqlen_q = 90,
+                     .seqlen_k = 130,
+                     .heads = 4,
+                     .heads_kv = 2,
+                     .head_dim = head_dim,
+                     .score = {.causal = true, .variant = variant},
+                     .lse = true});
+  }
+  cases.push_back({.seqlen_q = 2049,
+                   .seqlen_k = 2049,
+                   .heads = 2,
+                   .heads_kv = 1,
+                   .head_dim = 128,
+                   .score = {.causal = true},
+                   .lse = true});
+  for (Case& c : cases) {
+    c.kv_fp8 = DType::e4m3;
+    c.descales = true;
+  }
+  return cases;
 }
 
 // `count` bf16 values from a normal distribution, as their bits.
@@ -557,50 +635,11 @@ TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
   std::mt19937 rng(41);
   for (DType fp8 : {DType::e4m3, DType::e5m2}) {
     for (DType dtype : kDTypes) {
-      run_fp8_case(rt,
-                   {.dtype = dtype,
-                    .batch = 2,
-                    .seqlen_q = 113,
-                    .seqlen_k = 203,
-                    .heads = 4,
-                    .heads_kv = 2,
-                    .head_dim = 128,
-                    .lse = true,
-                    .kv_fp8 = fp8,
-                    .descales = true},
-                   rng);
+      Case c = fp8_gqa_case(dtype);
+      c.kv_fp8 = fp8;
+      run_fp8_case(rt, c, rng);
     }
   }
-  for (auto [dim, dim_v] : {std::pair{64, 64}, {256, 256}, {192, 128}, {80, 80}, {96, 96}}) {
-    run_fp8_case(rt,
-                 {.batch = 2,
-                  .seqlen_q = 77,
-                  .seqlen_k = 150,
-                  .heads = 2,
-                  .heads_kv = 1,
-                  .head_dim = dim,
-                  .head_dim_v = dim_v,
-                  .score = {.causal = true},
-                  .lse = true,
-                  .kv_fp8 = DType::e4m3,
-                  .descales = true},
-                 rng);
-  }
-  run_fp8_case(rt,
-               {.seqlen_q = 200,
-                .seqlen_k = 300,
-                .heads = 4,
-                .heads_kv = 4,
-                .score = {.window_left = 40,
-                          .window_right = 8,
-                          .softcap = 30,
-                          .alibi = Alibi::per_head,
-                          .sinks = true},
-                .layout = Layout::bhsd,
-                .lse = true,
-                .kv_fp8 = DType::e4m3,
-                .descales = true},
-               rng);
   run_fp8_case(rt,
                {.dtype = DType::f16,
                 .batch = 2,
@@ -611,51 +650,16 @@ TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
                 .bias = Bias::head_broadcast,
                 .kv_fp8 = DType::e5m2},
                rng);
-  run_fp8_case(rt,
-               {.heads = 8,
-                .heads_kv = 2,
-                .head_dim = 128,
-                .score = {.causal = true},
-                .lse = true,
-                .seqlens_q = {0, 1, 130, 77},
-                .seqlens_k = {5, 1, 300, 64},
-                .seqused_k = {5, 0, 250, 64},
-                .kv_fp8 = DType::e4m3,
-                .descales = true},
-               rng);
-  // User variants: a document mask (its logit hook sees the descaled logit) and a key padding
-  // mask.
-  for (UserVariant variant : {UserVariant::document, UserVariant::key_padding}) {
-    run_fp8_case(rt,
-                 {.batch = 2,
-                  .seqlen_q = 90,
-                  .seqlen_k = 130,
-                  .heads = 4,
-                  .heads_kv = 2,
-                  .score = {.causal = true, .variant = variant},
-                  .lse = true,
-                  .kv_fp8 = DType::e4m3,
-                  .descales = true},
-                 rng);
+  for (const Case& c : fp8_cases({{64, 64}, {256, 256}, {192, 128}, {80, 80}, {96, 96}}, 64)) {
+    run_fp8_case(rt, c, rng);
   }
-  // Long sequences: choose()'s tiles for long keys.
-  run_fp8_case(rt,
-               {.seqlen_q = 2049,
-                .seqlen_k = 2049,
-                .heads = 2,
-                .heads_kv = 1,
-                .head_dim = 128,
-                .score = {.causal = true},
-                .lse = true,
-                .kv_fp8 = DType::e4m3,
-                .descales = true},
-               rng);
 }
 
 // The all-fp8 forward (sm_90a): e4m3 q, k and v with FlashAttention-3's descales (q's too) and
-// without, out in bf16 and f16, GQA, head dims 64 and 128 (and 192/128, 80/64: padded rows),
-// every mask, softcap, ALiBi, sinks, varlen with seqused_k, BHSD strides, user variants and long
-// sequences. The reference attends the stored values times the descales.
+// without, out in bf16 and f16, GQA, head dims 64, 128 and 256 (256 and 128/192: P V 128 columns
+// at a time; 192/128, 80/64: padded rows), every mask, softcap, ALiBi, sinks, varlen with
+// seqused_k, BHSD strides, user variants and long sequences. The reference attends the stored
+// values times the descales.
 TEST_CASE("attention over fp8 q, k and v: descales, masks, varlen", "[gpu][attention]") {
   KILN_REQUIRE_GPU();
   kiln::Runtime rt(kiln::test::gpu_options());
@@ -664,48 +668,7 @@ TEST_CASE("attention over fp8 q, k and v: descales, masks, varlen", "[gpu][atten
     return;
   }
   std::mt19937 rng(47);
-  for (DType dtype : kDTypes) {
-    run_all_fp8_case(rt,
-                     {.dtype = dtype,
-                      .batch = 2,
-                      .seqlen_q = 113,
-                      .seqlen_k = 203,
-                      .heads = 4,
-                      .heads_kv = 2,
-                      .head_dim = 128,
-                      .lse = true,
-                      .descales = true},
-                     rng);
-  }
-  for (auto [dim, dim_v] : {std::pair{64, 64}, {192, 128}, {80, 64}}) {
-    run_all_fp8_case(rt,
-                     {.batch = 2,
-                      .seqlen_q = 77,
-                      .seqlen_k = 150,
-                      .heads = 2,
-                      .heads_kv = 1,
-                      .head_dim = dim,
-                      .head_dim_v = dim_v,
-                      .score = {.causal = true},
-                      .lse = true,
-                      .descales = true},
-                     rng);
-  }
-  run_all_fp8_case(rt,
-                   {.seqlen_q = 200,
-                    .seqlen_k = 300,
-                    .heads = 4,
-                    .heads_kv = 4,
-                    .head_dim = 128,
-                    .score = {.window_left = 40,
-                              .window_right = 8,
-                              .softcap = 30,
-                              .alibi = Alibi::per_head,
-                              .sinks = true},
-                    .layout = Layout::bhsd,
-                    .lse = true,
-                    .descales = true},
-                   rng);
+  for (DType dtype : kDTypes) run_all_fp8_case(rt, fp8_gqa_case(dtype), rng);
   run_all_fp8_case(rt,
                    {.dtype = DType::f16,
                     .batch = 2,
@@ -715,40 +678,9 @@ TEST_CASE("attention over fp8 q, k and v: descales, masks, varlen", "[gpu][atten
                     .heads_kv = 2,
                     .head_dim = 128},
                    rng);
-  run_all_fp8_case(rt,
-                   {.heads = 8,
-                    .heads_kv = 2,
-                    .head_dim = 128,
-                    .score = {.causal = true},
-                    .lse = true,
-                    .seqlens_q = {0, 1, 130, 77},
-                    .seqlens_k = {5, 1, 300, 64},
-                    .seqused_k = {5, 0, 250, 64},
-                    .descales = true},
-                   rng);
-  for (UserVariant variant : {UserVariant::document, UserVariant::key_padding}) {
-    run_all_fp8_case(rt,
-                     {.batch = 2,
-                      .seqlen_q = 90,
-                      .seqlen_k = 130,
-                      .heads = 4,
-                      .heads_kv = 2,
-                      .head_dim = 128,
-                      .score = {.causal = true, .variant = variant},
-                      .lse = true,
-                      .descales = true},
-                     rng);
+  for (const Case& c : fp8_cases({{64, 64}, {256, 256}, {128, 192}, {192, 128}, {80, 64}}, 128)) {
+    run_all_fp8_case(rt, c, rng);
   }
-  run_all_fp8_case(rt,
-                   {.seqlen_q = 2049,
-                    .seqlen_k = 2049,
-                    .heads = 2,
-                    .heads_kv = 1,
-                    .head_dim = 128,
-                    .score = {.causal = true},
-                    .lse = true,
-                    .descales = true},
-                   rng);
 }
 
 // KILN_DEBUG copies fp8 k and v's descales to the host before the launch and refuses one that is

@@ -160,7 +160,36 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     // softmax runs under that product; o is rescaled once the product is in. Q's slot goes back
     // once the last scores are in.
     if (turns == 0) tma::arrive(&bars.q.empty.barrier[0]);
-    if (turns > 0) {
+    if constexpr (Tr::split_pv) {
+      // fp8 products past 128 columns of V: a block's P V once its softmax is done (the other
+      // warpgroup's products run under that softmax), 128 columns at a time into the scores'
+      // registers, each added into o once it is in.
+      float s[1][Tr::s_tiles][4];
+      ProbabilityFragments<Tr> a;
+      for (int turn = 0; turn < turns; ++turn) {
+        const int slot = (kv_count + turn) % Tr::stages;
+        tma::wait(&bars.k.full.barrier[slot], phase(kv_count + turn));
+        take_turn();
+        start_scores<Tr>(s, q_rows, k_tile(slot));
+        pass_turn();
+        wgmma::wait<0>();
+        release(&bars.k.empty.barrier[slot]);
+        if (turn + 1 == turns) tma::arrive(&bars.q.empty.barrier[0]);
+        transform_logits(s, blocks.begin + turn);
+        softmax.update(s, o, to_log2);
+        probability_fragments<Tr>(a, s);
+        tma::wait(&bars.v.full.barrier[slot], phase(kv_count + turn));
+#pragma unroll
+        for (int half = 0; half < Tr::v_dim / 128; ++half) {
+          start_output_columns<Tr>(s, a, k_tile(slot) + Tr::k_bytes, half);
+          wgmma::wait<0>();
+          pin_columns(s);
+          add_columns(o, s, half);
+        }
+        release(&bars.v.empty.barrier[slot]);
+      }
+      kv_count += turns;
+    } else if (turns > 0) {
       float s[1][Tr::s_tiles][4];
       ProbabilityFragments<Tr> a;
       // P V into o, or with fp8 products into pv.

@@ -50,11 +50,12 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   static constexpr int warps = block_m / 16;
   static constexpr int threads = warps * 32;
   // Columns of q's type in a 128-byte chunk of the swizzle: 64, or 128 of fp8. Q and K rows are
-  // padded to whole chunks; V's columns (wgmma's N) to 64, and an fp8 V, transposed in shared
-  // memory (tma/converter.cuh), to whole 128-key chunks.
+  // padded to whole chunks; V's columns (wgmma's N) to 64 (with fp8 q above 128, to 128: its
+  // P V goes 128 columns at a time, tma/traits.cuh's split_pv), and an fp8 V, transposed in
+  // shared memory (tma/converter.cuh), to whole 128-key chunks.
   static constexpr int chunk_columns = 128 / q_size;
   static constexpr int qk_dim = round_up(head_dim, chunk_columns);
-  static constexpr int v_dim = round_up(head_dim_v, 64);
+  static constexpr int v_dim = round_up(head_dim_v, q_fp8&& head_dim_v > 128 ? 128 : 64);
   static_assert(!q_fp8 || block_n % 128 == 0,
                 "with fp8 q, k and v block_n must be 128 or 256: whole 128-key chunks of V.");
 
@@ -164,18 +165,19 @@ __device__ __forceinline__ void start_nmajor_product(float (&acc)[N / 2], unsign
 
 // Issues acc = A B^T as one committed group (accumulate false: acc is overwritten), with A in
 // registers (a, one A fragment per k32 step of the K reduction columns) and B the fp8 K-major
-// tile at b_tile: N rows of K columns in 128-column chunks. acc and a are in use until the group
-// is waited for.
-template <class T, int K, int N>
+// tile at b_rows: N rows (of a tile of BRows) of K columns in 128-column chunks. acc and a are in
+// use until the group is waited for.
+template <class T, int K, int N, int BRows = N>
 __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2],
                                                      const unsigned (&a)[K / 32][4],
-                                                     unsigned b_tile, bool accumulate) {
+                                                     unsigned b_rows, bool accumulate) {
   static_assert(wgmma::fp8_operand<T>, "A in registers over K-major B: fp8 operands.");
   wgmma::fence();
-  const unsigned long long b = wgmma::descriptor(b_tile, 0, 1024);
+  const unsigned long long b = wgmma::descriptor(b_rows, 0, 1024);
 #pragma unroll
   for (int kk = 0; kk < K / 32; ++kk) {
-    wgmma::mma_rs<T, false, N>(acc, a[kk], wgmma::advance(b, (kk / 4) * N * 128 + (kk % 4) * 32),
+    wgmma::mma_rs<T, false, N>(acc, a[kk],
+                               wgmma::advance(b, (kk / 4) * BRows * 128 + (kk % 4) * 32),
                                accumulate || kk > 0);
   }
   wgmma::commit();
@@ -204,6 +206,29 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
     start_kmajor_product<typename Tr::Q, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile, false);
   } else {
     start_nmajor_product<typename Tr::Q, Tr::block_n, Tr::v_dim>(all_columns(o), a, v_tile);
+  }
+}
+
+// With fp8 q, k and v and V's head dim above 128 (split_pv): issues the block's P V for V's
+// columns 128 half .. 128 half + 127 into the scores' registers s (block_n 128), which the caller
+// adds into o's (add_columns).
+template <class Tr>
+__device__ __forceinline__ void start_output_columns(float (&s)[1][Tr::s_tiles][4],
+                                                     const ProbabilityFragments<Tr>& a,
+                                                     unsigned v_tile, int half) {
+  static_assert(Tr::q_fp8 && Tr::block_n == 128, "128 columns of P V in the scores' registers.");
+  start_kmajor_product<typename Tr::Q, Tr::block_n, 128, Tr::v_dim>(
+      all_columns(s), a, v_tile + static_cast<unsigned>(half) * 128 * 128, false);
+}
+
+// o's columns 128 half .. 128 half + 127 += pv's, once start_output_columns' product is in.
+template <int OTiles, int PTiles>
+__device__ __forceinline__ void add_columns(float (&o)[1][OTiles][4],
+                                            const float (&pv)[1][PTiles][4], int half) {
+#pragma unroll
+  for (int j = 0; j < PTiles; ++j) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) o[0][half * PTiles + j][x] += pv[0][j][x];
   }
 }
 
