@@ -15,8 +15,8 @@ e4m3: the same k and v cast to e4m3 once, q and out in the row's dtype; issue 32
 the all-fp8 forward (column fp8: q cast to e4m3 too, out in the row's
 dtype; PyTorch's SDPA has no fp8 peer, FlashAttention-3's published fp8 figures are the one), and
 checks each output against SDPA's over the dequantized inputs; fp8's within --tol plus 2^-4 of
-v's largest magnitude, the most e4m3's rounding of the probabilities (2^-4 of each, relative) can
-move an output that sums them times v. SDPA's fused kernels take no GQA, so on those
+v's largest magnitude, the most e4m3's rounding of the probabilities (2^-4 of each, relative, in
+its normal range) can move an output that sums them times v. SDPA's fused kernels take no GQA, so on those
 rows they get K and V repeated to every query head (the same FLOPs; kiln reads the kv heads once).
 TFLOP/s count 4 * batch * heads * seqlen^2 * d FLOPs, half of that when causal (FlashAttention's
 convention). Each row also checks kiln's output against SDPA's; a mismatch, or a row kiln could not

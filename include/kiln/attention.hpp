@@ -20,7 +20,8 @@ namespace kiln {
 // fp16 or bf16, all four the same, or k and v in fp8 (e4m3 or e5m2) under a 16-bit q (see
 // k_descale), or q, k and v in e4m3 with a 16-bit out (see q_descale); any strides with stride 1 on
 // the last dim, and every other stride and the data pointers multiples of 16 bytes. Inputs may
-// broadcast (stride 0); outputs (out, lse) must give every element its own address.
+// broadcast (stride 0), but not an fp8 q's (the tma kernel alone takes it, and TMA needs nonzero
+// strides and no empty dim); outputs (out, lse) must give every element its own address.
 struct AttentionOptions {
   ScoreOptions score;  // scale, band (causal, sliding window), softcap, ALiBi
 
@@ -96,6 +97,7 @@ struct AttentionConfig {
   int block_m = 128;  // query rows per CTA; wgmma and tma: 64, 128 or 192 (a warpgroup per 64
                       // rows)
   int block_n = 64;   // keys per step; wgmma: a multiple of 64 up to 256; tma: those or 176
+                      // (with an fp8 q: 128 or 256, and 128 past head_dim_v 128)
   int warps = 4;      // the CTA has warps * 32 threads, on AMD too (a wavefront is two warps);
                       // wgmma and tma ignore it (block_m / 16)
   int stages = 1;     // K/V tile slots in shared memory; portable has one, wgmma and tma 2 to 4
@@ -104,10 +106,11 @@ struct AttentionConfig {
 
 // The config the hot path, is_supported() and warm-up use for `problem` on `target`: the tma
 // kernel on sm_90a for head dims of 64 and more (attention() runs the wgmma kernel instead for
-// inputs TMA cannot tile, such as a stride of 0, and the mma kernel for such fp8 k and v), the mma
-// kernel on other sm_80+ targets and dims, the portable one on AMD's
-// wave64 gfx9 targets, such as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's
-// stops at gfx90c). Throws kiln::Error (unsupported) for any other target.
+// inputs TMA cannot tile, such as a stride of 0, and the mma kernel for such fp8 k and v), and for
+// an fp8 q at every head dim (no other kernel takes it; inputs TMA cannot tile are refused), the
+// mma kernel on other sm_80+ targets and dims, the portable one on AMD's wave64 gfx9 targets, such
+// as gfx90a (compiling needs one the loaded hipRTC can build: ROCm 5.2's stops at gfx90c). Throws
+// kiln::Error (unsupported) for any other target.
 AttentionConfig choose(const AttentionProblem& problem, const Target& target);
 KernelSpec attention_spec(const AttentionProblem& problem, const AttentionConfig& config);
 
@@ -132,7 +135,8 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
                   const TensorView& out, const AttentionOptions& options = {},
                   std::string* why = nullptr, Runtime& runtime = default_runtime());
 
-// The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16, head
+// The specs `kiln warm` compiles by default for this family on `target`: bf16 and fp16 (and e4m3
+// k and v under them where the target reads fp8, and on sm_90a e4m3 q, k and v with bf16 out), head
 // dims 64, 128 and 256, with and without a mask, each with choose()'s configs for short and long
 // sequences; none for targets attention does not run on.
 std::vector<KernelSpec> attention_default_specs(const Target& target);

@@ -111,7 +111,8 @@ void kiln_attention_options_init_sized(kiln_attention_options* options, size_t s
 
 /* Forward attention, FlashAttention's layouts: q (batch, seqlen_q, heads, head_dim), k and v
  * (batch, seqlen_k, heads_kv, head_dim / head_dim_v), out like q with head_dim_v; varlen drops
- * the batch dim. fp16 or bf16 (k and v may be fp8, see the options' k_descale) on a CUDA (kDLCUDA)
+ * the batch dim. fp16 or bf16 (k and v may be fp8, see the options' k_descale; or q, k and v all
+ * float8_e4m3fn with an f16 or bf16 out, see q_descale) on a CUDA (kDLCUDA)
  * or ROCm (kDLROCM) device; strides in elements (NULL: compact row-major). lse (may be NULL): fp32
  * (batch, heads, seqlen_q), or (heads, total_q) with varlen. options may be NULL for the defaults.
  * stream: a CUstream or hipStream_t, NULL for the default stream. All tensors of a call must be on

@@ -341,21 +341,12 @@ AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView
   return tp;
 }
 
-constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
-
-// Runs a call with `config`, or with choose()'s when there is none.
-void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
-         const AttentionOptions& options, const std::optional<AttentionConfig>& config,
-         void* stream, Runtime& runtime) {
-  const detail::ValidatedAttention checked =
-      detail::validate_attention(q, k, v, out, options, runtime.device());
-  const Shape& s = checked.shape;
-  if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
-  const Target target = detail::target_to_run(runtime, kCall);
-  if (config) {
-    detail::check_config(*config, target);
-    detail::require_kv_dtype(checked.problem, config->kernel, target);
-  }
+// The config a call runs: `config`, or choose()'s, moved off the tma kernel (without_tma) for
+// inputs TMA cannot tile; refused (kiln::Error, unsupported) where no other kernel may take them:
+// an explicit tma config, or an fp8 q.
+AttentionConfig config_to_run(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const detail::ValidatedAttention& checked,
+                              const std::optional<AttentionConfig>& config, const Target& target) {
   AttentionConfig c = config ? *config : choose(checked.problem, target);
   if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
     const std::string_view instead = is_fp8(checked.problem.dtype_kv) ? "mma" : "wgmma";
@@ -375,6 +366,25 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     }
     c = detail::without_tma(checked.problem, c);
   }
+  return c;
+}
+
+constexpr detail::CallName kCall{"kiln::attention", "kiln_attention"};
+
+// Runs a call with `config`, or with choose()'s when there is none.
+void run(const TensorView& q, const TensorView& k, const TensorView& v, const TensorView& out,
+         const AttentionOptions& options, const std::optional<AttentionConfig>& config,
+         void* stream, Runtime& runtime) {
+  const detail::ValidatedAttention checked =
+      detail::validate_attention(q, k, v, out, options, runtime.device());
+  const Shape& s = checked.shape;
+  if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return;  // nothing to write
+  const Target target = detail::target_to_run(runtime, kCall);
+  if (config) {
+    detail::check_config(*config, target);
+    detail::require_kv_dtype(checked.problem, config->kernel, target);
+  }
+  const AttentionConfig c = config_to_run(q, k, v, checked, config, target);
   const detail::LaunchPlan plan = detail::attention_plan(checked.problem, c);
   const DeviceInfo& device = detail::require_gpu(runtime, kCall, &plan.spec);
   detail::require_fits(plan, c, device);  // before the compile: a refused call does nothing
@@ -428,7 +438,9 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
   try {
     const detail::ValidatedAttention checked =
         detail::validate_attention(q, k, v, out, options, runtime.device());
-    const AttentionConfig config = choose(checked.problem, runtime.target());
+    const Shape& s = checked.shape;
+    if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return true;  // as attention(): no work
+    const AttentionConfig config = config_to_run(q, k, v, checked, std::nullopt, runtime.target());
     if (const DeviceInfo* device = detail::present_device(runtime)) {
       detail::require_fits(detail::attention_plan(checked.problem, config), config, *device);
     }

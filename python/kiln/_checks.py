@@ -41,7 +41,8 @@ DTYPE_NAMES = {
 # libkiln's order: the backward's (kOperandDTypes, lib/kernels/attention.cpp), decode's, which
 # reads fp8 k and v too (kOperandDTypes in decode.cpp), and the forward's, which also takes
 # e4m3 q, k and v with a 16-bit out (kTmaDTypes in attention.cpp).
-# The fp8 dtypes kiln reads k and v (and KV caches) in.
+# The fp8 dtypes kiln reads k and v (and KV caches) in; e4m3 is also an fp8 q's (the all-fp8
+# forward).
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
 _OPERAND_DTYPES = ((torch.bfloat16,) * 3, (torch.float16,) * 3)
 _FP8_KV_OPERAND_DTYPES = _OPERAND_DTYPES + tuple(
@@ -262,6 +263,9 @@ def attention(q, k, v, out, lse, bias, alibi_slopes, cu_seqlens_q, cu_seqlens_k,
     varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
     if varlen and bias is not None:
         unsupported("bias with varlen is not supported: pad the batch instead")
+    if bias is not None and q.dtype in FP8_DTYPES:
+        unsupported(f"bias with an {DTYPE_NAMES[q.dtype]} q is not supported yet: add it to the "
+                    "scores through a user variant, or pass q, k and v in bf16 or fp16")
     rank = 3 if varlen else 4
     if q.dim() != rank:
         invalid(f"q has rank {q.dim()} but must have rank {rank}: "

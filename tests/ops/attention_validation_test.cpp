@@ -374,6 +374,15 @@ TEST_CASE("attention takes e4m3 q, k and v with a 16-bit out on sm_90a's tma ker
   bad = c;
   bad.options.bias = view(0x8000000, DType::e4m3, {2, 8, 128, 256});
   check_refused(bad, ErrorCategory::unsupported, {"bias with an e4m3 q is not supported yet"});
+  // TMA must tile an fp8 q's inputs: a broadcast k (stride 0) is refused, by is_supported() too.
+  bad = c;
+  bad.k.strides[0] = 0;
+  check_refused(bad, ErrorCategory::unsupported,
+                {"the tma kernel, the only one with fp8 products, cannot tile"});
+  std::string why;
+  CHECK_FALSE(kiln::is_supported(bad.q, bad.k, bad.v, bad.out, bad.options, &why,
+                                 validating_runtime()));
+  CHECK_THAT(why, Catch::Contains("cannot tile"));
   // q_descale: an fp8 q's, of (batch, heads_kv).
   bad = c;
   bad.options.q_descale = view(0x4000000, DType::f32, {2, 8});
