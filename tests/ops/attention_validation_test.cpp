@@ -380,8 +380,8 @@ TEST_CASE("attention takes e4m3 q, k and v with a 16-bit out on sm_90a's tma ker
   check_refused(bad, ErrorCategory::unsupported,
                 {"the tma kernel, the only one with fp8 products, cannot tile"});
   std::string why;
-  CHECK_FALSE(kiln::is_supported(bad.q, bad.k, bad.v, bad.out, bad.options, &why,
-                                 validating_runtime()));
+  CHECK_FALSE(
+      kiln::is_supported(bad.q, bad.k, bad.v, bad.out, bad.options, &why, validating_runtime()));
   CHECK_THAT(why, Catch::Contains("cannot tile"));
   // q_descale: an fp8 q's, of (batch, heads_kv).
   bad = c;
