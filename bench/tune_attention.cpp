@@ -93,7 +93,7 @@ std::vector<kiln::AttentionConfig> fp8_candidates(int head_dim) {
 std::vector<kiln::AttentionConfig> all_fp8_candidates(int head_dim) {
   if (head_dim > 128) return {tma_config(128, 128, 2)};
   return {tma_config(128, 128, 2), tma_config(128, 128, 3), tma_config(128, 128, 4),
-          tma_config(128, 256, 2)};
+          tma_config(128, 256, 2), tma_config(128, 256, 3)};
 }
 
 std::string name(const kiln::AttentionConfig& c) {
@@ -161,11 +161,15 @@ int run(const fs::path& cache, Mode mode) {
       }
       const float most = kiln::bench::max_abs_diff_bf16(result(), expected);
       const double ms = kiln::bench::median_ms(20, [&](int) { call(config); });
-      // Configs differ in summation order only: a few bf16 ulps of outputs below 1.
-      const bool mismatch = !(most <= 1e-2f);
+      // Configs differ in summation order only: a few bf16 ulps of outputs below 1. With fp8 q
+      // also in where each block's probabilities round to e4m3 (relative to its running max):
+      // up to 2^-4 of v's largest magnitude (1.875), the README's bound, where few keys count.
+      const float tolerance = 1e-2f + (mode == Mode::fp8 ? 1.875f / 16 : 0.f);
+      const bool mismatch = !(most <= tolerance);
       mismatches += mismatch;
       std::printf(" %s %.3f (%.0f)%s |", name(config).c_str(), ms, flops / ms / 1e9,
                   mismatch ? " MISMATCH" : "");
+      if (most > 1e-2f) std::printf(" max diff %.3f |", most);
       if (!mismatch && ms < best_ms) best_ms = ms, best = name(config);
     }
     std::printf(" best %s\n", best.c_str());

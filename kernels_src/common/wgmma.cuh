@@ -19,15 +19,17 @@ __device__ __forceinline__ unsigned swizzled_offset(int rows, int row, int piece
   return static_cast<unsigned>((piece / 8) * rows * 128 + row * 128 + ((piece ^ row) % 8) * 16);
 }
 
-// The descriptor of a 128-byte-swizzled operand at shared address `address`. K-major operands
-// (Q and K, reduction dim contiguous) step 8 rows by `stride_bytes` (1024) and ignore
-// `leading_bytes`; N-major ones (V, output dim contiguous) step 8 reduction rows by
-// `stride_bytes` and 64 output columns by `leading_bytes`.
+// The descriptor of a swizzled operand at shared address `address`: `swizzle` is the layout
+// field, 1 for 128-byte rows, 2 for 64-byte ones. K-major operands (Q and K, reduction dim
+// contiguous) step 8 rows by `stride_bytes` (8 rows' bytes) and ignore `leading_bytes`; N-major
+// ones (V, output dim contiguous) step 8 reduction rows by `stride_bytes` and 64 output columns
+// by `leading_bytes`.
 __device__ __forceinline__ unsigned long long descriptor(unsigned address, unsigned leading_bytes,
-                                                         unsigned stride_bytes) {
+                                                         unsigned stride_bytes,
+                                                         unsigned long long swizzle = 1) {
   return static_cast<unsigned long long>((address & 0x3FFFFu) >> 4) |
          static_cast<unsigned long long>(leading_bytes >> 4) << 16 |
-         static_cast<unsigned long long>(stride_bytes >> 4) << 32 | 1ull << 62;
+         static_cast<unsigned long long>(stride_bytes >> 4) << 32 | swizzle << 62;
 }
 
 // The descriptor of the operand `offset` bytes past the one `base` describes. The address field

@@ -268,11 +268,15 @@ constexpr AttentionTuning kFp8Sm90a[] = {
     {256, Match::any, Match::any, {.block_m = 128, .block_n = 64, .stages = 2, .kernel = kTma}},
 };
 
-// fp8 q, k and v (sm_90a only): the tma kernel's fp8 products, 128 x 128 tiles (wgmma's fp8
-// operands are K-major: V is transposed into its slots in 128-key chunks; a P V accumulator of
-// each block's beside o, s and P leaves no room for 256 keys; past head_dim_v 128 P V takes the
-// scores' registers). 3 and 4 stages ran within 1% of 2 at head dims up to 128 (run 65a).
+// fp8 q, k and v (sm_90a only): the tma kernel's fp8 products (wgmma's fp8 operands are K-major:
+// V is transposed into its slots in 128-key chunks). Up to head dim 128, 256 keys a block, each
+// block's P V after its softmax in the scores' registers (split_pv): 8-14% faster than 128 keys
+// with P V under the next scores, whose accumulator beside o, s and P leaves no room for more
+// keys (run 66a; 3 stages 4% faster at head dims to 64 without a mask, even with one). Past 128,
+// 128 keys, P V 128 columns at a time.
 constexpr AttentionTuning kFp8QSm90a[] = {
+    {64, Match::any, Match::any, {.block_m = 128, .block_n = 256, .stages = 3, .kernel = kTma}},
+    {128, Match::any, Match::any, {.block_m = 128, .block_n = 256, .stages = 2, .kernel = kTma}},
     {256, Match::any, Match::any, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
 };
 

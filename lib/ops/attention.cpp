@@ -320,15 +320,17 @@ int section_pairs_of(const Shape& s) {
 }
 
 // The tma kernel's argument, its tile counter yet to come (null). The all-fp8 forward's boxes
-// are 128 columns: 128 bytes, a chunk of the 128-byte swizzle.
+// are 128 columns: 128 bytes, a chunk of the 128-byte swizzle; Q's and K's are 64 (64 bytes,
+// the 64-byte swizzle's chunk) at head dims to 64, which then need no padding.
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
                                  const TensorView& k, const TensorView& v,
                                  const AttentionOptions& o, const AttentionConfig& c,
                                  const Shape& s, Runtime& runtime) {
-  const int columns = is_fp8(s.dtypes.q) ? 128 : 64;
+  const bool fp8 = is_fp8(s.dtypes.q);
+  const int columns = fp8 ? 128 : 64, qk_columns = fp8 && s.head_dim > 64 ? 128 : 64;
   AttentionTmaParams tp{
-      .q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime, columns),
-      .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime, columns),
+      .q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime, qk_columns),
+      .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime, qk_columns),
       .v_map = detail::tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime, columns),
       .p = params,
       .maybe_tile_counter = nullptr,

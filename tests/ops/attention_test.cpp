@@ -492,7 +492,8 @@ void run_fp8_case(kiln::Runtime& rt, const Case& c, std::mt19937& rng) {
 }
 
 // q, k and v in e4m3 (Case::q_fp8), which the tma kernel alone takes: with choose()'s config
-// and (head dims up to 128, where they fit) with 3 stages, on the same inputs, each checked by
+// and (head dims up to 128, where they fit) with the other tiles of 128 and 256 keys a block
+// (256: each block's P V after its softmax, split_pv), on the same inputs, each checked by
 // check_kernel against one fp64 reference of the dequantized inputs, whose plain baseline rounds
 // P to e4m3 as the kernel does.
 void run_all_fp8_case(kiln::Runtime& rt, Case c, std::mt19937& rng) {
@@ -502,11 +503,17 @@ void run_all_fp8_case(kiln::Runtime& rt, Case c, std::mt19937& rng) {
   Prepared p = prepare(c, rng);
   check_kernel(rt, c, p.d, p.want, p.has_rows, std::nullopt, "the kernel choose() picks");
   if (std::max(c.head_dim, c.dim_v()) > 128) return;
-  check_kernel(
-      rt, c, p.d, p.want, p.has_rows,
-      kiln::AttentionConfig{
-          .block_m = 128, .block_n = 128, .stages = 3, .kernel = kiln::AttentionKernel::tma},
-      "the tma kernel, 3 stages");
+  const kiln::AttentionConfig chosen = kiln::choose(problem_of(c, p.d), "sm_90a");
+  for (const auto& [block_n, stages] : {std::pair{128, 2}, {128, 3}, {256, 2}}) {
+    if (chosen.block_n == block_n && chosen.stages == stages) continue;
+    INFO("block_n " << block_n << ", stages " << stages);
+    check_kernel(rt, c, p.d, p.want, p.has_rows,
+                 kiln::AttentionConfig{.block_m = 128,
+                                       .block_n = block_n,
+                                       .stages = stages,
+                                       .kernel = kiln::AttentionKernel::tma},
+                 "the tma kernel, other tiles");
+  }
 }
 
 // fp8 tests' first case: GQA at head dim 128 with q and out in `dtype` over e4m3 k and v with

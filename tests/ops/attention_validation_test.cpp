@@ -344,7 +344,7 @@ TEST_CASE("attention takes e4m3 q, k and v with a 16-bit out on sm_90a's tma ker
       .dtype_q = DType::e4m3, .dtype_kv = DType::e4m3, .head_dim = 128, .head_dim_v = 128};
   const kiln::AttentionConfig chosen = kiln::choose(problem, kiln::Target("sm_90a"));
   CHECK(chosen.kernel == kiln::AttentionKernel::tma);
-  CHECK(chosen.block_n == 128);
+  CHECK(chosen.block_n % 128 == 0);  // V is transposed in 128-key chunks
   for (const char* target : {"sm_90", "sm_89", "sm_80", "gfx90a"}) {
     check_refusal(refusal([&] { kiln::choose(problem, kiln::Target(target)); }),
                   ErrorCategory::unsupported, {"runs on sm_90a (H100, H200) only", target});

@@ -106,12 +106,12 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
 }
 
 // The bytes of attention_forward_wgmma's Q tile and `stages` (K, V) slots, unpadded: head_dim
-// rounded up to the swizzle's 128-byte chunks (64 columns, or 128 of fp8), head_dim_v to 64 (an
-// fp8 q's above 128 to 128).
+// rounded up to the swizzle's chunks (64 columns, or 128 of fp8; 64 of fp8 to head dim 64, in
+// the 64-byte swizzle), head_dim_v to 64 (an fp8 q's above 128 to 128).
 KILN_PARAMS_FN constexpr long long attention_forward_wgmma_tile_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size) {
-  const long long chunk = 128 / q_size;
+  const long long chunk = q_size == 1 && head_dim <= 64 ? 64 : 128 / q_size;
   const long long qk_dim = (head_dim + chunk - 1) / chunk * chunk;
   const long long v_chunk = q_size == 1 && head_dim_v > 128 ? 128 : 64;
   const long long v_dim = (head_dim_v + v_chunk - 1) / v_chunk * v_chunk;

@@ -13,9 +13,11 @@
 // fp8 k and v (e4m3, e5m2) under a 16-bit q land in staging entries instead, which the producer
 // warpgroup's other three warps widen into the slots (tma/converter.cuh): the consumers read q's
 // type either way. With fp8 q, k and v (e4m3) the products are fp8 ones (k32 steps) over 128-byte
-// chunks of 128 columns: Q and K land as 16-bit ones do, V in a staging entry that those warps
-// transpose into its slot (wgmma's fp8 operands are K-major); P is rounded to e4m3 from 2^8
-// (OnlineSoftmax's Offset) and each block's P V is added into fp32 accumulators once it is in.
+// chunks of 128 columns (64-byte ones of 64 at head dims to 64): Q and K land as 16-bit ones
+// do, V in a staging entry that those warps transpose into its slot (wgmma's fp8 operands are
+// K-major); P is rounded to e4m3 from 2^8 (OnlineSoftmax's Offset) and each block's P V is added
+// into fp32 accumulators once it is in: under the next block's scores, or up to head dim 128 with
+// 256 keys a block (and past 128) after the block's softmax, in the scores' registers.
 //
 // Its parts, in attention/prefill/tma/: traits.cuh (shapes, registers, the barriers, on
 // common/pipeline.cuh), producer.cuh (the loads), converter.cuh (fp8 k and v), epilogue.cuh
@@ -89,7 +91,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   // This warpgroup's 64 rows of Q; 8-row groups are 1024 bytes apart in every chunk.
   const unsigned q_tile = mma::smem_address(tiles);
   const unsigned kv_base = q_tile + Tr::q_bytes;
-  const unsigned q_rows = q_tile + warpgroup * 64 * 128;
+  const unsigned q_rows = q_tile + warpgroup * 64 * Tr::chunk_bytes;
   const auto k_tile = [&](int slot) { return kv_base + slot * Tr::slot_bytes; };
   // This warp is done with a slot.
   const auto release = [&](unsigned long long* empty) {
@@ -161,9 +163,9 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     // once the last scores are in.
     if (turns == 0) tma::arrive(&bars.q.empty.barrier[0]);
     if constexpr (Tr::split_pv) {
-      // fp8 products past 128 columns of V: a block's P V once its softmax is done (the other
-      // warpgroup's products run under that softmax), 128 columns at a time into the scores'
-      // registers, each added into o once it is in.
+      // fp8 products past 128 columns of V or 128 keys: a block's P V once its softmax is done
+      // (the other warpgroup's products run under that softmax), 128 columns at a time into the
+      // scores' registers, each added into o once it is in.
       float s[1][Tr::s_tiles][4];
       ProbabilityFragments<Tr> a;
       for (int turn = 0; turn < turns; ++turn) {
@@ -180,7 +182,7 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
         probability_fragments<Tr>(a, s);
         tma::wait(&bars.v.full.barrier[slot], phase(kv_count + turn));
 #pragma unroll
-        for (int half = 0; half < Tr::v_dim / 128; ++half) {
+        for (int half = 0; half < (Tr::v_dim + 127) / 128; ++half) {
           start_output_columns<Tr>(s, a, k_tile(slot) + Tr::k_bytes, half);
           wgmma::wait<0>();
           pin_columns(s);

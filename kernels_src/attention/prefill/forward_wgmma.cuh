@@ -49,11 +49,13 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
 
   static constexpr int warps = block_m / 16;
   static constexpr int threads = warps * 32;
-  // Columns of q's type in a 128-byte chunk of the swizzle: 64, or 128 of fp8. Q and K rows are
+  // Columns of q's type in a chunk of the swizzle: 64 in 128 bytes, or 128 of fp8 (64 in 64 bytes
+  // at fp8 head dims to 64, which a 128-byte chunk would half pad). Q and K rows are
   // padded to whole chunks; V's columns (wgmma's N) to 64 (with fp8 q above 128, to 128: its
   // P V goes 128 columns at a time, tma/traits.cuh's split_pv), and an fp8 V, transposed in
   // shared memory (tma/converter.cuh), to whole 128-key chunks.
-  static constexpr int chunk_columns = 128 / q_size;
+  static constexpr int chunk_bytes = q_fp8 && head_dim <= 64 ? 64 : 128;
+  static constexpr int chunk_columns = chunk_bytes / q_size;
   static constexpr int qk_dim = round_up(head_dim, chunk_columns);
   static constexpr int v_dim = round_up(head_dim_v, q_fp8&& head_dim_v > 128 ? 128 : 64);
   static_assert(!q_fp8 || block_n % 128 == 0,
@@ -113,18 +115,22 @@ __device__ __forceinline__ float (&all_columns(float (&acc)[1][Tiles][4]))[4 * T
 
 // Issues acc = A B^T as one committed wgmma group, with A (64 rows, at a_rows in a tile of ARows
 // rows) and B (N rows, at b_rows in a tile of BRows rows) both K-major over Dim (padded)
-// columns: k steps (16 columns, 32 of fp8) walk 32 bytes within a 128-byte chunk, then to the
-// next chunk. acc is being written until the group is waited for.
-template <class T, int Dim, int ARows, int N, int BRows = N>
+// columns: k steps (16 columns, 32 of fp8) walk 32 bytes within a chunk of ChunkBytes (the
+// swizzle's width, 128 or 64), then to the next chunk. acc is being written until the group is
+// waited for.
+template <class T, int Dim, int ARows, int N, int BRows = N, int ChunkBytes = 128>
 __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2], unsigned a_rows,
                                                      unsigned b_rows) {
+  constexpr int steps = ChunkBytes / 32;  // k steps a chunk
+  constexpr unsigned long long swizzle = ChunkBytes == 128 ? 1 : 2;
   wgmma::fence();
-  const unsigned long long a = wgmma::descriptor(a_rows, 0, 1024);
-  const unsigned long long b = wgmma::descriptor(b_rows, 0, 1024);
+  const unsigned long long a = wgmma::descriptor(a_rows, 0, 8 * ChunkBytes, swizzle);
+  const unsigned long long b = wgmma::descriptor(b_rows, 0, 8 * ChunkBytes, swizzle);
 #pragma unroll
   for (int kk = 0; kk < Dim * static_cast<int>(sizeof(T)) / 32; ++kk) {
-    wgmma::mma_ss<T, false, N>(acc, wgmma::advance(a, (kk / 4) * ARows * 128 + (kk % 4) * 32),
-                               wgmma::advance(b, (kk / 4) * BRows * 128 + (kk % 4) * 32), kk > 0);
+    wgmma::mma_ss<T, false, N>(
+        acc, wgmma::advance(a, (kk / steps) * ARows * ChunkBytes + (kk % steps) * 32),
+        wgmma::advance(b, (kk / steps) * BRows * ChunkBytes + (kk % steps) * 32), kk > 0);
   }
   wgmma::commit();
 }
@@ -188,8 +194,8 @@ __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2],
 template <class Tr>
 __device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsigned q_rows,
                                              unsigned k_tile) {
-  start_kmajor_product<typename Tr::Q, Tr::qk_dim, Tr::block_m, Tr::block_n>(all_columns(s), q_rows,
-                                                                             k_tile);
+  start_kmajor_product<typename Tr::Q, Tr::qk_dim, Tr::block_m, Tr::block_n, Tr::block_n,
+                       Tr::chunk_bytes>(all_columns(s), q_rows, k_tile);
 }
 
 // The A fragments of PV: one per k step, 16 keys (32 of fp8).
@@ -209,26 +215,31 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
   }
 }
 
-// With fp8 q, k and v and V's head dim above 128 (split_pv): issues the block's P V for V's
-// columns 128 half .. 128 half + 127 into the scores' registers s (block_n 128), which the caller
+// With fp8 q, k and v (split_pv): issues the block's P V for V's columns 128 half .. 128 half +
+// 127 (all of them up to head_dim_v 128) into the scores' first 64 registers, which the caller
 // adds into o's (add_columns).
 template <class Tr>
 __device__ __forceinline__ void start_output_columns(float (&s)[1][Tr::s_tiles][4],
                                                      const ProbabilityFragments<Tr>& a,
                                                      unsigned v_tile, int half) {
-  static_assert(Tr::q_fp8 && Tr::block_n == 128, "128 columns of P V in the scores' registers.");
-  start_kmajor_product<typename Tr::Q, Tr::block_n, 128, Tr::v_dim>(
-      all_columns(s), a, v_tile + static_cast<unsigned>(half) * 128 * 128, false);
+  constexpr int columns = Tr::v_dim < 128 ? Tr::v_dim : 128;
+  static_assert(Tr::q_fp8 && Tr::s_tiles * 4 >= columns / 2,
+                "P V's columns in the scores' registers.");
+  start_kmajor_product<typename Tr::Q, Tr::block_n, columns, Tr::v_dim>(
+      *reinterpret_cast<float(*)[columns / 2]>(&s[0][0][0]), a,
+      v_tile + static_cast<unsigned>(half) * 128 * 128, false);
 }
 
-// o's columns 128 half .. 128 half + 127 += pv's, once start_output_columns' product is in.
-template <int OTiles, int PTiles>
+// o's columns 128 half .. 128 half + 127 (all of them up to 128) += those start_output_columns
+// put in the scores' registers s, once its product is in.
+template <int OTiles, int STiles>
 __device__ __forceinline__ void add_columns(float (&o)[1][OTiles][4],
-                                            const float (&pv)[1][PTiles][4], int half) {
+                                            const float (&s)[1][STiles][4], int half) {
+  constexpr int tiles = OTiles < 16 ? OTiles : 16;
 #pragma unroll
-  for (int j = 0; j < PTiles; ++j) {
+  for (int j = 0; j < tiles; ++j) {
 #pragma unroll
-    for (int x = 0; x < 4; ++x) o[0][half * PTiles + j][x] += pv[0][j][x];
+    for (int x = 0; x < 4; ++x) o[0][half * tiles + j][x] += s[0][j][x];
   }
 }
 

@@ -101,7 +101,7 @@ struct TmaProducer {
       bars.q.full.arrive_expect_tx(q_at, Tr::q_bytes);
 #pragma unroll
       for (int c = 0; c < Tr::qk_dim / Tr::chunk_columns; ++c) {
-        tma::load_4d(tiles + c * Tr::block_m * 128, &tp.q_map, bars.q.full.at(q_at),
+        tma::load_4d(tiles + c * Tr::block_m * Tr::chunk_bytes, &tp.q_map, bars.q.full.at(q_at),
                      Tr::chunk_columns * c, coords.q_token, coords.head, coords.batch);
       }
     }
@@ -150,7 +150,7 @@ struct TmaProducer {
       unsigned char* const k_tile = slot_tile(k_at.slot());
 #pragma unroll
       for (int c = 0; c < Tr::qk_dim / Tr::chunk_columns; ++c) {
-        tma::load_4d(k_tile + c * Tr::block_n * 128, &tp.k_map, bars.k.full.at(k_at),
+        tma::load_4d(k_tile + c * Tr::block_n * Tr::chunk_bytes, &tp.k_map, bars.k.full.at(k_at),
                      Tr::chunk_columns * c, coords.k_token + block * Tr::block_n, coords.head_kv,
                      coords.batch);
       }

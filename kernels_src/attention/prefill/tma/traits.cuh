@@ -60,12 +60,13 @@ struct TmaTraits : WgmmaTraits<Spec, true> {
   // count from 2^8 instead of 1 (OnlineSoftmax's Offset), so that e4m3 holds the small ones with
   // its normal precision.
   static constexpr int p_offset = q_fp8 ? 8 : 0;
-  // Past 128 columns of V a block's P V has no registers of its own beside o's: it is computed
-  // after the block's scores, not under them, 128 columns at a time into the scores' registers.
-  static constexpr bool split_pv = q_fp8 && Base::v_dim > 128;
-  static_assert(!split_pv || Base::block_n == 128,
+  // Past 128 columns of V, or 128 keys a block, a block's P V has no registers of its own beside
+  // o's (and the scores'): it is computed after the block's scores, not under them, 128 columns
+  // at a time into the scores' first 64 registers.
+  static constexpr bool split_pv = q_fp8 && (Base::v_dim > 128 || Base::block_n > 128);
+  static_assert(!q_fp8 || Base::v_dim <= 128 || Base::block_n == 128,
                 "with fp8 q, k and v and head_dim_v above 128 block_n must be 128: 128 columns of "
-                "P V take the scores' registers.");
+                "P V take the scores' registers, beside o's.");
   // Whether an output staging tile follows the Q and K/V tiles and the staging entries
   // (attention_forward_tma_staged).
   static constexpr bool staged =
