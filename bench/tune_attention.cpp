@@ -162,9 +162,10 @@ int run(const fs::path& cache, Mode mode) {
       const float most = kiln::bench::max_abs_diff_bf16(result(), expected);
       const double ms = kiln::bench::median_ms(20, [&](int) { call(config); });
       // Configs differ in summation order only: a few bf16 ulps of outputs below 1. With fp8 q
-      // also in where each block's probabilities round to e4m3 (relative to its running max):
-      // up to 2^-4 of v's largest magnitude (1.875), the README's bound, where few keys count.
-      const float tolerance = 1e-2f + (mode == Mode::fp8 ? 1.875f / 16 : 0.f);
+      // also in where each block's probabilities round to e4m3 (relative to its running max),
+      // which moved causal rows' outputs by up to 0.012 (run 66e): 0.03 then, still well under
+      // the outputs of rows with few keys (v's values reach 1.875), which a wrong config misses.
+      const float tolerance = mode == Mode::fp8 ? 3e-2f : 1e-2f;
       const bool mismatch = !(most <= tolerance);
       mismatches += mismatch;
       std::printf(" %s %.3f (%.0f)%s |", name(config).c_str(), ms, flops / ms / 1e9,

@@ -7,7 +7,9 @@
 // 128 bytes (64 16-bit elements, 128 fp8 ones); chunk c is R rows of 128 bytes at
 // tile + c * R * 128, and the 16-byte piece p of row r sits at piece p ^ (r % 8) of that row.
 // Either way a k step reads 32 bytes of each row. Tiles start 1024-byte aligned, so the
-// hardware's swizzle (address bits 4-6 xor bits 7-9) is exactly this one.
+// hardware's swizzle (address bits 4-6 xor bits 7-9) is exactly this one. fp8 Q and K at head
+// dims to 64 take the 64-byte swizzle instead (descriptor()'s layout 2): chunks of 64 bytes,
+// piece p of row r at piece p ^ (r / 2 % 4), 8 rows 512 bytes apart.
 #pragma once
 
 #include "common/prelude.cuh"

@@ -270,26 +270,36 @@ constexpr AttentionTuning kFp8Sm90a[] = {
 
 // fp8 q, k and v (sm_90a only): the tma kernel's fp8 products (wgmma's fp8 operands are K-major:
 // V is transposed into its slots in 128-key chunks). Up to head dim 128, 256 keys a block, each
-// block's P V after its softmax in the scores' registers (split_pv): 8-14% faster than 128 keys
-// with P V under the next scores, whose accumulator beside o, s and P leaves no room for more
-// keys (run 66a; 3 stages 4% faster at head dims to 64 without a mask, even with one). Past 128,
-// 128 keys, P V 128 columns at a time.
+// block's P V after its softmax (split_pv): 8-14% faster than 128 keys with P V under the next
+// block's scores, whose accumulator beside o, s and P leaves no room for more keys (run 66a; 3
+// stages 4% faster at head dims to 64 without a mask, even with one). Past 128, 128 keys, P V 128
+// columns at a time.
 constexpr AttentionTuning kFp8QSm90a[] = {
     {64, Match::any, Match::any, {.block_m = 128, .block_n = 256, .stages = 3, .kernel = kTma}},
     {128, Match::any, Match::any, {.block_m = 128, .block_n = 256, .stages = 2, .kernel = kTma}},
     {256, Match::any, Match::any, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
 };
 
+// The same with softcap, ALiBi or a user variant, whose logits take registers that 256 keys'
+// scores leave too few of (at head dim 128, 52-308 bytes of spills): 128 keys.
+constexpr AttentionTuning kFp8QSm90aLogitHooks[] = {
+    {256, Match::any, Match::any, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
+};
+
 static_assert(covers_every_problem(kGfx9) && covers_every_problem(kSm90a) &&
                   covers_every_problem(kSm80) && covers_every_problem(kFp8) &&
-                  covers_every_problem(kFp8Sm90a) && covers_every_problem(kFp8QSm90a),
+                  covers_every_problem(kFp8Sm90a) && covers_every_problem(kFp8QSm90a) &&
+                  covers_every_problem(kFp8QSm90aLogitHooks),
               "Each tuning table has a row for every head dim kiln compiles, masked or not, with "
               "short or long keys.");
 
 // The table of `target` for `problem`: one of the above.
 std::span<const AttentionTuning> table_of(const AttentionProblem& problem, const Target& target) {
   if (target.amd()) return kGfx9;
-  if (is_fp8(problem.dtype_q)) return kFp8QSm90a;  // require_kv_dtype: sm_90a
+  if (is_fp8(problem.dtype_q)) {  // require_kv_dtype: sm_90a
+    const bool hooks = problem.softcap || problem.alibi || problem.variant != nullptr;
+    return hooks ? std::span<const AttentionTuning>(kFp8QSm90aLogitHooks) : kFp8QSm90a;
+  }
   const bool tma =
       is_sm90a(target) && std::min(problem.head_dim, problem.head_dim_v) >= kTmaMinHeadDim;
   if (is_fp8(problem.dtype_kv)) {
@@ -424,6 +434,18 @@ void check_config(const AttentionConfig& config, const Target& target) {
         "most {} threads)",
         config.block_m, config.block_n, config.warps, config.stages, kMaxConfigValue, kMaxWarps,
         kMaxWarps * 32));
+  }
+}
+
+void require_fp8_q_tiles(const AttentionProblem& problem, const AttentionConfig& config) {
+  if (!is_fp8(problem.dtype_q) || config.kernel != AttentionKernel::tma) return;
+  const bool keys = config.block_n == 128 || (config.block_n == 256 && problem.head_dim_v <= 128);
+  if (config.block_m != 128 || !keys) {
+    unsupported(fmt::format(
+        "an {} q's tma config (block_m {}, block_n {}) has tiles the all-fp8 forward cannot take: "
+        "it needs block_m 128 and block_n 128, or 256 up to head_dim_v 128 (here {}): pass "
+        "such a config, or choose()'s",
+        to_string(problem.dtype_q), config.block_m, config.block_n, problem.head_dim_v));
   }
 }
 

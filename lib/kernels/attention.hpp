@@ -64,6 +64,11 @@ void require_target(const Target& target, AttentionKernel kernel);
 void require_kv_dtype(const AttentionProblem& problem, AttentionKernel kernel,
                       const Target& target);
 
+// Throws kiln::Error (unsupported) for a caller's tma config whose tiles the all-fp8 forward
+// (fp8 `problem.dtype_q`) cannot take: it computes 128 query rows (two consumer warpgroups) on
+// 128 or 256 keys a block (whole 128-key chunks of transposed V), 256 only up to head_dim_v 128.
+void require_fp8_q_tiles(const AttentionProblem& problem, const AttentionConfig& config);
+
 // Throws kiln::Error (invalid_argument) for a caller's config with no such kernel or a size out of
 // range, and (unsupported) for a kernel `target` cannot run.
 void check_config(const AttentionConfig& config, const Target& target);

@@ -326,8 +326,9 @@ AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView
                                  const TensorView& k, const TensorView& v,
                                  const AttentionOptions& o, const AttentionConfig& c,
                                  const Shape& s, Runtime& runtime) {
-  const bool fp8 = is_fp8(s.dtypes.q);
-  const int columns = fp8 ? 128 : 64, qk_columns = fp8 && s.head_dim > 64 ? 128 : 64;
+  const int q_size = static_cast<int>(detail::element_bytes(s.dtypes.q));
+  const int columns = 128 / q_size;
+  const int qk_columns = attention_forward_wgmma_chunk_bytes(s.head_dim, q_size) / q_size;
   AttentionTmaParams tp{
       .q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime, qk_columns),
       .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime, qk_columns),
@@ -350,6 +351,7 @@ AttentionConfig config_to_run(const TensorView& q, const TensorView& k, const Te
                               const detail::ValidatedAttention& checked,
                               const std::optional<AttentionConfig>& config, const Target& target) {
   AttentionConfig c = config ? *config : choose(checked.problem, target);
+  detail::require_fp8_q_tiles(checked.problem, c);
   if (c.kernel == AttentionKernel::tma && !detail::tma_can_tile({&q, &k, &v})) {
     const std::string_view instead = is_fp8(checked.problem.dtype_kv) ? "mma" : "wgmma";
     if (is_fp8(checked.problem.dtype_q)) {

@@ -664,7 +664,8 @@ TEST_CASE("attention over fp8 k and v: e4m3 and e5m2, descales, masks, varlen",
 
 // The all-fp8 forward (sm_90a): e4m3 q, k and v with FlashAttention-3's descales (q's too) and
 // without, out in bf16 and f16, GQA, head dims 64, 128 and 256 (256 and 128/192: P V 128 columns
-// at a time; 192/128, 80/64: padded rows), every mask, softcap, ALiBi, sinks, varlen with
+// at a time; 192/128, 80/64: padded rows; 32, 48/64 and 64/128: Q and K in 64-byte chunks, the
+// first two wider than the rows), every mask, softcap, ALiBi, sinks, varlen with
 // seqused_k, BHSD strides, user variants and long sequences. The reference attends the stored
 // values times the descales.
 TEST_CASE("attention over fp8 q, k and v: descales, masks, varlen", "[gpu][attention]") {
@@ -685,7 +686,9 @@ TEST_CASE("attention over fp8 q, k and v: descales, masks, varlen", "[gpu][atten
                     .heads_kv = 2,
                     .head_dim = 128},
                    rng);
-  for (const Case& c : fp8_cases({{64, 64}, {256, 256}, {128, 192}, {192, 128}, {80, 64}}, 128)) {
+  for (const Case& c : fp8_cases(
+           {{64, 64}, {32, 32}, {48, 64}, {64, 128}, {256, 256}, {128, 192}, {192, 128}, {80, 64}},
+           128)) {
     run_all_fp8_case(rt, c, rng);
   }
 }

@@ -364,6 +364,23 @@ TEST_CASE("attention takes e4m3 q, k and v with a 16-bit out on sm_90a's tma ker
   wide_v.v = reshaped(wide_v.v, {2, 256, 2, 256});
   wide_v.out = reshaped(wide_v.out, {2, 128, 8, 256});
   check_accepted(wide_v);
+  // tma tiles the all-fp8 forward cannot take: refused before any compile, naming the rule.
+  const auto tiles = [](int block_m, int block_n) {
+    return kiln::AttentionConfig{
+        .block_m = block_m, .block_n = block_n, .stages = 2, .kernel = kiln::AttentionKernel::tma};
+  };
+  for (const auto& [call, config] : {std::pair{c, tiles(192, 128)},
+                                     {c, tiles(128, 64)},
+                                     {c, tiles(128, 192)},
+                                     {wide_v, tiles(128, 256)}}) {
+    INFO("block_m " << config.block_m << ", block_n " << config.block_n);
+    check_refusal(refusal([&] {
+                    kiln::attention(call.q, call.k, call.v, call.out, call.options, config, nullptr,
+                                    validating_runtime());
+                  }),
+                  ErrorCategory::unsupported,
+                  {"cannot take", "block_m 128 and block_n 128, or 256 up to head_dim_v 128"});
+  }
   // Out in fp8, k and v in another dtype, a bias: refused.
   Call bad = c;
   bad.out.dtype = DType::e4m3;

@@ -68,9 +68,10 @@ struct alignas(64) TensorMap {
 // The persistent grid's scheduling (neither changes results): maybe_tile_counter, two words that
 // are zero at launch and that the kernel leaves zero (null: tiles are dealt round-robin), and
 // section_pairs, how many (batch, head) pairs' tiles are taken together (at least 1).
-// With fp8 q, k and v (dtype_q e4m3) the boxes are 128 columns (128 bytes) wide, and q's descale
-// (FlashAttention-3's q_descale, fp32 (batch, heads_kv), a row per sequence with varlen; null: 1)
-// joins k's in the softmax scale.
+// With fp8 q, k and v (dtype_q e4m3) the boxes are 128 columns (128 bytes) wide, q's and k's 64
+// (64 bytes, swizzled by 64) at head dims to 64 (attention_forward_wgmma_chunk_bytes), and q's
+// descale (FlashAttention-3's q_descale, fp32 (batch, heads_kv), a row per sequence with varlen;
+// null: 1) joins k's in the softmax scale.
 struct AttentionTmaParams {
   TensorMap q_map;
   TensorMap k_map;
@@ -105,13 +106,21 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
   return tiles > staging ? tiles : staging;
 }
 
+// The bytes of a row of a swizzle chunk of Q and K in attention_forward_wgmma and _tma, the
+// swizzle's width: 128, or with fp8 q at head dims to 64, 64 (a 128-byte chunk would be half
+// padding).
+KILN_PARAMS_FN constexpr int attention_forward_wgmma_chunk_bytes(long long head_dim,
+                                                                 long long q_size) {
+  return q_size == 1 && head_dim <= 64 ? 64 : 128;
+}
+
 // The bytes of attention_forward_wgmma's Q tile and `stages` (K, V) slots, unpadded: head_dim
-// rounded up to the swizzle's chunks (64 columns, or 128 of fp8; 64 of fp8 to head dim 64, in
-// the 64-byte swizzle), head_dim_v to 64 (an fp8 q's above 128 to 128).
+// rounded up to the swizzle's chunks (attention_forward_wgmma_chunk_bytes), head_dim_v to 64 (an
+// fp8 q's above 128 to 128).
 KILN_PARAMS_FN constexpr long long attention_forward_wgmma_tile_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
     long long stages, long long q_size, long long kv_size) {
-  const long long chunk = q_size == 1 && head_dim <= 64 ? 64 : 128 / q_size;
+  const long long chunk = attention_forward_wgmma_chunk_bytes(head_dim, q_size) / q_size;
   const long long qk_dim = (head_dim + chunk - 1) / chunk * chunk;
   const long long v_chunk = q_size == 1 && head_dim_v > 128 ? 128 : 64;
   const long long v_dim = (head_dim_v + v_chunk - 1) / v_chunk * v_chunk;

@@ -38,7 +38,8 @@
 // heads * batch; block (block_m / 64 + 1) * 128 threads; dynamic shared memory
 // attention_forward_tma_smem_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
 // kv_size, out_size); the argument is an AttentionTmaParams whose tensor maps have boxes of 64
-// columns by block_m (q) and block_n (k, v) rows.
+// columns (128 bytes; with fp8 q, 128 columns, and q's and k's 64 at head dims to 64) by block_m
+// (q) and block_n (k, v) rows.
 #pragma once
 
 #include "attention/prefill/tma/converter.cuh"
@@ -88,7 +89,8 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   const int warp = thread / 32;
   const int lane = thread % 32;
   const int warpgroup = warp / 4;
-  // This warpgroup's 64 rows of Q; 8-row groups are 1024 bytes apart in every chunk.
+  // This warpgroup's 64 rows of Q; 8-row groups are 8 rows of a chunk (1024 bytes, or 512 in
+  // 64-byte chunks) apart in every chunk.
   const unsigned q_tile = mma::smem_address(tiles);
   const unsigned kv_base = q_tile + Tr::q_bytes;
   const unsigned q_rows = q_tile + warpgroup * 64 * Tr::chunk_bytes;
@@ -182,11 +184,11 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
         probability_fragments<Tr>(a, s);
         tma::wait(&bars.v.full.barrier[slot], phase(kv_count + turn));
 #pragma unroll
-        for (int half = 0; half < (Tr::v_dim + 127) / 128; ++half) {
-          start_output_columns<Tr>(s, a, k_tile(slot) + Tr::k_bytes, half);
+        for (int part = 0; part < Tr::pv_parts; ++part) {
+          start_output_columns<Tr>(s, a, k_tile(slot) + Tr::k_bytes, part);
           wgmma::wait<0>();
           pin_columns(s);
-          add_columns(o, s, half);
+          add_columns<Tr>(o, s, part);
         }
         release(&bars.v.empty.barrier[slot]);
       }

@@ -54,7 +54,7 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   // padded to whole chunks; V's columns (wgmma's N) to 64 (with fp8 q above 128, to 128: its
   // P V goes 128 columns at a time, tma/traits.cuh's split_pv), and an fp8 V, transposed in
   // shared memory (tma/converter.cuh), to whole 128-key chunks.
-  static constexpr int chunk_bytes = q_fp8 && head_dim <= 64 ? 64 : 128;
+  static constexpr int chunk_bytes = attention_forward_wgmma_chunk_bytes(head_dim, q_size);
   static constexpr int chunk_columns = chunk_bytes / q_size;
   static constexpr int qk_dim = round_up(head_dim, chunk_columns);
   static constexpr int v_dim = round_up(head_dim_v, q_fp8&& head_dim_v > 128 ? 128 : 64);
@@ -66,6 +66,12 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   static constexpr int m_tiles = 1;
   static constexpr int s_tiles = block_n / 8;
   static constexpr int o_tiles = v_dim / 8;
+  // fp8 products: the columns of V one P V product takes (at most 128, whose accumulator is
+  // added into o's), its n8 tiles, and how many such products a block takes (past 128 columns,
+  // one after another: tma/traits.cuh's split_pv).
+  static constexpr int pv_columns = v_dim < 128 ? v_dim : 128;
+  static constexpr int pv_tiles = pv_columns / 8;
+  static constexpr int pv_parts = v_dim / pv_columns;
   static constexpr int v_pitch = v_dim + 8;  // the output staging tile
   // The output accumulators' columns are in order (as stage_output reads them): wgmma reads K
   // and V in q's type, whatever type they arrive in.
@@ -215,31 +221,30 @@ __device__ __forceinline__ void start_output(float (&o)[1][Tr::o_tiles][4],
   }
 }
 
-// With fp8 q, k and v (split_pv): issues the block's P V for V's columns 128 half .. 128 half +
-// 127 (all of them up to head_dim_v 128) into the scores' first 64 registers, which the caller
-// adds into o's (add_columns).
+// With fp8 q, k and v (split_pv): issues the block's P V for V's columns pv_columns part ..
+// pv_columns (part + 1) - 1 into the first pv_columns / 2 of the scores' registers s, free once
+// P is made, which the caller adds into o's (add_columns). (An accumulator of its own ran 4-5%
+// slower at head dim 64 and no faster above: bench/RESULTS.md, run 66g.)
 template <class Tr>
 __device__ __forceinline__ void start_output_columns(float (&s)[1][Tr::s_tiles][4],
                                                      const ProbabilityFragments<Tr>& a,
-                                                     unsigned v_tile, int half) {
-  constexpr int columns = Tr::v_dim < 128 ? Tr::v_dim : 128;
-  static_assert(Tr::q_fp8 && Tr::s_tiles * 4 >= columns / 2,
-                "P V's columns in the scores' registers.");
-  start_kmajor_product<typename Tr::Q, Tr::block_n, columns, Tr::v_dim>(
-      *reinterpret_cast<float(*)[columns / 2]>(&s[0][0][0]), a,
-      v_tile + static_cast<unsigned>(half) * 128 * 128, false);
+                                                     unsigned v_tile, int part) {
+  static_assert(Tr::q_fp8 && Tr::s_tiles >= Tr::pv_tiles,
+                "P V a part of V's columns at a time in the scores' registers: fp8 products.");
+  start_kmajor_product<typename Tr::Q, Tr::block_n, Tr::pv_columns, Tr::v_dim>(
+      *reinterpret_cast<float(*)[Tr::pv_columns / 2]>(&s[0][0][0]), a,
+      v_tile + static_cast<unsigned>(part * Tr::pv_columns) * 128, false);
 }
 
-// o's columns 128 half .. 128 half + 127 (all of them up to 128) += those start_output_columns
-// put in the scores' registers s, once its product is in.
-template <int OTiles, int STiles>
-__device__ __forceinline__ void add_columns(float (&o)[1][OTiles][4],
-                                            const float (&s)[1][STiles][4], int half) {
-  constexpr int tiles = OTiles < 16 ? OTiles : 16;
+// o's columns of part `part` += those start_output_columns put in the scores' registers s, once
+// its product is in.
+template <class Tr>
+__device__ __forceinline__ void add_columns(float (&o)[1][Tr::o_tiles][4],
+                                            const float (&s)[1][Tr::s_tiles][4], int part) {
 #pragma unroll
-  for (int j = 0; j < tiles; ++j) {
+  for (int j = 0; j < Tr::pv_tiles; ++j) {
 #pragma unroll
-    for (int x = 0; x < 4; ++x) o[0][half * tiles + j][x] += s[0][j][x];
+    for (int x = 0; x < 4; ++x) o[0][part * Tr::pv_tiles + j][x] += s[0][j][x];
   }
 }
 

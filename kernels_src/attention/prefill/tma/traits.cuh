@@ -37,10 +37,10 @@ struct TmaTraits : WgmmaTraits<Spec, true> {
   // fp8 k and v under a 16-bit q (widens): TMA lands each K or V block in a staging entry of its
   // own, whose 64-column chunks are block_n rows of 64 bytes swizzled by 64 bytes (the map's box),
   // and the producer warpgroup's other three warps (the converters, tma/converter.cuh) widen it
-  // into its slot. fp8 q, k and v (q_fp8): K lands in its slot as Q does, in 128-column chunks,
-  // and only V in an entry (block_n rows of 128-byte chunks, swizzled by 128), which the
-  // converters transpose into its slot: wgmma's fp8 operands are K-major, and P V reduces over
-  // keys.
+  // into its slot. fp8 q, k and v (q_fp8): K lands in its slot as Q does, in 128-column chunks
+  // (64-column ones of 64 bytes at head dims to 64), and only V in an entry (block_n rows of
+  // 128-byte chunks, swizzled by 128), which the converters transpose into its slot: wgmma's fp8
+  // operands are K-major, and P V reduces over keys.
   using Base::q_fp8;
   static constexpr bool widens = Base::kv_fp8 && !q_fp8;
   static constexpr int fp8_entries = static_cast<int>(attention_forward_tma_fp8_entries(
