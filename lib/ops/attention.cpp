@@ -397,12 +397,14 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
     detail::check_descale_values(runtime, q_descale_tensors(options), stream);
   }
   const AttentionParams params = detail::attention_params(q, k, v, out, options, s);
-  // The tma kernel's tensor maps too, which the driver may refuse.
+  // The kernel before the tma kernel's tensor maps (which the driver may still refuse, though
+  // tma_can_tile screened them): a runtime that cannot compile or load stops at the lookup, with
+  // no driver call on the tensors.
+  const Kernel kernel = runtime.kernel(plan.spec, stream);
   std::optional<AttentionTmaParams> tma_params;
   if (c.kernel == AttentionKernel::tma) {
     tma_params = tma_params_of(params, q, k, v, options, c, s, runtime);
   }
-  const Kernel kernel = runtime.kernel(plan.spec, stream);
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
   LaunchConfig launch{
       .grid = {static_cast<std::uint32_t>(row_blocks), static_cast<std::uint32_t>(s.heads),
