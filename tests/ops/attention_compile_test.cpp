@@ -8,11 +8,16 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <variant>
 #include <vector>
 
+#include "kernels/kernel.hpp"
 #include "kiln/attention.hpp"
 #include "kiln/attention_backward.hpp"
 #include "kiln/decode.hpp"
+#include "kiln/params/attention_backward.h"
 #include "ops/validation_support.hpp"
 #include "support.hpp"
 #include "variant_twins.hpp"
@@ -40,9 +45,33 @@ void check_compiled(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& spec
 // varlen), and ran faster so than the config without spills (bench/RESULTS.md, run 57).
 constexpr long long kWgmmaRows128Spill = 256;
 
+// The integer constant `name` of `spec`.
+int constant_of(const kiln::KernelSpec& spec, std::string_view name) {
+  for (const kiln::Constant& c : spec.constants) {
+    if (c.name == name) return static_cast<int>(std::get<std::int64_t>(c.value));
+  }
+  FAIL("no constant " << name << " in " << kiln::to_string(spec));
+  return 0;
+}
+
+// The threads and CTAs an SM of a kernel that splits its registers between warpgroups
+// (setmaxnreg): the tma forward's (block_m / 64 consumer warpgroups) and the wgmma dk/dv kernel's
+// (warps), each with the producer warpgroup; 0 threads for the others.
+std::pair<int, int> setmaxnreg_launch(const kiln::KernelSpec& spec) {
+  if (spec.entry == "kiln::attention_forward_tma") {
+    return {(constant_of(spec, "block_m") / 64 + 1) * 128, 1};
+  }
+  if (spec.entry == "kiln::attention_backward_dkdv_wgmma") {
+    const int warps = constant_of(spec, "warps");
+    return {warps * 32 + 128, kiln::attention_backward_wgmma_ctas_per_sm(warps)};
+  }
+  return {0, 0};
+}
+
 // check_compiled, and that none spills more than `most` bytes: 64 by default (some kernels'
 // producer warps spill a little at 24 registers), kWgmmaRows128Spill for the wgmma dk/dv kernel
-// at 128 rows a step; more is a regression worth a look.
+// at 128 rows a step; more is a regression worth a look. Kernels that split their registers
+// between warpgroups got the registers their launch gives (require_launch_registers).
 void check_compiled_without_spills(kiln::Runtime& rt, const std::vector<kiln::KernelSpec>& specs,
                                    long long most = 64) {
   check_compiled(rt, specs);
@@ -50,6 +79,9 @@ void check_compiled_without_spills(kiln::Runtime& rt, const std::vector<kiln::Ke
     const kiln::KernelInfo info = rt.compile(spec);
     INFO(info.spec);
     CHECK(info.registers > 0);
+    if (const auto [threads, ctas] = setmaxnreg_launch(spec); threads > 0) {
+      CHECK_NOTHROW(kiln::detail::require_launch_registers(info, threads, ctas, "another kernel"));
+    }
     const bool rows128 = spec.entry.find("dkdv_wgmma") != std::string::npos &&
                          kiln::to_string(spec).find("block_m=128,") != std::string::npos;
     CHECK(info.spill_bytes <= (rows128 ? std::max(most, kWgmmaRows128Spill) : most));

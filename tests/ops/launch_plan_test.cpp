@@ -18,6 +18,7 @@
 #include "kiln/params/attention.h"
 #include "kiln/params/attention_backward.h"
 #include "kiln/params/decode.h"
+#include "ops/validation_support.hpp"
 #include "params/registry.hpp"
 #include "support.hpp"
 
@@ -204,6 +205,30 @@ TEST_CASE("a plan is checked against the device's threads and shared memory per 
   CHECK_THROWS_WITH(detail::require_fits(decode, config, nullptr, device_with(1024, sm86)),
                     Catch::EndsWith("allows at most 101376: pass a config with fewer warps or "
                                     "stages or a smaller block_n (or choose()'s config)"));
+}
+
+// A kernel that splits its registers between warpgroups (setmaxnreg) is refused when its build
+// gave a thread fewer registers than 65536 / threads: its setmaxnreg.inc would wait forever.
+TEST_CASE("a setmaxnreg kernel built with fewer registers than its launch gives is refused",
+          "[plan]") {
+  KernelInfo info;
+  info.spec = "attention/prefill/forward_tma.cuh:kiln::attention_forward_tma<...>";
+  info.compiler = "nvrtc 13.0";
+  // The tma forward (384 or 512 threads, a CTA an SM), the wgmma dk/dv kernel with one consumer
+  // warpgroup (256 threads, two CTAs an SM), more than needed, and a count not known.
+  for (const auto& [registers, threads, ctas] :
+       {std::tuple{168, 384, 1}, {128, 512, 1}, {128, 256, 2}, {255, 384, 1}, {-1, 384, 1}}) {
+    info.registers = registers;
+    INFO(registers << " registers, " << threads << " threads, " << ctas << " CTAs an SM");
+    CHECK_NOTHROW(detail::require_launch_registers(info, threads, ctas, "the mma kernel"));
+  }
+  info.registers = 122;  // NVRTC's --Ofast-compile=mid gave this (bench/RESULTS.md, run 66)
+  test::check_refusal(
+      test::refusal([&] { detail::require_launch_registers(info, 384, 1, "the mma kernel"); }),
+      ErrorCategory::unsupported,
+      {"forward_tma", "(nvrtc 13.0) with 122 registers a thread",
+       "needs the 168 a launch of 384 threads (1 a multiprocessor) gives", "wait forever",
+       "use the mma kernel"});
 }
 
 // The decode problems the tests run: every head dim they take, contiguous and paged, from one

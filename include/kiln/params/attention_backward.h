@@ -96,6 +96,13 @@ KILN_PARAMS_FN constexpr long long attention_backward_mma_smem_bytes(
   return size * (block_n + 2 * block_m) * (qk_pitch + v_pitch) + 2 * block_m * row_floats * 4;
 }
 
+// The CTAs of attention_backward_dkdv_wgmma an SM runs at once (its launch bounds' minimum), and
+// so the registers each of its threads is launched with: two with one consumer warpgroup (warps
+// 4), so that one's products run under the other's softmax work; one with more.
+KILN_PARAMS_FN constexpr int attention_backward_wgmma_ctas_per_sm(long long warps) {
+  return warps == 4 ? 2 : 1;
+}
+
 // The attention_backward_dkdv_wgmma kernel's consumer warpgroups split the keys, a warpgroup per
 // 64 (warps = block_n / 16), or with warps 8 over block_n 64, two of them split the head dims:
 // its column groups, 1 or 2.

@@ -114,7 +114,7 @@ struct BackwardWgmmaTraits : HeadTraits<Spec>, BackwardWgmmaAccum<Spec> {
   // softmax work and barriers do. Either way the producer keeps 24 registers (setmaxnreg) and
   // the consumers take the rest of what the CTA is launched with: 168 a thread beside two
   // consumers, 128 beside one.
-  static constexpr int ctas_per_sm = warpgroups == 1 ? 2 : 1;
+  static constexpr int ctas_per_sm = attention_backward_wgmma_ctas_per_sm(warps);
   static constexpr int producer_registers = 24;
   static constexpr int consumer_registers = warpgroups == 1 ? 232 : 240;
   static_assert(producer_registers * 128 + consumer_registers * consumer_threads <=
