@@ -404,7 +404,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   std::optional<AttentionTmaParams> tma_params;
   if (c.kernel == AttentionKernel::tma) {
     detail::require_launch_registers(kernel.info(), plan.threads, 1,
-                                     "the mma kernel (AttentionKernel::mma)");
+                                     is_fp8(s.dtypes.q) ? "a bf16 or fp16 q on the mma kernel"
+                                                        : "the mma kernel (AttentionKernel::mma)");
     tma_params = tma_params_of(params, q, k, v, options, c, s, runtime);
   }
   const std::int64_t row_blocks = detail::ceil_div(s.seqlen_q, c.block_m);
