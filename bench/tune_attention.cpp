@@ -68,7 +68,8 @@ constexpr kiln::AttentionConfig tma_config(int m, int n, int stages) {
 }
 
 // The candidates for e4m3 k and v, by head dim: the mma kernel's that compile without spilling on
-// sm_90a (NVRTC 13.0), and choose()'s 16-bit tiles; the tma kernel's whose staging entries fit.
+// sm_90a (NVRTC 13.0), and choose()'s 16-bit tiles; the tma kernel's whose slots and staging
+// entries fit (under a bf16 q, whose K stays e4m3, also larger ones).
 std::vector<kiln::AttentionConfig> fp8_candidates(int head_dim) {
   const auto config = [](int m, int n, int warps, int stages) {
     return kiln::AttentionConfig{.block_m = m, .block_n = n, .warps = warps, .stages = stages};
@@ -76,13 +77,15 @@ std::vector<kiln::AttentionConfig> fp8_candidates(int head_dim) {
   if (head_dim <= 64) {
     return {config(128, 64, 4, 2),   config(128, 64, 4, 3),   config(128, 128, 8, 2),
             config(128, 64, 8, 2),   config(64, 128, 4, 2),   config(128, 128, 4, 2),
-            tma_config(192, 128, 3), tma_config(128, 128, 2), tma_config(128, 192, 2)};
+            tma_config(192, 128, 3), tma_config(128, 128, 2), tma_config(128, 192, 2),
+            tma_config(128, 256, 2)};
   }
   if (head_dim <= 128) {
-    return {config(128, 64, 8, 2),   config(128, 128, 8, 2), config(128, 32, 4, 2),
-            config(64, 64, 4, 2),    config(64, 128, 4, 2),  config(128, 64, 4, 1),
-            tma_config(128, 128, 2), tma_config(128, 64, 3), tma_config(128, 64, 4),
-            tma_config(64, 64, 3)};
+    return {config(128, 64, 8, 2),   config(128, 128, 8, 2),  config(128, 32, 4, 2),
+            config(64, 64, 4, 2),    config(64, 128, 4, 2),   config(128, 64, 4, 1),
+            tma_config(128, 128, 2), tma_config(128, 64, 3),  tma_config(128, 64, 4),
+            tma_config(64, 64, 3),   tma_config(128, 128, 3), tma_config(128, 176, 2),
+            tma_config(128, 192, 2)};
   }
   return {config(64, 64, 4, 1), config(64, 64, 4, 2),   config(128, 64, 8, 1),
           config(64, 32, 4, 2), tma_config(128, 64, 2), tma_config(64, 64, 2)};

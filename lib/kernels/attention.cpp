@@ -129,7 +129,8 @@ constexpr AttentionDescription kDescriptions[] = {
          [](const AttentionProblem& p, const AttentionConfig& c) {
            return attention_forward_tma_smem_bytes(
                p.head_dim, p.head_dim_v, c.block_m, c.block_n, c.stages, element_bytes(p.dtype_q),
-               element_bytes(p.dtype_kv), element_bytes(p.dtype_out));
+               attention_tma_qk_bytes(p.dtype_q, p.dtype_kv), element_bytes(p.dtype_kv),
+               element_bytes(p.dtype_out));
          }},
     {.kernel = AttentionKernel::portable,
      .name = "portable",
@@ -257,9 +258,13 @@ constexpr AttentionTuning kFp8[] = {
     {256, Match::any, Match::any, {.block_m = 64, .block_n = 32, .warps = 4, .stages = 2}},
 };
 
-// fp8 k and v on sm_90a, both head dims 64 or more: the tma kernel, widening K and V into its
-// slots, on kSm90a's tiles where their staging entries fit beside them (at d128, 2 x 128 keys:
-// 176 keys leave no room for them). FIXME(tuning): kSm90a's measurements, not fp8's.
+// fp8 k and v on sm_90a, both head dims 64 or more: the tma kernel, widening V (and K, but under
+// a bf16 q over e4m3, which it splits: attention_tma_qk_bytes) into its slots, on kSm90a's tiles
+// where their staging entries fit beside them (at d128, 2 x 128 keys: 176 keys leave no room for
+// them under an f16 q). A split q's tiles were measured (kiln_bench_tune e4m3, bench/RESULTS.md
+// run 67e): these are the fastest but at head dims to 64 with a mask from kLongSeqlenK keys, where
+// 192 x 128 in 3 stages ran 8-16% faster, and spills 112 bytes (loop invariants) with a mask: kept
+// out until it does not. FIXME(tuning): f16's tiles are kSm90a's measurements, not fp8's.
 constexpr AttentionTuning kFp8Sm90a[] = {
     {64, Match::no, Match::any, {.block_m = 192, .block_n = 128, .stages = 3, .kernel = kTma}},
     {64, Match::yes, Match::no, {.block_m = 128, .block_n = 128, .stages = 2, .kernel = kTma}},
@@ -326,6 +331,10 @@ AttentionConfig row_of(std::span<const AttentionTuning> table, const AttentionPr
 }
 
 }  // namespace
+
+long long attention_tma_qk_bytes(DType q, DType kv) {
+  return q == DType::bf16 && kv == DType::e4m3 ? 1 : element_bytes(q);
+}
 
 bool is_sm90a(const Target& target) {
   return target.nvidia() && target.arch() == 90 && target.arch_specific();

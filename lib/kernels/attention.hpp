@@ -55,6 +55,11 @@ bool attention_runs_on(const Target& target);
 // Whether `target` is Hopper's arch-specific sm_90a, the one with wgmma and TMA.
 bool is_sm90a(const Target& target);
 
+// The bytes of an element of the tma kernel's Q K^T operands in shared memory (the Params
+// formulas' qk_size): q's, but 1 for a bf16 q over e4m3 k and v, which the kernel splits into two
+// e4m3 terms for fp8 products against K as it lands.
+long long attention_tma_qk_bytes(DType q, DType kv);
+
 // Throws kiln::Error (unsupported) when `target` cannot run `kernel`, saying what can.
 void require_target(const Target& target, AttentionKernel kernel);
 

@@ -146,16 +146,13 @@ long long no_shared_memory(const KernelSpec&) {
   return 0;
 }
 
-void require_launch_registers(const KernelInfo& info, int threads, int ctas_per_sm,
-                              std::string_view instead) {
-  const int needed = 65536 / ctas_per_sm / threads / 8 * 8;
-  if (info.registers < 0 || info.registers >= needed) return;
+void require_launch_registers(const KernelInfo& info, int least, std::string_view instead) {
+  if (info.registers < 0 || info.registers >= least) return;
   unsupported(fmt::format(
       "kernel {} was built ({}) with {} registers a thread, but its warpgroups' register split "
-      "(setmaxnreg) needs the {} a launch of {} threads ({} a multiprocessor) gives: it would "
-      "wait forever; use {} with this compiler, or the CUDA toolkit's NVRTC kiln is tested with "
-      "(13.0)",
-      info.spec, info.compiler, info.registers, needed, threads, ctas_per_sm, instead));
+      "(setmaxnreg) claims {} a thread: it would wait forever; use {} with this compiler, or the "
+      "CUDA toolkit's NVRTC kiln is tested with (13.0)",
+      info.spec, info.compiler, info.registers, least, instead));
 }
 
 std::optional<std::string> exceeded_limit(const LaunchPlan& plan, const DeviceInfo& device) {

@@ -30,13 +30,12 @@ constexpr int kMaxHeadDim = 256;
 [[noreturn]] void unsupported(const std::string& message);
 
 // Kernels that move registers between their warpgroups (setmaxnreg: the tma forward, the wgmma
-// backward's dk/dv) count on each thread being launched with 65536 / ctas_per_sm / threads
-// registers (rounded down to 8), which ptxas gives them under their launch bounds; a build with
-// fewer would leave setmaxnreg.inc waiting forever. Throws kiln::Error (unsupported) for such a
-// kernel (`info`, launched with `threads`, `ctas_per_sm` of them an SM) built with fewer, naming
+// backward's dk/dv) claim a count of registers a CTA, `least` a thread over its threads
+// (attention_forward_tma_least_registers, attention_backward_wgmma_least_registers), which ptxas
+// gives them under their launch bounds; a build with fewer would leave setmaxnreg.inc waiting
+// forever. Throws kiln::Error (unsupported) for such a kernel (`info`) built with fewer, naming
 // `instead`, the kernel to use; a count not known (-1) passes.
-void require_launch_registers(const KernelInfo& info, int threads, int ctas_per_sm,
-                              std::string_view instead);
+void require_launch_registers(const KernelInfo& info, int least, std::string_view instead);
 
 // Whether `target` is an NVIDIA one with bf16 tensor cores: sm_80 or newer.
 bool is_sm80_or_newer(const Target& target);

@@ -321,17 +321,20 @@ int section_pairs_of(const Shape& s) {
 
 // The tma kernel's argument, its tile counter yet to come (null). The all-fp8 forward's boxes
 // are 128 columns: 128 bytes, a chunk of the 128-byte swizzle; Q's and K's are 64 (64 bytes,
-// the 64-byte swizzle's chunk) at head dims to 64, which then need no padding.
+// the 64-byte swizzle's chunk) at head dims to 64, which then need no padding. A split q's K
+// (attention_tma_qk_bytes) takes the all-fp8 forward's boxes, its Q 16-bit ones.
 AttentionTmaParams tma_params_of(const AttentionParams& params, const TensorView& q,
                                  const TensorView& k, const TensorView& v,
                                  const AttentionOptions& o, const AttentionConfig& c,
                                  const Shape& s, Runtime& runtime) {
   const int q_size = static_cast<int>(detail::element_bytes(s.dtypes.q));
+  const int qk_size = static_cast<int>(detail::attention_tma_qk_bytes(s.dtypes.q, s.dtypes.kv));
   const int columns = 128 / q_size;
-  const int qk_columns = attention_forward_wgmma_chunk_bytes(s.head_dim, q_size) / q_size;
+  const int q_columns = attention_forward_wgmma_chunk_bytes(s.head_dim, q_size) / q_size;
+  const int k_columns = attention_forward_wgmma_chunk_bytes(s.head_dim, qk_size) / qk_size;
   AttentionTmaParams tp{
-      .q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime, qk_columns),
-      .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime, qk_columns),
+      .q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime, q_columns),
+      .k_map = detail::tensor_map_of(k, s.head_dim, c.block_n, s.varlen, runtime, k_columns),
       .v_map = detail::tensor_map_of(v, s.head_dim_v, c.block_n, s.varlen, runtime, columns),
       .p = params,
       .maybe_tile_counter = nullptr,
@@ -403,7 +406,8 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
   const Kernel kernel = runtime.kernel(plan.spec, stream);
   std::optional<AttentionTmaParams> tma_params;
   if (c.kernel == AttentionKernel::tma) {
-    detail::require_launch_registers(kernel.info(), plan.threads, 1,
+    detail::require_launch_registers(kernel.info(),
+                                     attention_forward_tma_least_registers(c.block_m),
                                      is_fp8(s.dtypes.q) ? "a bf16 or fp16 q on the mma kernel"
                                                         : "the mma kernel (AttentionKernel::mma)");
     tma_params = tma_params_of(params, q, k, v, options, c, s, runtime);

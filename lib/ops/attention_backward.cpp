@@ -187,8 +187,7 @@ void run(const TensorView& q, const TensorView& k, const TensorView& v, const Te
 
   AttentionBackwardParams bp = params_of(q, k, v, out, dout, dq, dk, dv, options, s);
   if (c.kernel == AttentionBackwardKernel::wgmma) {
-    detail::require_launch_registers(dkdv.info(), plan.dkdv.threads,
-                                     attention_backward_wgmma_ctas_per_sm(c.warps),
+    detail::require_launch_registers(dkdv.info(), attention_backward_wgmma_least_registers(c.warps),
                                      "the mma backward kernel (AttentionBackwardKernel::mma)");
     // Its dk/dv kernel's tensor maps, which the driver may refuse: before any memory is taken.
     bp.q_map = detail::tensor_map_of(q, s.head_dim, c.block_m, s.varlen, runtime);

@@ -144,7 +144,7 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   const AttentionConfig tma = choose(problem, "sm_90a");
   REQUIRE(tma.kernel == AttentionKernel::tma);
   // At d128 the wgmma kernel's tiles and a staging tile of 128 rows of 136 columns.
-  CHECK(attention_forward_tma_staged(128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2));
+  CHECK(attention_forward_tma_staged(128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2, 2));
   CHECK(
       detail::dynamic_shared_bytes(attention_spec(problem, tma)) ==
       attention_forward_wgmma_smem_bytes(128, 128, tma.block_m, tma.block_n, tma.stages, 2, 2, 2) +
@@ -158,7 +158,7 @@ TEST_CASE("the schema gives the dynamic shared memory the launches ask for", "[p
   const AttentionProblem wide{.head_dim = 256, .head_dim_v = 256};
   const AttentionConfig tma256 = choose(wide, "sm_90a");
   CHECK_FALSE(attention_forward_tma_staged(256, 256, tma256.block_m, tma256.block_n, tma256.stages,
-                                           2, 2, 2));
+                                           2, 2, 2, 2));
   CHECK(detail::dynamic_shared_bytes(attention_spec(wide, tma256)) ==
         attention_forward_wgmma_smem_bytes(256, 256, tma256.block_m, tma256.block_n, tma256.stages,
                                            2, 2, 2));
@@ -191,25 +191,35 @@ TEST_CASE("the shared-memory formulas take each operand's element size", "[param
   CHECK(attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) == 1024 + 2 * wq + wkv);
   // tma stages its output (128 rows of 136) beside the tiles where they fit: at d128 with
   // 2-byte operands.
-  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2) ==
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2, 2) ==
         1024 + 2 * (wq + wkv) + 2 * 128 * 136);
   // 4-byte outputs would not fit their staging tile beside the tiles.
-  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 4) ==
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 2, 4) ==
         attention_forward_wgmma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 4));
-  CHECK_FALSE(attention_forward_tma_staged(256, 256, 128, 64, 2, 2, 2, 2));
-  // fp8 k and v on the tma kernel land in staging entries of a K or V block each, in bytes, and
-  // are widened into slots of q's type: at d128 with 128 x 128 tiles in 2 stages, 4 entries of
-  // 128 rows of 128 bytes fit its budget (227 KiB less 1 KiB) without the output staging tile;
-  // at d256 with 64 keys, 2 entries; a config with no room for one a stage has none.
-  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 1, 2) == 4);
-  CHECK_FALSE(attention_forward_tma_staged(128, 128, 128, 128, 2, 2, 1, 2));
-  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 2) ==
+  CHECK_FALSE(attention_forward_tma_staged(256, 256, 128, 64, 2, 2, 2, 2, 2));
+  // fp8 k and v under an f16 q on the tma kernel land in staging entries of a K or V block each,
+  // in bytes, and are widened into slots of q's type: at d128 with 128 x 128 tiles in 2 stages, 4
+  // entries of 128 rows of 128 bytes fit its budget (227 KiB less 1 KiB) without the output
+  // staging tile; at d256 with 64 keys, 2 entries; a config with no room for one a stage has none.
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 2, 1, 2) == 4);
+  CHECK_FALSE(attention_forward_tma_staged(128, 128, 128, 128, 2, 2, 2, 1, 2));
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 2, 1, 2) ==
         1024 + 2 * (wq + wkv) + 4 * 128 * 128);
-  CHECK(attention_forward_tma_fp8_entries(256, 256, 128, 64, 2, 2, 1, 2) == 2);
-  CHECK(attention_forward_tma_smem_bytes(256, 256, 128, 64, 2, 2, 1, 2) ==
+  CHECK(attention_forward_tma_fp8_entries(256, 256, 128, 64, 2, 2, 2, 1, 2) == 2);
+  CHECK(attention_forward_tma_smem_bytes(256, 256, 128, 64, 2, 2, 2, 1, 2) ==
         1024 + 2 * (128 * 256 + 2 * 64 * 512) + 2 * 64 * 256);
-  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 176, 2, 2, 1, 2) == 0);
-  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 2, 2) == 0);  // 16-bit
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 176, 2, 2, 2, 1, 2) == 0);
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 2, 2, 2) == 0);  // 16-bit
+  // A split q (bf16 over e4m3: Q K^T's operands of 1 byte) keeps its K in e4m3 slots (rows of
+  // whole 128-byte chunks) and V alone in entries: at d128 with 128 x 128 tiles in 2 stages, 2
+  // entries and the output staging tile fit.
+  CHECK(attention_forward_tma_tile_bytes(128, 128, 128, 128, 2, 2, 1) ==
+        128 * 256 + 2 * 128 * (128 + 2 * 128));
+  CHECK(attention_forward_tma_fp8_entries(128, 128, 128, 128, 2, 2, 1, 1, 2) == 2);
+  CHECK(attention_forward_tma_smem_bytes(128, 128, 128, 128, 2, 2, 1, 1, 2) ==
+        1024 + 128 * 256 + 2 * 128 * 384 + 2 * 128 * 128 + 2 * 128 * 136);
+  CHECK(attention_forward_tma_tile_bytes(160, 128, 128, 64, 2, 2, 1) ==
+        128 * 192 * 2 + 2 * 64 * (256 + 2 * 128));
   CHECK(attention_forward_portable_smem_bytes(128, 64, 32, 2) ==
         2 * attention_forward_portable_smem_bytes(128, 64, 32, 1));
   // decode at d128, one row tile, 4 warps of 3 stages of 16 keys: Q 16 x 128, K/V 4 x 3 x 16 x

@@ -71,7 +71,9 @@ struct alignas(64) TensorMap {
 // With fp8 q, k and v (dtype_q e4m3) the boxes are 128 columns (128 bytes) wide, q's and k's 64
 // (64 bytes, swizzled by 64) at head dims to 64 (attention_forward_wgmma_chunk_bytes), and q's
 // descale (FlashAttention-3's q_descale, fp32 (batch, heads_kv), a row per sequence with varlen;
-// null: 1) joins k's in the softmax scale.
+// null: 1) joins k's in the softmax scale. Under a 16-bit q, fp8 k's and v's boxes are 64
+// columns (64 bytes, swizzled by 64), but k's as the all-fp8 forward's where q is split (a bf16 q
+// over e4m3 k and v: attention_forward_tma_widens_k below).
 struct AttentionTmaParams {
   TensorMap q_map;
   TensorMap k_map;
@@ -107,11 +109,11 @@ KILN_PARAMS_FN constexpr long long attention_forward_smem_bytes(
 }
 
 // The bytes of a row of a swizzle chunk of Q and K in attention_forward_wgmma and _tma, the
-// swizzle's width: 128, or with fp8 q at head dims to 64, 64 (a 128-byte chunk would be half
-// padding).
+// swizzle's width, for Q K^T's operands of `size` bytes an element: 128, or with fp8 ones at head
+// dims to 64, 64 (a 128-byte chunk would be half padding).
 KILN_PARAMS_FN constexpr int attention_forward_wgmma_chunk_bytes(long long head_dim,
-                                                                 long long q_size) {
-  return q_size == 1 && head_dim <= 64 ? 64 : 128;
+                                                                 long long size) {
+  return size == 1 && head_dim <= 64 ? 64 : 128;
 }
 
 // The bytes of attention_forward_wgmma's Q tile and `stages` (K, V) slots, unpadded: head_dim
@@ -152,52 +154,121 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_budget_bytes() {
   return 227 * 1024 - 1024;
 }
 
-// The tma kernel's K/V slots hold q's type: fp8 k and v under a 16-bit q (kv_size 1) land in
-// staging entries of their own, each a K or a V block of block_n rows of the wider head dim
-// (rounded to 64) in bytes, which the kernel widens into the slots. With fp8 q, k and v (q_size 1)
-// K lands in its slot and V alone in an entry, block_n rows of head_dim_v rounded to 128 bytes,
-// which the kernel transposes into its slot. The bytes of one entry, or 0 for 16-bit k and v.
-KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entry_bytes(long long head_dim,
-                                                                         long long head_dim_v,
-                                                                         long long block_n,
-                                                                         long long q_size,
-                                                                         long long kv_size) {
+// The tma kernel's register split (setmaxnreg), for block_m / 64 consumer warpgroups and the
+// producer's: ptxas builds each of its block_m * 2 + 128 threads with 65536 / threads registers
+// (in 8s, one CTA an SM); the producer warpgroup keeps 40 beside two consumer warpgroups (walking
+// the tiles under a band it needs them; with 24 it spilled 68-92 bytes, while the consumers do
+// not spill at the 232 left to them) and 32 otherwise (beside three, exactly what leaves each of
+// them 160, which are tight; 24, the least there is, gave them no more, since counts go by 8, and
+// left the producer spilling at the slightest change to its code). The consumers take the rest,
+// at most 240 (multiples of 8).
+KILN_PARAMS_FN constexpr int attention_forward_tma_producer_registers(long long block_m) {
+  return block_m == 128 ? 40 : 32;
+}
+KILN_PARAMS_FN constexpr int attention_forward_tma_consumer_registers(long long block_m) {
+  const long long threads = block_m * 2 + 128;
+  const long long spare = (65536 / threads / 8 * 8 * threads -
+                           attention_forward_tma_producer_registers(block_m) * 128) /
+                          (block_m * 2) / 8 * 8;
+  return static_cast<int>(spare < 240 ? spare : 240);
+}
+
+// The fewest registers a thread a build of the tma kernel must have for its split: what its
+// warpgroups claim, over its threads, in 8s. With fewer, setmaxnreg.inc would wait forever for
+// registers the CTA was never given.
+KILN_PARAMS_FN constexpr int attention_forward_tma_least_registers(long long block_m) {
+  const long long threads = block_m * 2 + 128;
+  const long long claimed = attention_forward_tma_producer_registers(block_m) * 128LL +
+                            attention_forward_tma_consumer_registers(block_m) * block_m * 2;
+  return static_cast<int>((claimed + threads * 8 - 1) / (threads * 8) * 8);
+}
+
+// The tma kernel's operands in shared memory take three more sizes beside q_size, kv_size and
+// out_size: qk_size, the bytes of an element of Q K^T's operands there. q_size, but 1 for a bf16 q
+// over e4m3 k and v, whose Q K^T takes fp8 products: K lands in its slots as e4m3 and q, once
+// landed, is split into two e4m3 terms in its place (its bits exactly where its values span less
+// than 2^10), P V staying in q's type.
+//
+// Whether the tma kernel widens fp8 K to q's type (fp8 k and v under a 16-bit q, not split).
+KILN_PARAMS_FN constexpr bool attention_forward_tma_widens_k(long long q_size, long long qk_size,
+                                                             long long kv_size) {
+  return kv_size == 1 && q_size == 2 && qk_size == 2;
+}
+
+// The bytes of the tma kernel's Q tile and `stages` (K, V) slots: attention_forward_wgmma's in
+// q's type, but where q is split (qk_size below q_size) K's slots hold e4m3 (q's two terms take
+// the bytes of its tile).
+KILN_PARAMS_FN constexpr long long attention_forward_tma_tile_bytes(
+    long long head_dim, long long head_dim_v, long long block_m, long long block_n,
+    long long stages, long long q_size, long long qk_size) {
+  if (qk_size == q_size) {
+    return attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n, stages,
+                                              q_size, q_size);
+  }
+  const long long chunk = attention_forward_wgmma_chunk_bytes(head_dim, qk_size) / qk_size;
+  const long long qk_dim = (head_dim + chunk - 1) / chunk * chunk;
+  const long long q_dim = (head_dim + 63) / 64 * 64;
+  const long long v_dim = (head_dim_v + 63) / 64 * 64;
+  return block_m * q_dim * q_size + stages * block_n * (qk_dim * qk_size + v_dim * q_size);
+}
+
+// fp8 k and v under a 16-bit q (kv_size 1) land in staging entries of their own, which the kernel
+// widens into its slots of q's type: each a K or a V block of block_n rows of the wider head dim
+// (rounded to 64) in bytes, or where q is split, V's alone. With fp8 q, k and v (q_size 1) K lands
+// in its slot and V alone in an entry, block_n rows of head_dim_v rounded to 128 bytes, which the
+// kernel transposes into its slot. The bytes of one entry, or 0 for 16-bit k and v.
+KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entry_bytes(
+    long long head_dim, long long head_dim_v, long long block_n, long long q_size,
+    long long qk_size, long long kv_size) {
   if (q_size == 1) return block_n * ((head_dim_v + 127) / 128 * 128);
-  const long long widest = head_dim > head_dim_v ? head_dim : head_dim_v;
+  const long long widest =
+      attention_forward_tma_widens_k(q_size, qk_size, kv_size) && head_dim > head_dim_v
+          ? head_dim
+          : head_dim_v;
   return kv_size == 1 ? block_n * ((widest + 63) / 64 * 64) : 0;
 }
 
 // The tma kernel's dynamic shared memory with `entries` fp8 staging entries, with or without the
-// output staging tile: 1024 bytes of alignment slack, Q and the K/V slots in q's type, the
-// entries, and the output staging tile (or, without it, the larger of the tiles and that tile,
-// which then reuses them as attention_forward_wgmma's does).
+// output staging tile: 1024 bytes of alignment slack, Q and the K/V slots, the entries, and the
+// output staging tile (or, without it, the larger of the tiles and that tile, which then reuses
+// them as attention_forward_wgmma's does).
 KILN_PARAMS_FN constexpr long long attention_forward_tma_layout_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
-    long long stages, long long q_size, long long kv_size, long long out_size, long long entries,
-    bool staged) {
-  const long long tiles = attention_forward_wgmma_tile_bytes(head_dim, head_dim_v, block_m, block_n,
-                                                             stages, q_size, q_size) +
-                          entries * attention_forward_tma_fp8_entry_bytes(head_dim, head_dim_v,
-                                                                          block_n, q_size, kv_size);
+    long long stages, long long q_size, long long qk_size, long long kv_size, long long out_size,
+    long long entries, bool staged) {
+  const long long tiles = attention_forward_tma_tile_bytes(head_dim, head_dim_v, block_m, block_n,
+                                                           stages, q_size, qk_size) +
+                          entries * attention_forward_tma_fp8_entry_bytes(
+                                        head_dim, head_dim_v, block_n, q_size, qk_size, kv_size);
   const long long staging = attention_forward_wgmma_staging_bytes(head_dim_v, block_m, out_size);
   if (staged) return 1024 + tiles + staging;
   return 1024 + (tiles > staging ? tiles : staging);
 }
 
+// The fewest fp8 staging entries the tma kernel runs with: `stages` where K is widened (a block's
+// K and V each take one), else 2 (V's alone).
+KILN_PARAMS_FN constexpr long long attention_forward_tma_least_fp8_entries(long long stages,
+                                                                           long long q_size,
+                                                                           long long qk_size,
+                                                                           long long kv_size) {
+  return attention_forward_tma_widens_k(q_size, qk_size, kv_size) ? stages : 2;
+}
+
 // How many fp8 staging entries the tma kernel takes (0 for 16-bit k and v): the most, up to two
-// a stage (a K and a V block each; with fp8 q, one, for V alone), that fit its budget with the
-// output staging tile, else the most that fit without it; at least `stages` (with fp8 q, 2), else
-// none fit (0: the config does not fit).
+// a stage where K is widened (a K and a V block each), else one, that fit its budget with the
+// output staging tile, else the most that fit without it; at least
+// attention_forward_tma_least_fp8_entries, else none fit (0: the config does not fit).
 KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entries(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
-    long long stages, long long q_size, long long kv_size, long long out_size) {
+    long long stages, long long q_size, long long qk_size, long long kv_size, long long out_size) {
   if (kv_size != 1) return 0;
-  const long long most = q_size == 1 ? stages : 2 * stages;
-  const long long least = q_size == 1 ? 2 : stages;
+  const long long least = attention_forward_tma_least_fp8_entries(stages, q_size, qk_size, kv_size);
+  const long long most =
+      attention_forward_tma_widens_k(q_size, qk_size, kv_size) ? 2 * stages : stages;
   for (int staged = 1; staged >= 0; --staged) {
     for (long long entries = most; entries >= least; --entries) {
       if (attention_forward_tma_layout_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
-                                             kv_size, out_size, entries,
+                                             qk_size, kv_size, out_size, entries,
                                              staged == 1) <= attention_forward_tma_budget_bytes()) {
         return entries;
       }
@@ -213,27 +284,30 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_fp8_entries(
 KILN_PARAMS_FN constexpr bool attention_forward_tma_staged(long long head_dim, long long head_dim_v,
                                                            long long block_m, long long block_n,
                                                            long long stages, long long q_size,
-                                                           long long kv_size, long long out_size) {
+                                                           long long qk_size, long long kv_size,
+                                                           long long out_size) {
   const long long entries = attention_forward_tma_fp8_entries(
-      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size);
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, qk_size, kv_size, out_size);
   return attention_forward_tma_layout_bytes(head_dim, head_dim_v, block_m, block_n, stages, q_size,
-                                            kv_size, out_size, entries,
+                                            qk_size, kv_size, out_size, entries,
                                             true) <= attention_forward_tma_budget_bytes();
 }
 
 // Dynamic shared memory of attention_forward_tma: its layout with its fp8 staging entries, and
-// the output staging tile where it fits. fp8 k and v with no room for `stages` entries get the
-// layout with that many (with fp8 q, 2), above the budget, whose kernel refuses to compile.
+// the output staging tile where it fits. fp8 k and v with no room for the fewest entries get the
+// layout with that many, above the budget, whose kernel refuses to compile.
 KILN_PARAMS_FN constexpr long long attention_forward_tma_smem_bytes(
     long long head_dim, long long head_dim_v, long long block_m, long long block_n,
-    long long stages, long long q_size, long long kv_size, long long out_size) {
+    long long stages, long long q_size, long long qk_size, long long kv_size, long long out_size) {
   const long long entries = attention_forward_tma_fp8_entries(
-      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size);
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, qk_size, kv_size, out_size);
   return attention_forward_tma_layout_bytes(
-      head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size, out_size,
-      kv_size == 1 && entries == 0 ? (q_size == 1 ? 2 : stages) : entries,
-      attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages, q_size, kv_size,
-                                   out_size));
+      head_dim, head_dim_v, block_m, block_n, stages, q_size, qk_size, kv_size, out_size,
+      kv_size == 1 && entries == 0
+          ? attention_forward_tma_least_fp8_entries(stages, q_size, qk_size, kv_size)
+          : entries,
+      attention_forward_tma_staged(head_dim, head_dim_v, block_m, block_n, stages, q_size, qk_size,
+                                   kv_size, out_size));
 }
 
 // Dynamic shared memory of attention_forward_portable, in bytes: one K and one V tile of block_n

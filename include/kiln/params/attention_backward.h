@@ -103,6 +103,14 @@ KILN_PARAMS_FN constexpr int attention_backward_wgmma_ctas_per_sm(long long warp
   return warps == 4 ? 2 : 1;
 }
 
+// The fewest registers a thread a build of attention_backward_dkdv_wgmma must have for its
+// warpgroups' register split (setmaxnreg), which claims all that its launch gives them: 65536 a
+// CTA, attention_backward_wgmma_ctas_per_sm CTAs an SM, over warps * 32 + 128 threads, in 8s.
+KILN_PARAMS_FN constexpr int attention_backward_wgmma_least_registers(long long warps) {
+  return static_cast<int>(65536 / attention_backward_wgmma_ctas_per_sm(warps) / (warps * 32 + 128) /
+                          8 * 8);
+}
+
 // The attention_backward_dkdv_wgmma kernel's consumer warpgroups split the keys, a warpgroup per
 // 64 (warps = block_n / 16), or with warps 8 over block_n 64, two of them split the head dims:
 // its column groups, 1 or 2.

@@ -118,7 +118,7 @@ struct BackwardWgmmaTraits : HeadTraits<Spec>, BackwardWgmmaAccum<Spec> {
   static constexpr int producer_registers = 24;
   static constexpr int consumer_registers = warpgroups == 1 ? 232 : 240;
   static_assert(producer_registers * 128 + consumer_registers * consumer_threads <=
-                    65536 / ctas_per_sm / threads / 8 * 8 * threads,
+                    attention_backward_wgmma_least_registers(warps) * threads,
                 "the warpgroups' registers do not fit what the CTA is launched with.");
 
   static constexpr int qk_dim =

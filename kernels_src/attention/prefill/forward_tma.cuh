@@ -11,19 +11,23 @@
 // warpgroup hands registers back (setmaxnreg) to the consumers.
 //
 // fp8 k and v (e4m3, e5m2) under a 16-bit q land in staging entries instead, which the producer
-// warpgroup's other three warps widen into the slots (tma/converter.cuh): the consumers read q's
-// type either way. With fp8 q, k and v (e4m3) the products are fp8 ones (k32 steps) over 128-byte
-// chunks of 128 columns (64-byte ones of 64 at head dims to 64): Q and K land as 16-bit ones
-// do, V in a staging entry that those warps transpose into its slot (wgmma's fp8 operands are
-// K-major); P is rounded to e4m3 from 2^8 (OnlineSoftmax's Offset) and each block's P V is added
-// into fp32 accumulators once it is in: under the next block's scores, or up to head dim 128 with
-// 256 keys a block (and past 128) after the block's softmax, in the scores' registers.
+// warpgroup's other three warps widen into the slots (tma/converter.cuh): P V reads q's type
+// either way. Q K^T too, but under a bf16 q over e4m3 k and v, whose K lands in its slots as e4m3
+// and whose q each consumer warpgroup splits into two e4m3 terms once its tile lands
+// (tma/q_terms.cuh): fp8 products, hi's and lo's, with no widening of K (splits_q). With fp8 q, k
+// and v (e4m3) the products are fp8 ones (k32 steps) over 128-byte chunks of 128 columns
+// (64-byte ones of 64 at head dims to 64): Q and K land as 16-bit ones do, V in a staging entry
+// that those warps transpose into its slot (wgmma's fp8 operands are K-major); P is rounded to
+// e4m3 from 2^8 (OnlineSoftmax's Offset) and each block's P V is added into fp32 accumulators
+// once it is in: under the next block's scores, or up to head dim 128 with 256 keys a block (and
+// past 128) after the block's softmax, in the scores' registers.
 //
 // Its parts, in attention/prefill/tma/: traits.cuh (shapes, registers, the barriers, on
-// common/pipeline.cuh), producer.cuh (the loads), converter.cuh (fp8 k and v), epilogue.cuh
-// (output and LSE stores) and tile_order.cuh. The consumers' key loop stays in the kernel's body:
-// moved into a member function of its own, the same statements came out of ptxas scheduled
-// differently and ran 2-7% slower at head dims 128 and 256 on an H200 (bench/RESULTS.md, run 24a).
+// common/pipeline.cuh), producer.cuh (the loads), converter.cuh (fp8 k and v), q_terms.cuh (a
+// split q), epilogue.cuh (output and LSE stores) and tile_order.cuh. The consumers' key loop stays
+// in the kernel's body: moved into a member function of its own, the same statements came out of
+// ptxas scheduled differently and ran 2-7% slower at head dims 128 and 256 on an H200
+// (bench/RESULTS.md, run 24a).
 //
 // Spec constants: those of attention_forward_wgmma (block_m, block_n, stages). With two consumer
 // warpgroups (block_m 128) they take turns at the tensor cores (ping-pong, below);
@@ -45,6 +49,7 @@
 #include "attention/prefill/tma/converter.cuh"
 #include "attention/prefill/tma/epilogue.cuh"
 #include "attention/prefill/tma/producer.cuh"
+#include "attention/prefill/tma/q_terms.cuh"
 
 namespace kiln {
 
@@ -89,11 +94,11 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
   const int warp = thread / 32;
   const int lane = thread % 32;
   const int warpgroup = warp / 4;
-  // This warpgroup's 64 rows of Q; 8-row groups are 8 rows of a chunk (1024 bytes, or 512 in
-  // 64-byte chunks) apart in every chunk.
+  // This warpgroup's 64 rows of Q (split, of its two terms); 8-row groups are 8 rows of a chunk
+  // (1024 bytes, or 512 in 64-byte chunks) apart in every chunk.
   const unsigned q_tile = mma::smem_address(tiles);
   const unsigned kv_base = q_tile + Tr::q_bytes;
-  const unsigned q_rows = q_tile + warpgroup * 64 * Tr::chunk_bytes;
+  const unsigned q_rows = q_tile + warpgroup * 64 * Tr::q_chunk_bytes;
   const auto k_tile = [&](int slot) { return kv_base + slot * Tr::slot_bytes; };
   // This warp is done with a slot.
   const auto release = [&](unsigned long long* empty) {
@@ -127,9 +132,21 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
     const KeyBlocks& blocks = tile.blocks;
     const Band& band = tile.band;
     const int row0 = rows.begin + warp * Tr::rows_per_warp + lane / 4;
+    const int turns = blocks.end - blocks.begin;
+    // A split q's terms, before any scores (and before Q's slot goes back, with no key blocks),
+    // and the power of two they were scaled by.
+    float q_factor = 1.f;
+    if constexpr (Tr::splits_q) {
+      if (turns > 0) {
+        q_factor =
+            QTerms<Tr>{tiles, bars.q_amax.warp + 4 * warpgroup, warpgroup, thread % 128}.split(
+                4 + warpgroup);
+      }
+    }
     const auto transform = [&] {
       auto f = make_logit_transform<Spec, mma::ApproxMath, 2>(p, seq, band, row0);
       if constexpr (Tr::q_fp8) f.scale *= q_descale(tp, seq);
+      if constexpr (Tr::splits_q) f.scale *= q_factor;
       return f;
     }();
     const float to_log2 = transform.to_log2();
@@ -157,8 +174,6 @@ __global__ void __launch_bounds__(attention::TmaTraits<Spec>::threads, 1)
       if constexpr (Tr::q_fp8) pin_columns(pv);
       release(&bars.v.empty.barrier[slot]);
     };
-
-    const int turns = blocks.end - blocks.begin;
 
     // Block j's scores are computed while block j - 1's probabilities multiply V, and its
     // softmax runs under that product; o is rescaled once the product is in. Q's slot goes back

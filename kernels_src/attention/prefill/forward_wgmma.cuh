@@ -49,14 +49,25 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
 
   static constexpr int warps = block_m / 16;
   static constexpr int threads = warps * 32;
-  // Columns of q's type in a chunk of the swizzle: 64 in 128 bytes, or 128 of fp8 (64 in 64 bytes
-  // at fp8 head dims to 64, which a 128-byte chunk would half pad). Q and K rows are
-  // padded to whole chunks; V's columns (wgmma's N) to 64 (with fp8 q above 128, to 128: its
-  // P V goes 128 columns at a time, tma/traits.cuh's split_pv), and an fp8 V, transposed in
-  // shared memory (tma/converter.cuh), to whole 128-key chunks.
-  static constexpr int chunk_bytes = attention_forward_wgmma_chunk_bytes(head_dim, q_size);
-  static constexpr int chunk_columns = chunk_bytes / q_size;
+  // A bf16 q over e4m3 k and v on the tma kernel (ReadsFp8) is split: Q K^T takes fp8 products,
+  // K landing in its slots as e4m3 and q, once landed, becoming two e4m3 terms
+  // (tma/q_terms.cuh); P V stays in q's type. QK: Q K^T's operand type in shared memory.
+  static constexpr bool splits_q =
+      ReadsFp8 && is_same<typename Head::Q, bf16>::value && is_same<typename Head::KV, e4m3>::value;
+  using QK = typename conditional<splits_q, e4m3, typename Head::Q>::type;
+  static constexpr int qk_size = static_cast<int>(sizeof(QK));
+  // Columns of QK in a chunk of the swizzle: 64 in 128 bytes, or 128 of fp8 (64 in 64 bytes at
+  // fp8 head dims to 64, which a 128-byte chunk would half pad). K rows are padded to whole chunks,
+  // and Q's as it lands (q_dim; split, 64-column chunks of q's type); V's columns (wgmma's N)
+  // to 64 (with fp8 q above 128, to 128: its P V goes 128 columns at a time, tma/traits.cuh's
+  // split_pv), and an fp8 V, transposed in shared memory (tma/converter.cuh), to whole 128-key
+  // chunks.
+  static constexpr int chunk_bytes = attention_forward_wgmma_chunk_bytes(head_dim, qk_size);
+  static constexpr int chunk_columns = chunk_bytes / qk_size;
   static constexpr int qk_dim = round_up(head_dim, chunk_columns);
+  static constexpr int q_chunk_bytes = splits_q ? 128 : chunk_bytes;
+  static constexpr int q_chunk_columns = q_chunk_bytes / q_size;
+  static constexpr int q_dim = round_up(head_dim, q_chunk_columns);
   static constexpr int v_dim = round_up(head_dim_v, q_fp8&& head_dim_v > 128 ? 128 : 64);
   static_assert(!q_fp8 || block_n % 128 == 0,
                 "with fp8 q, k and v block_n must be 128 or 256: whole 128-key chunks of V.");
@@ -77,9 +88,10 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   // and V in q's type, whatever type they arrive in.
   static constexpr bool fp8_o_columns = false;
 
-  // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots, in q's type.
-  static constexpr int q_bytes = block_m * qk_dim * q_size;
-  static constexpr int k_bytes = block_n * qk_dim * q_size;
+  // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots, in q's type
+  // (K in QK's). Split, Q's tile holds q's two terms once made, in its bytes.
+  static constexpr int q_bytes = block_m * q_dim * q_size;
+  static constexpr int k_bytes = block_n * qk_dim * qk_size;
   static constexpr int slot_bytes = k_bytes + block_n * v_dim * q_size;
   static constexpr int smem_bytes = static_cast<int>(attention_forward_wgmma_smem_bytes(
       head_dim, head_dim_v, block_m, block_n, stages, q_size, q_size, out_size));
@@ -122,21 +134,34 @@ __device__ __forceinline__ float (&all_columns(float (&acc)[1][Tiles][4]))[4 * T
 // Issues acc = A B^T as one committed wgmma group, with A (64 rows, at a_rows in a tile of ARows
 // rows) and B (N rows, at b_rows in a tile of BRows rows) both K-major over Dim (padded)
 // columns: k steps (16 columns, 32 of fp8) walk 32 bytes within a chunk of ChunkBytes (the
-// swizzle's width, 128 or 64), then to the next chunk. acc is being written until the group is
-// waited for.
-template <class T, int Dim, int ARows, int N, int BRows = N, int ChunkBytes = 128>
+// swizzle's width, 128 or 64), then to the next chunk. With Terms 2 (fp8), A holds two terms of
+// each 64 columns, hi's then lo's in a 128-byte chunk of their own: acc = (hi + lo) B^T, lo's
+// steps first. (wgmma's fp8 products keep about 13 bits of the sum as each step adds in: the
+// small terms go in while it is small, and only hi's steps lose bits at its full size. In the
+// other order an LSE came 2^-10 off, bench/RESULTS.md run 67e.) acc is being written until the
+// group is waited for.
+template <class T, int Dim, int ARows, int N, int BRows = N, int ChunkBytes = 128, int Terms = 1>
 __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2], unsigned a_rows,
                                                      unsigned b_rows) {
+  static_assert(Terms == 1 || (Terms == 2 && sizeof(T) == 1 && Dim % 64 == 0),
+                "two terms of 64 fp8 columns a chunk.");
   constexpr int steps = ChunkBytes / 32;  // k steps a chunk
+  constexpr int b_steps = Dim * static_cast<int>(sizeof(T)) / 32;
+  constexpr int a_chunk = Terms > 1 ? 128 : ChunkBytes;
   constexpr unsigned long long swizzle = ChunkBytes == 128 ? 1 : 2;
   wgmma::fence();
-  const unsigned long long a = wgmma::descriptor(a_rows, 0, 8 * ChunkBytes, swizzle);
+  const unsigned long long a = wgmma::descriptor(a_rows, 0, 8 * a_chunk, a_chunk == 128 ? 1 : 2);
   const unsigned long long b = wgmma::descriptor(b_rows, 0, 8 * ChunkBytes, swizzle);
 #pragma unroll
-  for (int kk = 0; kk < Dim * static_cast<int>(sizeof(T)) / 32; ++kk) {
+  for (int kk = 0; kk < Terms * b_steps; ++kk) {
+    const int kb = kk % b_steps;  // B's step
+    // A's: within B's chunk of 64 (Terms 2) or ChunkBytes columns, lo's 64 bytes past hi's.
+    const int a_step = Terms > 1 ? kb / 2 * 4 + (kk < b_steps ? 2 : 0) + kb % 2 : kk;
     wgmma::mma_ss<T, false, N>(
-        acc, wgmma::advance(a, (kk / steps) * ARows * ChunkBytes + (kk % steps) * 32),
-        wgmma::advance(b, (kk / steps) * BRows * ChunkBytes + (kk % steps) * 32), kk > 0);
+        acc,
+        wgmma::advance(
+            a, (a_step / (a_chunk / 32)) * ARows * a_chunk + (a_step % (a_chunk / 32)) * 32),
+        wgmma::advance(b, (kb / steps) * BRows * ChunkBytes + (kb % steps) * 32), kk > 0);
   }
   wgmma::commit();
 }
@@ -195,13 +220,14 @@ __device__ __forceinline__ void start_kmajor_product(float (&acc)[N / 2],
   wgmma::commit();
 }
 
-// Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile) and the K tile at
-// k_tile.
+// Issues S = Q K^T for one warpgroup's 64 rows of Q (at q_rows in the Q tile; split, of q's two
+// terms) and the K tile at k_tile.
 template <class Tr>
 __device__ __forceinline__ void start_scores(float (&s)[1][Tr::s_tiles][4], unsigned q_rows,
                                              unsigned k_tile) {
-  start_kmajor_product<typename Tr::Q, Tr::qk_dim, Tr::block_m, Tr::block_n, Tr::block_n,
-                       Tr::chunk_bytes>(all_columns(s), q_rows, k_tile);
+  start_kmajor_product<typename Tr::QK, Tr::splits_q ? Tr::q_dim : Tr::qk_dim, Tr::block_m,
+                       Tr::block_n, Tr::block_n, Tr::chunk_bytes, Tr::splits_q ? 2 : 1>(
+      all_columns(s), q_rows, k_tile);
 }
 
 // The A fragments of PV: one per k step, 16 keys (32 of fp8).

@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // The tma kernel's converters, with fp8 k and v: the producer warpgroup's warps 1 to 3, which
 // take the staging entries in the order the producer posts them, and hand each slot to the
-// consumers as the producer's loads would. Under a 16-bit q they widen each K or V block to q's
-// type (attention/core/fp8.cuh) into its slot in the 128-byte-swizzled layout TMA gives 16-bit
-// blocks; with fp8 q, k and v they transpose each V block into its slot, K-major as wgmma's fp8
-// operands must be.
+// consumers as the producer's loads would. Under a 16-bit q they widen each V block, and K's
+// unless q is split (tma/q_terms.cuh), to q's type (attention/core/fp8.cuh) into its slot in the
+// 128-byte-swizzled layout TMA gives 16-bit blocks; with fp8 q, k and v they transpose each V
+// block into its slot, K-major as wgmma's fp8 operands must be.
 //
 // Widening, a thread moves 16 columns of a row at a time: 16 bytes of the entry in, two 16-byte
 // pieces of the slot out. Consecutive lanes take consecutive rows of the same 16 columns, so that
@@ -63,7 +63,7 @@ struct TmaConverter {
           transpose<false>(slot_tile + Tr::k_bytes, entry, Tr::block_n);
         }
       } else if (job.kind == Fp8Job::k) {
-        widen<Tr::qk_dim, false>(slot_tile, entry, Tr::block_n);
+        if constexpr (Tr::widens_k) widen<Tr::qk_dim, false>(slot_tile, entry, Tr::block_n);
       } else if (job.rows < Tr::block_n) {
         widen<Tr::v_dim, true>(slot_tile + Tr::k_bytes, entry, job.rows);
       } else {

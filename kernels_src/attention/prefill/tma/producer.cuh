@@ -2,8 +2,8 @@
 // The tma kernel's producer: one warp that takes the tiles from the scheduler and, for each,
 // hands Q's slot to it and streams Q, then K and V of its key blocks, into the swizzled slots
 // with TMA (fp8 k and v into staging entries, with a job for the converters that widen them into
-// the slots; with fp8 q, k and v, V alone, which they transpose). Its first lane issues every
-// copy; the whole warp zeroes V's tails (fp8's: the converters).
+// the slots; where q is split, V alone; with fp8 q, k and v, V alone, which they transpose). Its
+// first lane issues every copy; the whole warp zeroes V's tails (fp8's: the converters).
 #pragma once
 
 #include "attention/core/kv_layout.cuh"
@@ -98,11 +98,11 @@ struct TmaProducer {
 
   __device__ __forceinline__ void load_q(const MapCoords& coords) {
     if (issuer) {
-      bars.q.full.arrive_expect_tx(q_at, Tr::q_bytes);
+      bars.q.full.arrive_expect_tx(q_at, Tr::block_m * Tr::q_dim * Tr::q_size);
 #pragma unroll
-      for (int c = 0; c < Tr::qk_dim / Tr::chunk_columns; ++c) {
-        tma::load_4d(tiles + c * Tr::block_m * Tr::chunk_bytes, &tp.q_map, bars.q.full.at(q_at),
-                     Tr::chunk_columns * c, coords.q_token, coords.head, coords.batch);
+      for (int c = 0; c < Tr::q_dim / Tr::q_chunk_columns; ++c) {
+        tma::load_4d(tiles + c * Tr::block_m * Tr::q_chunk_bytes, &tp.q_map, bars.q.full.at(q_at),
+                     Tr::q_chunk_columns * c, coords.q_token, coords.head, coords.batch);
       }
     }
     q_at.advance();
@@ -140,7 +140,7 @@ struct TmaProducer {
 
   __device__ __forceinline__ void load_k(int block, tma::PipelineState<Tr::stages> k_at,
                                          const MapCoords& coords) {
-    if constexpr (Tr::widens) {
+    if constexpr (Tr::widens_k) {
       load_fp8<Tr::qk_dim>(&tp.k_map, Fp8Job{Fp8Job::k, k_at.count, Tr::block_n}, block, coords);
       return;
     }

@@ -16,39 +16,35 @@ struct TmaTraits : WgmmaTraits<Spec, true> {
   static constexpr int consumer_threads = consumer_groups * 128;
   static constexpr int consumer_warps = consumer_threads / 32;
   static constexpr int threads = consumer_threads + 128;  // and the producer warpgroup
-  // setmaxnreg counts: the producer keeps 40 beside two consumer warpgroups (walking the tiles
-  // under a band it needs them; with 24 it spilled 68-92 bytes, while the consumers do not spill
-  // at the 232 left to them) and 32 beside three, exactly what is left once each of them has 160
-  // (whose 160 are tight; 24, the least there is, gave them no more, since counts go by 8, and
-  // left the producer spilling at the slightest change to its code).
-  // The consumers take what the CTA was launched with beyond that, at most 240 (multiples of 8).
-  // A count the launch did not provide makes setmaxnreg.inc wait forever.
-  static constexpr int launch_registers = 65536 / threads / 8 * 8;  // per thread, as ptxas gives
-  static constexpr int producer_registers = consumer_groups == 2 ? 40 : 32;
-  static constexpr int spare_registers =
-      (launch_registers * threads - producer_registers * 128) / consumer_threads / 8 * 8;
-  static constexpr int consumer_registers = spare_registers < 240 ? spare_registers : 240;
-  static_assert(producer_registers * 128 + consumer_registers * consumer_threads <=
-                    launch_registers * threads,
+  // setmaxnreg counts (attention_forward_tma_producer_registers and _consumer_registers).
+  static constexpr int producer_registers = attention_forward_tma_producer_registers(Base::block_m);
+  static constexpr int consumer_registers = attention_forward_tma_consumer_registers(Base::block_m);
+  static_assert(attention_forward_tma_least_registers(Base::block_m) <= 65536 / threads / 8 * 8,
                 "the warpgroups' registers do not fit what the CTA is launched with.");
   static_assert(consumer_groups != 3 || consumer_registers == 160,
                 "three consumer warpgroups must keep 160 registers each beside the producer.");
 
-  // fp8 k and v under a 16-bit q (widens): TMA lands each K or V block in a staging entry of its
-  // own, whose 64-column chunks are block_n rows of 64 bytes swizzled by 64 bytes (the map's box),
-  // and the producer warpgroup's other three warps (the converters, tma/converter.cuh) widen it
-  // into its slot. fp8 q, k and v (q_fp8): K lands in its slot as Q does, in 128-column chunks
-  // (64-column ones of 64 bytes at head dims to 64), and only V in an entry (block_n rows of
-  // 128-byte chunks, swizzled by 128), which the converters transpose into its slot: wgmma's fp8
-  // operands are K-major, and P V reduces over keys.
+  // fp8 k and v under a 16-bit q: TMA lands each V block, and K's (widens_k) unless q is split,
+  // in a staging entry of its own, whose 64-column chunks are block_n rows of 64 bytes swizzled
+  // by 64 bytes (the map's box), and the producer warpgroup's other three warps (the converters,
+  // tma/converter.cuh) widen it into its slot. Split (a bf16 q over e4m3 k and v), K lands in its
+  // slot as the all-fp8 forward's does. fp8 q, k and v (q_fp8): K lands in its slot as Q does, in
+  // 128-column chunks (64-column ones of 64 bytes at head dims to 64), and only V in an entry
+  // (block_n rows of 128-byte chunks, swizzled by 128), which the converters transpose into its
+  // slot: wgmma's fp8 operands are K-major, and P V reduces over keys.
   using Base::q_fp8;
-  static constexpr bool widens = Base::kv_fp8 && !q_fp8;
+  using Base::qk_size;
+  static constexpr bool widens_k =
+      attention_forward_tma_widens_k(Base::q_size, qk_size, Base::kv_size);
   static constexpr int fp8_entries = static_cast<int>(attention_forward_tma_fp8_entries(
       Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages, Base::q_size,
-      Base::kv_size, Base::out_size));
+      qk_size, Base::kv_size, Base::out_size));
   static constexpr int entry_bytes = static_cast<int>(attention_forward_tma_fp8_entry_bytes(
-      Base::head_dim, Base::head_dim_v, Base::block_n, Base::q_size, Base::kv_size));
-  static_assert(!Base::kv_fp8 || fp8_entries >= (q_fp8 ? 2 : Base::stages),
+      Base::head_dim, Base::head_dim_v, Base::block_n, Base::q_size, qk_size, Base::kv_size));
+  static_assert(!Base::kv_fp8 ||
+                    fp8_entries >= attention_forward_tma_least_fp8_entries(Base::stages,
+                                                                           Base::q_size, qk_size,
+                                                                           Base::kv_size),
                 "fp8 k and v's staging entries do not fit beside the tiles: lower block_m, "
                 "block_n or stages.");
   static constexpr int converter_warps = Base::kv_fp8 ? 3 : 0;
@@ -69,16 +65,17 @@ struct TmaTraits : WgmmaTraits<Spec, true> {
                 "P V take the scores' registers, beside o's.");
   // Whether an output staging tile follows the Q and K/V tiles and the staging entries
   // (attention_forward_tma_staged).
-  static constexpr bool staged =
-      attention_forward_tma_staged(Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n,
-                                   Base::stages, Base::q_size, Base::kv_size, Base::out_size);
+  static constexpr bool staged = attention_forward_tma_staged(
+      Base::head_dim, Base::head_dim_v, Base::block_m, Base::block_n, Base::stages, Base::q_size,
+      qk_size, Base::kv_size, Base::out_size);
   static constexpr int entries_offset = Base::q_bytes + Base::stages * Base::slot_bytes;
   static constexpr int staging_offset = entries_offset + fp8_entries * entry_bytes;
   static_assert(1024 + staging_offset +
                         (staged ? Base::block_m * Base::v_pitch * Base::out_size : 0) <=
                     attention_forward_tma_smem_bytes(Base::head_dim, Base::head_dim_v,
                                                      Base::block_m, Base::block_n, Base::stages,
-                                                     Base::q_size, Base::kv_size, Base::out_size),
+                                                     Base::q_size, qk_size, Base::kv_size,
+                                                     Base::out_size),
                 "attention_forward_tma_smem_bytes disagrees with the kernel's layout.");
 };
 
@@ -115,6 +112,14 @@ struct Fp8Staging<0> {
   __device__ __forceinline__ void init(unsigned) {}
 };
 
+// A split q's consumer warps' largest magnitudes of their rows (tma/q_terms.cuh); none otherwise.
+template <int Warps>
+struct QAmax {
+  float warp[Warps];
+};
+template <>
+struct QAmax<0> {};
+
 // What the producer, the converters (fp8 k and v) and the consumers meet at, in static shared
 // memory. Q's slot is one stage that carries its tile's index: the consumers learn their next
 // tile from it, and hand the slot back once the tile's last scores are in, so the next tile's Q
@@ -131,15 +136,16 @@ struct TmaBarriers {
   // zeroes its rows past that key, then arrives on v.full itself.
   tma::BarrierRing<1> v_tail;
   Fp8Staging<Tr::fp8_entries> fp8;
+  QAmax<Tr::splits_q ? Tr::consumer_warps : 0> q_amax;
 
   // One thread, before a CTA barrier. The producer's single arrival (with the loads' bytes)
-  // fills a slot, or where the converters fill it (fp8 V; K too under a 16-bit q) each converter
+  // fills a slot, or where the converters fill it (fp8 V; K too where widened) each converter
   // warp's; Q's slot empties once every consumer thread read its tile index, a K or V slot once
   // every consumer warp is done with it.
   __device__ __forceinline__ void init() {
     q.init(1, Tr::consumer_threads);
     v_tail.init(1);
-    k.init(Tr::widens ? Tr::converter_warps : 1, Tr::consumer_warps);
+    k.init(Tr::widens_k ? Tr::converter_warps : 1, Tr::consumer_warps);
     v.init(Tr::kv_fp8 ? Tr::converter_warps : 1, Tr::consumer_warps);
     fp8.init(Tr::converter_warps);
     tma::fence_init();
