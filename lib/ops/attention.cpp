@@ -455,7 +455,9 @@ bool is_supported(const TensorView& q, const TensorView& k, const TensorView& v,
     if (s.batch == 0 || s.heads == 0 || s.seqlen_q == 0) return true;  // as attention(): no work
     const AttentionConfig config = config_to_run(q, k, v, checked, std::nullopt, runtime.target());
     if (const DeviceInfo* device = detail::present_device(runtime)) {
-      detail::require_fits(detail::attention_plan(checked.problem, config), config, *device);
+      const detail::LaunchPlan plan = detail::attention_plan(checked.problem, config);
+      detail::require_fits(plan, config, *device);
+      detail::require_loadable(runtime, plan.spec);
     }
     return true;
   } catch (const Error& e) {

@@ -569,7 +569,9 @@ bool is_supported(const TensorView& q, const KVCache& cache, const TensorView& o
     detail::require_cache_dtype(problem, target);
     if (const DeviceInfo* device = detail::present_device(runtime)) {
       const DecodeConfig config = choose(problem, target, device->multiprocessors);
-      detail::require_fits(detail::decode_plan(problem, config), config, &target, *device);
+      const detail::DecodePlan plan = detail::decode_plan(problem, config);
+      detail::require_fits(plan, config, &target, *device);
+      detail::require_loadable(runtime, plan.attention.spec);
     }
     return true;
   } catch (const Error& e) {

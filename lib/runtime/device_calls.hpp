@@ -9,6 +9,7 @@
 
 #include "backend/backend.hpp"
 #include "kiln/runtime.hpp"
+#include "kiln/spec.hpp"
 
 namespace kiln::detail {
 
@@ -33,6 +34,11 @@ void encode_tensor_map(Runtime& runtime, void* map, const TensorMapLayout& layou
 // the stream): for the debug checks only.
 void copy_to_host(Runtime& runtime, void* host, const void* device_pointer, std::size_t bytes,
                   void* stream);
+// Throws kiln::Error (invalid_argument) as Runtime::kernel would load `spec`, where the runtime
+// has a device whose target is not the one `spec` compiles for (a spec's target, or
+// Options::target / KILN_TARGET, naming another): so that is_supported() refuses what the call
+// would. Nothing without a device.
+void require_loadable(Runtime& runtime, const KernelSpec& spec);
 // Whether the ops run their costly host checks: Options::debug / KILN_DEBUG.
 bool debug(const Runtime& runtime);
 

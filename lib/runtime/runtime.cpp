@@ -185,6 +185,15 @@ struct detail::RuntimeAccess {
 
 namespace detail {
 
+void require_loadable(Runtime& runtime, const KernelSpec& spec) {
+  auto& impl = RuntimeAccess::impl(runtime);
+  if (!impl.backends.device_target()) return;
+  KernelSpec targeted = spec;
+  const Target target = spec.target.empty() ? impl.backends.default_target() : target_of(spec);
+  targeted.target = target.name();
+  impl.backends.require_device(to_string(targeted), target);
+}
+
 void* allocate_async(Runtime& runtime, std::size_t bytes, void* stream) {
   if (bytes == 0) return nullptr;
   auto& impl = RuntimeAccess::impl(runtime);

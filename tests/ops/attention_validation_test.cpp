@@ -13,6 +13,7 @@
 #include "kiln/error.hpp"
 #include "ops/score.hpp"
 #include "ops/validation_support.hpp"
+#include "support.hpp"
 
 namespace {
 
@@ -261,6 +262,23 @@ TEST_CASE("attention refuses mixed and unsupported dtypes", "[attention]") {
   // f32 everywhere is consistent but not something the kernel takes.
   check_refused(padded_call(DType::f32), ErrorCategory::unsupported,
                 {"q has dtype f32", "bf16 or f16"});
+}
+
+// is_supported() answers as the call would: on a GPU of another target than the runtime's
+// (Options::target), the kernel could not load there. Without a GPU the call needs one, which
+// is_supported() does not ask.
+TEST_CASE("is_supported() refuses a call whose kernels cannot load on the runtime's device",
+          "[attention]") {
+  const Call c = padded_call();
+  std::string why;
+  const bool supported =
+      kiln::is_supported(c.q, c.k, c.v, c.out, c.options, &why, validating_runtime("sm_80"));
+  if (kiln::test::gpu_unavailable_reason()) {
+    CHECK(supported);
+  } else {  // an H100 or H200: sm_90a, not sm_80
+    CHECK_FALSE(supported);
+    CHECK_THAT(why, Catch::Contains("whose target is sm_90a"));
+  }
 }
 
 TEST_CASE("attention takes fp8 k and v on the mma kernel of sm_89 and newer, and tma on sm_90a",
