@@ -46,7 +46,7 @@ struct AttentionOptions {
   // positive (KILN_DEBUG=1 checks them). fp8 k and v run on sm_89 and newer with head dims
   // multiples of 16, on the tma kernel (sm_90a) or the mma one; each value is widened to q's
   // dtype exactly (but for a bf16 q over e4m3 k on the tma kernel, whose q is split into two e4m3
-  // terms, exact to 2^-10 of a tile's largest magnitude, for fp8 products against K), and the
+  // terms, exact to 2^-9 of a tile's largest magnitude, for fp8 products against K), and the
   // descales are applied in fp32 (k's to the scores, v's to the output). No backward.
   std::optional<TensorView> k_descale;
   std::optional<TensorView> v_descale;

@@ -34,7 +34,8 @@ constexpr OperandDTypes kOperandDTypes[] = {
 // The mma kernel's: those, and fp8 k and v under a 16-bit q, widened to q's type as they are read
 // (sm_89 and newer). The default warm set compiles e4m3's.
 constexpr std::span<const OperandDTypes> kWideningDTypes = kWideningOperandDTypes;
-// The tma kernel's: the mma kernel's (it widens fp8 k and v in shared memory), and the all-fp8
+// The tma kernel's: the mma kernel's (it widens fp8 k and v in shared memory, but K under a bf16 q
+// over e4m3, which it splits: attention_tma_qk_bytes), and the all-fp8
 // forward's e4m3 q, k and v with a 16-bit out (sm_90a). The default warm set compiles bf16 out's.
 constexpr OperandDTypes kTmaDTypes[] = {
     {DType::bf16, DType::bf16, DType::bf16}, {DType::f16, DType::f16, DType::f16},
@@ -333,7 +334,7 @@ AttentionConfig row_of(std::span<const AttentionTuning> table, const AttentionPr
 }  // namespace
 
 long long attention_tma_qk_bytes(DType q, DType kv) {
-  return q == DType::bf16 && kv == DType::e4m3 ? 1 : element_bytes(q);
+  return attention_forward_tma_qk_size(element_bytes(q), q == DType::bf16, kv == DType::e4m3);
 }
 
 bool is_sm90a(const Target& target) {

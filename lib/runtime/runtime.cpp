@@ -73,8 +73,13 @@ struct Runtime::Impl {
                 disk.writable() ? disk.root()->string() : std::string("memory-only"));
   }
 
+  // The target `spec` compiles for: its own, else the configured one, else the device's.
+  Target target_for(const KernelSpec& spec) {
+    return spec.target.empty() ? backends.default_target() : target_of(spec);
+  }
+
   Unit unit_of(const KernelSpec& spec) {
-    const Target target = spec.target.empty() ? backends.default_target() : target_of(spec);
+    const Target target = target_for(spec);
     return detail::make_unit(spec, target, sources, backends.compiler(target.vendor()));
   }
 
@@ -189,8 +194,8 @@ void require_loadable(Runtime& runtime, const KernelSpec& spec) {
   auto& impl = RuntimeAccess::impl(runtime);
   if (!impl.backends.device_target()) return;
   KernelSpec targeted = spec;
-  const Target target = spec.target.empty() ? impl.backends.default_target() : target_of(spec);
-  targeted.target = target.name();
+  const Target target = impl.target_for(spec);
+  targeted.target = target.name();  // as the unit names it (make_unit)
   impl.backends.require_device(to_string(targeted), target);
 }
 

@@ -241,7 +241,7 @@ def flash_attn_func(q, k, v, dropout_p=0.0, softmax_scale=None, causal=False,
 
     fp8 k and v (torch.float8_e4m3fn or float8_e5m2) under a bf16 or fp16 q, on sm_89 and newer,
     head dims multiples of 16: each value is widened to q's dtype exactly (under a bf16 q over
-    e4m3 on sm_90a, K stays e4m3 and q is split into two e4m3 terms, exact to 2^-10 of a tile's
+    e4m3 on sm_90a, K stays e4m3 and q is split into two e4m3 terms, exact to 2^-9 of a tile's
     largest magnitude, for fp8 products: see the README); k_descale and
     v_descale (FlashAttention-3's), float32 (batch, heads_kv) or None (1), multiply them in fp32
     (k's the scores, v's the output). q, k and v all float8_e4m3fn (the all-fp8 forward, sm_90a;

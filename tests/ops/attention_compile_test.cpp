@@ -133,7 +133,8 @@ TEST_CASE("the default attention specs compile for sm_90a, without spilling much
   // bf16 and f16 at head dims 64, 128 and 256, with and without a mask (12), and the longer key
   // blocks of long sequences at 64 with a mask and at 128 (6); e4m3 k and v under bf16 and f16 q
   // at those head dims, with and without a mask, and at 64 the longer key blocks with a mask
-  // (14: the tma kernel's, which widens them in shared memory); e4m3 q, k and v with bf16 out at
+  // (14: the tma kernel's, which widens them in shared memory, but K under bf16, whose q it splits
+  // into two e4m3 terms); e4m3 q, k and v with bf16 out at
   // 64, 128 and 256, with and without a mask (6: the tma kernel's fp8 products).
   REQUIRE(specs.size() == 38);
   // With NVRTC 13.0 at most 24 bytes spill (the masked d128 all-fp8 spec's producer warpgroup,

@@ -213,8 +213,8 @@ TEST_CASE("a plan is checked against the device's threads and shared memory per 
 TEST_CASE("a setmaxnreg kernel built with fewer registers than its split claims is refused",
           "[plan]") {
   // The tma forward claims all of its launch's registers with two or three consumer warpgroups
-  // (384 or 512 threads: 168 or 128 a thread), but not with one (256 threads launched with 255
-  // at most: 40 + 240 over two warpgroups, 136); the wgmma dk/dv kernel all of its launch's.
+  // (384 or 512 threads: 168 or 128 a thread), but not with one (256 threads, built with 240 at
+  // most: 32 + 240 over two warpgroups, 136); the wgmma dk/dv kernel all of its launch's.
   CHECK(attention_forward_tma_least_registers(128) == 168);
   CHECK(attention_forward_tma_least_registers(192) == 128);
   CHECK(attention_forward_tma_least_registers(64) == 136);

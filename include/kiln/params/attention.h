@@ -155,8 +155,9 @@ KILN_PARAMS_FN constexpr long long attention_forward_tma_budget_bytes() {
 }
 
 // The tma kernel's register split (setmaxnreg), for block_m / 64 consumer warpgroups and the
-// producer's: ptxas builds each of its block_m * 2 + 128 threads with 65536 / threads registers
-// (in 8s, one CTA an SM); the producer warpgroup keeps 40 beside two consumer warpgroups (walking
+// producer's, out of the 65536 a CTA has (one CTA an SM: 65536 / threads a thread, in 8s, which
+// ptxas gives with two or three consumer warpgroups; with one, 240, below the 256 that would be
+// and the most it builds); the producer warpgroup keeps 40 beside two consumer warpgroups (walking
 // the tiles under a band it needs them; with 24 it spilled 68-92 bytes, while the consumers do
 // not spill at the 232 left to them) and 32 otherwise (beside three, exactly what leaves each of
 // them 160, which are tight; 24, the least there is, gave them no more, since counts go by 8, and
@@ -189,6 +190,12 @@ KILN_PARAMS_FN constexpr int attention_forward_tma_least_registers(long long blo
 // landed, is split into two e4m3 terms in its place (its bits exactly where its values span less
 // than 2^10), P V staying in q's type.
 //
+// qk_size for a q of q_size bytes, a bf16 one or not, over k and v that are e4m3 or not.
+KILN_PARAMS_FN constexpr long long attention_forward_tma_qk_size(long long q_size, bool q_bf16,
+                                                                 bool kv_e4m3) {
+  return q_bf16 && kv_e4m3 ? 1 : q_size;
+}
+
 // Whether the tma kernel widens fp8 K to q's type (fp8 k and v under a 16-bit q, not split).
 KILN_PARAMS_FN constexpr bool attention_forward_tma_widens_k(long long q_size, long long qk_size,
                                                              long long kv_size) {

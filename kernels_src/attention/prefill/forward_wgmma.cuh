@@ -26,8 +26,9 @@
 namespace kiln {
 namespace attention {
 
-// ReadsFp8: the tma kernel's, which widens fp8 k and v into slots of q's type, and takes an all-fp8
-// q, k and v (HeadTraits' TakesFp8Q), whose products are fp8 ones.
+// ReadsFp8: the tma kernel's, which widens fp8 k and v into slots of q's type (V alone where q is
+// split, below), and takes an all-fp8 q, k and v (HeadTraits' TakesFp8Q), whose products are fp8
+// ones.
 template <class Spec, bool ReadsFp8 = false>
 struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   using Head = HeadTraits<Spec, ReadsFp8, ReadsFp8>;
@@ -52,10 +53,12 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   // A bf16 q over e4m3 k and v on the tma kernel (ReadsFp8) is split: Q K^T takes fp8 products,
   // K landing in its slots as e4m3 and q, once landed, becoming two e4m3 terms
   // (tma/q_terms.cuh); P V stays in q's type. QK: Q K^T's operand type in shared memory.
-  static constexpr bool splits_q =
-      ReadsFp8 && is_same<typename Head::Q, bf16>::value && is_same<typename Head::KV, e4m3>::value;
+  static constexpr int qk_size = ReadsFp8 ? static_cast<int>(attention_forward_tma_qk_size(
+                                                q_size, is_same<typename Head::Q, bf16>::value,
+                                                is_same<typename Head::KV, e4m3>::value))
+                                          : q_size;
+  static constexpr bool splits_q = qk_size < q_size;
   using QK = typename conditional<splits_q, e4m3, typename Head::Q>::type;
-  static constexpr int qk_size = static_cast<int>(sizeof(QK));
   // Columns of QK in a chunk of the swizzle: 64 in 128 bytes, or 128 of fp8 (64 in 64 bytes at
   // fp8 head dims to 64, which a 128-byte chunk would half pad). K rows are padded to whole chunks,
   // and Q's as it lands (q_dim; split, 64-column chunks of q's type); V's columns (wgmma's N)
@@ -84,8 +87,8 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   static constexpr int pv_tiles = pv_columns / 8;
   static constexpr int pv_parts = v_dim / pv_columns;
   static constexpr int v_pitch = v_dim + 8;  // the output staging tile
-  // The output accumulators' columns are in order (as stage_output reads them): wgmma reads K
-  // and V in q's type, whatever type they arrive in.
+  // The output accumulators' columns are in order (as stage_output reads them): wgmma reads V in
+  // q's type (and K in QK's), whatever type they arrive in.
   static constexpr bool fp8_o_columns = false;
 
   // Shared memory in bytes from the 1024-aligned base: Q, then `stages` (K, V) slots, in q's type
@@ -98,7 +101,7 @@ struct WgmmaTraits : HeadTraits<Spec, ReadsFp8, ReadsFp8> {
   static_assert(smem_bytes >= 1024 + q_bytes + stages * slot_bytes &&
                     smem_bytes >= 1024 + block_m * v_pitch * out_size,
                 "attention_forward_wgmma_smem_bytes disagrees with the kernel's layout.");
-  static_assert(smem_bytes <= 227 * 1024,
+  static_assert(splits_q || smem_bytes <= 227 * 1024,  // a split q's: tma/traits.cuh's
                 "the tiles need more than 227 KiB of shared memory: lower block_m, block_n or "
                 "stages.");
 };

@@ -6,16 +6,19 @@
 //
 // The values are scaled by a power of two first, the same for the warpgroup's rows, that puts
 // their largest finite magnitude in [128, 256): then hi = e4m3(x) and lo = e4m3(x - hi) hold x
-// exactly (x has 8 significant bits: hi keeps 4, and x - hi is at most 8 units of x's last place)
-// wherever x is 2^-10 of that largest value or more, and within 2^-18 of it below. The softmax
-// scale takes the power's inverse (exact). A NaN or infinite value becomes NaN in hi, so that its
-// row's scores are NaN, as a 16-bit product's would be.
+// exactly (x has 8 significant bits: hi keeps 4, and x - hi is at most 8 units of x's last place,
+// which e4m3 holds down to 2^-9) wherever x is 2^-9 of the largest value or more (2^-2 once
+// scaled), and within 2^-17 of it below. The softmax scale takes the power's inverse (exact). A NaN
+// or infinite value becomes NaN in hi, so that its row's scores are NaN, as a 16-bit product's
+// would be. The largest value is taken over all 64 rows, also those past the tile's last (zeros, or
+// with varlen the next sequence's q): a sequence's exactness can depend on its neighbour's.
 //
 // Each 128-byte row of a chunk (64 columns) becomes hi's 64 bytes then lo's, swizzled by 128 as
 // before: start_kmajor_product's Terms 2 reads hi and lo against the same 64 columns of K. A
 // thread rewrites only the row chunks it read, so the warpgroup meets only to agree on the scale:
-// lane l of warp w takes rows 16 w + l % 16 ... (each row chunk once), consecutive lanes
-// consecutive rows, so that a quarter-warp's 16-byte accesses hit 8 distinct bank groups.
+// thread t of the warpgroup takes row chunks t, t + 128, ... (row t % 64 of chunk t / 64; at head
+// dims to 64 threads 64 to 127 have none), consecutive lanes consecutive rows, so that a
+// quarter-warp's 16-byte accesses hit 8 distinct bank groups.
 #pragma once
 
 #include "attention/core/fp8.cuh"
