@@ -336,6 +336,29 @@ TEST_CASE("attention reference: 16-bit rounding, layouts and the acceptance rule
   CHECK(kiln::test::compare_lse({0.5, 0.5}, {0.5, 0.5011}).first_bad == 1);
 }
 
+// The arithmetic of a split bf16 q (tma/q_terms.cuh), on the host: once scaled so that the
+// largest magnitude is in [128, 256), hi = e4m3(x) and lo = e4m3(x - hi) hold every bf16 value x
+// from 2^-2 (2^-9 of the largest) exactly, and the smaller ones within 2^-10 (2^-17 of it).
+TEST_CASE("two e4m3 terms hold a scaled bf16 value exactly from 2^-2, as the split q counts on",
+          "[attention]") {
+  using kiln::test::from_bits;
+  using kiln::test::round_to;
+  int inexact = 0, off = 0;
+  double largest_inexact = 0;
+  for (std::uint16_t bits = 0; from_bits(DType::bf16, bits) < 256; ++bits) {  // 0 up, in order
+    const double x = from_bits(DType::bf16, bits);
+    const double hi = round_to(DType::e4m3, x);
+    const double sum = hi + round_to(DType::e4m3, x - hi);
+    if (sum != x) ++inexact, largest_inexact = x;
+    if (std::fabs(sum - x) > std::ldexp(1.0, -10)) ++off;
+  }
+  INFO("the largest inexact value: " << largest_inexact);
+  CHECK(largest_inexact < 0.25);
+  CHECK(inexact > 0);  // the bound is tight: below 2^-2, lo's last bit falls under e4m3's 2^-9
+  CHECK(off == 0);
+  CHECK(round_to(DType::e4m3, 0.125 * (1 + std::ldexp(1.0, -7)) - 0.125) == 0.0);
+}
+
 // ---------------------------------------------------------------------------------------------
 // One GPU case (attention_case.hpp): kiln against the reference, every output checked.
 
